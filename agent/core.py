@@ -1,0 +1,1 @@
+"""Pure agent plans and arithmetic: filled in with the agent."""

@@ -1,0 +1,168 @@
+"""The bus interface: stream and consumer specs, deliveries, and the Bus protocol both buses implement.
+
+Services depend on this module only; `koordbus` (the composition root) picks the
+implementation. Keep it small: every method here must be implemented twice and pass the
+contract suite on both buses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+DeliverPolicy = Literal["all", "new", "by_start_time", "last_per_subject"]
+
+HEADER_MSG_ID = "Nats-Msg-Id"
+HEADER_DLQ_REASON = "Koord-Dlq-Reason"
+HEADER_DLQ_SUBJECT = "Koord-Dlq-Subject"
+HEADER_DLQ_STREAM_SEQ = "Koord-Dlq-Stream-Seq"
+HEADER_DLQ_CONSUMER = "Koord-Dlq-Consumer"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamSpec:
+    """A stream and its limits. `duplicate_window_seconds` must exceed ack_wait × max_deliver of its consumers."""
+
+    name: str
+    subjects: tuple[str, ...]
+    max_age_seconds: float
+    duplicate_window_seconds: float = 300.0
+    max_bytes: int = -1
+    max_msgs_per_subject: int = -1
+    replicas: int = 1
+    storage: Literal["file", "memory"] = "file"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConsumerSpec:
+    """A durable pull consumer: one per service and purpose."""
+
+    durable: str
+    stream: str
+    filter_subjects: tuple[str, ...]
+    service: str
+    """Names the dead-letter subject `koord.v1.dlq.<service>`."""
+    ack_wait_seconds: float = 30.0
+    max_deliver: int = 5
+    max_ack_pending: int = 20_000
+    batch_size: int = 256
+    fetch_timeout_seconds: float = 1.0
+    deliver_policy: DeliverPolicy = "all"
+    opt_start_time: float | None = None
+    """Unix seconds; only with deliver_policy="by_start_time"."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Delivery:
+    """One message as a handler sees it."""
+
+    subject: str
+    data: bytes
+    headers: Mapping[str, str]
+    stream_seq: int
+    num_delivered: int
+    published_at: float
+    """Server time the message was stored, unix seconds."""
+
+    @property
+    def msg_id(self) -> str:
+        return self.headers.get(HEADER_MSG_ID, "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublishAck:
+    stream: str
+    seq: int
+    duplicate: bool = False
+
+
+@dataclass(kw_only=True)
+class ConsumerStats:
+    """Counters a consumer keeps; the service exports them as metrics."""
+
+    delivered: int = 0
+    acked: int = 0
+    naked: int = 0
+    termed: int = 0
+    dead_lettered: int = 0
+    flush_failures: int = 0
+    fetch_errors: int = 0
+    last_error: str = ""
+
+
+class Handler(Protocol):
+    """What a consumer loop drives.
+
+    `handle` is called per message in stream order; raise TemporaryError to nak it,
+    PermanentError (or let a msgspec decode/validation error escape) to term + dead-letter
+    it. `flush` is called once per fetched batch, before any ack of that batch is sent, so a
+    handler can commit a whole batch in one transaction; if it raises, the batch's successful
+    messages are nak'ed instead of acked.
+    """
+
+    async def handle(self, delivery: Delivery) -> None: ...
+
+    async def flush(self) -> None: ...
+
+
+class Consumer(Protocol):
+    """A running consumer loop."""
+
+    @property
+    def stats(self) -> ConsumerStats: ...
+
+    async def stop(self) -> None:
+        """Finish the batch in hand, ack it, and stop fetching."""
+        ...
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """True once the consumer has no pending messages (all delivered and acked), False on timeout."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublishOptions:
+    expected_last_subject_seq: int | None = None
+    """Optimistic concurrency: the publish fails with ConflictError unless this is the subject's last sequence."""
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class Bus(Protocol):
+    async def ensure_streams(self, specs: Iterable[StreamSpec]) -> None:
+        """Create missing streams and bring existing ones to the spec; calling it twice changes nothing."""
+        ...
+
+    async def publish(
+        self, subject: str, data: bytes, *, msg_id: str, options: PublishOptions | None = None
+    ) -> PublishAck:
+        """Store one message and wait for the stream's ack. In-flight publishes are bounded;
+        a publish past the bound waits. A repeated msg_id inside the duplicate window is not
+        stored again (ack.duplicate is True)."""
+        ...
+
+    async def publish_many(self, messages: Sequence[tuple[str, bytes, str]]) -> list[PublishAck]:
+        """Publish (subject, data, msg_id) triples pipelined within the in-flight bound."""
+        ...
+
+    def consume(self, spec: ConsumerSpec, handler: Handler, *, reset: bool = False) -> Consumer:
+        """Start a durable pull consumer loop (creating the durable if missing). `reset` deletes
+        and recreates the durable first, so its deliver policy applies again."""
+        ...
+
+    async def last_on_subject(self, stream: str, subject: str) -> Delivery | None:
+        """The newest message stored on exactly this subject, or None."""
+        ...
+
+    async def stream_info(self, stream: str) -> tuple[int, int]:
+        """(message count, last sequence) of a stream."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def msg_id(*parts: object) -> str:
+    """A deterministic Nats-Msg-Id from the parts that identify a message's cause."""
+    digest = hashlib.blake2b("\x1f".join(str(p) for p in parts).encode(), digest_size=16)
+    return digest.hexdigest()

@@ -1,0 +1,54 @@
+"""The streams koordbus keeps, and the consumers its services use, with their limits in one place.
+
+`koordbus up`, the services and the tests call `all_streams()` and `ensure_streams` it; a
+service builds its ConsumerSpec from here so that stream names and filters are stated once.
+"""
+
+from __future__ import annotations
+
+from bus import subjects
+from bus.api import StreamSpec
+
+KOORD_NODE = "KOORD_NODE"
+KOORD_NODEMETRIC = "KOORD_NODEMETRIC"
+KOORD_DLQ = "KOORD_DLQ"
+
+# Consumers ack within 30 s and try 5 times: dedup must outlive 150 s of redeliveries.
+DUPLICATE_WINDOW_SECONDS = 300.0
+
+
+def node_stream(*, max_age_seconds: float = 2 * 3600, max_bytes: int = -1, replicas: int = 1) -> StreamSpec:
+    """Raw agent reports. Kept longer than the longest aggregation window (30 min) so a restarted
+    nodemetric replica can rebuild its windows from the stream."""
+    return StreamSpec(
+        name=KOORD_NODE,
+        subjects=(subjects.NODE_ALL,),
+        max_age_seconds=max_age_seconds,
+        max_bytes=max_bytes,
+        duplicate_window_seconds=DUPLICATE_WINDOW_SECONDS,
+        replicas=replicas,
+    )
+
+
+def nodemetric_stream(*, max_age_seconds: float = 24 * 3600, replicas: int = 1) -> StreamSpec:
+    return StreamSpec(
+        name=KOORD_NODEMETRIC,
+        subjects=(subjects.NODEMETRIC_ALL,),
+        max_age_seconds=max_age_seconds,
+        duplicate_window_seconds=DUPLICATE_WINDOW_SECONDS,
+        replicas=replicas,
+    )
+
+
+def dlq_stream(*, max_age_seconds: float = 7 * 24 * 3600, replicas: int = 1) -> StreamSpec:
+    return StreamSpec(
+        name=KOORD_DLQ,
+        subjects=(subjects.DLQ_ALL,),
+        max_age_seconds=max_age_seconds,
+        duplicate_window_seconds=DUPLICATE_WINDOW_SECONDS,
+        replicas=replicas,
+    )
+
+
+def all_streams(*, replicas: int = 1) -> list[StreamSpec]:
+    return [node_stream(replicas=replicas), nodemetric_stream(replicas=replicas), dlq_stream(replicas=replicas)]

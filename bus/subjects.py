@@ -1,0 +1,109 @@
+"""Subject names, and the reversible encoding that turns a Kubernetes name into one subject token.
+
+Kubernetes names may contain dots, which NATS reads as token separators, so names are
+encoded before they become a token: `[a-z0-9-]` pass through, `.` becomes `_` (DNS-1123
+names never contain `_`), and any other character becomes `~` plus its UTF-8 bytes in hex
+(`~5f` for a literal `_`). decode(encode(x)) == x for every string.
+"""
+
+from __future__ import annotations
+
+import re
+
+PREFIX = "koord.v1"
+_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
+_ESCAPE = re.compile(r"~([0-9a-f]{2})")
+
+
+class SubjectError(ValueError):
+    """A subject or token that is not ours or not well-formed."""
+
+
+def encode_token(name: str) -> str:
+    """One subject token for any non-empty string."""
+    if not name:
+        raise SubjectError("empty name cannot be a subject token")
+    out: list[str] = []
+    for ch in name:
+        if ch in _PLAIN:
+            out.append(ch)
+        elif ch == ".":
+            out.append("_")
+        else:
+            out.extend(f"~{b:02x}" for b in ch.encode())
+    return "".join(out)
+
+
+def decode_token(token: str) -> str:
+    """The name `encode_token` was given."""
+    if not token:
+        raise SubjectError("empty subject token")
+    raw = bytearray()
+    i = 0
+    while i < len(token):
+        ch = token[i]
+        if ch == "~":
+            m = _ESCAPE.match(token, i)
+            if not m:
+                raise SubjectError(f"bad escape in subject token {token!r}")
+            raw.append(int(m.group(1), 16))
+            i += 3
+            continue
+        if ch == "_":
+            raw.append(ord("."))
+        elif ch in _PLAIN:
+            raw.append(ord(ch))
+        else:
+            raise SubjectError(f"character {ch!r} cannot appear in an encoded token {token!r}")
+        i += 1
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as e:
+        raise SubjectError(f"subject token {token!r} does not decode to UTF-8") from e
+
+
+# --- node agent → control plane (stream KOORD_NODE)
+
+NODE_ALL = f"{PREFIX}.node.>"
+NODE_METRICS_ALL = f"{PREFIX}.node.*.metrics"
+NODE_STATE_ALL = f"{PREFIX}.node.*.state"
+
+
+def node_metrics(node: str) -> str:
+    return f"{PREFIX}.node.{encode_token(node)}.metrics"
+
+
+def node_state(node: str) -> str:
+    return f"{PREFIX}.node.{encode_token(node)}.state"
+
+
+def node_prefix(node: str) -> str:
+    """Everything one node's agent may publish: `koord.v1.node.<node>.>`."""
+    return f"{PREFIX}.node.{encode_token(node)}.>"
+
+
+# --- nodemetric service (stream KOORD_NODEMETRIC)
+
+NODEMETRIC_ALL = f"{PREFIX}.nodemetric.>"
+NODEMETRIC_COMPUTED_ALL = f"{PREFIX}.nodemetric.*.computed"
+
+
+def nodemetric_computed(node: str) -> str:
+    return f"{PREFIX}.nodemetric.{encode_token(node)}.computed"
+
+
+# --- dead letters (stream KOORD_DLQ)
+
+DLQ_ALL = f"{PREFIX}.dlq.>"
+
+
+def dlq(service: str) -> str:
+    return f"{PREFIX}.dlq.{encode_token(service)}"
+
+
+def node_of(subject: str) -> str:
+    """The node name in a `koord.v1.node.<n>.…` or `koord.v1.nodemetric.<n>.…` subject."""
+    parts = subject.split(".")
+    if len(parts) < 4 or parts[0] + "." + parts[1] != PREFIX or parts[2] not in ("node", "nodemetric"):
+        raise SubjectError(f"not a per-node subject: {subject!r}")
+    return decode_token(parts[3])

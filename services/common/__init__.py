@@ -1,0 +1,1 @@
+"""What every service shares: database engines, settings loading, health and metrics."""

@@ -1,0 +1,41 @@
+"""Subject token encoding: reversible for every string, and the result is always one plain NATS token."""
+
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bus import subjects
+
+TOKEN = re.compile(r"^[a-z0-9_~-]+$")
+
+
+@given(st.text(min_size=1, max_size=80))
+def test_any_string_round_trips(name: str) -> None:
+    token = subjects.encode_token(name)
+    assert TOKEN.match(token), token
+    assert subjects.decode_token(token) == name
+
+
+@given(st.from_regex(r"[a-z0-9]([-a-z0-9]{0,10}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,10}[a-z0-9])?){0,3}", fullmatch=True))
+def test_dns_names_stay_readable(name: str) -> None:
+    assert subjects.encode_token(name) == name.replace(".", "_")
+
+
+def test_node_subjects_parse_back() -> None:
+    name = "ip-10-0-0-1.ec2.internal"
+    assert subjects.node_metrics(name) == "koord.v1.node.ip-10-0-0-1_ec2_internal.metrics"
+    assert subjects.node_of(subjects.node_metrics(name)) == name
+    assert subjects.node_of(subjects.nodemetric_computed(name)) == name
+
+
+@pytest.mark.parametrize("bad", ["", "a.b", "A", "a~zz", "a~4"])
+def test_bad_tokens_are_rejected(bad: str) -> None:
+    with pytest.raises(subjects.SubjectError):
+        subjects.decode_token(bad)
+
+
+def test_not_a_node_subject() -> None:
+    with pytest.raises(subjects.SubjectError):
+        subjects.node_of("koord.v1.quota.x")
