@@ -1,4 +1,8 @@
-"""The `koordbus` command line (composition root). Subcommands are added as the parts land."""
+"""The `koordbus` command line (composition root): `up`, `agent`, `service`, `api`, `calc`.
+
+Each subcommand builds its settings at the edge, wires the bus, stores and services, and
+runs until interrupted. Nothing below `koordbus` knows which subcommand started it.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,24 @@ import argparse
 import sys
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="koordbus",
+        description="Co-location control plane for Kubernetes over NATS JetStream.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    from koordbus import calc
+
+    calc.add_parser(sub)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="koordbus", description=__doc__)
-    parser.parse_args(argv)
-    return 0
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    result: int = args.run(args)
+    return result
 
 
 if __name__ == "__main__":
