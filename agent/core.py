@@ -1,1 +1,461 @@
-"""Pure agent plans and arithmetic: filled in with the agent."""
+"""Pure node-agent arithmetic: cgroup name parsing, usage formulas (spec §1.4), sampling state and batching.
+
+Called by agent/collect.py (name parsing and the reading types it fills), agent/service.py (Sampler,
+BatchBuilder, Outbox) and agent/settings.py (name validation). Nothing here touches files, clocks or
+the event loop: every reading carries the time it was taken, so the same readings always give the
+same samples and the same batches.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final, Generic, Literal, TypeVar
+
+from schemas import vocab
+from schemas.node import ContainerSamples, NodeMetricsReported, PodRef, PodSamples, Sample
+
+Driver = Literal["cgroupfs", "systemd"]
+
+# Kubelet pod UIDs are RFC 4122 UUIDs, except static pods whose UID is a 32-hex-digit config hash.
+_POD_UID = r"(?:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32})"
+_POD_UID_RE: Final = re.compile(rf"^{_POD_UID}$")
+_CONTAINER_ID_RE: Final = re.compile(r"^[0-9a-f]{8,64}$")
+_RUNTIMES: Final = ("cri-containerd", "docker", "crio", "cri-o")
+_SCOPE_RE: Final = re.compile(rf"^(?:{'|'.join(map(re.escape, _RUNTIMES))})-([0-9a-f]{{8,64}})\.scope$")
+_QOS_DIRS: Final[Mapping[str, str]] = {
+    "": vocab.KUBE_QOS_GUARANTEED,
+    "burstable": vocab.KUBE_QOS_BURSTABLE,
+    "besteffort": vocab.KUBE_QOS_BESTEFFORT,
+}
+_DIR_OF_QOS: Final[Mapping[str, str]] = {qos: name for name, qos in _QOS_DIRS.items()}
+_CGROUPFS_POD_RE: Final = re.compile(rf"^pod({_POD_UID})$")
+_SYSTEMD_POD_RE: Final = re.compile(r"^kubepods-(?:(burstable|besteffort)-)?pod([0-9a-f_]{32,36})\.slice$")
+_PATH_COMPONENT_RE: Final = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]*$")
+
+KUBEPODS_DIR: Final[Mapping[Driver, str]] = {"cgroupfs": "kubepods", "systemd": "kubepods.slice"}
+
+
+class AgentNameError(ValueError):
+    """A name that was about to become part of a path is not a well-formed pod UID, container ID or parent."""
+
+
+# --- names in cgroup paths
+
+
+def is_pod_uid(uid: str) -> bool:
+    return bool(_POD_UID_RE.match(uid))
+
+
+def is_container_id(container_id: str) -> bool:
+    return bool(_CONTAINER_ID_RE.match(container_id))
+
+
+def qos_dir(driver: Driver, kube_qos: str) -> str:
+    """The directory under kubepods that holds pods of `kube_qos` ("" for Guaranteed, which sits at the top)."""
+    name = _DIR_OF_QOS[kube_qos]
+    if not name or driver == "cgroupfs":
+        return name
+    return f"kubepods-{name}.slice"
+
+
+def parse_pod_dir(name: str, driver: Driver) -> tuple[str, str] | None:
+    """(uid, kube QoS) of a pod cgroup directory name, or None when the name is not a pod cgroup.
+
+    The QoS comes from the systemd slice name; for cgroupfs it comes from the parent directory, so
+    this returns Guaranteed and `collect` overrides it with the QoS of the directory it listed.
+    """
+    if driver == "cgroupfs":
+        m = _CGROUPFS_POD_RE.match(name)
+        return (m.group(1), vocab.KUBE_QOS_GUARANTEED) if m else None
+    m = _SYSTEMD_POD_RE.match(name)
+    if not m:
+        return None
+    uid = m.group(2).replace("_", "-")
+    if not is_pod_uid(uid):
+        return None
+    return uid, _QOS_DIRS[m.group(1) or ""]
+
+
+def parse_container_dir(name: str, driver: Driver) -> str | None:
+    """The container ID of a container cgroup directory name, or None (sandbox helpers, conmon, files …)."""
+    if driver == "cgroupfs":
+        return name if is_container_id(name) else None
+    m = _SCOPE_RE.match(name)
+    return m.group(1) if m else None
+
+
+def validate_parent(parent: str) -> str:
+    """A relative cgroup parent path made only of plain components; raises AgentNameError otherwise."""
+    if parent in ("", "."):
+        return ""
+    parts = parent.rstrip("/").split("/")
+    if parent.startswith("/") or any(p in (".", "..") or not _PATH_COMPONENT_RE.match(p) for p in parts):
+        raise AgentNameError(f"cgroup parent {parent!r} must be a relative path of plain names (no '..', no '/')")
+    return "/".join(parts)
+
+
+# --- readings (filled by agent/collect.py)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuTicks:
+    """The first `cpu` line of /proc/stat, in clock ticks."""
+
+    user: int
+    nice: int
+    system: int
+    idle: int
+    iowait: int = 0
+    irq: int = 0
+    softirq: int = 0
+    steal: int = 0
+
+    @property
+    def busy(self) -> int:
+        """Ticks koordlet counts as used: iowait, idle and steal are not (spec §1.4)."""
+        return self.user + self.nice + self.system + self.irq + self.softirq
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemInfo:
+    """/proc/meminfo fields in kB."""
+
+    total_kb: int
+    free_kb: int
+    available_kb: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryStat:
+    """memory.stat fields in bytes (v1 `total_*` hierarchical fields, v2 plain fields)."""
+
+    inactive_anon: int = 0
+    active_anon: int = 0
+    unevictable: int = 0
+    active_file: int = 0
+    inactive_file: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class CgroupReading:
+    cpu_usage_ns: int
+    memory: MemoryStat
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerReading:
+    container_id: str
+    cgroup: CgroupReading
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodReading:
+    uid: str
+    kube_qos: str
+    cgroup: CgroupReading
+    containers: tuple[ContainerReading, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeReading:
+    """Everything one collection read, taken at `at` (unix seconds)."""
+
+    at: float
+    clock_ticks_per_second: int
+    cpu_count: int
+    cpu: CpuTicks
+    memory: MemInfo
+    cgroup_version: int = 0
+    cgroup_driver: str = ""
+    pods: tuple[PodReading, ...] = ()
+
+
+# --- formulas (spec §1.4)
+
+
+def node_cpu_cores(prev: CpuTicks, cur: CpuTicks, *, wall_seconds: float, ticks_per_second: int) -> float | None:
+    """Δbusy ticks / (Δwall / jiffy); None when time did not advance or the counters went backwards."""
+    delta = cur.busy - prev.busy
+    if wall_seconds <= 0 or delta < 0 or ticks_per_second <= 0:
+        return None
+    return delta / (wall_seconds * ticks_per_second)
+
+
+def cgroup_cpu_cores(prev_ns: int, cur_ns: int, *, wall_seconds: float) -> float | None:
+    """Δ usage ns / Δ wall ns; None when time did not advance or the cgroup was recreated (counter went back)."""
+    delta = cur_ns - prev_ns
+    if wall_seconds <= 0 or delta < 0:
+        return None
+    return delta / (wall_seconds * 1e9)
+
+
+def node_memory_bytes(mem: MemInfo) -> int:
+    """MemTotal − MemAvailable, the node memory koordlet reports by default."""
+    return max(mem.total_kb - mem.available_kb, 0) * 1024
+
+
+def node_memory_with_page_cache(mem: MemInfo) -> int:
+    return max(mem.total_kb - mem.free_kb, 0) * 1024
+
+
+def cgroup_memory_bytes(stat: MemoryStat) -> int:
+    """Anonymous + unevictable memory: page cache excluded."""
+    return stat.inactive_anon + stat.active_anon + stat.unevictable
+
+
+def cgroup_memory_with_page_cache(stat: MemoryStat) -> int:
+    return cgroup_memory_bytes(stat) + stat.active_file + stat.inactive_file
+
+
+def system_usage(node: tuple[float, int], pods: Iterable[tuple[float, int]]) -> tuple[float, int]:
+    """(cores, bytes) of node − Σ pods, each clamped at 0 (no host applications are known yet)."""
+    cpu, mem = node
+    for pod_cpu, pod_mem in pods:
+        cpu -= pod_cpu
+        mem -= pod_mem
+    return max(cpu, 0.0), max(mem, 0)
+
+
+# --- sampling
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerSample:
+    container_id: str
+    sample: Sample
+    memory_with_page_cache: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodSample:
+    pod: PodRef
+    sample: Sample
+    memory_with_page_cache: int
+    containers: tuple[ContainerSample, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tick:
+    """The samples one reading produced; `node` and `system` are None on the first reading."""
+
+    at: float
+    node: Sample | None
+    node_memory_with_page_cache: int
+    system: Sample | None
+    pods: tuple[PodSample, ...] = ()
+
+
+class Sampler:
+    """Turns successive readings into samples, keeping the previous counters of every cgroup it saw last time.
+
+    Cgroups missing from a reading are forgotten, so the state never outgrows the node's current pods; a
+    pod or container seen for the first time gives no sample (no previous counter), as in koordlet.
+    """
+
+    def __init__(self) -> None:
+        self._prev_at: float | None = None
+        self._prev_cpu: CpuTicks | None = None
+        self._prev_ns: dict[tuple[str, str], int] = {}
+
+    def observe(self, reading: NodeReading) -> Tick:
+        wall = reading.at - self._prev_at if self._prev_at is not None else 0.0
+        node_sample = self._node_sample(reading, wall)
+        counters: dict[tuple[str, str], int] = {}
+        pods: list[PodSample] = []
+        pod_memory = 0
+        sampled_pod_cpu = 0.0
+        for pod in reading.pods:
+            pod_memory += cgroup_memory_bytes(pod.cgroup.memory)
+            counters[(pod.uid, "")] = pod.cgroup.cpu_usage_ns
+            sample = self._pod_sample(pod, reading.at, wall, counters)
+            if sample is not None:
+                pods.append(sample)
+                sampled_pod_cpu += sample.sample[1]
+        self._prev_ns = counters
+        self._prev_at = reading.at
+        system: Sample | None = None
+        if node_sample is not None:
+            # Pods without a CPU sample yet still hold memory: subtract every pod's memory, sampled CPU only.
+            cpu, mem = system_usage((node_sample[1], node_sample[2]), [(sampled_pod_cpu, pod_memory)])
+            system = (reading.at, cpu, mem)
+        return Tick(
+            at=reading.at,
+            node=node_sample,
+            node_memory_with_page_cache=node_memory_with_page_cache(reading.memory),
+            system=system,
+            pods=tuple(pods),
+        )
+
+    def _node_sample(self, reading: NodeReading, wall: float) -> Sample | None:
+        prev, self._prev_cpu = self._prev_cpu, reading.cpu
+        if prev is None:
+            return None
+        cores = node_cpu_cores(prev, reading.cpu, wall_seconds=wall, ticks_per_second=reading.clock_ticks_per_second)
+        if cores is None:
+            return None
+        # Tick counters and the wall clock are read at slightly different instants; never report more than exists.
+        return (reading.at, min(cores, float(reading.cpu_count)), node_memory_bytes(reading.memory))
+
+    def _cgroup_cores(self, key: tuple[str, str], cur_ns: int, wall: float) -> float | None:
+        prev = self._prev_ns.get(key)
+        return None if prev is None else cgroup_cpu_cores(prev, cur_ns, wall_seconds=wall)
+
+    def _pod_sample(
+        self, pod: PodReading, at: float, wall: float, counters: dict[tuple[str, str], int]
+    ) -> PodSample | None:
+        containers: list[ContainerSample] = []
+        for c in sorted(pod.containers, key=lambda c: c.container_id):
+            counters[(pod.uid, c.container_id)] = c.cgroup.cpu_usage_ns
+            cores = self._cgroup_cores((pod.uid, c.container_id), c.cgroup.cpu_usage_ns, wall)
+            if cores is not None:
+                mem = c.cgroup.memory
+                containers.append(
+                    ContainerSample(
+                        container_id=c.container_id,
+                        sample=(at, cores, cgroup_memory_bytes(mem)),
+                        memory_with_page_cache=cgroup_memory_with_page_cache(mem),
+                    )
+                )
+        cores = self._cgroup_cores((pod.uid, ""), pod.cgroup.cpu_usage_ns, wall)
+        if cores is None:
+            return None
+        mem = pod.cgroup.memory
+        return PodSample(
+            pod=PodRef(uid=pod.uid, kube_qos=pod.kube_qos),
+            sample=(at, cores, cgroup_memory_bytes(mem)),
+            memory_with_page_cache=cgroup_memory_with_page_cache(mem),
+            containers=tuple(containers),
+        )
+
+
+# --- batching
+
+
+def window_start_of(at: float, interval: float) -> float:
+    """Start of the wall-clock aligned window [k·interval, (k+1)·interval) holding `at`."""
+    return math.floor(at / interval) * interval
+
+
+@dataclass
+class _PodAccumulator:
+    pod: PodRef
+    samples: list[Sample] = field(default_factory=list)
+    with_cache: list[tuple[float, int]] = field(default_factory=list)
+    containers: dict[str, list[Sample]] = field(default_factory=dict)
+
+    def build(self) -> PodSamples:
+        containers = [ContainerSamples(id=cid, samples=s) for cid, s in sorted(self.containers.items())]
+        return PodSamples(
+            pod=self.pod, samples=self.samples, memory_with_page_cache=self.with_cache, containers=containers
+        )
+
+
+class BatchBuilder:
+    """Accumulates ticks of the current window and hands back the finished batch once a tick passes its end.
+
+    Empty windows (agent just started, or asleep through a whole window) produce nothing.
+    """
+
+    def __init__(self, node: str, *, interval: float) -> None:
+        if interval <= 0:
+            raise ValueError(f"publish interval must be positive, got {interval}")
+        self.node = node
+        self.interval = interval
+        self._start: float | None = None
+        self._node: list[Sample] = []
+        self._node_with_cache: list[tuple[float, int]] = []
+        self._system: list[Sample] = []
+        self._pods: dict[str, _PodAccumulator] = {}
+
+    @property
+    def window_start(self) -> float | None:
+        return self._start
+
+    def add(self, tick: Tick, *, dropped_batches: int = 0) -> NodeMetricsReported | None:
+        """Add one tick; returns the previous window's batch when this tick starts a new window."""
+        start = window_start_of(tick.at, self.interval)
+        finished = None
+        if self._start is not None and start != self._start:
+            finished = self.close(sent_at=tick.at, dropped_batches=dropped_batches)
+        if self._start is None:
+            self._start = start
+        self._append(tick)
+        return finished
+
+    def due(self, now: float) -> bool:
+        """True when `now` is past the end of a window that holds samples."""
+        return self._start is not None and now >= self._start + self.interval
+
+    def close(self, *, sent_at: float, dropped_batches: int = 0) -> NodeMetricsReported | None:
+        """The batch of the current window (None if it holds nothing); the builder starts empty afterwards."""
+        if self._start is None:
+            return None
+        start = self._start
+        batch = NodeMetricsReported(
+            node=self.node,
+            window_start=start,
+            window_end=start + self.interval,
+            sent_at=max(sent_at, start),
+            node_samples=self._node,
+            memory_with_page_cache=self._node_with_cache,
+            system_samples=self._system,
+            pods=[self._pods[uid].build() for uid in sorted(self._pods)],
+            dropped_batches=dropped_batches,
+        )
+        empty = not (self._node or self._system or self._pods)
+        self._start, self._node, self._node_with_cache, self._system, self._pods = None, [], [], [], {}
+        return None if empty else batch
+
+    def _append(self, tick: Tick) -> None:
+        if tick.node is not None:
+            self._node.append(tick.node)
+            self._node_with_cache.append((tick.at, tick.node_memory_with_page_cache))
+        if tick.system is not None:
+            self._system.append(tick.system)
+        for ps in tick.pods:
+            acc = self._pods.get(ps.pod.uid)
+            if acc is None:
+                acc = self._pods[ps.pod.uid] = _PodAccumulator(pod=ps.pod)
+            acc.pod = ps.pod
+            acc.samples.append(ps.sample)
+            acc.with_cache.append((ps.sample[0], ps.memory_with_page_cache))
+            for cs in ps.containers:
+                acc.containers.setdefault(cs.container_id, []).append(cs.sample)
+
+
+T = TypeVar("T")
+
+
+class Outbox(Generic[T]):
+    """Bounded FIFO of batches waiting for the bus: pushing past the bound drops the oldest and counts it."""
+
+    def __init__(self, max_batches: int) -> None:
+        if max_batches < 1:
+            raise ValueError(f"outbox bound must be at least 1, got {max_batches}")
+        self.max_batches = max_batches
+        self._items: deque[T] = deque()
+        self.dropped = 0
+        """Batches dropped since the outbox was created."""
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def push(self, item: T) -> int:
+        """Queue `item`; returns how many old items were dropped to make room (0 or 1)."""
+        self._items.append(item)
+        dropped = 0
+        while len(self._items) > self.max_batches:
+            self._items.popleft()
+            dropped += 1
+        self.dropped += dropped
+        return dropped
+
+    def peek(self) -> T | None:
+        return self._items[0] if self._items else None
+
+    def pop(self) -> T:
+        return self._items.popleft()

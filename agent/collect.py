@@ -1,0 +1,222 @@
+"""Reads procfs and cgroupfs for the node agent and returns plain readings (agent.core types); decides nothing.
+
+Called by agent/service.py once per collect interval (through `Collector`) and by the integration tests on
+generated trees. Every directory name that becomes part of a path is checked by agent.core's parsers,
+symlinks are never followed below the kubepods directory, the kubepods directory itself must resolve
+inside the configured cgroup root, and a cgroup that vanishes while it is being read is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from agent import core
+from agent.settings import AgentSettings
+from schemas import vocab
+
+_V1_CPU_HIERARCHIES = ("cpuacct", "cpu,cpuacct", "cpuacct,cpu")
+_V1_MEMORY_FIELDS = {
+    "total_inactive_anon": "inactive_anon",
+    "total_active_anon": "active_anon",
+    "total_unevictable": "unevictable",
+    "total_active_file": "active_file",
+    "total_inactive_file": "inactive_file",
+}
+_V2_MEMORY_FIELDS = {name: name for name in _V1_MEMORY_FIELDS.values()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CgroupLayout:
+    """Where pod cgroups live on this node. `driver` is "" and the bases None until kubepods exists."""
+
+    version: int
+    driver: str
+    cpu_base: str | None
+    memory_base: str | None
+
+
+def _read_text(path: str) -> str:
+    # O_NOFOLLOW: a planted symlink in a pod directory must not make us read an arbitrary file.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "r") as f:
+        return f.read()
+
+
+def _keyed_ints(text: str) -> Iterator[tuple[str, int]]:
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[1].lstrip("-").isdigit():
+            yield parts[0].rstrip(":"), int(parts[1])
+
+
+# --- procfs
+
+
+def read_proc_stat(proc_root: str) -> tuple[core.CpuTicks, int]:
+    """The aggregate `cpu` line of /proc/stat and the number of `cpuN` lines (online CPUs)."""
+    ticks: core.CpuTicks | None = None
+    cpus = 0
+    for line in _read_text(os.path.join(proc_root, "stat")).splitlines():
+        if line.startswith("cpu "):
+            values = [int(v) for v in line.split()[1:9]]
+            values += [0] * (8 - len(values))
+            user, nice, system, idle, iowait, irq, softirq, steal = values
+            ticks = core.CpuTicks(
+                user=user, nice=nice, system=system, idle=idle, iowait=iowait, irq=irq, softirq=softirq, steal=steal
+            )
+        elif line.startswith("cpu") and line[3:4].isdigit():
+            cpus += 1
+    if ticks is None:
+        raise ValueError(f"no aggregate cpu line in {proc_root}/stat")
+    return ticks, max(cpus, 1)
+
+
+def read_meminfo(proc_root: str) -> core.MemInfo:
+    fields = dict(_keyed_ints(_read_text(os.path.join(proc_root, "meminfo"))))
+    return core.MemInfo(
+        total_kb=fields["MemTotal"],
+        free_kb=fields["MemFree"],
+        available_kb=fields.get("MemAvailable", fields["MemFree"]),
+    )
+
+
+def clock_ticks_per_second() -> int:
+    return int(os.sysconf("SC_CLK_TCK"))
+
+
+# --- layout
+
+
+def detect_version(settings: AgentSettings) -> int:
+    if settings.cgroup_version != "auto":
+        return settings.cgroup_version
+    root = settings.cgroup_root
+    has_v1 = any(os.path.isdir(os.path.join(root, h)) for h in _V1_CPU_HIERARCHIES)
+    return 2 if os.path.exists(os.path.join(root, "cgroup.controllers")) and not has_v1 else 1
+
+
+def _hierarchy(root: str, version: int, controller: str) -> str:
+    if version == 2:
+        return root
+    if controller == "memory":
+        return os.path.join(root, "memory")
+    for name in _V1_CPU_HIERARCHIES:
+        path = os.path.join(root, name)
+        if os.path.isdir(path):
+            return path
+    return os.path.join(root, "cpuacct")
+
+
+def _inside(path: str, root: str) -> bool:
+    real_root = os.path.realpath(root)
+    return os.path.realpath(path).startswith(real_root.rstrip("/") + "/")
+
+
+def detect_layout(settings: AgentSettings) -> CgroupLayout:
+    """The cgroup version, the kubelet's driver and the kubepods directories of the cpu and memory hierarchies."""
+    version = detect_version(settings)
+    parent = core.validate_parent(settings.kubepods_parent)
+    cpu_hier = _hierarchy(settings.cgroup_root, version, "cpu")
+    mem_hier = _hierarchy(settings.cgroup_root, version, "memory")
+    drivers: tuple[core.Driver, ...] = (
+        ("cgroupfs", "systemd") if settings.cgroup_driver == "auto" else (settings.cgroup_driver,)
+    )
+    for driver in drivers:
+        rel = os.path.join(parent, core.KUBEPODS_DIR[driver])
+        cpu_base, mem_base = os.path.join(cpu_hier, rel), os.path.join(mem_hier, rel)
+        inside = _inside(cpu_base, settings.cgroup_root) and _inside(mem_base, settings.cgroup_root)
+        if os.path.isdir(cpu_base) and inside:
+            return CgroupLayout(version=version, driver=driver, cpu_base=cpu_base, memory_base=mem_base)
+    return CgroupLayout(version=version, driver="", cpu_base=None, memory_base=None)
+
+
+# --- cgroups
+
+
+def _subdirs(path: str) -> list[str]:
+    try:
+        with os.scandir(path) as it:
+            return sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _pod_dirs(base: str, driver: core.Driver) -> Iterator[tuple[str, str, str]]:
+    """(relative path, uid, kube QoS) of every pod cgroup under kubepods."""
+    for kube_qos in (vocab.KUBE_QOS_GUARANTEED, vocab.KUBE_QOS_BURSTABLE, vocab.KUBE_QOS_BESTEFFORT):
+        qos_rel = core.qos_dir(driver, kube_qos)
+        for name in _subdirs(os.path.join(base, qos_rel)):
+            parsed = core.parse_pod_dir(name, driver)
+            # For systemd the QoS is in the slice name too; a pod slice in the wrong parent is not ours to read.
+            if parsed is None or (driver == "systemd" and parsed[1] != kube_qos):
+                continue
+            yield os.path.join(qos_rel, name), parsed[0], kube_qos
+
+
+def _read_cpu_ns(cgroup_dir: str, version: int) -> int:
+    if version == 1:
+        return int(_read_text(os.path.join(cgroup_dir, "cpuacct.usage")).strip())
+    stat = dict(_keyed_ints(_read_text(os.path.join(cgroup_dir, "cpu.stat"))))
+    return stat["usage_usec"] * 1000
+
+
+def _read_memory(cgroup_dir: str, version: int) -> core.MemoryStat:
+    names: Mapping[str, str] = _V1_MEMORY_FIELDS if version == 1 else _V2_MEMORY_FIELDS
+    values = {names[k]: v for k, v in _keyed_ints(_read_text(os.path.join(cgroup_dir, "memory.stat"))) if k in names}
+    return core.MemoryStat(**values)
+
+
+def read_cgroup(layout: CgroupLayout, rel: str) -> core.CgroupReading | None:
+    """CPU and memory counters of one cgroup, or None if it vanished (or lost a file) while being read."""
+    assert layout.cpu_base is not None and layout.memory_base is not None
+    try:
+        return core.CgroupReading(
+            cpu_usage_ns=_read_cpu_ns(os.path.join(layout.cpu_base, rel), layout.version),
+            memory=_read_memory(os.path.join(layout.memory_base, rel), layout.version),
+        )
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def read_pods(layout: CgroupLayout) -> tuple[core.PodReading, ...]:
+    if layout.cpu_base is None or layout.driver not in ("cgroupfs", "systemd"):
+        return ()
+    driver: core.Driver = "systemd" if layout.driver == "systemd" else "cgroupfs"
+    pods: list[core.PodReading] = []
+    for rel, uid, kube_qos in _pod_dirs(layout.cpu_base, driver):
+        pod_cgroup = read_cgroup(layout, rel)
+        if pod_cgroup is None:
+            continue
+        containers: list[core.ContainerReading] = []
+        for name in _subdirs(os.path.join(layout.cpu_base, rel)):
+            cid = core.parse_container_dir(name, driver)
+            c_cgroup = read_cgroup(layout, os.path.join(rel, name)) if cid else None
+            if cid and c_cgroup is not None:
+                containers.append(core.ContainerReading(container_id=cid, cgroup=c_cgroup))
+        pods.append(core.PodReading(uid=uid, kube_qos=kube_qos, cgroup=pod_cgroup, containers=tuple(containers)))
+    return tuple(pods)
+
+
+class Collector:
+    """One call = one full reading of the node. The layout is re-detected each time (a few stat calls) so an
+    agent started before the kubelet picks pods up once kubepods appears."""
+
+    def __init__(self, settings: AgentSettings) -> None:
+        self.settings = settings
+        self._ticks_per_second = clock_ticks_per_second()
+
+    def __call__(self, now: float) -> core.NodeReading:
+        layout = detect_layout(self.settings)
+        cpu, cpu_count = read_proc_stat(self.settings.proc_root)
+        return core.NodeReading(
+            at=now,
+            clock_ticks_per_second=self._ticks_per_second,
+            cpu_count=cpu_count,
+            cpu=cpu,
+            memory=read_meminfo(self.settings.proc_root),
+            cgroup_version=layout.version,
+            cgroup_driver=layout.driver,
+            pods=read_pods(layout),
+        )

@@ -1,0 +1,216 @@
+"""The node agent's metrics loop: collect → Sampler → BatchBuilder → bounded Outbox → publish, plus node state.
+
+Wired by the composition root (`koordbus agent`, `koordbus up`) with a bus.api.Bus as the publisher; tests
+drive it with a fake publisher, an injected clock and sleep, and call `collect_once()` directly. Only the
+`publish(subject, data, *, msg_id)` method of the publisher is used. While the bus is away, finished batches
+wait in the Outbox (oldest dropped past the bound and counted); when it returns they go out oldest first,
+each with its deterministic msg id, so a batch sent twice is stored once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import msgspec
+
+from agent import core
+from agent.collect import Collector
+from agent.settings import AgentSettings
+from bus import api, subjects
+from bus.errors import BusUnavailableError
+from schemas.node import NodeMetricsReported, NodeStateReported, PodRef
+
+log = logging.getLogger(__name__)
+
+AGENT_VERSION = "0.1.0"
+
+
+class Publisher(Protocol):
+    async def publish(self, subject: str, data: bytes, *, msg_id: str) -> object: ...
+
+
+@dataclass
+class AgentStats:
+    """Counters exported on /metrics."""
+
+    collections: int = 0
+    collect_errors: int = 0
+    batches_built: int = 0
+    batches_sent: int = 0
+    dropped_batches: int = 0
+    """Batches dropped from the full outbox since start."""
+    rejected_batches: int = 0
+    """Batches the bus refused for a reason other than being unavailable (dropped, logged)."""
+    buffered_batches: int = 0
+    publish_failures: int = 0
+    states_sent: int = 0
+    bus_available: bool = True
+    last_error: str = ""
+
+
+_StateKey = tuple[int, str, tuple[tuple[str, str], ...]]
+
+
+class AgentService:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        publisher: Publisher,
+        *,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        collector: Callable[[float], core.NodeReading] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.stats = AgentStats()
+        self._publisher = publisher
+        self._clock = clock
+        self._sleep = sleep
+        self._collect = collector if collector is not None else Collector(settings)
+        self._sampler = core.Sampler()
+        self._builder = core.BatchBuilder(settings.node_name, interval=settings.publish_interval)
+        self._outbox: core.Outbox[NodeMetricsReported] = core.Outbox(settings.max_buffered_batches)
+        self._dropped_unreported = 0
+        self._state: NodeStateReported | None = None
+        self._state_key: _StateKey | None = None
+        self._state_pending = False
+        self._stopping = False
+        self._failure_streak = 0
+
+    async def stop(self) -> None:
+        """Ask `run` to return after the current iteration. The open window is not published: a partial batch
+        would take the window's msg id and make the full batch of a quickly restarted agent a duplicate."""
+        self._stopping = True
+
+    async def run(self) -> None:
+        """Collect every collect interval until `stop()`; missed ticks are skipped, not caught up."""
+        interval = self.settings.collect_interval
+        next_at = self._clock()
+        while not self._stopping:
+            await self.collect_once()
+            next_at += interval
+            now = self._clock()
+            if next_at < now:
+                next_at = now
+            await self._sleep(next_at - now)
+
+    async def collect_once(self) -> None:
+        """One iteration: read the node, sample, close a finished window, then publish what is due."""
+        now = self._clock()
+        reading = await self._read(now)
+        if reading is not None:
+            tick = self._sampler.observe(reading)
+            self._enqueue(self._builder.add(tick, dropped_batches=self._dropped_unreported))
+            self._note_state(reading)
+        elif self._builder.due(now):
+            self._enqueue(self._builder.close(sent_at=now, dropped_batches=self._dropped_unreported))
+        await self._send()
+
+    async def _read(self, now: float) -> core.NodeReading | None:
+        try:
+            reading = await asyncio.to_thread(self._collect, now)
+        except (OSError, ValueError, KeyError) as e:
+            self.stats.collect_errors += 1
+            log.warning("node %s: collection failed: %s", self.settings.node_name, e)
+            return None
+        self.stats.collections += 1
+        return reading
+
+    def _enqueue(self, batch: NodeMetricsReported | None) -> None:
+        if batch is None:
+            return
+        self._dropped_unreported = 0
+        self.stats.batches_built += 1
+        dropped = self._outbox.push(batch)
+        if dropped:
+            self._dropped_unreported += dropped
+            self.stats.dropped_batches += dropped
+        self.stats.buffered_batches = len(self._outbox)
+
+    def _note_state(self, reading: core.NodeReading) -> None:
+        pods = sorted((p.uid, p.kube_qos) for p in reading.pods)
+        key: _StateKey = (reading.cgroup_version, reading.cgroup_driver, tuple(pods))
+        stale = self._state is None or reading.at - self._state.at >= self.settings.state_interval
+        if key == self._state_key and not stale and not self._state_pending:
+            return
+        self._state_key = key
+        self._state_pending = True
+        self._state = NodeStateReported(
+            node=self.settings.node_name,
+            at=reading.at,
+            agent_version=AGENT_VERSION,
+            cpu_cores=float(reading.cpu_count),
+            memory_total=reading.memory.total_kb * 1024,
+            cgroup_version=reading.cgroup_version,
+            cgroup_driver=reading.cgroup_driver,
+            pods=[PodRef(uid=uid, kube_qos=qos) for uid, qos in pods],
+        )
+
+    async def _send(self) -> None:
+        """State first, then the backlog oldest first; while the bus is away, one probe per iteration."""
+        if self._state_pending and self._state is not None:
+            state = self._state
+            msg_id = api.msg_id(state.node, "state", state.at)
+            if not await self._publish(subjects.node_state(state.node), msgspec.json.encode(state), msg_id):
+                return
+            self._state_pending = False
+            self.stats.states_sent += 1
+        while (batch := self._outbox.peek()) is not None:
+            msg_id = api.msg_id(batch.node, "metrics", batch.window_start)
+            sent = await self._publish(subjects.node_metrics(batch.node), msgspec.json.encode(batch), msg_id)
+            if sent is False:
+                break
+            self._outbox.pop()
+            if sent:
+                self.stats.batches_sent += 1
+            else:
+                self.stats.rejected_batches += 1
+        self.stats.buffered_batches = len(self._outbox)
+
+    async def _publish(self, subject: str, data: bytes, msg_id: str) -> bool | None:
+        """True when stored; False when the bus is away (keep it); None when refused for good (drop it)."""
+        try:
+            await asyncio.wait_for(
+                self._publisher.publish(subject, data, msg_id=msg_id), timeout=self.settings.publish_timeout
+            )
+        except (BusUnavailableError, TimeoutError) as e:
+            self._on_failure(e)
+            return False
+        except Exception as e:
+            # A message the bus will never take must not block the backlog behind it.
+            log.error(
+                "node %s: bus refused %s (msg id %s), dropping it: %r", self.settings.node_name, subject, msg_id, e
+            )
+            self.stats.last_error = repr(e)
+            return None
+        self._on_success()
+        return True
+
+    def _on_failure(self, error: BaseException) -> None:
+        self.stats.publish_failures += 1
+        self.stats.last_error = repr(error) if str(error) else type(error).__name__
+        if self._failure_streak == 0:
+            log.warning(
+                "node %s: bus unavailable (%s); buffering up to %d batches",
+                self.settings.node_name,
+                self.stats.last_error,
+                self._outbox.max_batches,
+            )
+        self._failure_streak += 1
+        self.stats.bus_available = False
+
+    def _on_success(self) -> None:
+        if self._failure_streak:
+            log.info(
+                "node %s: bus back after %d failed attempts; sending %d buffered batches",
+                self.settings.node_name,
+                self._failure_streak,
+                len(self._outbox),
+            )
+        self._failure_streak = 0
+        self.stats.bus_available = True

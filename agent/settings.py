@@ -1,0 +1,79 @@
+"""Typed, frozen settings of the node agent's metrics half, built once at the edge (the `koordbus agent` CLI,
+`koordbus up`, tests) and injected into agent/collect.py and agent/service.py. Validation fails fast with a
+message naming the field, so a bad DaemonSet flag stops the agent at start-up instead of skewing samples.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from agent import core
+
+CgroupVersion = Literal["auto", 1, 2]
+CgroupDriver = Literal["auto", "cgroupfs", "systemd"]
+
+_DNS1123_SUBDOMAIN: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+class AgentSettingsError(ValueError):
+    """A setting of the agent is out of range or malformed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentSettings:
+    node_name: str
+    """Kubernetes name of the node this agent runs on (DNS-1123 subdomain); names its subjects and msg ids."""
+    proc_root: str = "/proc"
+    """Where procfs is mounted; in a container usually the host's /proc bind-mounted elsewhere."""
+    cgroup_root: str = "/sys/fs/cgroup"
+    """Where the cgroup hierarchies are mounted; nothing outside it is ever read."""
+    cgroup_version: CgroupVersion = "auto"
+    """1, 2, or "auto": v2 when <root>/cgroup.controllers exists and <root>/cpuacct does not (hybrid hosts are v1)."""
+    cgroup_driver: CgroupDriver = "auto"
+    """The kubelet's cgroup driver; "auto" picks whichever of kubepods/ or kubepods.slice/ exists."""
+    kubepods_parent: str = ""
+    """Relative path under each hierarchy where kubepods lives ("" = directly under it); tests use a private subtree."""
+    collect_interval: float = 1.0
+    """Seconds between two samples of node, pods and containers (koordlet's collect-res-used-interval)."""
+    publish_interval: float = 10.0
+    """Seconds per published batch; windows are aligned to wall-clock multiples [k·interval, (k+1)·interval)."""
+    max_buffered_batches: int = 360
+    """Batches kept while the bus is unreachable (360 × 10 s = 1 h); the oldest is dropped beyond that."""
+    state_interval: float = 300.0
+    """Seconds between NodeStateReported re-sends when nothing changed."""
+    publish_timeout: float = 5.0
+    """Seconds one publish may take before the bus counts as unavailable and batches are buffered."""
+
+    def __post_init__(self) -> None:
+        if len(self.node_name) > 253 or not _DNS1123_SUBDOMAIN.match(self.node_name):
+            raise AgentSettingsError(
+                f"node_name {self.node_name!r} is not a DNS-1123 subdomain (lowercase alphanumerics, '-', '.')"
+            )
+        for name in ("collect_interval", "publish_interval", "state_interval", "publish_timeout"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise AgentSettingsError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.publish_interval < self.collect_interval:
+            raise AgentSettingsError(
+                f"publish_interval {self.publish_interval} must not be shorter than collect_interval "
+                f"{self.collect_interval}"
+            )
+        if self.max_buffered_batches < 1:
+            raise AgentSettingsError(f"max_buffered_batches must be at least 1, got {self.max_buffered_batches}")
+        if self.cgroup_version in ("1", "2"):  # from the environment (KOORDBUS_CGROUP_VERSION=2) it arrives as text
+            object.__setattr__(self, "cgroup_version", int(self.cgroup_version))
+        if self.cgroup_version not in ("auto", 1, 2):
+            raise AgentSettingsError(f"cgroup_version must be 'auto', 1 or 2, got {self.cgroup_version!r}")
+        if self.cgroup_driver not in ("auto", "cgroupfs", "systemd"):
+            raise AgentSettingsError(
+                f"cgroup_driver must be 'auto', 'cgroupfs' or 'systemd', got {self.cgroup_driver!r}"
+            )
+        for name in ("proc_root", "cgroup_root"):
+            if not getattr(self, name).startswith("/"):
+                raise AgentSettingsError(f"{name} must be an absolute path, got {getattr(self, name)!r}")
+        try:
+            core.validate_parent(self.kubepods_parent)
+        except core.AgentNameError as e:
+            raise AgentSettingsError(f"kubepods_parent: {e}") from e
