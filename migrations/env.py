@@ -1,0 +1,59 @@
+"""Alembic environment for koordbus: run by `services.common.db.run_migrations` (and the alembic CLI).
+
+In the programmatic path the caller hands us a live synchronous connection (an async connection's
+`run_sync`), so we migrate on it without owning a loop. From the alembic CLI there is no connection;
+we then open our own async engine and drive it with `asyncio.run`, which is safe only there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import sqlalchemy as sa
+from alembic import context
+
+import services.nodemetric.store  # noqa: F401  (registers its tables on Base.metadata)
+from services.common import db
+
+target_metadata = db.Base.metadata
+
+
+def _configure_and_run(connection: sa.Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        # SQLite cannot ALTER most things; batch mode lets later revisions stay portable.
+        render_as_batch=connection.dialect.name == "sqlite",
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+async def _run_with_own_engine(url: str) -> None:
+    engine = db.create_engine(url)
+    try:
+        async with db.write_transaction(engine) as connection:
+            await connection.run_sync(_configure_and_run)
+    finally:
+        await engine.dispose()
+
+
+def _run_offline(url: str) -> None:
+    context.configure(url=url, target_metadata=target_metadata, literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def _main() -> None:
+    connection = context.config.attributes.get("connection")
+    url = context.config.get_main_option("sqlalchemy.url") or ""
+    if context.is_offline_mode():
+        _run_offline(url)
+    elif connection is not None:
+        _configure_and_run(connection)
+    else:
+        asyncio.run(_run_with_own_engine(url))
+
+
+_main()
