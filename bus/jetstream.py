@@ -1,0 +1,346 @@
+"""JetStreamBus: the Bus interface over NATS JetStream with nats-py.
+
+The composition root (`koordbus up`, `koordbus service …`) connects one per process and hands
+it to the services, which see only `bus.api.Bus`. Publishes are pipelined
+requests inside an in-flight bound; consumers are durable pull consumers driven by the
+shared loop in `bus._loop`; nats-py errors are mapped to `bus.errors` here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import api as js_api
+from nats.js.client import JetStreamContext
+
+from bus._loop import Fetched, LoopConsumer
+from bus.api import HEADER_MSG_ID, Bus, ConsumerSpec, Delivery, Handler, PublishAck, PublishOptions, StreamSpec
+from bus.errors import BusError, BusUnavailableError, ConflictError
+
+log = logging.getLogger(__name__)
+
+HEADER_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+ERR_WRONG_LAST_SEQUENCE = 10071
+ERR_STREAM_NOT_FOUND = 10059
+ERR_CONSUMER_NOT_FOUND = 10014
+PUBLISH_TIMEOUT_SECONDS = 10.0
+API_TIMEOUT_SECONDS = 5.0
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_UNAVAILABLE = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
+    TimeoutError,
+)
+
+
+def stream_config(spec: StreamSpec) -> js_api.StreamConfig:
+    return js_api.StreamConfig(
+        name=spec.name,
+        subjects=list(spec.subjects),
+        max_age=spec.max_age_seconds,
+        max_bytes=spec.max_bytes,
+        max_msgs_per_subject=spec.max_msgs_per_subject,
+        duplicate_window=spec.duplicate_window_seconds,
+        num_replicas=spec.replicas,
+        storage=js_api.StorageType(spec.storage),
+    )
+
+
+def stream_differs(have: js_api.StreamConfig, want: js_api.StreamConfig) -> bool:
+    """Compare only the fields we set; the server fills in the rest."""
+    return (
+        sorted(have.subjects or []) != sorted(want.subjects or [])
+        or _seconds_differ(have.max_age, want.max_age)
+        or _seconds_differ(have.duplicate_window, want.duplicate_window)
+        or (have.max_bytes or -1) != want.max_bytes
+        or have.max_msgs_per_subject != want.max_msgs_per_subject
+        or (have.num_replicas or 1) != want.num_replicas
+        or have.storage != want.storage
+    )
+
+
+def _seconds_differ(a: float | None, b: float | None) -> bool:
+    return abs((a or 0.0) - (b or 0.0)) > 1e-6
+
+
+def consumer_config(spec: ConsumerSpec) -> js_api.ConsumerConfig:
+    filters = list(spec.filter_subjects)
+    start = None
+    if spec.deliver_policy == "by_start_time":
+        if spec.opt_start_time is None:
+            raise BusError(f"consumer {spec.durable}: deliver_policy by_start_time needs opt_start_time")
+        start = start_time(spec.opt_start_time)
+    return js_api.ConsumerConfig(
+        name=spec.durable,
+        durable_name=spec.durable,
+        deliver_policy=js_api.DeliverPolicy(spec.deliver_policy),
+        opt_start_time=start,
+        ack_policy=js_api.AckPolicy.EXPLICIT,
+        ack_wait=spec.ack_wait_seconds,
+        max_deliver=spec.max_deliver,
+        max_ack_pending=spec.max_ack_pending,
+        # More than one filter needs nats-server 2.10+ and the plural field.
+        filter_subject=filters[0] if len(filters) == 1 else None,
+        filter_subjects=filters if len(filters) > 1 else None,
+    )
+
+
+def start_time(unix_seconds: float) -> datetime.datetime:
+    """opt_start_time for the server, one microsecond early.
+
+    Stored times are nanoseconds; a float `published_at` can round a hair above the true time, and
+    starting exactly there would skip the very message it came from.
+    """
+    micros = math.floor(unix_seconds * 1_000_000) - 1
+    return _EPOCH + datetime.timedelta(microseconds=micros)
+
+
+def _timestamp(value: datetime.datetime | None) -> float:
+    return value.timestamp() if value is not None else 0.0
+
+
+class JetStreamBus:
+    """See the module docstring. Build with `await JetStreamBus.connect(url, name=…)`."""
+
+    def __init__(self, nc: Client, *, max_in_flight: int = 1024) -> None:
+        self._nc = nc
+        self._js: JetStreamContext = nc.jetstream(timeout=API_TIMEOUT_SECONDS)
+        self._in_flight_bound = asyncio.Semaphore(max_in_flight)
+        self._in_flight = 0
+        self.in_flight_peak = 0
+        """Most publishes outstanding at once: instrumentation for the in-flight bound."""
+        self._consumers: list[LoopConsumer] = []
+
+    @classmethod
+    async def connect(cls, url: str, *, name: str, max_in_flight: int = 1024) -> JetStreamBus:
+        """Connect and keep reconnecting forever (with nats-py's backoff) if the server goes away."""
+
+        async def on_error(e: Exception) -> None:
+            log.warning("nats %s: %s", name, e)
+
+        async def on_disconnected() -> None:
+            log.warning("nats %s: disconnected from %s", name, url)
+
+        async def on_reconnected() -> None:
+            log.info("nats %s: reconnected", name)
+
+        try:
+            nc = await nats.connect(
+                url,
+                name=name,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=1,
+                error_cb=on_error,
+                disconnected_cb=on_disconnected,
+                reconnected_cb=on_reconnected,
+            )
+        except (OSError, *_UNAVAILABLE, nats.errors.NoServersError) as e:
+            raise BusUnavailableError(f"cannot connect to {url}: {e}") from e
+        return cls(nc, max_in_flight=max_in_flight)
+
+    @property
+    def jetstream(self) -> JetStreamContext:
+        return self._js
+
+    # --- streams
+
+    async def ensure_streams(self, specs: Iterable[StreamSpec]) -> None:
+        for spec in specs:
+            want = stream_config(spec)
+            try:
+                info = await self._js.stream_info(spec.name)
+            except nats.js.errors.NotFoundError:
+                await self._api(self._js.add_stream(want), f"create stream {spec.name}")
+                continue
+            except _UNAVAILABLE as e:
+                raise BusUnavailableError(f"stream info {spec.name}: {e}") from e
+            if stream_differs(info.config, want):
+                log.info("updating stream %s to its spec", spec.name)
+                await self._api(self._js.update_stream(want), f"update stream {spec.name}")
+
+    async def stream_info(self, stream: str) -> tuple[int, int]:
+        info = await self._api(self._js.stream_info(stream), f"stream info {stream}")
+        return info.state.messages, info.state.last_seq
+
+    async def last_on_subject(self, stream: str, subject: str) -> Delivery | None:
+        try:
+            raw = await self._js.get_last_msg(stream, subject)
+        except nats.js.errors.NotFoundError as e:
+            if e.err_code == ERR_STREAM_NOT_FOUND:
+                raise BusError(f"stream {stream} not found") from e
+            return None
+        except _UNAVAILABLE as e:
+            raise BusUnavailableError(f"get last message on {subject}: {e}") from e
+        except nats.js.errors.APIError as e:
+            raise BusError(f"get last message on {subject}: {e}") from e
+        return Delivery(
+            subject=raw.subject or subject,
+            data=bytes(raw.data or b""),
+            headers=dict(raw.headers or {}),
+            stream_seq=raw.seq or 0,
+            num_delivered=1,
+            published_at=_timestamp(raw.time),
+        )
+
+    async def _api(self, call: Any, what: str) -> Any:
+        try:
+            return await call
+        except _UNAVAILABLE as e:
+            raise BusUnavailableError(f"{what}: {e}") from e
+        except nats.js.errors.APIError as e:
+            raise BusError(f"{what}: {e}") from e
+
+    # --- publishing
+
+    async def publish(
+        self, subject: str, data: bytes, *, msg_id: str, options: PublishOptions | None = None
+    ) -> PublishAck:
+        options = options or PublishOptions()
+        headers = dict(options.headers)
+        if msg_id:
+            headers[HEADER_MSG_ID] = msg_id
+        if options.expected_last_subject_seq is not None:
+            headers[HEADER_EXPECTED_LAST_SUBJECT_SEQ] = str(options.expected_last_subject_seq)
+        async with self._in_flight_bound:
+            self._in_flight += 1
+            self.in_flight_peak = max(self.in_flight_peak, self._in_flight)
+            try:
+                ack = await self._publish_once(subject, data, headers)
+            finally:
+                self._in_flight -= 1
+        return PublishAck(stream=ack.stream, seq=ack.seq, duplicate=bool(ack.duplicate))
+
+    async def _publish_once(self, subject: str, data: bytes, headers: dict[str, str]) -> js_api.PubAck:
+        # js.publish is a request on the connection's shared reply inbox, so concurrent calls pipeline.
+        # (publish_async would too, but nats-py 2.16 raises stream errors inside its reply callback
+        # instead of failing the future, so a rejected publish would hang until the timeout.)
+        try:
+            return await self._js.publish(subject, data, timeout=PUBLISH_TIMEOUT_SECONDS, headers=headers)
+        except nats.js.errors.NoStreamResponseError as e:
+            raise BusUnavailableError(f"no stream for subject {subject} (or no server answered)") from e
+        except _UNAVAILABLE as e:
+            raise BusUnavailableError(f"publish {subject}: {type(e).__name__} {e}") from e
+        except nats.js.errors.APIError as e:
+            if e.err_code == ERR_WRONG_LAST_SEQUENCE:
+                expected = int(headers[HEADER_EXPECTED_LAST_SUBJECT_SEQ])
+                raise ConflictError(f"{subject}: {e.description}", subject=subject, expected=expected) from e
+            raise BusError(f"publish {subject}: {e}") from e
+
+    async def publish_many(self, messages: Sequence[tuple[str, bytes, str]]) -> list[PublishAck]:
+        return list(await asyncio.gather(*(self.publish(s, d, msg_id=m) for s, d, m in messages)))
+
+    async def _publish_dlq(self, subject: str, data: bytes, msg_id: str, headers: Mapping[str, str]) -> PublishAck:
+        return await self.publish(subject, data, msg_id=msg_id, options=PublishOptions(headers=headers))
+
+    # --- consuming
+
+    def consume(self, spec: ConsumerSpec, handler: Handler, *, reset: bool = False) -> LoopConsumer:
+        source = _PullSource(self._nc, self._js, spec, reset=reset)
+        consumer = LoopConsumer(source, handler, spec, publish_dead_letter=self._publish_dlq)
+        self._consumers.append(consumer)
+        return consumer
+
+    async def close(self) -> None:
+        consumers, self._consumers = self._consumers, []
+        for consumer in consumers:
+            await consumer.stop()
+        if self._nc.is_closed:
+            return
+        await self._nc.close()
+
+
+class _MsgAcker:
+    def __init__(self, msg: Msg) -> None:
+        self._msg = msg
+
+    async def ack(self) -> None:
+        await self._msg.ack()
+
+    async def nak(self, delay: float) -> None:
+        await self._msg.nak(delay=delay)
+
+    async def term(self) -> None:
+        await self._msg.term()
+
+
+class _PullSource:
+    """A durable pull subscription, bound lazily on the first fetch (so it retries while the bus is away)."""
+
+    def __init__(self, nc: Client, js: JetStreamContext, spec: ConsumerSpec, *, reset: bool) -> None:
+        self._nc = nc
+        self._js = js
+        self._spec = spec
+        self._reset = reset
+        self._sub: JetStreamContext.PullSubscription | None = None
+
+    async def _subscription(self) -> JetStreamContext.PullSubscription:
+        if self._sub is not None:
+            return self._sub
+        spec = self._spec
+        if self._reset:
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await self._js.delete_consumer(spec.stream, spec.durable)
+            self._reset = False
+        self._sub = await self._js.pull_subscribe(
+            spec.filter_subjects[0], durable=spec.durable, stream=spec.stream, config=consumer_config(spec)
+        )
+        return self._sub
+
+    async def fetch(self) -> list[Fetched]:
+        sub = await self._subscription()
+        try:
+            msgs = await sub.fetch(self._spec.batch_size, timeout=self._spec.fetch_timeout_seconds)
+        except TimeoutError:  # nats-py raises both its own and asyncio's: either way, nothing arrived
+            return []
+        # Acks and naks are plain publishes; flushing after the batch is not needed for correctness.
+        return [Fetched(_delivery(m), _MsgAcker(m)) for m in msgs]
+
+    async def outstanding(self) -> int:
+        sub = await self._subscription()
+        info = await sub.consumer_info()
+        return (info.num_pending or 0) + (info.num_ack_pending or 0)
+
+    async def close(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is None or self._nc.is_closed:
+            return
+        with contextlib.suppress(*_UNAVAILABLE, nats.errors.BadSubscriptionError):
+            await sub.unsubscribe()
+        # Make sure the batch's acks have left this process before the caller moves on.
+        with contextlib.suppress(*_UNAVAILABLE):
+            await self._nc.flush(timeout=2)
+
+
+def _delivery(msg: Msg) -> Delivery:
+    meta = msg.metadata
+    return Delivery(
+        subject=msg.subject,
+        data=bytes(msg.data),
+        headers=dict(msg.headers or {}),
+        stream_seq=meta.sequence.stream,
+        num_delivered=meta.num_delivered,
+        published_at=_timestamp(meta.timestamp),
+    )
+
+
+def _implements_bus(bus: JetStreamBus) -> Bus:
+    """Never called: mypy proves here that JetStreamBus satisfies the Bus protocol."""
+    return bus

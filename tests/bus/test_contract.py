@@ -1,0 +1,381 @@
+"""The bus contract: MemoryBus and JetStreamBus (on a real nats-server) must pass every test here."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import msgspec
+import pytest
+import pytest_asyncio
+
+from bus import api, subjects
+from bus.errors import BusUnavailableError, ConflictError, PermanentError, TemporaryError
+from bus.jetstream import JetStreamBus
+from bus.memory import MemoryBus
+from tests.bus import Names, Recorder, wait_until
+
+AnyBus = MemoryBus | JetStreamBus
+BusFactory = Callable[..., Awaitable[AnyBus]]
+
+
+@pytest.fixture(params=["memory", "jetstream"])
+def backend_url(request: pytest.FixtureRequest) -> str | None:
+    """None for the MemoryBus, else the session nats-server's URL (started only when needed)."""
+    if request.param == "memory":
+        return None
+    url: str = request.getfixturevalue("nats_url")
+    return url
+
+
+@pytest_asyncio.fixture
+async def make_bus(backend_url: str | None) -> AsyncIterator[BusFactory]:
+    opened: list[AnyBus] = []
+
+    async def make(max_in_flight: int = 1024) -> AnyBus:
+        bus: AnyBus
+        if backend_url is None:
+            bus = MemoryBus(max_in_flight=max_in_flight)
+        else:
+            bus = await JetStreamBus.connect(backend_url, name="contract", max_in_flight=max_in_flight)
+        opened.append(bus)
+        return bus
+
+    yield make
+    for bus in opened:
+        await bus.close()
+
+
+@pytest_asyncio.fixture
+async def bus(make_bus: BusFactory) -> AnyBus:
+    return await make_bus()
+
+
+@pytest.fixture
+def names() -> Names:
+    return Names()
+
+
+async def ready(bus: AnyBus, names: Names, **stream: object) -> None:
+    await bus.ensure_streams([names.stream_spec(**stream), names.dlq_spec()])
+
+
+async def publish_n(bus: AnyBus, names: Names, n: int, *, token: str = "a") -> list[api.PublishAck]:
+    return [await bus.publish(names.subject(token), f"m{i}".encode(), msg_id=f"{token}-{i}") for i in range(n)]
+
+
+async def dead_letters(bus: AnyBus, names: Names, count: int) -> list[api.Delivery]:
+    reader = Recorder()
+    consumer = bus.consume(names.dlq_consumer(), reader)
+    try:
+        await wait_until(lambda: len(reader.committed) >= count)
+    finally:
+        await consumer.stop()
+    return reader.committed
+
+
+async def test_ensure_streams_is_idempotent_and_applies_changes(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    await publish_n(bus, names, 3)
+    await ready(bus, names)
+    assert await bus.stream_info(names.stream) == (3, 3)
+
+    other = f"o{names.uid}.x"
+    with pytest.raises(BusUnavailableError):
+        await bus.publish(other, b"x", msg_id="o-1")
+    await ready(bus, names, subjects=(names.subject(">"), other), max_msgs_per_subject=1)
+    ack = await bus.publish(other, b"x", msg_id="o-1")
+    assert (ack.stream, ack.seq) == (names.stream, 4)
+    await bus.publish(names.subject("a"), b"newest", msg_id="a-new")
+    count, last = await bus.stream_info(names.stream)
+    assert last == 5
+    assert count == 2  # one per subject: "a" kept only its newest, "other" its one
+    newest = await bus.last_on_subject(names.stream, names.subject("a"))
+    assert newest is not None and newest.data == b"newest"
+
+
+async def test_consume_delivers_in_order_with_metadata(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    acks = [
+        await bus.publish(
+            names.subject("n1", "metrics"),
+            f"{i}".encode(),
+            msg_id=f"id-{i}",
+            options=api.PublishOptions(headers={"Koord-Test": f"h{i}"}),
+        )
+        for i in range(5)
+    ]
+    assert [a.seq for a in acks] == [1, 2, 3, 4, 5]
+    assert all(a.stream == names.stream and not a.duplicate for a in acks)
+    rec = Recorder()
+    consumer = bus.consume(names.consumer(), rec)
+    await wait_until(lambda: len(rec.committed) == 5)
+    assert await consumer.wait_idle(5)
+    await consumer.stop()
+    assert [d.data for d in rec.committed] == [b"0", b"1", b"2", b"3", b"4"]
+    assert [d.stream_seq for d in rec.committed] == [1, 2, 3, 4, 5]
+    first = rec.committed[0]
+    assert first.subject == names.subject("n1", "metrics")
+    assert first.msg_id == "id-0"
+    assert first.headers["Koord-Test"] == "h0"
+    assert first.num_delivered == 1
+    assert abs(first.published_at - asyncio.get_running_loop().time()) >= 0  # a float
+    assert first.published_at > 1_600_000_000
+    assert consumer.stats.delivered == 5 and consumer.stats.acked == 5
+
+
+async def test_duplicate_msg_id_is_stored_once(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    first = await bus.publish(names.subject("a"), b"one", msg_id="same")
+    again = await bus.publish(names.subject("a"), b"one", msg_id="same")
+    assert not first.duplicate
+    assert again.duplicate and again.seq == first.seq
+    rec = Recorder()
+    consumer = bus.consume(names.consumer(), rec)
+    assert await consumer.wait_idle(5)
+    await consumer.stop()
+    assert rec.committed_data() == [b"one"]
+
+
+async def test_expected_last_subject_seq_conflict(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    tree = names.subject("quota", "tree1")
+    opts = api.PublishOptions(expected_last_subject_seq=0)
+    first = await bus.publish(tree, b"v1", msg_id="v1", options=opts)
+    await bus.publish(names.subject("quota", "tree2"), b"other", msg_id="t2")
+    with pytest.raises(ConflictError) as info:
+        await bus.publish(tree, b"v2-loser", msg_id="v2-loser", options=opts)
+    assert info.value.subject == tree and info.value.expected == 0
+    won = await bus.publish(tree, b"v2", msg_id="v2", options=api.PublishOptions(expected_last_subject_seq=first.seq))
+    assert won.seq == 3
+    last = await bus.last_on_subject(names.stream, tree)
+    assert last is not None and last.data == b"v2" and last.stream_seq == 3
+
+
+async def test_temporary_error_redelivers(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    await publish_n(bus, names, 2)
+
+    def fail_first_try(d: api.Delivery) -> None:
+        if d.data == b"m0" and d.num_delivered == 1:
+            raise TemporaryError("store busy", delay=0.1)
+
+    rec = Recorder(fail_first_try)
+    consumer = bus.consume(names.consumer(), rec)
+    await wait_until(lambda: len(rec.committed) == 2)
+    assert await consumer.wait_idle(5)
+    await consumer.stop()
+    redelivered = [d for d in rec.committed if d.data == b"m0"]
+    assert len(redelivered) == 1 and redelivered[0].num_delivered == 2
+    assert consumer.stats.naked == 1 and consumer.stats.dead_lettered == 0
+
+
+class Sample(msgspec.Struct):
+    value: int
+
+
+async def test_poison_messages_are_dead_lettered_and_the_loop_goes_on(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    await bus.publish(names.subject("a"), b"permanent", msg_id="p")
+    await bus.publish(names.subject("a"), b"not json", msg_id="j")
+    await bus.publish(names.subject("a"), b'{"value": 7}', msg_id="ok")
+
+    def behave(d: api.Delivery) -> None:
+        if d.data == b"permanent":
+            raise PermanentError("node has no capacity\nsecond line")
+        msgspec.json.decode(d.data, type=Sample)
+
+    rec = Recorder(behave)
+    consumer = bus.consume(names.consumer(), rec)
+    await wait_until(lambda: len(rec.committed) == 1)
+    assert await consumer.wait_idle(5)
+    await consumer.stop()
+    assert rec.committed_data() == [b'{"value": 7}']
+    assert consumer.stats.dead_lettered == 2 and consumer.stats.termed == 2
+
+    letters = await dead_letters(bus, names, 2)
+    assert [d.data for d in letters] == [b"permanent", b"not json"]
+    assert all(d.subject == subjects.dlq(names.service) for d in letters)
+    perm, bad = letters
+    assert perm.headers[api.HEADER_DLQ_REASON] == "PermanentError: node has no capacity second line"
+    assert "DecodeError" in bad.headers[api.HEADER_DLQ_REASON]
+    assert perm.headers[api.HEADER_DLQ_SUBJECT] == names.subject("a")
+    assert perm.headers[api.HEADER_DLQ_STREAM_SEQ] == "1"
+    assert bad.headers[api.HEADER_DLQ_STREAM_SEQ] == "2"
+    assert perm.headers[api.HEADER_DLQ_CONSUMER] == "c"
+    assert perm.msg_id == f"dlq:{names.stream}:1"
+
+
+async def test_max_deliver_exhaustion_dead_letters(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    await bus.publish(names.subject("a"), b"flaky", msg_id="f")
+
+    def always_busy(d: api.Delivery) -> None:
+        raise TemporaryError("still busy", delay=0.05)
+
+    rec = Recorder(always_busy)
+    consumer = bus.consume(names.consumer(max_deliver=3), rec)
+    await wait_until(lambda: consumer.stats.dead_lettered == 1)
+    assert await consumer.wait_idle(5)
+    await consumer.stop()
+    assert [d.num_delivered for d in rec.seen] == [1, 2, 3]
+    (letter,) = await dead_letters(bus, names, 1)
+    assert letter.data == b"flaky"
+    assert letter.headers[api.HEADER_DLQ_REASON] == "gave up after 3 deliveries: TemporaryError: still busy"
+
+
+async def test_unexpected_exception_is_retried_not_fatal(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    await publish_n(bus, names, 2)
+
+    def crash_once(d: api.Delivery) -> None:
+        if d.data == b"m0" and d.num_delivered == 1:
+            raise ZeroDivisionError("bug")
+
+    rec = Recorder(crash_once)
+    consumer = bus.consume(names.consumer(), rec)
+    await wait_until(lambda: len(rec.committed) == 2)
+    await consumer.stop()
+    assert sorted(rec.committed_data()) == [b"m0", b"m1"]
+    assert "ZeroDivisionError" in consumer.stats.last_error
+
+
+async def test_flush_failure_redelivers_the_batch(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    await publish_n(bus, names, 3)
+    rec = Recorder(flush_failures=1)
+    consumer = bus.consume(names.consumer(), rec)
+    await wait_until(lambda: len(rec.committed) == 3)
+    assert await consumer.wait_idle(5)
+    await consumer.stop()
+    assert rec.committed_data() == [b"m0", b"m1", b"m2"]
+    assert all(d.num_delivered == 2 for d in rec.committed)
+    assert len(rec.seen) == 6
+    assert consumer.stats.flush_failures == 1 and consumer.stats.naked == 3
+
+
+async def test_durable_resumes_without_loss_or_reprocessing(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    await publish_n(bus, names, 12)
+    spec = names.consumer(batch_size=2)
+    first = Recorder(pause=0.05)
+    consumer = bus.consume(spec, first)
+    await wait_until(lambda: len(first.committed) >= 4)
+    await consumer.stop()
+    stopped_at = len(first.committed)
+    assert stopped_at < 12
+
+    second = Recorder()
+    resumed = bus.consume(spec, second)
+    # Up to ack_wait for anything a stopped fetch had pulled but never handed over.
+    await wait_until(lambda: stopped_at + len(second.committed) >= 12, timeout=15)
+    assert await resumed.wait_idle(5)
+    await resumed.stop()
+    seqs = [d.stream_seq for d in first.committed + second.committed]
+    assert sorted(seqs) == list(range(1, 13))
+    assert not {d.stream_seq for d in first.committed} & {d.stream_seq for d in second.committed}
+
+
+async def test_reset_with_start_time_replays_from_that_time(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    await publish_n(bus, names, 3)
+    await asyncio.sleep(0.05)
+    await publish_n(bus, names, 3, token="b")
+    rec = Recorder()
+    consumer = bus.consume(names.consumer(), rec)
+    await wait_until(lambda: len(rec.committed) == 6)
+    await consumer.stop()
+    start = rec.committed[3].published_at
+
+    replay = Recorder()
+    spec = names.consumer(deliver_policy="by_start_time", opt_start_time=start)
+    again = bus.consume(spec, replay, reset=True)
+    await wait_until(lambda: len(replay.committed) >= 3)
+    assert await again.wait_idle(5)
+    await again.stop()
+    assert [d.stream_seq for d in replay.committed] == [4, 5, 6]
+
+
+async def test_filter_subjects_deliver_only_matching(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    for i, token in enumerate(["metrics", "state", "other", "metrics", "state"]):
+        await bus.publish(names.subject("n1", token), token.encode(), msg_id=f"f{i}")
+    rec = Recorder()
+    spec = names.consumer(filter_subjects=(names.subject("*", "metrics"), names.subject("*", "state")))
+    consumer = bus.consume(spec, rec)
+    await wait_until(lambda: len(rec.committed) == 4)
+    assert await consumer.wait_idle(5)
+    await consumer.stop()
+    assert rec.committed_data() == [b"metrics", b"state", b"metrics", b"state"]
+
+    single = Recorder()
+    only = bus.consume(names.consumer("single", filter_subjects=(names.subject("n1", "other"),)), single)
+    await wait_until(lambda: len(single.committed) == 1)
+    assert await only.wait_idle(5)
+    await only.stop()
+    assert single.committed_data() == [b"other"]
+
+
+async def test_last_on_subject(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    assert await bus.last_on_subject(names.stream, names.subject("x")) is None
+    await bus.publish(names.subject("x"), b"1", msg_id="x1", options=api.PublishOptions(headers={"K": "v"}))
+    await bus.publish(names.subject("y"), b"2", msg_id="y1")
+    await bus.publish(names.subject("x"), b"3", msg_id="x2")
+    last = await bus.last_on_subject(names.stream, names.subject("x"))
+    assert last is not None
+    assert (last.subject, last.data, last.stream_seq, last.msg_id) == (names.subject("x"), b"3", 3, "x2")
+    assert last.published_at > 1_600_000_000
+
+
+async def test_in_flight_publishes_are_bounded(make_bus: BusFactory, names: Names) -> None:
+    bus = await make_bus(max_in_flight=4)
+    await ready(bus, names)
+    acks = await asyncio.gather(*(bus.publish(names.subject("p"), str(i).encode(), msg_id=f"p{i}") for i in range(100)))
+    assert sorted(a.seq for a in acks) == list(range(1, 101))
+    assert 2 <= bus.in_flight_peak <= 4
+    many = await bus.publish_many([(names.subject("q"), str(i).encode(), f"q{i}") for i in range(50)])
+    assert [a.seq for a in many] == sorted(a.seq for a in many)
+    assert bus.in_flight_peak <= 4
+    assert await bus.stream_info(names.stream) == (150, 150)
+
+
+async def test_wait_idle_reports_pending_work(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    await publish_n(bus, names, 20)
+
+    def slow_retry(d: api.Delivery) -> None:
+        if d.data == b"m5":
+            raise TemporaryError("later", delay=30)
+
+    rec = Recorder(slow_retry)
+    consumer = bus.consume(names.consumer(), rec)
+    await wait_until(lambda: len(rec.committed) == 19)
+    assert not await consumer.wait_idle(0.5)
+    await consumer.stop()
+
+    fine = Recorder()
+    other = bus.consume(names.consumer("fine"), fine)
+    assert await other.wait_idle(10)
+    assert len(fine.committed) == 20
+    await other.stop()
+
+
+async def test_deliver_policies_new_and_last_per_subject(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    for i, token in enumerate(["x", "y", "x", "y", "x"]):
+        await bus.publish(names.subject(token), f"{token}{i}".encode(), msg_id=f"lp{i}")
+
+    lasts = Recorder()
+    per_subject = bus.consume(names.consumer("lasts", deliver_policy="last_per_subject"), lasts)
+    await wait_until(lambda: len(lasts.committed) == 2)
+
+    fresh = Recorder()
+    only_new = bus.consume(names.consumer("new", deliver_policy="new"), fresh)
+    await asyncio.sleep(0.3)  # let the "new" durable exist before the next publish
+    await bus.publish(names.subject("y"), b"y5", msg_id="lp5")
+    await wait_until(lambda: len(fresh.committed) == 1 and len(lasts.committed) == 3)
+    await per_subject.stop()
+    await only_new.stop()
+    assert lasts.committed_data() == [b"y3", b"x4", b"y5"]
+    assert fresh.committed_data() == [b"y5"]
