@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-DeliverPolicy = Literal["all", "new", "by_start_time", "last_per_subject"]
+DeliverPolicy = Literal["all", "new", "by_start_time", "by_start_sequence", "last_per_subject"]
 
 HEADER_MSG_ID = "Nats-Msg-Id"
 HEADER_DLQ_REASON = "Koord-Dlq-Reason"
@@ -52,6 +52,8 @@ class ConsumerSpec:
     deliver_policy: DeliverPolicy = "all"
     opt_start_time: float | None = None
     """Unix seconds; only with deliver_policy="by_start_time"."""
+    opt_start_seq: int | None = None
+    """First stream sequence; only with deliver_policy="by_start_sequence" (a projection resuming from its offset)."""
 
 
 @dataclass(frozen=True, kw_only=True)

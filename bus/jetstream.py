@@ -88,11 +88,14 @@ def consumer_config(spec: ConsumerSpec) -> js_api.ConsumerConfig:
         if spec.opt_start_time is None:
             raise BusError(f"consumer {spec.durable}: deliver_policy by_start_time needs opt_start_time")
         start = start_time(spec.opt_start_time)
+    if spec.deliver_policy == "by_start_sequence" and not spec.opt_start_seq:
+        raise BusError(f"consumer {spec.durable}: deliver_policy by_start_sequence needs opt_start_seq >= 1")
     return js_api.ConsumerConfig(
         name=spec.durable,
         durable_name=spec.durable,
         deliver_policy=js_api.DeliverPolicy(spec.deliver_policy),
         opt_start_time=start,
+        opt_start_seq=spec.opt_start_seq if spec.deliver_policy == "by_start_sequence" else None,
         ack_policy=js_api.AckPolicy.EXPLICIT,
         ack_wait=spec.ack_wait_seconds,
         max_deliver=spec.max_deliver,

@@ -254,6 +254,8 @@ class MemoryBus:
                 start = spec.opt_start_time or 0.0
                 first = next((m.seq for m in stream.messages.values() if m.time >= start), stream.last_seq + 1)
                 return _Durable(spec=spec, next_seq=first)
+            case "by_start_sequence":
+                return _Durable(spec=spec, next_seq=max(spec.opt_start_seq or 1, 1))
             case "last_per_subject":
                 lasts = frozenset(seqs[-1] for seqs in stream.by_subject.values())
                 return _Durable(spec=spec, next_seq=1, first_only=lasts, start_last=stream.last_seq)

@@ -1,16 +1,247 @@
-"""`koordbus calc <kind>`: the offline calculators of ../shared/design/CALC-CONTRACT.md (filled in with nodemetric)."""
+"""`koordbus calc <kind>`: the offline calculators of ../shared/design/CALC-CONTRACT.md.
+
+Registered by koordbus/cli.py through `add_parser`. Each kind is one `Calculator` entry in `CALCULATORS`:
+a msgspec input type (so a wrong type is reported with its JSON path) and a function from that decoded input
+to the JSON-ready output, running the same pure core the services run. Later kinds plug in by adding an entry.
+Malformed input exits 2 with one line on stderr; a calculation Koordinator itself rejects exits 0 with
+`{"error": ...}`; everything else prints one JSON document on stdout.
+"""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import json
+import math
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import msgspec
+import yaml
+
+from schemas import koordinator
+from services.nodemetric import core
+
+
+class InputError(ValueError):
+    """Malformed input; the message starts with the JSON path of the offending field."""
+
+
+@dataclass(frozen=True)
+class Calculator:
+    input_type: type[Any]
+    compute: Callable[[Any], dict[str, Any]]
+    summary: str
+    example: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the command prints and returns; `run` performs it."""
+
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+
+
+# --- nodemetric-aggregate (§1.5)
+
+
+class AggregateInput(msgspec.Struct, frozen=True, kw_only=True):
+    samples: list[float]
+    aggregations: list[str] = msgspec.field(default_factory=lambda: list(core.AGGREGATIONS))
+
+
+def _aggregate(inp: AggregateInput) -> dict[str, Any]:
+    _require_finite(inp.samples, "$.samples")
+    if not inp.samples:
+        return {"error": "no samples to aggregate"}
+    out: dict[str, Any] = {}
+    try:
+        for name in inp.aggregations:
+            value = core.aggregate(name, inp.samples)
+            out[name] = int(value) if name == core.COUNT else value
+    except core.AggregationError as err:
+        return {"error": str(err)}
+    n = len(inp.samples)
+    ranks = {name: core.nearest_rank_index(n, p) for name, p in core.PERCENTILES.items() if name in inp.aggregations}
+    out["explain"] = {"count": n, "percentileIndex": ranks}
+    return out
+
+
+# --- nodemetric (§1.6)
+
+SampleRow = tuple[float, float, float]
+
+
+class PodInput(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    namespace: str = ""
+    priority: str = ""
+    qos: str = ""
+    samples: list[SampleRow] = []
+
+
+class NodeMetricInput(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    now: float | dt.datetime
+    spec: koordinator.MetricCollectPolicyJSON = koordinator.MetricCollectPolicyJSON()
+    node_samples: list[SampleRow] = []
+    system_samples: list[SampleRow] = []
+    pods: list[PodInput] = []
+
+
+def _nodemetric(inp: NodeMetricInput) -> dict[str, Any]:
+    try:
+        spec = koordinator.collect_policy_from_struct(inp.spec)
+    except koordinator.KoordinatorFormatError as err:
+        raise InputError(str(err.under("$.spec"))) from None
+    _require_finite_rows(inp.node_samples, "$.nodeSamples")
+    _require_finite_rows(inp.system_samples, "$.systemSamples")
+    for i, pod in enumerate(inp.pods):
+        _require_finite_rows(pod.samples, f"$.pods[{i}].samples")
+    now = inp.now.timestamp() if isinstance(inp.now, dt.datetime) else inp.now
+    if isinstance(inp.now, dt.datetime) and inp.now.tzinfo is None:
+        now = inp.now.replace(tzinfo=dt.UTC).timestamp()
+    pods = [core.PodSeries(p.namespace, p.name, p.samples, p.priority, p.qos) for p in inp.pods]
+    status = core.compute_from_samples(
+        report_time=now, spec=spec, node_samples=inp.node_samples, system_samples=inp.system_samples, pods=pods
+    )
+    counts = core.count_from_samples(
+        report_time=now, spec=spec, node_samples=inp.node_samples, system_samples=inp.system_samples, pods=pods
+    )
+    out = koordinator.nodemetric_status_to_json(status, quantities=False)
+    out["explain"] = {
+        "effectivePolicy": koordinator.collect_policy_to_json(core.effective_policy(spec)),
+        "windows": [_count_to_json(c) for c in counts],
+    }
+    return out
+
+
+def _count_to_json(count: core.WindowCount) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "for": "nodeUsage, systemUsage, podsMetric" if count.pod_samples is not None else "aggregated usages",
+        "duration": koordinator.format_go_duration(count.duration_seconds),
+        "start": count.start,
+        "end": count.end,
+        "nodeSamples": count.node_samples,
+        "systemSamples": count.system_samples,
+    }
+    if count.pod_samples is not None:
+        out["podSamples"] = count.pod_samples
+    return out
+
+
+def _require_finite(values: Sequence[float], path: str) -> None:
+    for i, value in enumerate(values):
+        if not math.isfinite(value):
+            raise InputError(f"{path}[{i}]: Expected a finite number, got {value!r}")
+
+
+def _require_finite_rows(rows: Sequence[Sequence[float]], path: str) -> None:
+    for i, row in enumerate(rows):
+        _require_finite(row, f"{path}[{i}]")
+
+
+CALCULATORS: Mapping[str, Calculator] = {
+    "nodemetric-aggregate": Calculator(
+        AggregateInput,
+        _aggregate,
+        "avg / nearest-rank percentiles / last / count of samples in time order (spec §1.5)",
+        '{"samples": [3, 1, 2], "aggregations": ["avg", "p50", "p99", "last", "count"]}',
+    ),
+    "nodemetric": Calculator(
+        NodeMetricInput,
+        _nodemetric,
+        "a NodeMetric status from raw [unixSeconds, cores, bytes] samples (spec §1.6)",
+        '{"now": "2026-01-01T12:00:00Z", "spec": {"nodeAggregatePolicy": {"durations": ["5m"]}},\n'
+        '     "nodeSamples": [[1767268790, 2.5, 8e9]], "systemSamples": [],\n'
+        '     "pods": [{"namespace": "ns", "name": "web", "priority": "koord-prod", "qos": "LS",\n'
+        '               "samples": [[1767268790, 0.5, 1e9]]}]}',
+    ),
+}
+
+
+# --- decoding and the command
+
+
+def _path_message(err: msgspec.ValidationError) -> str:
+    """msgspec's "Expected X, got Y - at `$.a[0]`" as "$.a[0]: Expected X, got Y"."""
+    text = str(err).replace("`float`", "`number`")
+    message, sep, where = text.rpartition(" - at `")
+    if not sep:
+        return f"$: {text}"
+    return f"{where.rstrip('`')}: {message}"
+
+
+def decode_input(text: str, input_type: type[Any]) -> Any:
+    """A JSON or YAML document as `input_type`; raises InputError naming the bad field."""
+    try:
+        return msgspec.json.decode(text, type=input_type)
+    except msgspec.ValidationError as err:
+        raise InputError(_path_message(err)) from None
+    except msgspec.DecodeError:
+        pass  # not JSON: try YAML, which also covers JSON with comments or trailing text
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        reason = " ".join(str(err).split())
+        raise InputError(f"$: input is neither JSON nor YAML ({reason})") from None
+    try:
+        # Lax: PyYAML reads YAML 1.1, where `8e9` (no dot) is a string rather than a number.
+        return msgspec.convert(document, input_type, strict=False)
+    except msgspec.ValidationError as err:
+        raise InputError(_path_message(err)) from None
+
+
+def calculate(kind: str, text: str) -> Outcome:
+    """The whole command for one document: decode, compute, render; never raises for bad input."""
+    calculator = CALCULATORS.get(kind)
+    if calculator is None:
+        known = ", ".join(sorted(CALCULATORS))
+        return Outcome(2, stderr=f"koordbus calc: unknown kind {kind!r} (known kinds: {known})\n")
+    try:
+        result = calculator.compute(decode_input(text, calculator.input_type))
+    except InputError as err:
+        message = " ".join(str(err).split())
+        return Outcome(2, stderr=f"koordbus calc {kind}: {message}\n")
+    return Outcome(0, stdout=json.dumps(result, allow_nan=False) + "\n")
+
+
+def _epilog() -> str:
+    lines = ["kinds:"]
+    for name, calculator in CALCULATORS.items():
+        lines += [f"  {name}", f"      {calculator.summary}", f"      example: {calculator.example}", ""]
+    lines.append('Exit 2 (one line on stderr) for malformed input; exit 0 with {"error": ...} when the')
+    lines.append("calculation itself rejects the input. Contract: shared/design/CALC-CONTRACT.md.")
+    return "\n".join(lines)
 
 
 def add_parser(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser("calc", help="run one calculator on a JSON document")
-    p.add_argument("kind")
+    p: argparse.ArgumentParser = sub.add_parser(
+        "calc",
+        help="run one calculator on a JSON or YAML document",
+        description="Read one JSON or YAML document (stdin or --input), run a calculator, print one JSON document.",
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("kind", metavar="KIND", help="one of: " + ", ".join(CALCULATORS))
+    p.add_argument("--input", "-i", metavar="FILE", help="read the document from FILE instead of stdin")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    return 2
+    if args.kind not in CALCULATORS:
+        outcome = calculate(args.kind, "")
+    else:
+        try:
+            text = Path(args.input).read_text(encoding="utf-8") if args.input else sys.stdin.read()
+        except (OSError, UnicodeDecodeError) as err:
+            sys.stderr.write(f"koordbus calc {args.kind}: cannot read input: {err}\n")
+            return 2
+        outcome = calculate(args.kind, text)
+    sys.stdout.write(outcome.stdout)
+    sys.stderr.write(outcome.stderr)
+    return outcome.exit_code

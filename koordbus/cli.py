@@ -17,8 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    from koordbus import calc
+    from koordbus import calc, commands
 
+    commands.add_parsers(sub)
     calc.add_parser(sub)
     return parser
 

@@ -296,6 +296,18 @@ async def test_reset_with_start_time_replays_from_that_time(bus: AnyBus, names: 
     assert [d.stream_seq for d in replay.committed] == [4, 5, 6]
 
 
+async def test_reset_with_start_sequence_resumes_from_that_sequence(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    await publish_n(bus, names, 5)
+    rec = Recorder()
+    spec = names.consumer(deliver_policy="by_start_sequence", opt_start_seq=3)
+    consumer = bus.consume(spec, rec, reset=True)
+    await wait_until(lambda: len(rec.committed) >= 3)
+    assert await consumer.wait_idle(5)
+    await consumer.stop()
+    assert [d.stream_seq for d in rec.committed] == [3, 4, 5]
+
+
 async def test_filter_subjects_deliver_only_matching(bus: AnyBus, names: Names) -> None:
     await ready(bus, names)
     for i, token in enumerate(["metrics", "state", "other", "metrics", "state"]):

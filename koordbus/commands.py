@@ -1,0 +1,255 @@
+"""The long-running subcommands: `up` (everything in one process), `agent`, `service nodemetric`, `api`.
+
+Each parses its flags into typed settings at the edge, builds the parts with koordbus.runtime,
+and runs until Ctrl-C / SIGTERM, then shuts down in reverse order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import socket
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from koordbus.settings import CommonSettings
+from services.common import settings as settings_loader
+
+# The heavy parts (nats, sqlalchemy, fastapi, numpy) are imported by the subcommand that runs, so `koordbus calc`
+# and `--help` start fast.
+
+
+def local_node_name() -> str:
+    """This host's name as a DNS-1123 node name."""
+    name = re.sub(r"[^a-z0-9.-]", "-", socket.gethostname().lower()).strip("-.") or "localhost"
+    return name[:253]
+
+
+def _common(args: argparse.Namespace) -> CommonSettings:
+    return settings_loader.load(
+        CommonSettings,
+        {"nats_url": args.nats_url, "database_url": args.database_url, "data_dir": getattr(args, "data_dir", None)},
+    )
+
+
+def _add_common(p: argparse.ArgumentParser, *, embedded: bool) -> None:
+    where = " (default: start an embedded one)" if embedded else " (required, or KOORDBUS_NATS_URL)"
+    p.add_argument("--nats-url", help="NATS server URL" + where)
+    p.add_argument(
+        "--database-url",
+        help="sqlite:///path or postgresql://user@host/db"
+        + (" (default: SQLite in the data dir)" if embedded else " (or KOORDBUS_DATABASE_URL)"),
+    )
+    p.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING …")
+
+
+def add_parsers(sub: Any) -> None:
+    up = sub.add_parser(
+        "up",
+        help="run everything on this machine: embedded NATS, SQLite, services, a local agent and the API",
+        description="Start the embedded default: nats-server from the wheel (JetStream, data in --data-dir), SQLite "
+        "in the same directory, the nodemetric service, an agent for this host and the API. Ctrl-C stops it.",
+    )
+    _add_common(up, embedded=True)
+    up.add_argument("--data-dir", help="where the NATS store, logs and SQLite live (default .koordbus)")
+    up.add_argument("--host", default="127.0.0.1", help="API bind address (default 127.0.0.1)")
+    up.add_argument("--port", type=int, default=8080, help="API port (default 8080)")
+    up.add_argument("--simulate-nodes", type=int, default=0, metavar="N", help="also run N synthetic nodes")
+    up.add_argument("--simulate-pods", type=int, default=20, metavar="P", help="pods per synthetic node (default 20)")
+    up.add_argument(
+        "--simulate-backfill",
+        type=float,
+        default=1800.0,
+        metavar="SECONDS",
+        help="history the synthetic nodes publish at start, so percentiles show at once (default 1800)",
+    )
+    up.add_argument("--no-agent", action="store_true", help="do not run an agent for this host")
+    up.set_defaults(run=lambda a: asyncio.run(run_up(a)))
+
+    agent = sub.add_parser("agent", help="run the node agent against an existing NATS")
+    _add_common(agent, embedded=False)
+    agent.add_argument("--node-name", default=None, help="this node's Kubernetes name (default: hostname)")
+    agent.add_argument("--proc-root", default=None, help="procfs mount (default /proc)")
+    agent.add_argument("--cgroup-root", default=None, help="cgroup mount (default /sys/fs/cgroup)")
+    agent.add_argument("--publish-interval", type=float, default=None, help="seconds per batch (default 10)")
+    agent.set_defaults(run=lambda a: asyncio.run(run_agent(a)))
+
+    service = sub.add_parser("service", help="run one control-plane service against an existing NATS and database")
+    service.add_argument("name", choices=["nodemetric"], help="which service")
+    _add_common(service, embedded=False)
+    service.add_argument("--port", type=int, default=9090, help="health and metrics port (default 9090; 0 = off)")
+    service.set_defaults(run=lambda a: asyncio.run(run_service(a)))
+
+    api = sub.add_parser("api", help="run the REST API against an existing NATS and database")
+    _add_common(api, embedded=False)
+    api.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    api.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    api.set_defaults(run=lambda a: asyncio.run(run_api(a)))
+
+
+def prepare_data_dir(path: str) -> Path:
+    data_dir = Path(path).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return data_dir
+
+
+def _require(value: str, what: str) -> str:
+    if not value:
+        raise SystemExit(f"koordbus: {what} is required (flag or environment variable)")
+    return value
+
+
+async def run_up(args: argparse.Namespace) -> int:
+    from agent.service import AgentService
+    from agent.settings import AgentSettings
+    from koordbus import runtime, simulation
+    from services.api.app import ApiContext, create_app
+    from services.api.settings import ApiSettings
+    from services.common.metrics import new_registry
+    from services.nodemetric.service import NodeMetricService
+    from services.nodemetric.settings import NodeMetricSettings
+    from services.nodemetric.store import NodeMetricStore
+
+    common = _common(args)
+    runtime.configure_logging(args.log_level or common.log_level)
+    data_dir = prepare_data_dir(common.data_dir)
+    if not runtime.port_is_free(args.host, args.port):
+        raise SystemExit(f"koordbus up: port {args.port} on {args.host} is in use; pass --port")
+    api_settings = settings_loader.load(ApiSettings, {"host": args.host, "port": args.port})
+    nm_settings = settings_loader.load(NodeMetricSettings)
+    registry = new_registry()
+    async with AsyncExitStack() as stack:
+        stop = runtime.stop_event_on_signals()
+        nats_url = common.nats_url or await runtime.open_embedded_nats(stack, data_dir)
+        database_url = common.database_url or f"sqlite:///{data_dir / 'koordbus.db'}"
+        bus = await runtime.open_bus(stack, nats_url, name="koordbus-up")
+        engine = await runtime.open_database(stack, database_url, migrate=True)
+        store = NodeMetricStore(engine)
+        nodemetric = NodeMetricService(bus, store, nm_settings, registry=registry)
+        await nodemetric.start()
+        stack.push_async_callback(nodemetric.stop)
+        app = create_app(
+            ApiContext(
+                settings=api_settings,
+                nodemetric_store=store,
+                registry=registry,
+                readiness=(("database", runtime.database_check(engine)), ("bus", runtime.bus_check(bus))),
+                before_metrics=(nodemetric.refresh_gauges,),
+            )
+        )
+        await runtime.serve_http(stack, app, host=api_settings.host, port=api_settings.port)
+        if not args.no_agent:
+            agent = AgentService(settings_loader.load(AgentSettings, {"node_name": local_node_name()}), bus)
+            runtime.background(stack, agent.run(), name="agent")
+        if args.simulate_nodes:
+            nodes = simulation.make_nodes(args.simulate_nodes, pods_per_node=args.simulate_pods)
+            runtime.background(
+                stack,
+                simulation.run_simulation(bus, nodes, backfill_seconds=args.simulate_backfill),
+                name="simulation",
+            )
+        base = f"http://{api_settings.host}:{api_settings.port}"
+        print(
+            f"koordbus is up.\n"
+            f"  API         {base}/api/v1/nodemetrics   (docs: {base}/docs, metrics: {base}/metrics)\n"
+            f"  NATS        {nats_url}\n"
+            f"  database    {database_url}\n"
+            f"  data dir    {data_dir}\n"
+            f"  agent       {'off' if args.no_agent else local_node_name()}"
+            f"   simulated nodes: {args.simulate_nodes}\n"
+            f"NodeMetrics appear after the first report interval ({nm_settings.report_interval_seconds} s of samples)."
+            f" Ctrl-C stops.",
+            flush=True,
+        )
+        await stop.wait()
+        print("koordbus: shutting down …", flush=True)
+    return 0
+
+
+async def run_agent(args: argparse.Namespace) -> int:
+    from agent.service import AgentService
+    from agent.settings import AgentSettings
+    from koordbus import runtime
+
+    common = _common(args)
+    runtime.configure_logging(args.log_level or common.log_level)
+    overrides = {
+        "node_name": args.node_name or local_node_name(),
+        "proc_root": args.proc_root,
+        "cgroup_root": args.cgroup_root,
+        "publish_interval": args.publish_interval,
+    }
+    settings = settings_loader.load(AgentSettings, overrides)
+    async with AsyncExitStack() as stack:
+        stop = runtime.stop_event_on_signals()
+        bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name=f"agent-{settings.node_name}")
+        agent = AgentService(settings, bus)
+        runtime.background(stack, agent.run(), name="agent")
+        await stop.wait()
+        await agent.stop()
+    return 0
+
+
+async def run_service(args: argparse.Namespace) -> int:
+    from koordbus import runtime
+    from services.api.app import ApiContext, create_app
+    from services.api.settings import ApiSettings
+    from services.common.metrics import new_registry
+    from services.nodemetric.service import NodeMetricService
+    from services.nodemetric.settings import NodeMetricSettings
+    from services.nodemetric.store import NodeMetricStore
+
+    common = _common(args)
+    runtime.configure_logging(args.log_level or common.log_level)
+    registry = new_registry()
+    async with AsyncExitStack() as stack:
+        stop = runtime.stop_event_on_signals()
+        bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name="nodemetric")
+        engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=True)
+        store = NodeMetricStore(engine)
+        service = NodeMetricService(bus, store, settings_loader.load(NodeMetricSettings), registry=registry)
+        await service.start()
+        stack.push_async_callback(service.stop)
+        if args.port:
+            app = create_app(
+                ApiContext(
+                    settings=settings_loader.load(ApiSettings, {"port": args.port}),
+                    nodemetric_store=store,
+                    registry=registry,
+                    readiness=(("database", runtime.database_check(engine)), ("bus", runtime.bus_check(bus))),
+                    before_metrics=(service.refresh_gauges,),
+                )
+            )
+            await runtime.serve_http(stack, app, host="0.0.0.0", port=args.port)
+        await stop.wait()
+    return 0
+
+
+async def run_api(args: argparse.Namespace) -> int:
+    from koordbus import runtime
+    from services.api.app import ApiContext, create_app
+    from services.api.settings import ApiSettings
+    from services.common.metrics import new_registry
+    from services.nodemetric.store import NodeMetricStore
+
+    common = _common(args)
+    runtime.configure_logging(args.log_level or common.log_level)
+    settings = settings_loader.load(ApiSettings, {"host": args.host, "port": args.port})
+    registry = new_registry()
+    async with AsyncExitStack() as stack:
+        stop = runtime.stop_event_on_signals()
+        bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name="api")
+        engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=False)
+        app = create_app(
+            ApiContext(
+                settings=settings,
+                nodemetric_store=NodeMetricStore(engine),
+                registry=registry,
+                readiness=(("database", runtime.database_check(engine)), ("bus", runtime.bus_check(bus))),
+            )
+        )
+        await runtime.serve_http(stack, app, host=settings.host, port=settings.port)
+        await stop.wait()
+    return 0

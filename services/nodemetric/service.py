@@ -1,0 +1,250 @@
+"""The nodemetric service shell: agent batches in, NodeMetricComputed out, the latest status projected to the DB.
+
+Two durable consumers:
+  * ingest (KOORD_NODE): decodes NodeMetricsReported / NodeStateReported, feeds each node's
+    window (services.nodemetric.core), and per fetched batch publishes the reports that came
+    due (event time, so a replay computes the same reports with the same Nats-Msg-Id) and
+    records node liveness in the DB. At start-up it is reset to replay the longest window,
+    which rebuilds the in-memory windows; reports already projected are not emitted again.
+  * projector (KOORD_NODEMETRIC): writes each NodeMetricComputed to the `node_metrics` table
+    with its stream sequence, so a replay rebuilds exactly the same rows.
+Called by the CLI (`koordbus up`, `koordbus service nodemetric`) and the integration tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from bus import streams, subjects
+from bus.api import Bus, Consumer, ConsumerSpec, Delivery, msg_id
+from bus.errors import TemporaryError
+from schemas.node import MetricCollectPolicy, NodeEvent, NodeMetricComputed, NodeMetricsReported, NodeStateReported
+from services.nodemetric import core
+from services.nodemetric.settings import NodeMetricSettings
+from services.nodemetric.store import NodeMetricStore, NodeSeen
+
+log = logging.getLogger(__name__)
+
+INGEST_CONSUMER = "nodemetric-ingest"
+PROJECTOR_CONSUMER = "nodemetric-projector"
+
+
+def collect_policy(settings: NodeMetricSettings) -> MetricCollectPolicy:
+    """The NodeMetric spec every node gets until per-node colocation strategies arrive (issue 3)."""
+    return MetricCollectPolicy(
+        aggregate_duration_seconds=settings.aggregate_duration_seconds,
+        report_interval_seconds=settings.report_interval_seconds,
+        durations_seconds=tuple(settings.aggregate_durations_seconds),
+        node_memory_collect_policy=settings.node_memory_collect_policy,
+    )
+
+
+@dataclass
+class _Instruments:
+    batches: Counter
+    reports: Counter
+    latency: Histogram
+    nodes: Gauge
+    stale_nodes: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> _Instruments:
+        return cls(
+            batches=Counter(
+                "koordbus_nodemetric_batches", "Agent metric batches applied to node windows", registry=registry
+            ),
+            reports=Counter("koordbus_nodemetric_reports", "NodeMetricComputed events published", registry=registry),
+            latency=Histogram(
+                "koordbus_nodemetric_ingest_latency_seconds",
+                "From the agent's send time to the batch being applied and committed",
+                buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+                registry=registry,
+            ),
+            nodes=Gauge("koordbus_nodemetric_nodes", "Nodes with a window in memory", registry=registry),
+            stale_nodes=Gauge(
+                "koordbus_nodemetric_stale_nodes",
+                "Nodes whose newest sample is older than stale_after_seconds",
+                registry=registry,
+            ),
+        )
+
+
+@dataclass
+class _Pending:
+    touched: set[str] = field(default_factory=set)
+    node_events: list[tuple[int, NodeSeen | NodeStateReported]] = field(default_factory=list)
+    sent_at: list[float] = field(default_factory=list)
+
+
+class _IngestHandler:
+    def __init__(self, owner: NodeMetricService) -> None:
+        self._owner = owner
+        self._decoder = msgspec.json.Decoder(NodeEvent)
+        self._pending = _Pending()
+
+    async def handle(self, delivery: Delivery) -> None:
+        event = self._decoder.decode(delivery.data)
+        match event:
+            case NodeMetricsReported():
+                self._owner.window(event.node).add(event)
+                self._pending.touched.add(event.node)
+                self._pending.node_events.append(
+                    (
+                        delivery.stream_seq,
+                        NodeSeen(node=event.node, window_end=event.window_end, dropped_batches=event.dropped_batches),
+                    )
+                )
+                self._pending.sent_at.append(event.sent_at)
+            case NodeStateReported():
+                self._pending.node_events.append((delivery.stream_seq, event))
+
+    async def flush(self) -> None:
+        pending, self._pending = self._pending, _Pending()
+        try:
+            await self._owner.publish_due_reports(sorted(pending.touched))
+            if pending.node_events:
+                await self._owner.store.apply_node_events(
+                    pending.node_events, consumer=INGEST_CONSUMER, stream=streams.KOORD_NODE
+                )
+        except TemporaryError:
+            raise
+        except Exception as e:  # the DB or bus failed: the whole batch is redelivered, windows ignore repeats
+            raise TemporaryError(f"nodemetric ingest flush failed: {e}", delay=1.0) from e
+        self._owner.observe_applied(pending.sent_at)
+
+
+class _ProjectorHandler:
+    def __init__(self, store: NodeMetricStore) -> None:
+        self._store = store
+        self._decoder = msgspec.json.Decoder(NodeMetricComputed)
+        self._pending: list[tuple[int, NodeMetricComputed]] = []
+        self._msg_ids: dict[int, str] = {}
+
+    async def handle(self, delivery: Delivery) -> None:
+        self._pending.append((delivery.stream_seq, self._decoder.decode(delivery.data)))
+        self._msg_ids[delivery.stream_seq] = delivery.msg_id
+
+    async def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        msg_ids, self._msg_ids = self._msg_ids, {}
+        if not pending:
+            return
+        try:
+            await self._store.apply_computed(
+                pending, consumer=PROJECTOR_CONSUMER, stream=streams.KOORD_NODEMETRIC, msg_ids=msg_ids
+            )
+        except Exception as e:
+            raise TemporaryError(f"nodemetric projection failed: {e}", delay=1.0) from e
+
+
+class NodeMetricService:
+    """Owns the per-node windows and the two consumer loops."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        store: NodeMetricStore,
+        settings: NodeMetricSettings,
+        *,
+        registry: CollectorRegistry,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.bus = bus
+        self.store = store
+        self.settings = settings
+        self.spec = collect_policy(settings)
+        self._clock = clock
+        self._windows: dict[str, core.NodeWindow] = {}
+        self._last_reports: dict[str, float] = {}
+        self._consumers: list[Consumer] = []
+        self._metrics = _Instruments.create(registry)
+
+    def window(self, node: str) -> core.NodeWindow:
+        window = self._windows.get(node)
+        if window is None:
+            window = core.NodeWindow(self.spec, last_report=self._last_reports.get(node))
+            self._windows[node] = window
+            self._metrics.nodes.set(len(self._windows))
+        return window
+
+    async def start(self) -> None:
+        """Load how far each node was reported, then start both consumers (ingest replays the longest window)."""
+        self._last_reports = await self.store.last_report_times()
+        projected = await self.store.offset(PROJECTOR_CONSUMER)
+        history = max((*self.spec.durations_seconds, self.spec.aggregate_duration_seconds))
+        replay_from = self._clock() - history - self.settings.replay_slack_seconds
+        ingest = ConsumerSpec(
+            durable=INGEST_CONSUMER,
+            stream=streams.KOORD_NODE,
+            filter_subjects=(subjects.NODE_METRICS_ALL, subjects.NODE_STATE_ALL),
+            service="nodemetric",
+            batch_size=self.settings.ingest_batch_size,
+            deliver_policy="by_start_time",
+            opt_start_time=max(replay_from, 0.0),
+        )
+        projector = ConsumerSpec(
+            durable=PROJECTOR_CONSUMER,
+            stream=streams.KOORD_NODEMETRIC,
+            filter_subjects=(subjects.NODEMETRIC_COMPUTED_ALL,),
+            service="nodemetric",
+            batch_size=self.settings.ingest_batch_size,
+            # The database, not the durable, knows what is projected: a fresh database replays the whole stream.
+            deliver_policy="by_start_sequence",
+            opt_start_seq=projected + 1,
+        )
+        self._consumers = [
+            self.bus.consume(projector, _ProjectorHandler(self.store), reset=True),
+            self.bus.consume(ingest, _IngestHandler(self), reset=True),
+        ]
+
+    async def stop(self) -> None:
+        for consumer in self._consumers:
+            await consumer.stop()
+        self._consumers = []
+
+    @property
+    def consumers(self) -> list[Consumer]:
+        return list(self._consumers)
+
+    async def publish_due_reports(self, nodes: list[str]) -> None:
+        """Compute and publish every report that came due on these nodes; mark them only once published."""
+        due: list[tuple[core.NodeWindow, NodeMetricComputed]] = []
+        for node in nodes:
+            window = self._windows[node]
+            report_time = core.due_report(window, spec=self.spec)
+            if report_time is None:
+                continue
+            status = core.compute_status(window, report_time=report_time, spec=self.spec)
+            due.append((window, NodeMetricComputed(node=node, report_time=report_time, spec=self.spec, status=status)))
+        if not due:
+            return
+        await self.bus.publish_many(
+            [
+                (
+                    subjects.nodemetric_computed(event.node),
+                    msgspec.json.encode(event),
+                    msg_id("nodemetric.computed", event.node, event.report_time),
+                )
+                for _, event in due
+            ]
+        )
+        for window, event in due:
+            window.mark_reported(event.report_time)
+        self._metrics.reports.inc(len(due))
+
+    def observe_applied(self, sent_at: list[float]) -> None:
+        now = self._clock()
+        for t in sent_at:
+            self._metrics.latency.observe(max(now - t, 0.0))
+        self._metrics.batches.inc(len(sent_at))
+
+    def refresh_gauges(self) -> None:
+        """Recount stale nodes (wall clock); called by the API's /metrics handler and the CLI's ticker."""
+        cutoff = self._clock() - self.settings.stale_after_seconds
+        self._metrics.stale_nodes.set(sum(1 for w in self._windows.values() if (w.newest_end or 0.0) < cutoff))

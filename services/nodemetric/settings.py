@@ -1,0 +1,37 @@
+"""Settings of the nodemetric service (built once by the CLI; see services.common.settings.load)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeMetricSettings:
+    aggregate_duration_seconds: int = 300
+    """Window of nodeUsage, systemUsage and podsMetric averages (Koordinator default 300; at least 60 is used)."""
+    report_interval_seconds: int = 60
+    """How often a NodeMetric status is computed per node, in event time (Koordinator default 60; at least 30)."""
+    aggregate_durations_seconds: tuple[int, ...] = (300, 600, 1800)
+    """Durations of aggregatedNodeUsages / aggregatedSystemUsages (Koordinator default 5m, 10m, 30m)."""
+    node_memory_collect_policy: str = "usageWithoutPageCache"
+    """usageWithoutPageCache | usageWithHotPageCache | usageWithPageCache."""
+    stale_after_seconds: float = 180.0
+    """A node whose newest sample is older than this is shown as stale (never forgotten)."""
+    replay_slack_seconds: int = 120
+    """Extra history replayed at start-up beyond the longest window, so the first reports are complete."""
+    ingest_batch_size: int = 512
+    """Messages fetched per pull; one database transaction and one publish pipeline per batch."""
+
+    def __post_init__(self) -> None:
+        if self.aggregate_duration_seconds <= 0 or self.report_interval_seconds <= 0:
+            raise ValueError("aggregate_duration_seconds and report_interval_seconds must be positive")
+        if not self.aggregate_durations_seconds or min(self.aggregate_durations_seconds) <= 0:
+            raise ValueError("aggregate_durations_seconds must list positive durations")
+        if self.node_memory_collect_policy not in (
+            "usageWithoutPageCache",
+            "usageWithHotPageCache",
+            "usageWithPageCache",
+        ):
+            raise ValueError(f"unknown node_memory_collect_policy {self.node_memory_collect_policy!r}")
+        if self.stale_after_seconds <= 0:
+            raise ValueError("stale_after_seconds must be positive")

@@ -1,0 +1,439 @@
+"""NodeMetric calculations (spec §1.5–1.6): aggregations, the streaming window and the status it yields."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import struct
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas import node
+from services.nodemetric import core
+
+POLICY = node.MetricCollectPolicy()
+Sample = tuple[float, float, float]
+
+
+# --- reference implementations, written differently from the core on purpose
+
+
+def _to_float32(x: float) -> float:
+    return float(struct.unpack("f", struct.pack("f", x))[0])
+
+
+def reference_percentile(values: Sequence[float], p: float) -> float:
+    """float32(n) × float32(p) is exact in float64 (24 + 24 bits); packing rounds it to float32 as Go does."""
+    product = _to_float32(_to_float32(float(len(values))) * _to_float32(p))
+    index = max(math.floor(product) - 1, 0)
+    return sorted(values)[index]
+
+
+# --- aggregation functions
+
+
+@pytest.mark.parametrize(
+    ("n", "p", "index"),
+    [(20, 0.9, 17), (300, 0.99, 296), (1, 0.5, 0), (1, 0.99, 0), (2, 0.5, 0), (10, 0.95, 8), (100, 0.5, 49)],
+)
+def test_nearest_rank_index(n: int, p: float, index: int) -> None:
+    assert core.nearest_rank_index(n, p) == index
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    values=st.lists(st.floats(min_value=0, max_value=1e12, allow_nan=False), min_size=1, max_size=2000),
+    p=st.sampled_from(sorted(core.PERCENTILES.values())),
+)
+def test_percentile_matches_reference(values: list[float], p: float) -> None:
+    assert core.percentile(values, p) == reference_percentile(values, p)
+
+
+@settings(max_examples=150, deadline=None)
+@given(values=st.lists(st.floats(min_value=0, max_value=1e12, allow_nan=False), min_size=1, max_size=2000))
+def test_avg_matches_fmean(values: list[float]) -> None:
+    assert core.avg(values) == pytest.approx(statistics.fmean(values), rel=1e-12, abs=1e-12)
+
+
+def test_percentile_uses_float32_product_at_the_edge() -> None:
+    # 20 × 0.9 in float64 is 18.000000000000004 but 18.0 in float32: both floor to 18, index 17. 100 × 0.95
+    # is 95.0 in float32 (float64: 95.0) -> index 94; 10 × 0.99 rounds to 9.9 -> index 8.
+    values = list(range(1, 101))
+    assert core.percentile(values, 0.95) == 95
+    assert core.percentile(list(range(1, 11)), 0.99) == 9
+
+
+def test_last_count_and_dispatch() -> None:
+    assert core.last([5.0, 1.0, 7.0]) == 7.0
+    assert core.last([5.0, 1.0, 7.0], times=[30, 50, 10]) == 1.0
+    assert core.count([1.0, 2.0]) == 2
+    assert core.count([]) == 0
+    assert core.aggregate("p50", [4.0, 1.0, 3.0, 2.0]) == 2.0
+    assert core.aggregate("count", [4.0, 1.0]) == 2
+
+
+@pytest.mark.parametrize("name", ["avg", "p50", "p99", "last"])
+def test_empty_samples_are_rejected(name: str) -> None:
+    with pytest.raises(core.AggregationError, match="no samples"):
+        core.aggregate(name, [])
+
+
+def test_unknown_aggregation_is_rejected() -> None:
+    with pytest.raises(core.AggregationError, match="unknown aggregation 'p42'"):
+        core.aggregate("p42", [1.0])
+
+
+def test_effective_policy_floors() -> None:
+    eff = core.effective_policy(node.MetricCollectPolicy(aggregate_duration_seconds=10, report_interval_seconds=5))
+    assert (eff.aggregate_duration_seconds, eff.report_interval_seconds) == (60, 30)
+    eff = core.effective_policy(node.MetricCollectPolicy(aggregate_duration_seconds=600, report_interval_seconds=90))
+    assert (eff.aggregate_duration_seconds, eff.report_interval_seconds) == (600, 90)
+
+
+# --- compute_from_samples (the calc path, [start, end] inclusive)
+
+
+def _from_samples(
+    now: float, samples: Sequence[Sample], spec: node.MetricCollectPolicy = POLICY, **kw: Any
+) -> node.NodeMetricStatus:
+    return core.compute_from_samples(report_time=now, spec=spec, node_samples=samples, **kw)
+
+
+def test_node_usage_and_aggregates_by_hand() -> None:
+    spec = node.MetricCollectPolicy(aggregate_duration_seconds=60, durations_seconds=(60,))
+    samples = [(930.0, 100.0, 9e9), (940.0, 1.0, 100), (960.0, 2.0, 200), (980.0, 3.0, 300), (1000.0, 4.0, 400)]
+    status = _from_samples(1000.0, samples, spec)
+    assert status.update_time == 1000.0
+    assert status.node_metric.node_usage.resources == {"cpu": 2500, "memory": 250}
+    usage = status.node_metric.aggregated_node_usages[0].usage
+    assert {k: v.resources["cpu"] for k, v in usage.items()} == {
+        "avg": 2500,
+        "p50": 2000,
+        "p90": 3000,
+        "p95": 3000,
+        "p99": 3000,
+    }
+    assert usage["p50"].resources["memory"] == 200
+
+
+def test_amounts_truncate() -> None:
+    status = _from_samples(100.0, [(90.0, 0.3333333, 10.9)])
+    assert status.node_metric.node_usage.resources == {"cpu": 333, "memory": 10}
+
+
+def test_empty_window_gives_empty_maps_not_zeros() -> None:
+    status = _from_samples(10_000.0, [(1.0, 1.0, 1)])
+    info = status.node_metric
+    assert info.node_usage == node.ResourceMap()
+    assert info.system_usage == node.ResourceMap()
+    assert [a.duration_seconds for a in info.aggregated_node_usages] == [300, 600, 1800]
+    assert all(rm == node.ResourceMap() for a in info.aggregated_node_usages for rm in a.usage.values())
+    assert "resources" not in msgspec.to_builtins(info.node_usage)
+
+
+@pytest.mark.parametrize(("span", "filled"), [(150.0, True), (149.0, False), (300.0, True), (0.0, False)])
+def test_cold_start_needs_half_the_duration(span: float, filled: bool) -> None:
+    spec = node.MetricCollectPolicy(durations_seconds=(300,))
+    now = 1000.0
+    samples = [(now - span, 1.0, 10), (now, 2.0, 20)]
+    status = _from_samples(now, samples, spec)
+    aggregated = status.node_metric.aggregated_node_usages[0].usage
+    assert set(aggregated) == {"avg", "p50", "p90", "p95", "p99"}
+    assert all(bool(rm.resources) is filled for rm in aggregated.values())
+    # nodeUsage has no cold-start filter
+    assert status.node_metric.node_usage.resources["cpu"] == 1500
+
+
+def test_system_usage_uses_system_samples() -> None:
+    status = _from_samples(100.0, [(90.0, 4.0, 100)], system_samples=[(80.0, 0.5, 7), (90.0, 1.5, 9)])
+    assert status.node_metric.system_usage.resources == {"cpu": 1000, "memory": 8}
+
+
+def test_pods_sorted_and_omitted_without_samples() -> None:
+    pods = [
+        core.PodSeries("z", "b", [(990.0, 1.0, 10)], "koord-batch", "BE"),
+        core.PodSeries("a", "c", [(990.0, 0.25, 30), (995.0, 0.75, 50)], "koord-prod", "LS"),
+        core.PodSeries("a", "gone", [(600.0, 1.0, 1)], "", ""),  # before the 300 s window
+    ]
+    status = _from_samples(1000.0, [(990.0, 2.0, 100)], pods=pods)
+    rendered = [(p.namespace, p.name, p.pod_usage.resources, p.priority, p.qos) for p in status.pods_metric]
+    assert rendered == [
+        ("a", "c", {"cpu": 500, "memory": 40}, "koord-prod", "LS"),
+        ("z", "b", {"cpu": 1000, "memory": 10}, "koord-batch", "BE"),
+    ]
+
+
+def test_counts_per_window() -> None:
+    counts = core.count_from_samples(
+        report_time=1000.0,
+        spec=node.MetricCollectPolicy(durations_seconds=(60, 600)),
+        node_samples=[(500.0, 1, 1), (950.0, 1, 1), (1000.0, 1, 1)],
+        pods=[core.PodSeries("a", "p", [(990.0, 1, 1), (995.0, 1, 1)])],
+    )
+    assert [(c.duration_seconds, c.node_samples, c.pod_samples) for c in counts] == [
+        (300, 2, 2),
+        (60, 2, None),
+        (600, 3, None),
+    ]
+
+
+# --- the streaming window
+
+
+def _batch(
+    start: float,
+    *,
+    seconds: int = 10,
+    cpu: float = 1.0,
+    mem: int = 1000,
+    pods: Sequence[node.PodSamples] = (),
+    **extra: Any,
+) -> node.NodeMetricsReported:
+    ts = [start + i for i in range(seconds)]
+    return node.NodeMetricsReported(
+        node="n1",
+        window_start=start,
+        window_end=start + seconds,
+        sent_at=start + seconds,
+        node_samples=[(t, cpu, mem) for t in ts],
+        system_samples=[(t, cpu / 4, mem // 4) for t in ts],
+        pods=list(pods),
+        **extra,
+    )
+
+
+def _pod(uid: str, start: float, cpu: float, mem: int, *, seconds: int = 10, **ref: Any) -> node.PodSamples:
+    return node.PodSamples(
+        pod=node.PodRef(uid=uid, **ref),
+        samples=[(start + i, cpu, mem) for i in range(seconds)],
+    )
+
+
+def test_pod_identity_priority_and_qos_from_ref() -> None:
+    window = core.NodeWindow(POLICY)
+    pods = [
+        _pod("u1", 0, 0.5, 100, namespace="ns", name="web", kube_qos="Guaranteed"),
+        _pod("u2", 0, 0.25, 200, kube_qos="BestEffort"),
+        _pod("u3", 0, 0.1, 300, namespace="ns", name="lbl", labels={"koordinator.sh/priority-class": "koord-mid"}),
+    ]
+    window.add(_batch(0, pods=pods))
+    status = core.compute_status(window, report_time=10.0, spec=POLICY)
+    got = [(p.namespace, p.name, p.uid, p.priority, p.qos, p.pod_usage.resources) for p in status.pods_metric]
+    assert got == [
+        ("", "u2", "u2", "koord-batch", "BE", {"cpu": 250, "memory": 200}),
+        ("ns", "lbl", "u3", "koord-mid", "", {"cpu": 100, "memory": 300}),
+        ("ns", "web", "u1", "koord-prod", "LSR", {"cpu": 500, "memory": 100}),
+    ]
+
+
+def test_latest_pod_ref_wins() -> None:
+    window = core.NodeWindow(POLICY)
+    window.add(_batch(10, pods=[_pod("u1", 10, 1, 1, namespace="ns", name="new")]))
+    window.add(_batch(0, pods=[_pod("u1", 0, 1, 1, namespace="ns", name="old")]))
+    assert window.pods["u1"].name == "new"
+
+
+def test_streaming_window_excludes_its_end() -> None:
+    # The sample at exactly T belongs to the batch [T, T+10); whether it has arrived must not change report T.
+    early, late = core.NodeWindow(POLICY), core.NodeWindow(POLICY)
+    for start in range(0, 300, 10):
+        early.add(_batch(start, cpu=1.0))
+        late.add(_batch(start, cpu=1.0))
+    late.add(_batch(300, cpu=9.0))
+    assert core.compute_status(early, report_time=300.0, spec=POLICY) == core.compute_status(
+        late, report_time=300.0, spec=POLICY
+    )
+
+
+@pytest.mark.parametrize(
+    ("policy", "extra", "memory"),
+    [
+        ("usageWithoutPageCache", {"memory_with_page_cache": [(5.0, 5000)]}, 1000),
+        ("usageWithPageCache", {"memory_with_page_cache": [(5.0, 5000)]}, 5000),
+        ("usageWithPageCache", {}, None),  # no page-cache samples: the query fails, nodeUsage stays empty
+        ("usageWithHotPageCache", {"memory_with_hot_page": [(5.0, 3000)]}, 3000),
+        ("usageWithHotPageCache", {}, 1000),  # collector never ran: falls back to without-page-cache
+    ],
+)
+def test_node_memory_policies(policy: str, extra: dict[str, Any], memory: int | None) -> None:
+    spec = node.MetricCollectPolicy(node_memory_collect_policy=policy)
+    window = core.NodeWindow(spec)
+    window.add(_batch(0, mem=1000, **extra))
+    usage = core.compute_status(window, report_time=10.0, spec=spec).node_metric.node_usage
+    if memory is None:
+        assert usage == node.ResourceMap()
+    else:
+        assert usage.resources == {"cpu": 1000, "memory": memory}
+
+
+def test_pod_memory_with_page_cache_policy() -> None:
+    spec = node.MetricCollectPolicy(node_memory_collect_policy="usageWithPageCache")
+    with_cache = node.PodSamples(
+        pod=node.PodRef(uid="a", namespace="ns", name="a"),
+        samples=[(1.0, 1.0, 100), (2.0, 1.0, 100)],
+        memory_with_page_cache=[(1.0, 400), (2.0, 600)],
+    )
+    without_cache = _pod("b", 0, 1.0, 100, namespace="ns", name="b")
+    window = core.NodeWindow(spec)
+    window.add(_batch(0, pods=[with_cache, without_cache], memory_with_page_cache=[(1.0, 1)]))
+    pods = core.compute_status(window, report_time=10.0, spec=spec).pods_metric
+    assert [(p.name, p.pod_usage.resources["memory"]) for p in pods] == [("a", 500)]
+
+
+def test_add_is_idempotent() -> None:
+    window = core.NodeWindow(POLICY)
+    first = _batch(0, pods=[_pod("u1", 0, 1.0, 10)])
+    assert window.add(first)
+    once = core.compute_status(window, report_time=10.0, spec=POLICY)
+    assert not window.add(first)
+    assert not window.add(_batch(0, cpu=50.0))  # same window, different content: still the one we hold
+    assert core.compute_status(window, report_time=10.0, spec=POLICY) == once
+
+
+def test_batches_older_than_every_window_are_dropped() -> None:
+    window = core.NodeWindow(POLICY)
+    window.add(_batch(10_000))
+    assert not window.add(_batch(0))
+    assert window.add(_batch(9_000))
+
+
+def test_state_stays_bounded_over_10000_batches() -> None:
+    window = core.NodeWindow(POLICY)
+    sizes_after_warmup: dict[str, int] = {}
+    for k in range(10_000):
+        start = k * 10.0
+        # 20 pods live at a time, replaced every 100 batches: old pods must be forgotten
+        pods = [_pod(f"u{k // 100}-{i}", start, 0.5, 64, namespace="ns", name=f"p{i}") for i in range(20)]
+        window.add(_batch(start, pods=pods, memory_with_page_cache=[(start, 1)]))
+        if k == 1000:
+            sizes_after_warmup = window.capacities()
+    assert window.capacities() == sizes_after_warmup
+    assert sizes_after_warmup["node"] < 2 * 2000
+    assert len(window.pods) <= 40
+    status = core.compute_status(window, report_time=100_000.0, spec=POLICY)
+    assert len(status.pods_metric) == 20
+    assert all(p.pod_usage.resources == {"cpu": 500, "memory": 64} for p in status.pods_metric)
+
+
+def test_add_is_cheap_for_100_pods() -> None:
+    window = core.NodeWindow(POLICY)
+    batches = [
+        _batch(k * 10.0, pods=[_pod(f"u{i}", k * 10.0, 0.01 * i, 1000 * i) for i in range(100)]) for k in range(60)
+    ]
+    started = time.perf_counter()
+    for b in batches:
+        window.add(b)
+    per_add = (time.perf_counter() - started) / len(batches)
+    assert per_add < 0.005  # ~0.5 ms here; a generous bound so a busy CI machine does not flake
+
+
+# --- bucket exactness: streaming vs the calc path on batch-aligned reports
+
+
+@st.composite
+def _node_history(draw: st.DrawFn) -> tuple[list[node.NodeMetricsReported], float]:
+    """Batch-aligned history; values are exact binary fractions so sums do not depend on summation order."""
+    n_batches = draw(st.integers(min_value=1, max_value=40))
+    rnd = draw(st.randoms(use_true_random=False))
+
+    def sample(t: int) -> Sample:
+        return (float(t), rnd.randrange(64 * 16) / 64, rnd.randrange(2**40))
+
+    batches = []
+    for k in range(n_batches):
+        seconds = range(10 * k, 10 * k + 10)
+        pods = [
+            node.PodSamples(
+                pod=node.PodRef(uid=uid, namespace="ns", name=uid),
+                samples=[sample(t) for t in sorted(rnd.sample(seconds, rnd.randint(1, 10)))],
+            )
+            for uid in ("a", "b", "c")
+            if rnd.random() < 0.7
+        ]
+        node_samples = [sample(t) for t in seconds]
+        batches.append(
+            node.NodeMetricsReported(
+                node="n1",
+                window_start=10.0 * k,
+                window_end=10.0 * k + 10,
+                sent_at=10.0 * k + 10,
+                node_samples=node_samples,
+                system_samples=node_samples[::2],
+                pods=pods,
+            )
+        )
+    # The service reports T as soon as a batch reaches it, so T is never a full report interval behind.
+    report_time = 10.0 * draw(st.integers(min_value=max(1, n_batches - 5), max_value=n_batches))
+    return batches, report_time
+
+
+def _without_uid(status: node.NodeMetricStatus) -> Any:
+    data = msgspec.to_builtins(status)
+    for pod in data["pods_metric"]:
+        pod.pop("uid", None)
+    return data
+
+
+@settings(max_examples=60, deadline=None)
+@given(history=_node_history())
+def test_pod_buckets_match_raw_samples_when_batch_aligned(
+    history: tuple[list[node.NodeMetricsReported], float],
+) -> None:
+    batches, report_time = history
+    spec = node.MetricCollectPolicy(aggregate_duration_seconds=60, durations_seconds=(60, 120, 300))
+    window = core.NodeWindow(spec)
+    for b in batches:
+        window.add(b)
+
+    def before_t(samples: Sequence[Sample]) -> list[Sample]:
+        return [s for s in samples if s[0] < report_time]  # the stream's window is [T − w, T)
+
+    raw_pods: dict[str, list[Sample]] = {}
+    for b in batches:
+        for p in b.pods:
+            raw_pods.setdefault(p.pod.uid, []).extend(before_t(p.samples))
+    expected = core.compute_from_samples(
+        report_time=report_time,
+        spec=spec,
+        node_samples=before_t([s for b in batches for s in b.node_samples]),
+        system_samples=before_t([s for b in batches for s in b.system_samples]),
+        pods=[core.PodSeries("ns", uid, samples) for uid, samples in raw_pods.items()],
+    )
+    got = core.compute_status(window, report_time=report_time, spec=spec)
+    assert _without_uid(got) == _without_uid(expected)
+
+
+# --- due_report
+
+
+def test_due_report_sequencing() -> None:
+    window = core.NodeWindow(POLICY)
+    assert core.due_report(window, spec=POLICY) is None
+    for start in range(0, 60, 10):
+        window.add(_batch(start))
+        due = core.due_report(window, spec=POLICY)
+        assert due == (60.0 if start == 50 else None)  # round 0 has no data before it
+    window.mark_reported(60.0)
+    window.add(_batch(60))
+    assert core.due_report(window, spec=POLICY) is None
+    window.add(_batch(300))  # 120, 180 and 240 were missed: only the newest round is due
+    assert core.due_report(window, spec=POLICY) == 300.0
+    window.mark_reported(300.0)
+    window.mark_reported(240.0)  # marking never moves backwards
+    assert window.last_report == 300.0
+
+
+def test_due_report_uses_effective_interval_and_resumes() -> None:
+    fast = node.MetricCollectPolicy(report_interval_seconds=5)
+    window = core.NodeWindow(fast, last_report=60.0)
+    window.add(_batch(50))
+    assert core.due_report(window, spec=fast) is None  # 60 was reported before the restart
+    window.add(_batch(60))
+    window.add(_batch(80))
+    assert core.due_report(window, spec=fast) == 90.0  # 30 s floor, not 5 s
