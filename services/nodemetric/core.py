@@ -541,6 +541,10 @@ class NodeWindow:
     def mark_reported(self, report_time: float) -> None:
         self._last_report = report_time if self._last_report is None else max(self._last_report, report_time)
 
+    def rewind_report(self, last_report: float | None) -> None:
+        """Go back to an earlier last report: reports computed but never published come due again."""
+        self._last_report = last_report
+
     def add(self, batch: node.NodeMetricsReported) -> bool:
         """Take one batch; False when it was already held or is entirely older than every window kept."""
         if batch.window_start in self._held:

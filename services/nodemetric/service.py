@@ -77,12 +77,18 @@ class _Instruments:
 
 @dataclass
 class _Pending:
-    touched: set[str] = field(default_factory=set)
+    """What one fetched batch produced: reports to publish, node rows to project, how far each node was reported."""
+
+    reports: list[NodeMetricComputed] = field(default_factory=list)
     node_events: list[tuple[int, NodeSeen | NodeStateReported]] = field(default_factory=list)
     sent_at: list[float] = field(default_factory=list)
+    reported_before: dict[str, float | None] = field(default_factory=dict)
 
 
 class _IngestHandler:
+    """Reports are computed per batch, as soon as a batch crosses a report time, so every round is reported and
+    the result does not depend on how messages were grouped into fetches (a replay emits the same events)."""
+
     def __init__(self, owner: NodeMetricService) -> None:
         self._owner = owner
         self._decoder = msgspec.json.Decoder(NodeEvent)
@@ -92,8 +98,13 @@ class _IngestHandler:
         event = self._decoder.decode(delivery.data)
         match event:
             case NodeMetricsReported():
-                self._owner.window(event.node).add(event)
-                self._pending.touched.add(event.node)
+                window = self._owner.window(event.node)
+                self._pending.reported_before.setdefault(event.node, window.last_report)
+                window.add(event)
+                report = self._owner.due_report(event.node, window)
+                if report is not None:
+                    self._pending.reports.append(report)
+                    window.mark_reported(report.report_time)
                 self._pending.node_events.append(
                     (
                         delivery.stream_seq,
@@ -107,14 +118,16 @@ class _IngestHandler:
     async def flush(self) -> None:
         pending, self._pending = self._pending, _Pending()
         try:
-            await self._owner.publish_due_reports(sorted(pending.touched))
+            await self._owner.publish_reports(pending.reports)
             if pending.node_events:
                 await self._owner.store.apply_node_events(
                     pending.node_events, consumer=INGEST_CONSUMER, stream=streams.KOORD_NODE
                 )
-        except TemporaryError:
-            raise
-        except Exception as e:  # the DB or bus failed: the whole batch is redelivered, windows ignore repeats
+        except Exception as e:  # the batch is redelivered: its reports must come due again
+            for node, last_report in pending.reported_before.items():
+                self._owner.window(node).rewind_report(last_report)
+            if isinstance(e, TemporaryError):
+                raise
             raise TemporaryError(f"nodemetric ingest flush failed: {e}", delay=1.0) from e
         self._owner.observe_applied(pending.sent_at)
 
@@ -212,17 +225,16 @@ class NodeMetricService:
     def consumers(self) -> list[Consumer]:
         return list(self._consumers)
 
-    async def publish_due_reports(self, nodes: list[str]) -> None:
-        """Compute and publish every report that came due on these nodes; mark them only once published."""
-        due: list[tuple[core.NodeWindow, NodeMetricComputed]] = []
-        for node in nodes:
-            window = self._windows[node]
-            report_time = core.due_report(window, spec=self.spec)
-            if report_time is None:
-                continue
-            status = core.compute_status(window, report_time=report_time, spec=self.spec)
-            due.append((window, NodeMetricComputed(node=node, report_time=report_time, spec=self.spec, status=status)))
-        if not due:
+    def due_report(self, node: str, window: core.NodeWindow) -> NodeMetricComputed | None:
+        """The report this node's window has just reached, if any."""
+        report_time = core.due_report(window, spec=self.spec)
+        if report_time is None:
+            return None
+        status = core.compute_status(window, report_time=report_time, spec=self.spec)
+        return NodeMetricComputed(node=node, report_time=report_time, spec=self.spec, status=status)
+
+    async def publish_reports(self, reports: list[NodeMetricComputed]) -> None:
+        if not reports:
             return
         await self.bus.publish_many(
             [
@@ -231,12 +243,10 @@ class NodeMetricService:
                     msgspec.json.encode(event),
                     msg_id("nodemetric.computed", event.node, event.report_time),
                 )
-                for _, event in due
+                for event in reports
             ]
         )
-        for window, event in due:
-            window.mark_reported(event.report_time)
-        self._metrics.reports.inc(len(due))
+        self._metrics.reports.inc(len(reports))
 
     def observe_applied(self, sent_at: list[float]) -> None:
         now = self._clock()

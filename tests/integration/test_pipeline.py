@@ -88,7 +88,8 @@ async def test_agent_to_api_on_a_generated_cgroup_tree(tmp_path: Path, bus: JetS
 
         async def reported_twice() -> bool:
             record = await store.get(NODE)
-            return record is not None and record.report_time == start + 120
+            seen = await store.nodes_by_name([NODE])
+            return record is not None and record.report_time == start + 120 and seen[0].last_seen == start + 120
 
         await eventually(reported_twice)
 
@@ -185,6 +186,9 @@ async def test_killed_and_restarted_service_projects_what_a_clean_replay_does(
     await db.run_migrations(clean)
     await _run_until_projected(bus, clean)
 
+    # Every round of every node was reported exactly once (restarts and replays deduplicate by Nats-Msg-Id).
+    reports, _ = await bus.stream_info(streams.KOORD_NODEMETRIC)
+    assert reports == 4 * 20
     live_rows, clean_rows = await _dump(live), await _dump(clean)
     assert len(live_rows) == 4
     assert live_rows == clean_rows
