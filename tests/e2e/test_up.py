@@ -1,0 +1,81 @@
+"""`koordbus up` as a user runs it: a real process with the embedded nats-server, SQLite, the local agent on
+this machine's real /proc and cgroups, simulated nodes and the API; Ctrl-C shuts everything down cleanly."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get_json(url: str) -> dict[str, object]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return dict(json.loads(response.read()))
+
+
+def test_up_serves_nodemetrics_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    port = free_port()
+    command = [
+        sys.executable, "-m", "koordbus.cli", "up", "--data-dir", str(tmp_path / "data"), "--port", str(port),
+        "--simulate-nodes", "3", "--simulate-pods", "5", "--simulate-backfill", "600",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        names: list[str] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(names) < 3:
+            assert process.poll() is None, "koordbus up exited early"
+            try:
+                listed = get_json(f"{base}/api/v1/nodemetrics")
+                names = [item["metadata"]["name"] for item in listed["items"]]  # type: ignore[attr-defined,index]
+            except OSError:
+                pass
+            time.sleep(0.5)
+        assert names == ["sim-node-0001", "sim-node-0002", "sim-node-0003"]
+        assert get_json(f"{base}/readyz") == {"status": "ready"}
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
+            assert b"koordbus_nodemetric_batches_total" in response.read()
+    finally:
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, output
+    assert "koordbus is up." in output and "shutting down" in output
+    assert "Traceback" not in output
+    nats_url = re.search(r"NATS\s+nats://127\.0\.0\.1:(\d+)", output)
+    assert nats_url, output
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", int(nats_url.group(1))), timeout=1):
+        pass  # the embedded nats-server is gone too
+    assert (tmp_path / "data" / "koordbus.db").is_file()
+
+
+def test_up_refuses_a_busy_port(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "koordbus.cli", "up", "--data-dir", str(tmp_path), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode != 0
+    assert f"port {port}" in result.stderr and "--port" in result.stderr
+    assert "Traceback" not in result.stderr
