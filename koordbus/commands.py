@@ -107,6 +107,7 @@ async def run_up(args: argparse.Namespace) -> int:
     from koordbus import runtime, simulation
     from services.api.app import ApiContext, create_app
     from services.api.settings import ApiSettings
+    from services.common import observe
     from services.common.metrics import new_registry
     from services.nodemetric.service import NodeMetricService
     from services.nodemetric.settings import NodeMetricSettings
@@ -135,7 +136,7 @@ async def run_up(args: argparse.Namespace) -> int:
                 settings=api_settings,
                 nodemetric_store=store,
                 registry=registry,
-                readiness=(("database", runtime.database_check(engine)), ("bus", runtime.bus_check(bus))),
+                readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
                 before_metrics=(nodemetric.refresh_gauges,),
             )
         )
@@ -196,6 +197,7 @@ async def run_service(args: argparse.Namespace) -> int:
     from koordbus import runtime
     from services.api.app import ApiContext, create_app
     from services.api.settings import ApiSettings
+    from services.common import observe
     from services.common.metrics import new_registry
     from services.nodemetric.service import NodeMetricService
     from services.nodemetric.settings import NodeMetricSettings
@@ -218,7 +220,7 @@ async def run_service(args: argparse.Namespace) -> int:
                     settings=settings_loader.load(ApiSettings, {"port": args.port}),
                     nodemetric_store=store,
                     registry=registry,
-                    readiness=(("database", runtime.database_check(engine)), ("bus", runtime.bus_check(bus))),
+                    readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
                     before_metrics=(service.refresh_gauges,),
                 )
             )
@@ -231,6 +233,7 @@ async def run_api(args: argparse.Namespace) -> int:
     from koordbus import runtime
     from services.api.app import ApiContext, create_app
     from services.api.settings import ApiSettings
+    from services.common import observe
     from services.common.metrics import new_registry
     from services.nodemetric.store import NodeMetricStore
 
@@ -247,7 +250,7 @@ async def run_api(args: argparse.Namespace) -> int:
                 settings=settings,
                 nodemetric_store=NodeMetricStore(engine),
                 registry=registry,
-                readiness=(("database", runtime.database_check(engine)), ("bus", runtime.bus_check(bus))),
+                readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
             )
         )
         await runtime.serve_http(stack, app, host=settings.host, port=settings.port)

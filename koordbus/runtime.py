@@ -11,13 +11,12 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import services.common.db as db
@@ -56,23 +55,6 @@ async def open_database(stack: AsyncExitStack, url: str, *, migrate: bool) -> As
     engine: AsyncEngine = db.create_engine(url)
     stack.push_async_callback(engine.dispose)
     return engine
-
-
-def database_check(engine: AsyncEngine) -> Callable[[], Awaitable[str | None]]:
-    async def check() -> str | None:
-        async with engine.connect() as conn:
-            await conn.execute(text("SELECT 1"))
-        return None
-
-    return check
-
-
-def bus_check(bus: JetStreamBus) -> Callable[[], Awaitable[str | None]]:
-    async def check() -> str | None:
-        await bus.stream_info(streams.KOORD_NODE)
-        return None
-
-    return check
 
 
 def port_is_free(host: str, port: int) -> bool:

@@ -1,32 +1,39 @@
-"""The API gateway's FastAPI application: REST reads, health, readiness and Prometheus metrics.
+"""The API gateway's FastAPI application: REST reads, health, readiness, Prometheus metrics and the OpenAPI docs.
 
-`create_app` is called by the CLI (`koordbus up`, `koordbus api`) and the tests with the
-store, settings and metrics registry already built; routes reach them through FastAPI
-dependencies, so tests can override any of them. Errors are JSON with a clear message,
-never a stack trace.
+`create_app` is called by the CLI (`koordbus up`, `koordbus api`, `koordbus service`) and the
+tests with the store, settings and metrics registry already built; routes reach them through
+`request.app.state.context`, so a test builds its own ApiContext (clock included). Every error
+is JSON `{"error": "<one clear sentence>"}`: unknown routes and nodes, bad query parameters,
+wrong methods, failing readiness and unexpected exceptions alike; a stack trace goes to the
+log, never to the client.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api import nodemetrics
 from services.api.settings import ApiSettings
 from services.common.metrics import CONTENT_TYPE_LATEST, CollectorRegistry, render
+from services.common.observe import ReadinessCheck
 from services.nodemetric.store import NodeMetricStore
 
 log = logging.getLogger(__name__)
 
-ReadinessCheck = Callable[[], Awaitable[str | None]]
-"""Returns None when ready, else a one-line reason."""
+READINESS_TIMEOUT_SECONDS = 3.0
+MAX_REASON_CHARS = 300
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,8 +44,104 @@ class ApiContext:
     nodemetric_store: NodeMetricStore
     registry: CollectorRegistry
     readiness: Sequence[tuple[str, ReadinessCheck]] = ()
+    """(dependency name, check) pairs; /readyz names each failing dependency."""
     before_metrics: Sequence[Callable[[], None]] = ()
+    """Gauge refreshers run before each /metrics render."""
     clock: Callable[[], float] = field(default=time.time)
+    """Wall clock for staleness; tests inject a fixed one."""
+    readiness_timeout_seconds: float = READINESS_TIMEOUT_SECONDS
+    """A check that has not answered by then counts as failing (a hung database must not hang /readyz)."""
+
+
+class ErrorBody(BaseModel):
+    """The body of every error response."""
+
+    error: str
+
+
+class NotReadyBody(ErrorBody):
+    failures: dict[str, str]
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorBody, "description": "No such object"},
+    422: {"model": ErrorBody, "description": "A query parameter is invalid"},
+    500: {"model": ErrorBody, "description": "Unexpected server error (details in the server log)"},
+}
+
+
+def _one_line(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= MAX_REASON_CHARS else flat[: MAX_REASON_CHARS - 1] + "…"
+
+
+def validation_message(errors: Sequence[Any]) -> str:
+    """One sentence naming every invalid parameter, what was given and what is expected."""
+    parts: list[str] = []
+    for error in errors:
+        location = [str(p) for p in error.get("loc", ())]
+        where = f"{location[0]} parameter {'.'.join(location[1:])!r}" if len(location) > 1 else ".".join(location)
+        given = f" (got {error['input']!r})" if "input" in error and error["input"] is not None else ""
+        parts.append(f"invalid {where or 'request'}{given}: {error.get('msg', 'invalid value')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def http_error_message(request: Request, exc: StarletteHTTPException) -> str:
+    """Starlette's generic details ("Not Found") say little; name the method and path instead."""
+    if exc.status_code == 404 and exc.detail == "Not Found":
+        return f"no route for {request.method} {request.url.path} (see /docs for the API)"
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        suffix = f"; allowed: {allowed}" if allowed else ""
+        return f"method {request.method} is not allowed on {request.url.path}{suffix}"
+    return str(exc.detail)
+
+
+async def run_readiness(checks: Sequence[tuple[str, ReadinessCheck]], *, timeout: float) -> dict[str, str]:
+    """Run every check concurrently; returns {dependency: reason} for those that failed."""
+
+    async def one(check: ReadinessCheck) -> str | None:
+        try:
+            return await asyncio.wait_for(check(), timeout)
+        except TimeoutError:
+            return f"no answer within {timeout:g} s"
+        except Exception as e:
+            text = str(e)
+            return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+    reasons = await asyncio.gather(*(one(check) for _, check in checks))
+    return {name: _one_line(reason) for (name, _), reason in zip(checks, reasons, strict=True) if reason}
+
+
+class CatchAllMiddleware:
+    """Turns an exception no handler took into a JSON 500 and logs it once, with its traceback.
+
+    Starlette's own catch-all answers and then re-raises to the server, which logs the error a
+    second time; this sits inside it, so it never sees the exception.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self._app(scope, receive, tracking_send)
+        except Exception as exc:
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            if started:  # the status line is gone; only the server can end the connection now
+                raise
+            body = {"error": f"internal error ({type(exc).__name__}); see the server log"}
+            await JSONResponse(body, status_code=500)(scope, receive, send)
 
 
 def create_app(context: ApiContext) -> FastAPI:
@@ -48,45 +151,51 @@ def create_app(context: ApiContext) -> FastAPI:
         description="Co-location control plane for Kubernetes: NodeMetric and more, over NATS JetStream.",
     )
     app.state.context = context
-    app.include_router(nodemetrics.router)
+    app.include_router(nodemetrics.router, responses=ERROR_RESPONSES)
+    app.add_middleware(CatchAllMiddleware)
+    _add_health_routes(app, context)
+    _add_error_handlers(app)
+    return app
 
+
+def _add_health_routes(app: FastAPI, context: ApiContext) -> None:
     @app.get("/healthz", tags=["health"], summary="The process is alive")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["health"], summary="Every dependency answers (database, bus)")
+    @app.get(
+        "/readyz",
+        tags=["health"],
+        summary="Every dependency answers (database, bus)",
+        responses={503: {"model": NotReadyBody, "description": "A dependency is failing; `failures` says which"}},
+    )
     async def readyz() -> JSONResponse:
-        failures: dict[str, str] = {}
-        for name, check in context.readiness:
-            try:
-                reason = await check()
-            except Exception as e:
-                reason = f"{type(e).__name__}: {e}"
-            if reason:
-                failures[name] = reason
+        failures = await run_readiness(context.readiness, timeout=context.readiness_timeout_seconds)
         if failures:
-            return JSONResponse({"status": "not ready", "failures": failures}, status_code=503)
-        return JSONResponse({"status": "ready"})
+            named = ", ".join(f"{name} ({reason})" for name, reason in failures.items())
+            return JSONResponse({"error": f"not ready: {named}", "failures": failures}, status_code=503)
+        return JSONResponse({"status": "ready", "checked": [name for name, _ in context.readiness]})
 
-    @app.get("/metrics", tags=["health"], summary="Prometheus metrics (text format)")
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        summary="Prometheus metrics (text format)",
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text exposition"}},
+    )
     async def metrics() -> Response:
         for refresh in context.before_metrics:
             refresh()
         return Response(render(context.registry), media_type=CONTENT_TYPE_LATEST)
 
+
+def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+        return JSONResponse(
+            {"error": http_error_message(request, exc)}, status_code=exc.status_code, headers=exc.headers
+        )
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        return JSONResponse({"error": f"{where}: {first.get('msg', 'invalid request')}"}, status_code=422)
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse({"error": f"internal error ({type(exc).__name__}); see the server log"}, status_code=500)
-
-    return app
+        return JSONResponse({"error": validation_message(exc.errors())}, status_code=422)

@@ -49,7 +49,7 @@ def test_up_serves_nodemetrics_and_stops_on_ctrl_c(tmp_path: Path) -> None:
                 pass
             time.sleep(0.5)
         assert names == ["sim-node-0001", "sim-node-0002", "sim-node-0003"]
-        assert get_json(f"{base}/readyz") == {"status": "ready"}
+        assert get_json(f"{base}/readyz")["status"] == "ready"
         with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
             assert b"koordbus_nodemetric_batches_total" in response.read()
     finally:
