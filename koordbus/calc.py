@@ -23,7 +23,7 @@ import msgspec
 import yaml
 
 from schemas import koordinator
-from services.nodemetric import core
+from services.nodemetric import aggregate, core
 
 
 class InputError(ValueError):
@@ -52,7 +52,7 @@ class Outcome:
 
 class AggregateInput(msgspec.Struct, frozen=True, kw_only=True):
     samples: list[float]
-    aggregations: list[str] = msgspec.field(default_factory=lambda: list(core.AGGREGATIONS))
+    aggregations: list[str] = msgspec.field(default_factory=lambda: list(aggregate.AGGREGATIONS))
 
 
 def _aggregate(inp: AggregateInput) -> dict[str, Any]:
@@ -62,12 +62,16 @@ def _aggregate(inp: AggregateInput) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
         for name in inp.aggregations:
-            value = core.aggregate(name, inp.samples)
-            out[name] = int(value) if name == core.COUNT else value
-    except core.AggregationError as err:
+            value = aggregate.aggregate(name, inp.samples)
+            out[name] = int(value) if name == aggregate.COUNT else value
+    except aggregate.AggregationError as err:
         return {"error": str(err)}
     n = len(inp.samples)
-    ranks = {name: core.nearest_rank_index(n, p) for name, p in core.PERCENTILES.items() if name in inp.aggregations}
+    ranks = {
+        name: aggregate.nearest_rank_index(n, p)
+        for name, p in aggregate.PERCENTILES.items()
+        if name in inp.aggregations
+    }
     out["explain"] = {"count": n, "percentileIndex": ranks}
     return out
 

@@ -26,9 +26,9 @@ from bus.api import Bus, Consumer, ConsumerSpec, Delivery, msg_id
 from bus.errors import TemporaryError
 from schemas.node import MetricCollectPolicy, NodeEvent, NodeMetricComputed, NodeMetricsReported, NodeStateReported
 from services.common import observe
-from services.nodemetric import core
 from services.nodemetric.settings import NodeMetricSettings
 from services.nodemetric.store import NodeMetricStore, NodeSeen
+from services.nodemetric.window import NodeWindow, compute_status, due_report
 
 log = logging.getLogger(__name__)
 
@@ -178,16 +178,16 @@ class NodeMetricService:
         self.settings = settings
         self.spec = collect_policy(settings)
         self._clock = clock
-        self._windows: dict[str, core.NodeWindow] = {}
+        self._windows: dict[str, NodeWindow] = {}
         self._last_reports: dict[str, float] = {}
         self._consumers: list[Consumer] = []
         self._registry = registry
         self._metrics = _Instruments.create(registry)
 
-    def window(self, node: str) -> core.NodeWindow:
+    def window(self, node: str) -> NodeWindow:
         window = self._windows.get(node)
         if window is None:
-            window = core.NodeWindow(self.spec, last_report=self._last_reports.get(node))
+            window = NodeWindow(self.spec, last_report=self._last_reports.get(node))
             self._windows[node] = window
             self._metrics.nodes.set(len(self._windows))
         return window
@@ -238,12 +238,12 @@ class NodeMetricService:
     def consumers(self) -> list[Consumer]:
         return list(self._consumers)
 
-    def due_report(self, node: str, window: core.NodeWindow) -> NodeMetricComputed | None:
+    def due_report(self, node: str, window: NodeWindow) -> NodeMetricComputed | None:
         """The report this node's window has just reached, if any."""
-        report_time = core.due_report(window, spec=self.spec)
+        report_time = due_report(window, spec=self.spec)
         if report_time is None:
             return None
-        status = core.compute_status(window, report_time=report_time, spec=self.spec)
+        status = compute_status(window, report_time=report_time, spec=self.spec)
         return NodeMetricComputed(node=node, report_time=report_time, spec=self.spec, status=status)
 
     async def publish_reports(self, reports: list[NodeMetricComputed]) -> None:

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas import node
-from services.nodemetric import core
+from services.nodemetric import aggregate, core
+from services.nodemetric.window import NodeWindow, compute_status, due_report
 
 POLICY = node.MetricCollectPolicy()
 Sample = tuple[float, float, float]
@@ -43,50 +44,50 @@ def reference_percentile(values: Sequence[float], p: float) -> float:
     [(20, 0.9, 17), (300, 0.99, 296), (1, 0.5, 0), (1, 0.99, 0), (2, 0.5, 0), (10, 0.95, 8), (100, 0.5, 49)],
 )
 def test_nearest_rank_index(n: int, p: float, index: int) -> None:
-    assert core.nearest_rank_index(n, p) == index
+    assert aggregate.nearest_rank_index(n, p) == index
 
 
 @settings(max_examples=150, deadline=None)
 @given(
     values=st.lists(st.floats(min_value=0, max_value=1e12, allow_nan=False), min_size=1, max_size=2000),
-    p=st.sampled_from(sorted(core.PERCENTILES.values())),
+    p=st.sampled_from(sorted(aggregate.PERCENTILES.values())),
 )
 def test_percentile_matches_reference(values: list[float], p: float) -> None:
-    assert core.percentile(values, p) == reference_percentile(values, p)
+    assert aggregate.percentile(values, p) == reference_percentile(values, p)
 
 
 @settings(max_examples=150, deadline=None)
 @given(values=st.lists(st.floats(min_value=0, max_value=1e12, allow_nan=False), min_size=1, max_size=2000))
 def test_avg_matches_fmean(values: list[float]) -> None:
-    assert core.avg(values) == pytest.approx(statistics.fmean(values), rel=1e-12, abs=1e-12)
+    assert aggregate.avg(values) == pytest.approx(statistics.fmean(values), rel=1e-12, abs=1e-12)
 
 
 def test_percentile_uses_float32_product_at_the_edge() -> None:
     # 20 × 0.9 in float64 is 18.000000000000004 but 18.0 in float32: both floor to 18, index 17. 100 × 0.95
     # is 95.0 in float32 (float64: 95.0) -> index 94; 10 × 0.99 rounds to 9.9 -> index 8.
     values = list(range(1, 101))
-    assert core.percentile(values, 0.95) == 95
-    assert core.percentile(list(range(1, 11)), 0.99) == 9
+    assert aggregate.percentile(values, 0.95) == 95
+    assert aggregate.percentile(list(range(1, 11)), 0.99) == 9
 
 
 def test_last_count_and_dispatch() -> None:
-    assert core.last([5.0, 1.0, 7.0]) == 7.0
-    assert core.last([5.0, 1.0, 7.0], times=[30, 50, 10]) == 1.0
-    assert core.count([1.0, 2.0]) == 2
-    assert core.count([]) == 0
-    assert core.aggregate("p50", [4.0, 1.0, 3.0, 2.0]) == 2.0
-    assert core.aggregate("count", [4.0, 1.0]) == 2
+    assert aggregate.last([5.0, 1.0, 7.0]) == 7.0
+    assert aggregate.last([5.0, 1.0, 7.0], times=[30, 50, 10]) == 1.0
+    assert aggregate.count([1.0, 2.0]) == 2
+    assert aggregate.count([]) == 0
+    assert aggregate.aggregate("p50", [4.0, 1.0, 3.0, 2.0]) == 2.0
+    assert aggregate.aggregate("count", [4.0, 1.0]) == 2
 
 
 @pytest.mark.parametrize("name", ["avg", "p50", "p99", "last"])
 def test_empty_samples_are_rejected(name: str) -> None:
-    with pytest.raises(core.AggregationError, match="no samples"):
-        core.aggregate(name, [])
+    with pytest.raises(aggregate.AggregationError, match="no samples"):
+        aggregate.aggregate(name, [])
 
 
 def test_unknown_aggregation_is_rejected() -> None:
-    with pytest.raises(core.AggregationError, match="unknown aggregation 'p42'"):
-        core.aggregate("p42", [1.0])
+    with pytest.raises(aggregate.AggregationError, match="unknown aggregation 'p42'"):
+        aggregate.aggregate("p42", [1.0])
 
 
 def test_effective_policy_floors() -> None:
@@ -216,14 +217,14 @@ def _pod(uid: str, start: float, cpu: float, mem: int, *, seconds: int = 10, **r
 
 
 def test_pod_identity_priority_and_qos_from_ref() -> None:
-    window = core.NodeWindow(POLICY)
+    window = NodeWindow(POLICY)
     pods = [
         _pod("u1", 0, 0.5, 100, namespace="ns", name="web", kube_qos="Guaranteed"),
         _pod("u2", 0, 0.25, 200, kube_qos="BestEffort"),
         _pod("u3", 0, 0.1, 300, namespace="ns", name="lbl", labels={"koordinator.sh/priority-class": "koord-mid"}),
     ]
     window.add(_batch(0, pods=pods))
-    status = core.compute_status(window, report_time=10.0, spec=POLICY)
+    status = compute_status(window, report_time=10.0, spec=POLICY)
     got = [(p.namespace, p.name, p.uid, p.priority, p.qos, p.pod_usage.resources) for p in status.pods_metric]
     assert got == [
         ("", "u2", "u2", "koord-batch", "BE", {"cpu": 250, "memory": 200}),
@@ -233,7 +234,7 @@ def test_pod_identity_priority_and_qos_from_ref() -> None:
 
 
 def test_latest_pod_ref_wins() -> None:
-    window = core.NodeWindow(POLICY)
+    window = NodeWindow(POLICY)
     window.add(_batch(10, pods=[_pod("u1", 10, 1, 1, namespace="ns", name="new")]))
     window.add(_batch(0, pods=[_pod("u1", 0, 1, 1, namespace="ns", name="old")]))
     assert window.pods["u1"].name == "new"
@@ -241,14 +242,12 @@ def test_latest_pod_ref_wins() -> None:
 
 def test_streaming_window_excludes_its_end() -> None:
     # The sample at exactly T belongs to the batch [T, T+10); whether it has arrived must not change report T.
-    early, late = core.NodeWindow(POLICY), core.NodeWindow(POLICY)
+    early, late = NodeWindow(POLICY), NodeWindow(POLICY)
     for start in range(0, 300, 10):
         early.add(_batch(start, cpu=1.0))
         late.add(_batch(start, cpu=1.0))
     late.add(_batch(300, cpu=9.0))
-    assert core.compute_status(early, report_time=300.0, spec=POLICY) == core.compute_status(
-        late, report_time=300.0, spec=POLICY
-    )
+    assert compute_status(early, report_time=300.0, spec=POLICY) == compute_status(late, report_time=300.0, spec=POLICY)
 
 
 @pytest.mark.parametrize(
@@ -263,9 +262,9 @@ def test_streaming_window_excludes_its_end() -> None:
 )
 def test_node_memory_policies(policy: str, extra: dict[str, Any], memory: int | None) -> None:
     spec = node.MetricCollectPolicy(node_memory_collect_policy=policy)
-    window = core.NodeWindow(spec)
+    window = NodeWindow(spec)
     window.add(_batch(0, mem=1000, **extra))
-    usage = core.compute_status(window, report_time=10.0, spec=spec).node_metric.node_usage
+    usage = compute_status(window, report_time=10.0, spec=spec).node_metric.node_usage
     if memory is None:
         assert usage == node.ResourceMap()
     else:
@@ -280,31 +279,31 @@ def test_pod_memory_with_page_cache_policy() -> None:
         memory_with_page_cache=[(1.0, 400), (2.0, 600)],
     )
     without_cache = _pod("b", 0, 1.0, 100, namespace="ns", name="b")
-    window = core.NodeWindow(spec)
+    window = NodeWindow(spec)
     window.add(_batch(0, pods=[with_cache, without_cache], memory_with_page_cache=[(1.0, 1)]))
-    pods = core.compute_status(window, report_time=10.0, spec=spec).pods_metric
+    pods = compute_status(window, report_time=10.0, spec=spec).pods_metric
     assert [(p.name, p.pod_usage.resources["memory"]) for p in pods] == [("a", 500)]
 
 
 def test_add_is_idempotent() -> None:
-    window = core.NodeWindow(POLICY)
+    window = NodeWindow(POLICY)
     first = _batch(0, pods=[_pod("u1", 0, 1.0, 10)])
     assert window.add(first)
-    once = core.compute_status(window, report_time=10.0, spec=POLICY)
+    once = compute_status(window, report_time=10.0, spec=POLICY)
     assert not window.add(first)
     assert not window.add(_batch(0, cpu=50.0))  # same window, different content: still the one we hold
-    assert core.compute_status(window, report_time=10.0, spec=POLICY) == once
+    assert compute_status(window, report_time=10.0, spec=POLICY) == once
 
 
 def test_batches_older_than_every_window_are_dropped() -> None:
-    window = core.NodeWindow(POLICY)
+    window = NodeWindow(POLICY)
     window.add(_batch(10_000))
     assert not window.add(_batch(0))
     assert window.add(_batch(9_000))
 
 
 def test_state_stays_bounded_over_10000_batches() -> None:
-    window = core.NodeWindow(POLICY)
+    window = NodeWindow(POLICY)
     sizes_after_warmup: dict[str, int] = {}
     for k in range(10_000):
         start = k * 10.0
@@ -316,13 +315,13 @@ def test_state_stays_bounded_over_10000_batches() -> None:
     assert window.capacities() == sizes_after_warmup
     assert sizes_after_warmup["node"] < 2 * 2000
     assert len(window.pods) <= 40
-    status = core.compute_status(window, report_time=100_000.0, spec=POLICY)
+    status = compute_status(window, report_time=100_000.0, spec=POLICY)
     assert len(status.pods_metric) == 20
     assert all(p.pod_usage.resources == {"cpu": 500, "memory": 64} for p in status.pods_metric)
 
 
 def test_add_is_cheap_for_100_pods() -> None:
-    window = core.NodeWindow(POLICY)
+    window = NodeWindow(POLICY)
     batches = [
         _batch(k * 10.0, pods=[_pod(f"u{i}", k * 10.0, 0.01 * i, 1000 * i) for i in range(100)]) for k in range(60)
     ]
@@ -387,7 +386,7 @@ def test_pod_buckets_match_raw_samples_when_batch_aligned(
 ) -> None:
     batches, report_time = history
     spec = node.MetricCollectPolicy(aggregate_duration_seconds=60, durations_seconds=(60, 120, 300))
-    window = core.NodeWindow(spec)
+    window = NodeWindow(spec)
     for b in batches:
         window.add(b)
 
@@ -405,7 +404,7 @@ def test_pod_buckets_match_raw_samples_when_batch_aligned(
         system_samples=before_t([s for b in batches for s in b.system_samples]),
         pods=[core.PodSeries("ns", uid, samples) for uid, samples in raw_pods.items()],
     )
-    got = core.compute_status(window, report_time=report_time, spec=spec)
+    got = compute_status(window, report_time=report_time, spec=spec)
     assert _without_uid(got) == _without_uid(expected)
 
 
@@ -413,17 +412,17 @@ def test_pod_buckets_match_raw_samples_when_batch_aligned(
 
 
 def test_due_report_sequencing() -> None:
-    window = core.NodeWindow(POLICY)
-    assert core.due_report(window, spec=POLICY) is None
+    window = NodeWindow(POLICY)
+    assert due_report(window, spec=POLICY) is None
     for start in range(0, 60, 10):
         window.add(_batch(start))
-        due = core.due_report(window, spec=POLICY)
+        due = due_report(window, spec=POLICY)
         assert due == (60.0 if start == 50 else None)  # round 0 has no data before it
     window.mark_reported(60.0)
     window.add(_batch(60))
-    assert core.due_report(window, spec=POLICY) is None
+    assert due_report(window, spec=POLICY) is None
     window.add(_batch(300))  # 120, 180 and 240 were missed: only the newest round is due
-    assert core.due_report(window, spec=POLICY) == 300.0
+    assert due_report(window, spec=POLICY) == 300.0
     window.mark_reported(300.0)
     window.mark_reported(240.0)  # marking never moves backwards
     assert window.last_report == 300.0
@@ -431,9 +430,9 @@ def test_due_report_sequencing() -> None:
 
 def test_due_report_uses_effective_interval_and_resumes() -> None:
     fast = node.MetricCollectPolicy(report_interval_seconds=5)
-    window = core.NodeWindow(fast, last_report=60.0)
+    window = NodeWindow(fast, last_report=60.0)
     window.add(_batch(50))
-    assert core.due_report(window, spec=fast) is None  # 60 was reported before the restart
+    assert due_report(window, spec=fast) is None  # 60 was reported before the restart
     window.add(_batch(60))
     window.add(_batch(80))
-    assert core.due_report(window, spec=fast) == 90.0  # 30 s floor, not 5 s
+    assert due_report(window, spec=fast) == 90.0  # 30 s floor, not 5 s
