@@ -3,16 +3,19 @@
 Called by agent/service.py once per collect interval (through `Collector`) and by the integration tests on
 generated trees. Every directory name that becomes part of a path is checked by agent.core's parsers,
 symlinks are never followed below the kubepods directory, the kubepods directory itself must resolve
-inside the configured cgroup root, and a cgroup that vanishes while it is being read is skipped.
+inside the configured cgroup root, and a cgroup that vanishes while it is being read is skipped. On cgroup v1
+kernels with kidled (Alibaba Cloud Linux) the root memory cgroup's `memory.idle_page_stats` adds a cold-page count;
+elsewhere, or when that file cannot be read or parsed, the reading simply has none.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from agent import core
+from agent import core, kidled
 from agent.settings import AgentSettings
 from schemas import vocab
 
@@ -25,6 +28,9 @@ _V1_MEMORY_FIELDS = {
     "total_inactive_file": "inactive_file",
 }
 _V2_MEMORY_FIELDS = {name: name for name in _V1_MEMORY_FIELDS.values()}
+_IDLE_PAGE_STATS = "memory.idle_page_stats"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,7 +46,13 @@ class CgroupLayout:
 def _read_text(path: str) -> str:
     # O_NOFOLLOW: a planted symlink in a pod directory must not make us read an arbitrary file.
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "r") as f:
+    try:
+        f = os.fdopen(fd, "r")
+    except OSError as e:
+        # A directory opens fine and only fdopen refuses it, without closing a descriptor it was handed.
+        os.close(fd)
+        raise OSError(e.errno, e.strerror, path) from None
+    with f:
         return f.read()
 
 
@@ -199,6 +211,25 @@ def read_pods(layout: CgroupLayout) -> tuple[core.PodReading, ...]:
     return tuple(pods)
 
 
+# --- kidled (cgroup v1 only)
+
+
+def read_cold_page_bytes(cgroup_root: str, version: int) -> int | None:
+    """Cold page cache bytes of the root memory cgroup, or None when there is none to read.
+
+    None on cgroup v2 (kidled exists only for v1, as in koordlet) and when the file is absent (every kernel
+    without kidled). A file that cannot be read or parsed raises OSError / ValueError for the caller to log.
+    """
+    if version != 1:
+        return None
+    path = os.path.join(_hierarchy(cgroup_root, version, "memory"), _IDLE_PAGE_STATS)
+    try:
+        text = _read_text(path)
+    except FileNotFoundError:
+        return None
+    return kidled.cold_page_bytes(kidled.parse_idle_page_stats(text))
+
+
 class Collector:
     """One call = one full reading of the node. The layout is re-detected each time (a few stat calls) so an
     agent started before the kubelet picks pods up once kubepods appears."""
@@ -206,6 +237,7 @@ class Collector:
     def __init__(self, settings: AgentSettings) -> None:
         self.settings = settings
         self._ticks_per_second = clock_ticks_per_second()
+        self._kidled_error = ""
 
     def __call__(self, now: float) -> core.NodeReading:
         layout = detect_layout(self.settings)
@@ -219,4 +251,18 @@ class Collector:
             cgroup_version=layout.version,
             cgroup_driver=layout.driver,
             pods=read_pods(layout),
+            cold_page_bytes=self._cold_page_bytes(layout.version),
         )
+
+    def _cold_page_bytes(self, version: int) -> int | None:
+        """A broken idle_page_stats costs the hot-page sample of this tick, never the whole reading; the
+        error is logged when it first appears or changes, not every second."""
+        try:
+            cold = read_cold_page_bytes(self.settings.cgroup_root, version)
+        except (OSError, ValueError) as e:
+            if str(e) != self._kidled_error:
+                log.warning("node %s: no hot-page memory this tick: %s", self.settings.node_name, e)
+            self._kidled_error = str(e)
+            return None
+        self._kidled_error = ""
+        return cold

@@ -1,4 +1,5 @@
 """Pure node-agent arithmetic: cgroup name parsing, usage formulas (spec §1.4), sampling state and batching.
+The kidled cold-page parsing and the hot-page formula live beside it in agent/kidled.py.
 
 Called by agent/collect.py (name parsing and the reading types it fills), agent/service.py (Sampler,
 BatchBuilder, Outbox) and agent/settings.py (name validation). Nothing here touches files, clocks or
@@ -15,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Generic, Literal, TypeVar
 
+from agent import kidled
 from schemas import vocab
 from schemas.node import ContainerSamples, NodeMetricsReported, PodRef, PodSamples, Sample
 
@@ -172,6 +174,8 @@ class NodeReading:
     cgroup_version: int = 0
     cgroup_driver: str = ""
     pods: tuple[PodReading, ...] = ()
+    cold_page_bytes: int | None = None
+    """Cold page cache of the root memory cgroup (kidled, cgroup v1); None where the kernel has no kidled."""
 
 
 # --- formulas (spec §1.4)
@@ -247,6 +251,8 @@ class Tick:
     node_memory_with_page_cache: int
     system: Sample | None
     pods: tuple[PodSample, ...] = ()
+    node_memory_with_hot_page: int | None = None
+    """MemTotal − MemFree − cold page cache; None when the reading had no kidled cold-page count."""
 
 
 class Sampler:
@@ -288,6 +294,11 @@ class Sampler:
             node_memory_with_page_cache=node_memory_with_page_cache(reading.memory),
             system=system,
             pods=tuple(pods),
+            node_memory_with_hot_page=(
+                None
+                if reading.cold_page_bytes is None
+                else kidled.node_memory_with_hot_page(reading.memory, reading.cold_page_bytes)
+            ),
         )
 
     def _node_sample(self, reading: NodeReading, wall: float) -> Sample | None:
@@ -368,6 +379,7 @@ class BatchBuilder:
         self._start: float | None = None
         self._node: list[Sample] = []
         self._node_with_cache: list[tuple[float, int]] = []
+        self._node_with_hot_page: list[tuple[float, int]] = []
         self._system: list[Sample] = []
         self._pods: dict[str, _PodAccumulator] = {}
 
@@ -402,18 +414,23 @@ class BatchBuilder:
             sent_at=max(sent_at, start),
             node_samples=self._node,
             memory_with_page_cache=self._node_with_cache,
+            memory_with_hot_page=self._node_with_hot_page,
             system_samples=self._system,
             pods=[self._pods[uid].build() for uid in sorted(self._pods)],
             dropped_batches=dropped_batches,
         )
         empty = not (self._node or self._system or self._pods)
-        self._start, self._node, self._node_with_cache, self._system, self._pods = None, [], [], [], {}
+        self._start, self._node, self._system, self._pods = None, [], [], {}
+        self._node_with_cache, self._node_with_hot_page = [], []
         return None if empty else batch
 
     def _append(self, tick: Tick) -> None:
         if tick.node is not None:
             self._node.append(tick.node)
             self._node_with_cache.append((tick.at, tick.node_memory_with_page_cache))
+            # Like the page-cache variant, only beside a node sample, so the memory series share timestamps.
+            if tick.node_memory_with_hot_page is not None:
+                self._node_with_hot_page.append((tick.at, tick.node_memory_with_hot_page))
         if tick.system is not None:
             self._system.append(tick.system)
         for ps in tick.pods:

@@ -1,16 +1,45 @@
 """Test helper: writes a fake /proc (stat, meminfo) and a fake kubepods cgroup tree (v1 or v2, cgroupfs or
-systemd) whose counters tests advance between two collections. Used by tests/integration/test_agent_collect.py;
-the path-name helpers are also used to lay out the private subtree on the real cgroup filesystem.
+systemd) whose counters tests advance between two collections, optionally with a kidled
+`memory.idle_page_stats` in the root memory cgroup. Used by tests/integration/test_agent_collect.py and
+tests/integration/test_agent_kidled.py; the path-name helpers are also used to lay out the private subtree on the
+real cgroup filesystem.
 """
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 MiB = 1024 * 1024
 _QOS_NAMES = {"Guaranteed": "", "Burstable": "burstable", "BestEffort": "besteffort"}
+KIDLED_ROWS: tuple[str, ...] = ("csei", "dsei", "cfei", "dfei", "csui", "dsui", "cfui", "dfui")
+KIDLED_ROWS += ("csea", "dsea", "cfea", "dfea", "csua", "dsua", "cfua", "dfua", "slab")
+KIDLED_BUCKETS = (1, 2, 5, 15, 30, 60, 120, 240)
+
+
+def render_idle_page_stats(rows: dict[str, list[int]], buckets: tuple[int, ...] = KIDLED_BUCKETS) -> str:
+    """A kidled `memory.idle_page_stats` laid out as the kernel prints it; rows not given are all zeros."""
+    titles = [f"[{lo},{hi})" for lo, hi in itertools.pairwise(buckets)] + [f"[{buckets[-1]},+inf)"]
+    header = [
+        "# version: 1.0",
+        "# page_scans: 24",
+        "# slab_scans: 0",
+        "# scan_period_in_seconds: 120",
+        "# use_hierarchy: 1",
+        f"# buckets: {','.join(map(str, buckets))}",
+        "#",
+        "#   _-----=> clean/dirty",
+        "#  / _----=> swap/file",
+        "# | / _---=> evict/unevict",
+        "# || / _--=> inactive/active",
+        "# ||| / _-=> slab",
+        "# |||| /",
+        "# |||||      " + "".join(f"{t:>15}" for t in titles),
+    ]
+    body = [f"  {name}   " + "".join(f"{v:>15}" for v in rows.get(name, [0] * len(buckets))) for name in KIDLED_ROWS]
+    return "\n".join(header + body) + "\n"
 
 
 def pod_rel(driver: str, uid: str, kube_qos: str) -> str:
@@ -66,6 +95,9 @@ class FakeCgroupTree:
     proc: FakeProc = field(default_factory=FakeProc)
     cgroups: dict[str, FakeCgroup] = field(default_factory=dict)
     """Relative cgroup path (under the kubepods parent) → counters."""
+    idle_page_stats: str | None = None
+    """Text of the root memory cgroup's kidled `memory.idle_page_stats` (v1: <root>/memory/, v2: <root>/);
+    None writes no such file (and removes one an earlier write left)."""
 
     @property
     def proc_root(self) -> Path:
@@ -102,6 +134,16 @@ class FakeCgroupTree:
             (self.cgroup_root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
         for rel, cg in self.cgroups.items():
             self._write_cgroup(rel, cg)
+        self._write_idle_page_stats()
+
+    def _write_idle_page_stats(self) -> None:
+        memory_root = self.cgroup_root if self.version == 2 else self.cgroup_root / "memory"
+        path = memory_root / "memory.idle_page_stats"
+        if self.idle_page_stats is None:
+            path.unlink(missing_ok=True)
+            return
+        memory_root.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.idle_page_stats)
 
     def _write_proc(self) -> None:
         p = self.proc
