@@ -1,0 +1,380 @@
+"""Ingest benchmark: N simulated nodes × P pods publishing through a real nats-server into the nodemetric service.
+
+Run by `make bench` (`python bench/nodemetric_ingest.py [flags]`, see --help) and, with tiny flags, by
+tests/e2e/test_bench_smoke.py. It starts an embedded nats-server and `koordbus service nodemetric` as a separate
+process pinned to one CPU (everything else, the nats-server and the load generators of bench.loadgen included,
+runs on the other CPUs), offers nodes/interval batches per second, and after a warm-up measures over
+--duration seconds: batches and pod samples applied per second (the service's counters), send → applied-and-
+committed latency p50/p99 (its histogram), its peak RSS and CPU use (/proc), the ingest backlog and reports
+published. Exactly one JSON line goes to stdout; progress goes to stderr. Every process it started is stopped
+on the way out, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import multiprocessing
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing.context import SpawnContext, SpawnProcess
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script (`python bench/nodemetric_ingest.py`): make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import loadgen, measure
+from bus import streams
+from bus.jetstream import JetStreamBus
+from bus.server import EmbeddedNatsServer
+from services.common import settings as settings_loader
+from services.nodemetric.service import INGEST_CONSUMER
+from services.nodemetric.settings import NodeMetricSettings
+
+log = logging.getLogger("bench")
+
+SERVICE_READY_TIMEOUT_SECONDS = 60.0
+SERVICE_STOP_TIMEOUT_SECONDS = 30.0
+GENERATOR_STOP_TIMEOUT_SECONDS = 20.0
+PROGRESS_EVERY_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything read at one instant: service metrics and /proc, generator tallies, the ingest backlog."""
+
+    at: float
+    metrics: measure.ServiceMetrics
+    proc: measure.ProcSample
+    sent: list[loadgen.Totals]
+    backlog: int
+
+    @property
+    def published(self) -> int:
+        return sum(t.published for t in self.sent)
+
+    @property
+    def pod_samples(self) -> int:
+        return sum(t.pod_samples for t in self.sent)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python bench/nodemetric_ingest.py",
+        description="Offer N nodes × P pods of agent batches through a real nats-server to the nodemetric service "
+        "(its own process, pinned to one CPU) and print one JSON line: sustained batches/s and pod-samples/s, "
+        "send → applied latency p50/p99, peak RSS, CPU use, backlog and whether the target held "
+        "(p99 < 2 s, RSS < 2 GiB, backlog not growing, achieved ≈ offered).",
+    )
+    p.add_argument("--nodes", type=int, default=10_000, help="simulated nodes, each one batch per interval (10000)")
+    p.add_argument("--pods", type=int, default=100, help="pods per node (100; ~80%% are running at any time)")
+    p.add_argument("--interval", type=float, default=10.0, help="agent publish interval in seconds (10)")
+    p.add_argument("--duration", type=float, default=120.0, help="measured seconds, after the warm-up (120)")
+    p.add_argument("--warmup", type=float, default=30.0, help="seconds of load excluded from the figures (30)")
+    p.add_argument("--database-url", help="the service's database (default: SQLite in the temporary directory)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory (NATS store, logs, SQLite)")
+    p.add_argument(
+        "--service-cpu",
+        type=int,
+        default=max(os.sched_getaffinity(0)),
+        help="CPU the service process is pinned to; the rest of the benchmark avoids it (default: the last CPU)",
+    )
+    p.add_argument("--generators", type=int, default=1, help="load-generator processes (1)")
+    p.add_argument("--max-in-flight", type=int, default=256, help="unacknowledged publishes per generator (256)")
+    p.add_argument("--template-pool", type=int, default=64, help="distinct simulated nodes per window (64)")
+    args = p.parse_args(argv)
+    if min(args.nodes, args.pods, args.generators, args.max_in_flight, args.template_pool) < 1:
+        p.error("--nodes, --pods, --generators, --max-in-flight and --template-pool must be at least 1")
+    if args.interval <= 0 or args.duration <= 0 or args.warmup < 0:
+        p.error("--interval and --duration must be positive, --warmup not negative")
+    if args.service_cpu not in os.sched_getaffinity(0):
+        p.error(f"--service-cpu {args.service_cpu} is not one of this process's CPUs {sorted(os.sched_getaffinity(0))}")
+    return args
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The invocation that reproduces this run (the database URL only when one was given)."""
+    parts = ["python", "bench/nodemetric_ingest.py", "--nodes", str(args.nodes), "--pods", str(args.pods)]
+    parts += ["--interval", f"{args.interval:g}", "--duration", f"{args.duration:g}", "--warmup", f"{args.warmup:g}"]
+    parts += ["--service-cpu", str(args.service_cpu), "--generators", str(args.generators)]
+    if args.database_url:
+        parts += ["--database-url", args.database_url]
+    return shlex.join(parts)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pin_away_from(cpu: int) -> None:
+    """Keep this process and every child it starts from now on (nats-server, generators) off the service's CPU."""
+    others = os.sched_getaffinity(0) - {cpu}
+    if others:
+        os.sched_setaffinity(0, others)
+    else:
+        log.warning("only one CPU: the service shares it with nats-server and the generators")
+
+
+@contextlib.contextmanager
+def service_process(
+    *, nats_url: str, database_url: str, port: int, cpu: int, log_path: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`koordbus service nodemetric` pinned to `cpu`; stopped with SIGTERM (then SIGKILL) on the way out."""
+    command = [sys.executable, "-m", "koordbus.cli", "service", "nodemetric"]
+    command += ["--nats-url", nats_url, "--database-url", database_url, "--port", str(port)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log_path.open("wb") as out:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # Ctrl-C reaches us, and we stop it after the generators
+            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+        )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=SERVICE_STOP_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                log.warning("service did not stop in %.0f s: killing it", SERVICE_STOP_TIMEOUT_SECONDS)
+                process.kill()
+                process.wait()
+
+
+@contextlib.contextmanager
+def generator_processes(ctx: SpawnContext, configs: list[loadgen.GeneratorConfig]) -> Iterator[list[loadgen.Counters]]:
+    """Start one process per config; on exit ask them to stop, wait, and terminate any that hang."""
+    stop = ctx.Event()
+    counters = [loadgen.Counters(ctx) for _ in configs]
+    processes: list[SpawnProcess] = []
+    try:
+        for config, tally in zip(configs, counters, strict=True):
+            process = ctx.Process(target=loadgen.run_generator, args=(config, tally, stop), name=f"gen-{config.index}")
+            process.start()
+            processes.append(process)
+        yield counters
+    finally:
+        stop.set()
+        deadline = time.monotonic() + GENERATOR_STOP_TIMEOUT_SECONDS
+        for process in processes:
+            process.join(timeout=max(deadline - time.monotonic(), 0.1))
+            if process.is_alive():
+                log.warning("generator %s did not stop: terminating it", process.name)
+                process.terminate()
+                process.join()
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+async def wait_for_service(port: int, process: subprocess.Popen[bytes], log_path: Path) -> None:
+    deadline = time.monotonic() + SERVICE_READY_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the service exited during start-up:\n{tail(log_path)}")
+        with contextlib.suppress(OSError):
+            measure.parse_metrics(await asyncio.to_thread(scrape, port))
+            return
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"the service did not serve /metrics within {SERVICE_READY_TIMEOUT_SECONDS:.0f} s")
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+async def ingest_backlog(bus: JetStreamBus) -> int:
+    """Messages the service's ingest consumer has not been delivered yet."""
+    info = await bus.jetstream.consumer_info(streams.KOORD_NODE, INGEST_CONSUMER)
+    return int(info.num_pending or 0)
+
+
+async def snapshot(
+    bus: JetStreamBus, *, port: int, pid: int, counters: list[loadgen.Counters], reset_lag: bool = False
+) -> Snapshot:
+    text = await asyncio.to_thread(scrape, port)
+    return Snapshot(
+        at=time.monotonic(),
+        metrics=measure.parse_metrics(text),
+        proc=measure.read_proc(pid),
+        sent=[c.totals(reset_lag=reset_lag) for c in counters],
+        backlog=await ingest_backlog(bus),
+    )
+
+
+async def wait_for_first_publishes(counters: list[loadgen.Counters], interval: float) -> None:
+    """Generators start at the next window boundary; wait until every one has had a batch acknowledged."""
+    deadline = time.monotonic() + interval + SERVICE_READY_TIMEOUT_SECONDS
+    while not all(c.totals().started for c in counters):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the load generators published nothing (see their messages above)")
+        await asyncio.sleep(0.1)
+
+
+async def measured_period(
+    bus: JetStreamBus, *, args: argparse.Namespace, port: int, pid: int, counters: list[loadgen.Counters]
+) -> tuple[Snapshot, Snapshot]:
+    """Warm up, then take the snapshots that bound the measured period, logging progress in between."""
+    log.info("load is flowing; warming up for %g s", args.warmup)
+    await asyncio.sleep(args.warmup)
+    first = await snapshot(bus, port=port, pid=pid, counters=counters, reset_lag=True)
+    log.info("measuring for %g s (backlog %d)", args.duration, first.backlog)
+    end = first.at + args.duration
+    previous = first
+    while (left := end - time.monotonic()) > 0:
+        await asyncio.sleep(min(left, PROGRESS_EVERY_SECONDS))
+        current = await snapshot(bus, port=port, pid=pid, counters=counters)
+        seconds = current.at - previous.at
+        log.info(
+            "applied %.0f/s, sent %.0f/s, backlog %d, service CPU %.2f, RSS %.0f MiB",
+            measure.rate(current.metrics.batches, previous.metrics.batches, seconds),
+            measure.rate(current.published, previous.published, seconds),
+            current.backlog,
+            measure.rate(current.proc.cpu_seconds, previous.proc.cpu_seconds, seconds),
+            current.proc.rss_bytes / 2**20,
+        )
+        previous = current
+    return first, previous
+
+
+def result(args: argparse.Namespace, first: Snapshot, last: Snapshot, *, load_seconds: float) -> dict[str, Any]:
+    """The JSON line: figures over the measured period between two snapshots."""
+    seconds = last.at - first.at
+    offered = args.nodes / args.interval
+    applied = measure.rate(last.metrics.batches, first.metrics.batches, seconds)
+    published = last.published - first.published
+    samples_per_batch = (last.pod_samples - first.pod_samples) / published if published else 0.0
+    latency = measure.bucket_deltas(last.metrics.latency, first.metrics.latency)
+    p50, p99 = measure.histogram_quantile(0.5, latency), measure.histogram_quantile(0.99, latency)
+    errors = sum(t.errors for t in last.sent) - sum(t.errors for t in first.sent)
+    outcome = measure.Outcome(
+        offered_per_s=offered,
+        published_per_s=published / seconds,
+        applied_per_s=applied,
+        latency_p99_s=p99,
+        rss_peak_bytes=last.proc.rss_peak_bytes,
+        backlog_start=first.backlog,
+        backlog_end=last.backlog,
+        publish_errors=errors,
+    )
+    misses = measure.misses(outcome)
+    nm = settings_loader.load(NodeMetricSettings)
+    retention = max(*nm.aggregate_durations_seconds, nm.aggregate_duration_seconds) + nm.report_interval_seconds
+    return {
+        "bench": "nodemetric_ingest",
+        "nodes": args.nodes,
+        "pods": args.pods,
+        "interval_s": args.interval,
+        "duration_s": round(seconds, 3),
+        "offered_batches_per_s": round(offered, 3),
+        "published_batches_per_s": round(outcome.published_per_s, 3),
+        "batches_per_s": round(applied, 3),
+        "pod_samples_per_s": round(applied * samples_per_batch, 1),
+        "pod_samples_per_batch": round(samples_per_batch, 1),
+        "latency_p50_s": None if p50 is None else round(p50, 4),
+        "latency_p99_s": None if p99 is None else round(p99, 4),
+        # Above the top bucket (30 s) the quantiles are floors, not values.
+        "latency_above_top_bucket": round(measure.fraction_above_top_bucket(latency), 4),
+        "service_rss_peak_mb": round(last.proc.rss_peak_bytes / 2**20, 1),
+        "service_rss_end_mb": round(last.proc.rss_bytes / 2**20, 1),
+        "service_cpu_cores": round(measure.rate(last.proc.cpu_seconds, first.proc.cpu_seconds, seconds), 3),
+        "backlog_start": first.backlog,
+        "backlog_end": last.backlog,
+        "reports": int(last.metrics.reports - first.metrics.reports),
+        "publish_errors": errors,
+        "generator_lag_max_s": round(max(t.lag_max_s for t in last.sent), 3),
+        # The service keeps up to `retention` s per node; RSS is steady only once the windows are that full.
+        "window_fill": round(min(load_seconds / retention, 1.0), 3),
+        "target_held": not misses,
+        "target_misses": misses,
+        "command": command_line(args),
+    }
+
+
+async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    database_url = args.database_url or f"sqlite:///{workdir / 'bench.db'}"
+    port = free_port()
+    async with EmbeddedNatsServer(workdir / "nats", log_file=workdir / "nats-server.log") as server:
+        log.info("nats-server at %s; data in %s", server.url, workdir)
+        bus = await JetStreamBus.connect(server.url, name="bench")
+        try:
+            await bus.ensure_streams(streams.all_streams())
+            service_log = workdir / "service.log"
+            with service_process(
+                nats_url=server.url, database_url=database_url, port=port, cpu=args.service_cpu, log_path=service_log
+            ) as service:
+                await wait_for_service(port, service, service_log)
+                pid = service.pid
+                log.info("service pid %d on CPU %d, /metrics on port %d", pid, args.service_cpu, port)
+                configs = [
+                    loadgen.GeneratorConfig(
+                        index=i,
+                        generators=args.generators,
+                        nats_url=server.url,
+                        nodes=args.nodes,
+                        pods=args.pods,
+                        interval=args.interval,
+                        pool_size=args.template_pool,
+                        max_in_flight=args.max_in_flight,
+                    )
+                    for i in range(args.generators)
+                ]
+                with generator_processes(multiprocessing.get_context("spawn"), configs) as counters:
+                    await wait_for_first_publishes(counters, args.interval)
+                    load_started = time.monotonic()
+                    first, last = await measured_period(bus, args=args, port=port, pid=pid, counters=counters)
+                    load_seconds = last.at - load_started
+                if service.poll() is not None:
+                    raise RuntimeError(f"the service died during the run:\n{tail(service_log)}")
+        finally:
+            await bus.close()
+    return result(args, first, last, load_seconds=load_seconds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    pin_away_from(args.service_cpu)
+    workdir = Path(tempfile.mkdtemp(prefix="koordbus-bench-"))
+    try:
+        line = asyncio.run(run(args, workdir))
+    except KeyboardInterrupt:
+        log.warning("interrupted; everything started has been stopped")
+        return 130
+    finally:
+        if args.keep:
+            log.info("kept %s", workdir)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(json.dumps(line), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
