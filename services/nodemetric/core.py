@@ -13,6 +13,7 @@ bucket per sample, so the calc path is always exact.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,20 @@ def effective_policy(spec: node.MetricCollectPolicy) -> node.MetricCollectPolicy
         durations_seconds=spec.durations_seconds,
         node_memory_collect_policy=spec.node_memory_collect_policy,
     )
+
+
+def report_phase(node_name: str, *, interval: int, step: int) -> int:
+    """Seconds past each multiple of the report interval at which this node reports.
+
+    koordlet reports on its own timer, so a real cluster's reports are spread out; ours are driven by event time,
+    and without a phase every node would report in the same instant. The phase is a stable hash of the node name
+    into `step`-second slots (step = the agents' batch length, so reports still fall on batch boundaries and pod
+    averages stay exact). It is 0 when step does not divide the interval.
+    """
+    if step <= 0 or interval % step:
+        return 0
+    digest = hashlib.blake2b(node_name.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % (interval // step) * step
 
 
 def retention_seconds(spec: node.MetricCollectPolicy) -> tuple[float, float]:

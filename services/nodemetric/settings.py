@@ -22,6 +22,14 @@ class NodeMetricSettings:
     ingest_batch_size: int = 512
     """Messages fetched per pull; one database transaction and one publish pipeline per batch."""
 
+    report_phase_step_seconds: int = 10
+    """Nodes report at a stable per-node offset into the report interval, in slots of this many seconds (the
+    agents' publish interval), so their reports spread over the interval; 0 = every node at the same instant."""
+    node_rows_write_interval_seconds: float = 1.0
+    """How often node liveness rows are written to the database (one transaction each)."""
+    node_rows_max_pending: int = 100_000
+    """Past this many unwritten node rows the ingest waits for the database."""
+
     def __post_init__(self) -> None:
         if self.aggregate_duration_seconds <= 0 or self.report_interval_seconds <= 0:
             raise ValueError("aggregate_duration_seconds and report_interval_seconds must be positive")

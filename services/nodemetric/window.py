@@ -313,8 +313,9 @@ def count_samples(window: NodeWindow, *, report_time: float, spec: node.MetricCo
     return count_windows(window._sources(spec.node_memory_collect_policy), report_time=report_time, spec=spec)
 
 
-def due_report(window: NodeWindow, *, spec: node.MetricCollectPolicy) -> float | None:
-    """The newest report time (a multiple of the effective interval) the window has reached and not reported.
+def due_report(window: NodeWindow, *, spec: node.MetricCollectPolicy, phase: int = 0) -> float | None:
+    """The newest report time (a multiple of the effective interval, plus `phase` seconds — see
+    core.report_phase) the window has reached and not reported.
 
     Driven by event time, so a replay computes the same rounds; older missed rounds are skipped, not caught up,
     and no round is due at or before the first batch (its window would hold nothing).
@@ -322,7 +323,7 @@ def due_report(window: NodeWindow, *, spec: node.MetricCollectPolicy) -> float |
     if window.newest_end is None or window.first_start is None:
         return None
     interval = effective_policy(spec).report_interval_seconds
-    due = float(math.floor(window.newest_end / interval) * interval)
+    due = float(math.floor((window.newest_end - phase) / interval) * interval + phase)
     if due <= window.first_start or (window.last_report is not None and due <= window.last_report):
         return None
     return due

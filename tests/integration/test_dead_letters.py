@@ -107,7 +107,7 @@ async def test_poison_messages_are_dead_lettered_with_reasons_and_valid_batches_
     engine = db.create_engine(database_url)
     store = NodeMetricStore(engine)
     registry = new_registry()
-    service = NodeMetricService(bus, store, NodeMetricSettings(), registry=registry)
+    service = NodeMetricService(bus, store, NodeMetricSettings(report_phase_step_seconds=0), registry=registry)
     dead_letters = _Collect()
     reader = bus.consume(
         ConsumerSpec(

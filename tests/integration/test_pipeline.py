@@ -73,7 +73,7 @@ async def test_agent_to_api_on_a_generated_cgroup_tree(tmp_path: Path, bus: JetS
     await db.run_migrations(database_url)
     engine = db.create_engine(database_url)
     store = NodeMetricStore(engine)
-    service = NodeMetricService(bus, store, NodeMetricSettings(), registry=new_registry())
+    service = NodeMetricService(bus, store, NodeMetricSettings(report_phase_step_seconds=0), registry=new_registry())
     await service.start()
     try:
         # 125 s of node life: the node burns 1.5 cores (100 ticks/s = 1 core), the BE pod 0.5 of them.

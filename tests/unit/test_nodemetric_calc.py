@@ -436,3 +436,23 @@ def test_due_report_uses_effective_interval_and_resumes() -> None:
     window.add(_batch(60))
     window.add(_batch(80))
     assert due_report(window, spec=fast) == 90.0  # 30 s floor, not 5 s
+
+
+def test_report_phases_are_stable_spread_and_on_batch_boundaries() -> None:
+    phases = [core.report_phase(f"node-{i}", interval=60, step=10) for i in range(600)]
+    assert phases == [core.report_phase(f"node-{i}", interval=60, step=10) for i in range(600)]
+    assert set(phases) == {0, 10, 20, 30, 40, 50}
+    assert min(phases.count(p) for p in set(phases)) > 60  # roughly even: no slot gets a burst
+    assert core.report_phase("node-1", interval=60, step=0) == 0
+    assert core.report_phase("node-1", interval=60, step=7) == 0  # 7 s slots would not fall on batch boundaries
+
+
+def test_due_report_honours_the_phase() -> None:
+    window = NodeWindow(POLICY)
+    for start in range(0, 120, 10):
+        window.add(_batch(start))
+    assert due_report(window, spec=POLICY, phase=30) == 90.0
+    window.mark_reported(90.0)
+    assert due_report(window, spec=POLICY, phase=30) is None
+    window.add(_batch(140))
+    assert due_report(window, spec=POLICY, phase=30) == 150.0
