@@ -18,7 +18,14 @@ from typing import Final, Generic, Literal, TypeVar
 
 from agent import kidled
 from schemas import vocab
-from schemas.node import ContainerSamples, NodeMetricsReported, PodRef, PodSamples, Sample
+from schemas.node import (
+    ContainerRef,
+    ContainerSampleColumns,
+    NodeMetricsReported,
+    PodRef,
+    PodSampleColumns,
+    Sample,
+)
 
 Driver = Literal["cgroupfs", "systemd"]
 
@@ -352,17 +359,63 @@ def window_start_of(at: float, interval: float) -> float:
 
 
 @dataclass
+class _Series:
+    """Samples of one cgroup in arrival order, kept as the columns they are published as.
+
+    Only pods publish a page-cache column, so container series leave it empty.
+    """
+
+    t: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    memory: list[int] = field(default_factory=list)
+    memory_with_page_cache: list[int] = field(default_factory=list)
+
+    def append(self, sample: Sample, memory_with_page_cache: int | None = None) -> None:
+        self.t.append(sample[0])
+        self.cpu.append(sample[1])
+        self.memory.append(sample[2])
+        if memory_with_page_cache is not None:
+            self.memory_with_page_cache.append(memory_with_page_cache)
+
+
+@dataclass
 class _PodAccumulator:
     pod: PodRef
-    samples: list[Sample] = field(default_factory=list)
-    with_cache: list[tuple[float, int]] = field(default_factory=list)
-    containers: dict[str, list[Sample]] = field(default_factory=dict)
+    samples: _Series = field(default_factory=_Series)
+    containers: dict[str, _Series] = field(default_factory=dict)
 
-    def build(self) -> PodSamples:
-        containers = [ContainerSamples(id=cid, samples=s) for cid, s in sorted(self.containers.items())]
-        return PodSamples(
-            pod=self.pod, samples=self.samples, memory_with_page_cache=self.with_cache, containers=containers
-        )
+
+def _pod_columns(pods: list[_PodAccumulator]) -> PodSampleColumns:
+    """Rows grouped by pod in `pods` order; each pod's rows are in tick (time) order."""
+    index: list[int] = []
+    t: list[float] = []
+    cpu: list[float] = []
+    memory: list[int] = []
+    with_cache: list[int] = []
+    for i, acc in enumerate(pods):
+        index += [i] * len(acc.samples.t)
+        t += acc.samples.t
+        cpu += acc.samples.cpu
+        memory += acc.samples.memory
+        with_cache += acc.samples.memory_with_page_cache
+    return PodSampleColumns(pod=index, t=t, cpu=cpu, memory=memory, memory_with_page_cache=with_cache)
+
+
+def _container_columns(pods: list[_PodAccumulator]) -> tuple[list[ContainerRef], ContainerSampleColumns]:
+    """Containers grouped by pod in `pods` order, by ID within a pod; rows grouped by container."""
+    refs: list[ContainerRef] = []
+    index: list[int] = []
+    t: list[float] = []
+    cpu: list[float] = []
+    memory: list[int] = []
+    for pod_index, acc in enumerate(pods):
+        for container_id, series in sorted(acc.containers.items()):
+            index += [len(refs)] * len(series.t)
+            refs.append(ContainerRef(pod=pod_index, id=container_id))
+            t += series.t
+            cpu += series.cpu
+            memory += series.memory
+    return refs, ContainerSampleColumns(container=index, t=t, cpu=cpu, memory=memory)
 
 
 class BatchBuilder:
@@ -407,6 +460,8 @@ class BatchBuilder:
         if self._start is None:
             return None
         start = self._start
+        pods = [self._pods[uid] for uid in sorted(self._pods)]
+        containers, container_samples = _container_columns(pods)
         batch = NodeMetricsReported(
             node=self.node,
             window_start=start,
@@ -416,7 +471,10 @@ class BatchBuilder:
             memory_with_page_cache=self._node_with_cache,
             memory_with_hot_page=self._node_with_hot_page,
             system_samples=self._system,
-            pods=[self._pods[uid].build() for uid in sorted(self._pods)],
+            pods=[acc.pod for acc in pods],
+            pod_samples=_pod_columns(pods),
+            containers=containers,
+            container_samples=container_samples,
             dropped_batches=dropped_batches,
         )
         empty = not (self._node or self._system or self._pods)
@@ -438,10 +496,9 @@ class BatchBuilder:
             if acc is None:
                 acc = self._pods[ps.pod.uid] = _PodAccumulator(pod=ps.pod)
             acc.pod = ps.pod
-            acc.samples.append(ps.sample)
-            acc.with_cache.append((ps.sample[0], ps.memory_with_page_cache))
+            acc.samples.append(ps.sample, ps.memory_with_page_cache)
             for cs in ps.containers:
-                acc.containers.setdefault(cs.container_id, []).append(cs.sample)
+                acc.containers.setdefault(cs.container_id, _Series()).append(cs.sample)
 
 
 T = TypeVar("T")

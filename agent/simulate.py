@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from schemas import vocab
-from schemas.node import NodeMetricsReported, PodRef, PodSamples, Sample
+from schemas.node import NodeMetricsReported, PodRef, PodSampleColumns, Sample
 
 GiB = 1024**3
 DAY = 86_400.0
@@ -148,9 +148,9 @@ class SimulatedNode:
         node_cpu = on_cpu.sum(axis=0) + b_cpu.sum(axis=0) + sys_cpu
         node_mem = on_mem.sum(axis=0) + b_mem.sum(axis=0) + sys_mem
         times = t.tolist()
-        pods = self._online_samples(times, on_cpu, on_mem)
-        pods += self._batch_samples(times, b_cpu, b_mem, active, incarnation)
-        pods.sort(key=lambda p: p.pod.uid)
+        runs = self._online_runs() + self._batch_runs(active, incarnation)
+        runs.sort(key=lambda run: run.pod.uid)
+        pod_samples = _columns(runs, t, np.vstack((on_cpu, b_cpu)), np.vstack((on_mem, b_mem)))
         with_cache = np.minimum(node_mem + self._page_cache, self.memory_bytes).astype(np.int64).tolist()
         return NodeMetricsReported(
             node=self.name,
@@ -160,7 +160,8 @@ class SimulatedNode:
             node_samples=_samples(times, node_cpu, node_mem),
             memory_with_page_cache=list(zip(times, with_cache, strict=True)),
             system_samples=_samples(times, sys_cpu, sys_mem),
-            pods=pods,
+            pods=[run.pod for run in runs],
+            pod_samples=pod_samples,
         )
 
     def _online_usage(self, t: FloatArray, rng: np.random.Generator) -> tuple[FloatArray, FloatArray]:
@@ -193,40 +194,49 @@ class SimulatedNode:
         b_scale = np.minimum(1.0, b_room / np.maximum(batch.sum(axis=0), 1e-9))
         return batch * b_scale * 0.999, online * 0.999
 
-    def _online_samples(self, times: list[float], cpu: FloatArray, mem: FloatArray) -> list[PodSamples]:
-        mem_rows = mem.astype(np.int64).tolist()
-        return [
-            PodSamples(pod=ref, samples=list(zip(times, c, m, strict=True)))
-            for ref, c, m in zip(self._on_refs, cpu.tolist(), mem_rows, strict=True)
-        ]
+    def _online_runs(self) -> list[_Run]:
+        return [_Run(ref, row) for row, ref in enumerate(self._on_refs)]
 
-    def _batch_samples(
-        self,
-        times: list[float],
-        cpu: FloatArray,
-        mem: FloatArray,
-        active: npt.NDArray[np.bool_],
-        incarnation: npt.NDArray[np.int64],
-    ) -> list[PodSamples]:
-        out: list[PodSamples] = []
-        live = np.flatnonzero(active.any(axis=1))
-        if not times:
-            return out
+    def _batch_runs(self, active: npt.NDArray[np.bool_], incarnation: npt.NDArray[np.int64]) -> list[_Run]:
+        """One run per executor incarnation with samples in the window; rows follow the online rows."""
+        runs: list[_Run] = []
+        if not active.shape[1]:
+            return runs
+        offset = len(self._on_refs)
         steady = active.all(axis=1) & (incarnation.min(axis=1) == incarnation.max(axis=1))
-        cpu_rows, mem_rows = cpu[live].tolist(), mem[live].astype(np.int64).tolist()
-        for slot, c_row, m_row in zip(live.tolist(), cpu_rows, mem_rows, strict=True):
+        for slot in np.flatnonzero(active.any(axis=1)).tolist():
             if steady[slot]:  # the common case: one executor running through the whole window
-                ref = self._batch_ref(slot, int(incarnation[slot, 0]))
-                out.append(PodSamples(pod=ref, samples=list(zip(times, c_row, m_row, strict=True))))
+                runs.append(_Run(self._batch_ref(slot, int(incarnation[slot, 0])), offset + slot))
                 continue
-            by_inc: dict[int, list[Sample]] = {}
-            for at, c, m, a, i in zip(
-                times, c_row, m_row, active[slot].tolist(), incarnation[slot].tolist(), strict=True
-            ):
-                if a:
-                    by_inc.setdefault(i, []).append((at, c, m))
-            out.extend(PodSamples(pod=self._batch_ref(slot, i), samples=s) for i, s in by_inc.items())
-        return out
+            for inc in np.unique(incarnation[slot][active[slot]]).tolist():
+                mask = active[slot] & (incarnation[slot] == inc)
+                runs.append(_Run(self._batch_ref(slot, inc), offset + slot, mask))
+        return runs
+
+
+class _Run:
+    """The samples of one pod in a window: a row of the usage matrices, all of it or the columns in `mask`."""
+
+    __slots__ = ("mask", "pod", "row")
+
+    def __init__(self, pod: PodRef, row: int, mask: npt.NDArray[np.bool_] | None = None) -> None:
+        self.pod, self.row, self.mask = pod, row, mask
+
+
+def _columns(runs: list[_Run], t: FloatArray, cpu: FloatArray, mem: FloatArray) -> PodSampleColumns:
+    """Pod sample columns in `runs` order, gathered from the (pods × seconds) matrices with one fancy index."""
+    if not runs or not t.size:
+        return PodSampleColumns()
+    full = np.ones(t.size, dtype=bool)
+    masks = np.stack([full if run.mask is None else run.mask for run in runs])
+    pod_index, second = np.nonzero(masks)  # row-major: runs in order, seconds ascending within a run
+    rows = np.array([run.row for run in runs], dtype=np.int64)[pod_index]
+    return PodSampleColumns(
+        pod=pod_index.tolist(),
+        t=t[second].tolist(),
+        cpu=cpu[rows, second].tolist(),
+        memory=mem[rows, second].astype(np.int64).tolist(),
+    )
 
 
 def _samples(times: list[float], cpu: FloatArray, mem: FloatArray) -> list[Sample]:

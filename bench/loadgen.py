@@ -4,7 +4,8 @@ bench/nodemetric_ingest.py starts `generators` of these (multiprocessing, spawn)
 Simulating 10,000 nodes every 10 s is too slow (~3 ms per 100-pod batch), so each process simulates a small
 pool of template nodes per window (agent.simulate, a template per pool slot, rendered a few at a time between
 publishes) and encodes each once; a node's payload is its template's bytes with the node name and the real
-publish time spliced in, so it decodes as a valid NodeMetricsReported of that node and window. Node i of N
+publish time spliced in, so it decodes as a valid NodeMetricsReported of that node and window (sample times,
+pod_samples.t included, are the real window's: templates are rendered per window). Node i of N
 sends its batch for [start, end) at end + i × interval / N, like agents whose clocks are spread over the
 interval, through the project's JetStreamBus with a deterministic Nats-Msg-Id and a bounded number in flight.
 Nothing is ever skipped: a generator that falls behind publishes late and says so (`lag_max_s`).
@@ -63,7 +64,7 @@ class Template:
             head=head + b'"node":"',
             middle=b'"' + middle + b'"sent_at":',
             tail=tail,
-            pod_samples=sum(len(p.samples) for p in batch.pods),
+            pod_samples=len(batch.pod_samples.t),
         )
 
     def stamp(self, node: str, sent_at: float) -> bytes:

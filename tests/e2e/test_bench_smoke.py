@@ -121,8 +121,10 @@ def test_stamped_template_decodes_as_that_nodes_batch() -> None:
     assert (stamped.node, stamped.sent_at) == ("sim-node-10000", 1_700_000_012.625)
     assert (stamped.window_start, stamped.window_end) == (1_700_000_000.0, 1_700_000_010.0)
     assert stamped.pods == original.pods and stamped.node_samples == original.node_samples
+    assert stamped.pod_samples == original.pod_samples
     assert len(stamped.node_samples) == 10
-    assert template.pod_samples == sum(len(p.samples) for p in stamped.pods) > 0
+    assert template.pod_samples == len(stamped.pod_samples.t) > 0
+    assert all(1_700_000_000.0 <= t < 1_700_000_010.0 for t in stamped.pod_samples.t)
     assert msg_id("sim-node-10000", "metrics", 1_700_000_000.0) != msg_id("sim-node-0001", "metrics", 1_700_000_000.0)
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from agent import core
 from agent.settings import AgentSettings, AgentSettingsError
-from schemas.node import PodRef
+from schemas.node import ContainerRef, NodeEvent, PodRef, PodSampleColumns
+from tests.support import batches as wire
 
 UID = "0e1f2a3b-4c5d-6e7f-8091-a2b3c4d5e6f7"
 STATIC_UID = "6c9f2b1e0d8a4c3b2a1f0e9d8c7b6a59"
@@ -256,15 +258,40 @@ def test_batch_builder_closes_a_window_when_a_tick_passes_its_end() -> None:
     assert batch.dropped_batches == 2
     assert [s[0] for s in batch.node_samples] == [1001.0, 1005.0, 1009.5]
     assert batch.memory_with_page_cache == [(1001.0, 20), (1005.0, 20), (1009.5, 20)]
-    assert [p.pod.uid for p in batch.pods] == sorted([UID, STATIC_UID])
-    pod = next(p for p in batch.pods if p.pod.uid == UID)
-    assert pod.pod.name == "new"  # the latest PodRef wins
-    assert [s[0] for s in pod.samples] == [1001.0, 1009.5]
-    assert [(c.id, [s[0] for s in c.samples]) for c in pod.containers] == [(CID, [1001.0])]
+    assert [p.uid for p in batch.pods] == sorted([UID, STATIC_UID])
+    ref, samples = next((ref, samples) for ref, samples in wire.samples_by_pod(batch) if ref.uid == UID)
+    assert ref.name == "new"  # the latest PodRef wins
+    assert [s[0] for s in samples] == [1001.0, 1009.5]
+    assert [(c.id, [s[0] for s in cs]) for c, cs in wire.containers_by_pod(batch)[UID]] == [(CID, [1001.0])]
     assert builder.window_start == 1010
     rest = builder.close(sent_at=1020.0)
     assert rest is not None and rest.window_start == 1010 and [s[0] for s in rest.node_samples] == [1010.0]
     assert builder.close(sent_at=1030.0) is None
+
+
+def test_batch_builder_emits_pod_and_container_columns_grouped_in_pod_order() -> None:
+    builder = core.BatchBuilder("node-a", interval=10)
+    cids = {UID: CID, STATIC_UID: "f" * 64}
+    times = {UID: [1001.0, 1003.0], STATIC_UID: [1001.0, 1002.0, 1003.0]}  # UID missed the reading at 1002
+    for at in (1001.0, 1002.0, 1003.0):
+        pods = [pod_sample(uid, at, cid=cids[uid]) for uid in (UID, STATIC_UID) if at in times[uid]]
+        builder.add(make_tick(at, pods))
+    batch = builder.close(sent_at=1010.0)
+    assert batch is not None
+    order = sorted([UID, STATIC_UID])
+    index = [i for i, uid in enumerate(order) for _ in times[uid]]
+    assert [p.uid for p in batch.pods] == order
+    assert batch.pod_samples == PodSampleColumns(
+        pod=index,
+        t=[t for uid in order for t in times[uid]],
+        cpu=[0.2] * 5,
+        memory=[3] * 5,
+        memory_with_page_cache=[4] * 5,
+    )
+    assert batch.containers == [ContainerRef(pod=i, id=cids[uid]) for i, uid in enumerate(order)]
+    assert batch.container_samples.container == index
+    assert batch.container_samples.t == batch.pod_samples.t
+    assert msgspec.json.decode(msgspec.json.encode(batch), type=NodeEvent) == batch
 
 
 def test_batch_builder_skips_empty_windows_and_jumps_over_gaps() -> None:

@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 from schemas import node
 from services.nodemetric import aggregate, core
 from services.nodemetric.window import NodeWindow, compute_status, due_report
+from tests.support import batches as wire
 
 POLICY = node.MetricCollectPolicy()
 Sample = tuple[float, float, float]
+PodRows = tuple[node.PodRef, Sequence[Sample]]
 
 
 # --- reference implementations, written differently from the core on purpose
@@ -193,7 +195,8 @@ def _batch(
     seconds: int = 10,
     cpu: float = 1.0,
     mem: int = 1000,
-    pods: Sequence[node.PodSamples] = (),
+    pods: Sequence[PodRows] = (),
+    pod_page_cache: Sequence[int] = (),
     **extra: Any,
 ) -> node.NodeMetricsReported:
     ts = [start + i for i in range(seconds)]
@@ -204,16 +207,13 @@ def _batch(
         sent_at=start + seconds,
         node_samples=[(t, cpu, mem) for t in ts],
         system_samples=[(t, cpu / 4, mem // 4) for t in ts],
-        pods=list(pods),
+        **wire.pod_columns(pods, memory_with_page_cache=pod_page_cache),
         **extra,
     )
 
 
-def _pod(uid: str, start: float, cpu: float, mem: int, *, seconds: int = 10, **ref: Any) -> node.PodSamples:
-    return node.PodSamples(
-        pod=node.PodRef(uid=uid, **ref),
-        samples=[(start + i, cpu, mem) for i in range(seconds)],
-    )
+def _pod(uid: str, start: float, cpu: float, mem: int, *, seconds: int = 10, **ref: Any) -> PodRows:
+    return node.PodRef(uid=uid, **ref), [(start + i, cpu, mem) for i in range(seconds)]
 
 
 def test_pod_identity_priority_and_qos_from_ref() -> None:
@@ -273,15 +273,13 @@ def test_node_memory_policies(policy: str, extra: dict[str, Any], memory: int | 
 
 def test_pod_memory_with_page_cache_policy() -> None:
     spec = node.MetricCollectPolicy(node_memory_collect_policy="usageWithPageCache")
-    with_cache = node.PodSamples(
-        pod=node.PodRef(uid="a", namespace="ns", name="a"),
-        samples=[(1.0, 1.0, 100), (2.0, 1.0, 100)],
-        memory_with_page_cache=[(1.0, 400), (2.0, 600)],
-    )
+    # The page-cache column is all or nothing per batch, so the pod without one arrives in a batch without it.
+    with_cache = (node.PodRef(uid="a", namespace="ns", name="a"), [(11.0, 1.0, 100), (12.0, 1.0, 100)])
     without_cache = _pod("b", 0, 1.0, 100, namespace="ns", name="b")
     window = NodeWindow(spec)
-    window.add(_batch(0, pods=[with_cache, without_cache], memory_with_page_cache=[(1.0, 1)]))
-    pods = compute_status(window, report_time=10.0, spec=spec).pods_metric
+    window.add(_batch(0, pods=[without_cache], memory_with_page_cache=[(1.0, 1)]))
+    window.add(_batch(10, pods=[with_cache], pod_page_cache=[400, 600], memory_with_page_cache=[(11.0, 1)]))
+    pods = compute_status(window, report_time=20.0, spec=spec).pods_metric
     assert [(p.name, p.pod_usage.resources["memory"]) for p in pods] == [("a", 500)]
 
 
@@ -348,9 +346,9 @@ def _node_history(draw: st.DrawFn) -> tuple[list[node.NodeMetricsReported], floa
     for k in range(n_batches):
         seconds = range(10 * k, 10 * k + 10)
         pods = [
-            node.PodSamples(
-                pod=node.PodRef(uid=uid, namespace="ns", name=uid),
-                samples=[sample(t) for t in sorted(rnd.sample(seconds, rnd.randint(1, 10)))],
+            (
+                node.PodRef(uid=uid, namespace="ns", name=uid),
+                [sample(t) for t in sorted(rnd.sample(seconds, rnd.randint(1, 10)))],
             )
             for uid in ("a", "b", "c")
             if rnd.random() < 0.7
@@ -364,7 +362,7 @@ def _node_history(draw: st.DrawFn) -> tuple[list[node.NodeMetricsReported], floa
                 sent_at=10.0 * k + 10,
                 node_samples=node_samples,
                 system_samples=node_samples[::2],
-                pods=pods,
+                **wire.pod_columns(pods),
             )
         )
     # The service reports T as soon as a batch reaches it, so T is never a full report interval behind.
@@ -395,8 +393,8 @@ def test_pod_buckets_match_raw_samples_when_batch_aligned(
 
     raw_pods: dict[str, list[Sample]] = {}
     for b in batches:
-        for p in b.pods:
-            raw_pods.setdefault(p.pod.uid, []).extend(before_t(p.samples))
+        for ref, samples in wire.samples_by_pod(b):
+            raw_pods.setdefault(ref.uid, []).extend(before_t(samples))
     expected = core.compute_from_samples(
         report_time=report_time,
         spec=spec,

@@ -10,6 +10,7 @@ import pytest
 from agent.simulate import GiB, SimulatedNode, simulated_node_names
 from schemas import vocab
 from schemas.node import NodeMetricsReported
+from tests.support import batches as wire
 
 T0 = 1_700_006_400.0  # a day boundary (multiple of 86400), so hours below are UTC hours of day
 
@@ -41,23 +42,23 @@ def test_batch_shape_and_wire_validity() -> None:
     assert decoded == batch
     assert (batch.node, batch.window_start, batch.window_end) == ("sim-node-0007", T0, T0 + 10)
     assert [s[0] for s in batch.node_samples] == [T0 + i for i in range(10)]
-    assert [p.pod.uid for p in batch.pods] == sorted(p.pod.uid for p in batch.pods)
-    for pod in batch.pods:
-        ref = pod.pod
+    assert [p.uid for p in batch.pods] == sorted(p.uid for p in batch.pods)
+    for ref, samples in wire.samples_by_pod(batch):
         assert ref.namespace and ref.name and ref.kube_qos and ref.priority is not None
         assert vocab.priority_class_with_default(ref.labels, ref.priority, ref.kube_qos) in (
             vocab.PRIORITY_PROD,
             vocab.PRIORITY_BATCH,
         )
-        assert all(T0 <= s[0] < T0 + 10 for s in pod.samples)
+        assert samples and all(T0 <= s[0] < T0 + 10 for s in samples)
+        assert [s[0] for s in samples] == sorted(s[0] for s in samples)
 
 
 def test_node_is_pods_plus_system_and_never_above_capacity() -> None:
     node = SimulatedNode("sim-node-0002", 2, cpu_cores=8, memory_bytes=16 * GiB, pods=60)
     for batch in day_of_windows(node, step=1800):
         for i, (at, cpu, mem) in enumerate(batch.node_samples):
-            pods_cpu = sum(s[1] for p in batch.pods for s in p.samples if s[0] == at)
-            pods_mem = sum(s[2] for p in batch.pods for s in p.samples if s[0] == at)
+            pods_cpu = sum(s[1] for _, samples in wire.samples_by_pod(batch) for s in samples if s[0] == at)
+            pods_mem = sum(s[2] for _, samples in wire.samples_by_pod(batch) for s in samples if s[0] == at)
             _, sys_cpu, sys_mem = batch.system_samples[i]
             assert cpu == pytest.approx(pods_cpu + sys_cpu)
             assert mem == pytest.approx(pods_mem + sys_mem, rel=1e-6)
@@ -70,16 +71,17 @@ def test_online_load_follows_a_day_and_batch_pods_come_and_go() -> None:
     windows = day_of_windows(node)
 
     def online_cpu(batch: NodeMetricsReported) -> float:
-        return sum(s[1] for p in batch.pods if p.pod.kube_qos != vocab.KUBE_QOS_BESTEFFORT for s in p.samples)
+        pods = wire.samples_by_pod(batch)
+        return sum(s[1] for ref, samples in pods if ref.kube_qos != vocab.KUBE_QOS_BESTEFFORT for s in samples)
 
     by_hour = [online_cpu(b) for b in windows]
     afternoon, night = max(by_hour[13 * 4 : 16 * 4]), min(by_hour[1 * 4 : 5 * 4])
     assert afternoon > 1.5 * night
-    batch_uids = [{p.pod.uid for p in b.pods if p.pod.kube_qos == vocab.KUBE_QOS_BESTEFFORT} for b in windows]
+    batch_uids = [{p.uid for p in b.pods if p.kube_qos == vocab.KUBE_QOS_BESTEFFORT} for b in windows]
     counts = [len(u) for u in batch_uids]
     assert min(counts) < max(counts)  # bursts
     assert len(set().union(*batch_uids)) > max(counts)  # new pods (new UIDs) in later bursts
-    online_uids = {frozenset(p.pod.uid for p in b.pods if p.pod.kube_qos != vocab.KUBE_QOS_BESTEFFORT) for b in windows}
+    online_uids = {frozenset(p.uid for p in b.pods if p.kube_qos != vocab.KUBE_QOS_BESTEFFORT) for b in windows}
     assert len(online_uids) == 1  # online pods are long-lived
 
 
