@@ -18,8 +18,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -35,6 +36,7 @@ from services.nodemetric.store import NodeMetricStore, NodeSeen
 from services.nodemetric.window import NodeWindow, compute_status, due_report
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Fine enough that histogram_quantile (bench/nodemetric_ingest.py) resolves p50 and p99 around the 2 s target.
 LATENCY_BUCKETS_SECONDS = (
@@ -114,12 +116,14 @@ class _IngestHandler:
                     self._pending.reports.append(report)
                     window.mark_reported(report.report_time)
                 self._owner.node_rows.add(
-                    delivery.stream_seq,
-                    NodeSeen(node=event.node, window_end=event.window_end, dropped_batches=event.dropped_batches),
+                    (
+                        delivery.stream_seq,
+                        NodeSeen(node=event.node, window_end=event.window_end, dropped_batches=event.dropped_batches),
+                    )
                 )
                 self._pending.sent_at.append(event.sent_at)
             case NodeStateReported():
-                self._owner.node_rows.add(delivery.stream_seq, event)
+                self._owner.node_rows.add((delivery.stream_seq, event))
 
     async def flush(self) -> None:
         pending, self._pending = self._pending, _Pending()
@@ -136,22 +140,25 @@ class _IngestHandler:
         self._owner.observe_applied(pending.sent_at)
 
 
-class _NodeRows:
-    """Node liveness rows (NodeSeen, NodeStateReported) waiting to be projected, written at most once per interval.
+class _BatchedWriter(Generic[T]):
+    """Projection rows waiting for the database, written in one transaction at most once per interval.
 
-    One transaction per interval instead of one per fetch: at 1,000 batches/s the per-transaction cost dominated
-    the ingest path. Acking before these rows commit loses nothing: the ingest consumer replays the longest window
-    at every start-up, which rewrites them. The queue is bounded: past `limit` rows the ingest waits for a write.
+    One transaction per interval instead of one per fetch: at 1,000 batches/s (and with reports spread over the
+    interval, arriving one per fetch) the per-transaction cost dominated. Acking before the rows commit loses
+    nothing: at every start-up the ingest consumer replays the longest window and the projector restarts from the
+    database's own offset, so whatever was acked but not written is written again. The queue is bounded: past
+    `limit` rows the consumer waits for a write (backpressure).
     """
 
-    def __init__(self, store: NodeMetricStore, *, limit: int) -> None:
-        self._store = store
+    def __init__(self, name: str, write: Callable[[list[T]], Awaitable[object]], *, limit: int) -> None:
+        self._name = name
+        self._write = write
         self._limit = limit
-        self._rows: list[tuple[int, NodeSeen | NodeStateReported]] = []
+        self._rows: list[T] = []
         self.failures = 0
 
-    def add(self, seq: int, row: NodeSeen | NodeStateReported) -> None:
-        self._rows.append((seq, row))
+    def add(self, row: T) -> None:
+        self._rows.append(row)
 
     @property
     def full(self) -> bool:
@@ -162,7 +169,7 @@ class _NodeRows:
         if not rows:
             return
         try:
-            await self._store.apply_node_events(rows, consumer=INGEST_CONSUMER, stream=streams.KOORD_NODE)
+            await self._write(rows)
         except Exception:
             self._rows = rows + self._rows  # kept for the next attempt (the store skips what it already has)
             self.failures += 1
@@ -176,31 +183,30 @@ class _NodeRows:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                log.warning("nodemetric: writing %d node rows failed (will retry): %s", len(self._rows), e)
+                log.warning("nodemetric: writing %d %s failed (will retry): %s", len(self._rows), self._name, e)
+
+    async def close(self) -> None:
+        """A last write at shutdown; what fails here is rewritten by the next start-up's replay."""
+        try:
+            await self.write()
+        except Exception as e:
+            log.warning("nodemetric: %d %s not written at shutdown: %s", len(self._rows), self._name, e)
 
 
 class _ProjectorHandler:
-    def __init__(self, store: NodeMetricStore) -> None:
-        self._store = store
+    def __init__(self, rows: _BatchedWriter[tuple[int, NodeMetricComputed, str]]) -> None:
+        self._rows = rows
         self._decoder = msgspec.json.Decoder(NodeMetricComputed)
-        self._pending: list[tuple[int, NodeMetricComputed]] = []
-        self._msg_ids: dict[int, str] = {}
 
     async def handle(self, delivery: Delivery) -> None:
-        self._pending.append((delivery.stream_seq, self._decoder.decode(delivery.data)))
-        self._msg_ids[delivery.stream_seq] = delivery.msg_id
+        self._rows.add((delivery.stream_seq, self._decoder.decode(delivery.data), delivery.msg_id))
 
     async def flush(self) -> None:
-        pending, self._pending = self._pending, []
-        msg_ids, self._msg_ids = self._msg_ids, {}
-        if not pending:
-            return
-        try:
-            await self._store.apply_computed(
-                pending, consumer=PROJECTOR_CONSUMER, stream=streams.KOORD_NODEMETRIC, msg_ids=msg_ids
-            )
-        except Exception as e:
-            raise TemporaryError(f"nodemetric projection failed: {e}", delay=1.0) from e
+        if self._rows.full:
+            try:
+                await self._rows.write()
+            except Exception as e:
+                raise TemporaryError(f"nodemetric projection failed: {e}", delay=1.0) from e
 
 
 class NodeMetricService:
@@ -226,8 +232,13 @@ class NodeMetricService:
         self._registry = registry
         self._metrics = _Instruments.create(registry)
         self._phases: dict[str, int] = {}
-        self.node_rows = _NodeRows(store, limit=settings.node_rows_max_pending)
-        self._writer: asyncio.Task[None] | None = None
+        self.node_rows: _BatchedWriter[tuple[int, NodeSeen | NodeStateReported]] = _BatchedWriter(
+            "node rows", self._write_node_rows, limit=settings.projection_max_pending
+        )
+        self.computed_rows: _BatchedWriter[tuple[int, NodeMetricComputed, str]] = _BatchedWriter(
+            "NodeMetric rows", self._write_computed_rows, limit=settings.projection_max_pending
+        )
+        self._writers: list[asyncio.Task[None]] = []
 
     def window(self, node: str) -> NodeWindow:
         window = self._windows.get(node)
@@ -267,11 +278,13 @@ class NodeMetricService:
             deliver_policy="by_start_sequence",
             opt_start_seq=projected + 1,
         )
-        self._writer = asyncio.create_task(
-            self.node_rows.run(self.settings.node_rows_write_interval_seconds), name="nodemetric-node-rows"
-        )
+        interval = self.settings.projection_write_interval_seconds
+        self._writers = [
+            asyncio.create_task(self.node_rows.run(interval), name="nodemetric-node-rows"),
+            asyncio.create_task(self.computed_rows.run(interval), name="nodemetric-computed-rows"),
+        ]
         self._consumers = [
-            self.bus.consume(projector, _ProjectorHandler(self.store), reset=True),
+            self.bus.consume(projector, _ProjectorHandler(self.computed_rows), reset=True),
             self.bus.consume(ingest, _IngestHandler(self), reset=True),
         ]
         observe.watch_consumers(
@@ -283,18 +296,28 @@ class NodeMetricService:
     async def stop(self) -> None:
         for consumer in self._consumers:
             await consumer.stop()
-        if self._writer is not None:
-            self._writer.cancel()
+        for task in self._writers:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._writer
-            self._writer = None
-            try:
-                await self.node_rows.write()
-            except Exception as e:  # replayed at the next start
-                log.warning("nodemetric: node rows not written at shutdown: %s", e)
+                await task
+        if self._writers:
+            await self.node_rows.close()
+            await self.computed_rows.close()
+        self._writers = []
         if self._consumers:
             observe.retire_consumers(self._registry, service="nodemetric", names=(PROJECTOR_CONSUMER, INGEST_CONSUMER))
         self._consumers = []
+
+    async def _write_node_rows(self, rows: list[tuple[int, NodeSeen | NodeStateReported]]) -> None:
+        await self.store.apply_node_events(rows, consumer=INGEST_CONSUMER, stream=streams.KOORD_NODE)
+
+    async def _write_computed_rows(self, rows: list[tuple[int, NodeMetricComputed, str]]) -> None:
+        await self.store.apply_computed(
+            [(seq, event) for seq, event, _ in rows],
+            consumer=PROJECTOR_CONSUMER,
+            stream=streams.KOORD_NODEMETRIC,
+            msg_ids={seq: mid for seq, _, mid in rows},
+        )
 
     @property
     def consumers(self) -> list[Consumer]:

@@ -25,10 +25,10 @@ class NodeMetricSettings:
     report_phase_step_seconds: int = 10
     """Nodes report at a stable per-node offset into the report interval, in slots of this many seconds (the
     agents' publish interval), so their reports spread over the interval; 0 = every node at the same instant."""
-    node_rows_write_interval_seconds: float = 1.0
-    """How often node liveness rows are written to the database (one transaction each)."""
-    node_rows_max_pending: int = 100_000
-    """Past this many unwritten node rows the ingest waits for the database."""
+    projection_write_interval_seconds: float = 0.5
+    """How often node liveness rows and NodeMetric rows are written to the database (one transaction each)."""
+    projection_max_pending: int = 100_000
+    """Past this many unwritten rows of one kind the consumer waits for the database."""
 
     def __post_init__(self) -> None:
         if self.aggregate_duration_seconds <= 0 or self.report_interval_seconds <= 0:
