@@ -243,7 +243,9 @@ async def _unprojected(
     connection: AsyncConnection, items: Sequence[tuple[int, _Item]], *, consumer: str
 ) -> builtins.list[tuple[int, _Item]]:
     offset = await db.read_offset(connection, consumer, lock=True)
-    return [(seq, item) for seq, item in items if seq > offset]
+    # A redelivered message can be queued twice before a write; one copy per sequence, in stream order.
+    fresh = {seq: item for seq, item in items if seq > offset}
+    return sorted(fresh.items(), key=lambda pair: pair[0])
 
 
 async def _advance(

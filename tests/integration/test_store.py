@@ -312,3 +312,11 @@ async def test_reset_forgets_only_that_consumers_offset_and_rows(
     await _project(store, computed_events, [], batch_size=8)
     assert len(await store.list()) == 4
     assert await store.offset(CONSUMER) == 40
+
+
+async def test_a_message_queued_twice_counts_once(store: NodeMetricStore) -> None:
+    """A redelivered batch can be queued twice before one timed write: its drop count must not double."""
+    twice = (4, NodeSeen(node="node-a", window_end=100.0, dropped_batches=2))
+    await store.apply_node_events([twice, twice], consumer=NODE_CONSUMER, stream="KOORD_NODE")
+    (node_a,) = await store.nodes_by_name(["node-a"])
+    assert node_a.dropped_batches == 2
