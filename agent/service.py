@@ -16,14 +16,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-import msgspec
-
 from agent import core
 from agent.collect import Collector
 from agent.settings import AgentSettings
 from bus import api, subjects
 from bus.errors import BusUnavailableError
-from schemas.node import NodeMetricsReported, NodeStateReported, PodRef
+from schemas.node import NodeMetricsReported, NodeStateReported, PodRef, encode_node_event
 
 log = logging.getLogger(__name__)
 
@@ -156,13 +154,13 @@ class AgentService:
         if self._state_pending and self._state is not None:
             state = self._state
             msg_id = api.msg_id(state.node, "state", state.at)
-            if not await self._publish(subjects.node_state(state.node), msgspec.json.encode(state), msg_id):
+            if not await self._publish(subjects.node_state(state.node), encode_node_event(state), msg_id):
                 return
             self._state_pending = False
             self.stats.states_sent += 1
         while (batch := self._outbox.peek()) is not None:
             msg_id = api.msg_id(batch.node, "metrics", batch.window_start)
-            sent = await self._publish(subjects.node_metrics(batch.node), msgspec.json.encode(batch), msg_id)
+            sent = await self._publish(subjects.node_metrics(batch.node), encode_node_event(batch), msg_id)
             if sent is False:
                 break
             self._outbox.pop()

@@ -12,11 +12,10 @@ import logging
 import time
 from collections.abc import Callable
 
-import msgspec
-
 from agent.simulate import SimulatedNode, simulated_node_names
 from bus import subjects
 from bus.api import Bus, msg_id
+from schemas.node import encode_node_event
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +28,12 @@ def make_nodes(count: int, *, pods_per_node: int, seed: int = 7) -> list[Simulat
 
 async def publish_window(bus: Bus, nodes: list[SimulatedNode], window_start: float, window_end: float) -> int:
     """Publish one batch per node for [window_start, window_end); returns how many were new (not duplicates)."""
-    encode = msgspec.json.encode
     messages = []
     for node in nodes:
         batch = node.batch(window_start, window_end)
-        messages.append((subjects.node_metrics(node.name), encode(batch), msg_id(node.name, "metrics", window_start)))
+        messages.append(
+            (subjects.node_metrics(node.name), encode_node_event(batch), msg_id(node.name, "metrics", window_start))
+        )
     acks = await bus.publish_many(messages)
     return sum(1 for a in acks if not a.duplicate)
 

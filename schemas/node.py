@@ -4,6 +4,11 @@ Published by agent/ (NodeMetricsReported, NodeStateReported) and services/nodeme
 (NodeMetricComputed); read by nodemetric, the API and every later per-node service.
 Field constraints are the first line of defence: a negative or absurd sample fails decoding
 and the message goes to the dead-letter subject instead of into a window.
+
+Wire format: the node subjects (`koord.v1.node.<node>.metrics|state`) carry msgpack, because the
+float-heavy batches are the hottest input of the system (about half the bytes of JSON and cheaper to
+decode); every other subject carries JSON. `encode_node_event` and `NODE_EVENT_DECODER` are the only
+place that choice is made: publishers and the ingest consumer go through them.
 """
 
 from __future__ import annotations
@@ -230,3 +235,13 @@ class NodeMetricComputed(msgspec.Struct, frozen=True, kw_only=True, tag="nodemet
 
 
 NodeEvent = NodeMetricsReported | NodeStateReported
+
+
+def encode_node_event(event: NodeEvent) -> bytes:
+    """The wire form of a node-subject event (msgpack; see the module docstring)."""
+    return _NODE_EVENT_ENCODER.encode(event)
+
+
+_NODE_EVENT_ENCODER = msgspec.msgpack.Encoder()
+NODE_EVENT_DECODER: msgspec.msgpack.Decoder[NodeEvent] = msgspec.msgpack.Decoder(NodeEvent)
+"""Decodes (and validates) what `encode_node_event` wrote; raises msgspec.DecodeError/ValidationError otherwise."""

@@ -28,7 +28,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from bus import streams, subjects
 from bus.api import Bus, Consumer, ConsumerSpec, Delivery, msg_id
 from bus.errors import TemporaryError
-from schemas.node import MetricCollectPolicy, NodeEvent, NodeMetricComputed, NodeMetricsReported, NodeStateReported
+from schemas.node import (
+    NODE_EVENT_DECODER,
+    MetricCollectPolicy,
+    NodeMetricComputed,
+    NodeMetricsReported,
+    NodeStateReported,
+)
 from services.common import observe
 from services.nodemetric.core import effective_policy, report_phase
 from services.nodemetric.settings import NodeMetricSettings
@@ -101,7 +107,7 @@ class _IngestHandler:
 
     def __init__(self, owner: NodeMetricService) -> None:
         self._owner = owner
-        self._decoder = msgspec.json.Decoder(NodeEvent)
+        self._decoder = NODE_EVENT_DECODER
         self._pending = _Pending()
 
     async def handle(self, delivery: Delivery) -> None:

@@ -327,7 +327,9 @@ async def test_service_buffers_drops_oldest_and_resends_in_order(tmp_path: Path)
     assert not service.stats.bus_available
     publisher.down = False
     await run_for(11)
-    decoded = [msgspec.json.decode(d, type=NodeMetricsReported) for s, d, _ in publisher.sent if s.endswith(".metrics")]
+    decoded = [
+        msgspec.msgpack.decode(d, type=NodeMetricsReported) for s, d, _ in publisher.sent if s.endswith(".metrics")
+    ]
     starts = [b.window_start for b in decoded]
     assert starts == sorted(starts)
     assert starts[1] - starts[0] == 10 and starts[2] - starts[1] == 10 + 3 * 10  # windows 3–5 were dropped
@@ -355,11 +357,11 @@ async def test_service_treats_a_hanging_publish_as_unavailable_and_resends_state
     publisher.hang = False
     await service.collect_once()
     await service.collect_once()
-    states = [msgspec.json.decode(d, type=NodeStateReported) for s, d, _ in publisher.sent if s.endswith(".state")]
+    states = [msgspec.msgpack.decode(d, type=NodeStateReported) for s, d, _ in publisher.sent if s.endswith(".state")]
     assert len(states) == 1 and states[0].cgroup_version == 2 and len(states[0].pods) == 3
     tree.remove(pod_rel("cgroupfs", UID_E, "BestEffort"))
     await service.collect_once()
-    states = [msgspec.json.decode(d, type=NodeStateReported) for s, d, _ in publisher.sent if s.endswith(".state")]
+    states = [msgspec.msgpack.decode(d, type=NodeStateReported) for s, d, _ in publisher.sent if s.endswith(".state")]
     assert len(states) == 2 and {p.uid for p in states[1].pods} == {UID_G, UID_B}
     fake.now += 301
     await service.collect_once()
@@ -378,7 +380,9 @@ async def test_run_loop_stops_and_samples_on_the_collect_interval(tmp_path: Path
 
     service = AgentService(settings_for(tree), publisher, clock=fake.clock, sleep=sleep_then_maybe_stop)
     await service.run()
-    batches = [msgspec.json.decode(d, type=NodeMetricsReported) for s, d, _ in publisher.sent if s.endswith(".metrics")]
+    batches = [
+        msgspec.msgpack.decode(d, type=NodeMetricsReported) for s, d, _ in publisher.sent if s.endswith(".metrics")
+    ]
     assert [b.window_start for b in batches] == [1_700_000_000.0, 1_700_000_010.0, 1_700_000_020.0]
     assert len(batches[0].node_samples) == 4  # t=6..9: the first reading at t=5 has no baseline
     assert len(batches[1].node_samples) == 10

@@ -42,7 +42,7 @@ async def run_service(tree: FakeCgroupTree, seconds: int) -> list[NodeMetricsRep
         await service.collect_once()
         await fake.sleep(1.0)
     assert service.stats.collect_errors == 0
-    return [msgspec.json.decode(d, type=NodeMetricsReported) for s, d, _ in publisher.sent if s.endswith(".metrics")]
+    return [msgspec.msgpack.decode(d, type=NodeMetricsReported) for s, d, _ in publisher.sent if s.endswith(".metrics")]
 
 
 @pytest.mark.parametrize("driver", ["cgroupfs", "systemd"])

@@ -31,7 +31,7 @@ class Collect:
         self.batches: list[NodeMetricsReported] = []
 
     async def handle(self, delivery: Delivery) -> None:
-        self.batches.append(msgspec.json.decode(delivery.data, type=NodeMetricsReported))
+        self.batches.append(msgspec.msgpack.decode(delivery.data, type=NodeMetricsReported))
 
     async def flush(self) -> None:
         return None

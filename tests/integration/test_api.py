@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
-import msgspec
 import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
@@ -32,6 +31,7 @@ from schemas.node import (
     PodMetric,
     PodRef,
     ResourceMap,
+    encode_node_event,
 )
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
@@ -507,7 +507,7 @@ async def _publish_batch(bus: MemoryBus, index: int) -> None:
         sent_at=start + 10,
         node_samples=[(start + s, 1.0, 1 << 30) for s in range(10)],
     )
-    await bus.publish(subjects.node_metrics("node-m"), msgspec.json.encode(batch), msg_id=f"node-m:{start}")
+    await bus.publish(subjects.node_metrics("node-m"), encode_node_event(batch), msg_id=f"node-m:{start}")
 
 
 async def _idle(service: NodeMetricService) -> None:

@@ -1,6 +1,6 @@
 """Poison messages on a real nats-server: nodemetric dead-letters each one with its reason and keeps going.
 
-Four bad messages (not JSON, JSON of the wrong type, a schema violation, an unknown event tag)
+Four bad messages (not msgpack, msgpack of the wrong type, a schema violation, an unknown event tag)
 are published among a node's valid batches. Each must land on `koord.v1.dlq.nodemetric` with a
 Koord-Dlq-Reason naming the problem, the ingest consumer must count exactly four dead letters
 (also in /metrics), and the valid batches must still produce the node's NodeMetric.
@@ -27,7 +27,7 @@ from bus.api import (
 )
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
-from schemas.node import NodeMetricsReported
+from schemas.node import NodeMetricsReported, encode_node_event
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
 from services.common import db
@@ -81,11 +81,15 @@ def batch(k: int, *, cpu: float = 1.0) -> NodeMetricsReported:
 
 POISON: dict[str, tuple[bytes, str]] = {
     # name: (payload, what its Koord-Dlq-Reason must say)
-    "not json": (b"cpu=1.5 mem=2G\n", "DecodeError: JSON is malformed"),
-    "wrong type": (b'["node.metrics_reported.v1", "node-x"]', "ValidationError: Expected `object`, got `array`"),
-    "negative cpu": (msgspec.json.encode(batch(3, cpu=-0.5)), "at `$.node_samples[0][1]`"),
+    # 0xc1 is the one opcode msgpack never uses.
+    "not msgpack": (b"\xc1 cpu=1.5 mem=2G\n", "DecodeError: MessagePack data is malformed"),
+    "wrong type": (
+        msgspec.msgpack.encode(["node.metrics_reported.v1", "node-x"]),
+        "ValidationError: Expected `object`, got `array`",
+    ),
+    "negative cpu": (encode_node_event(batch(3, cpu=-0.5)), "at `$.node_samples[0][1]`"),
     "unknown tag": (
-        b'{"type": "node.metrics_reported.v9", "node": "node-x"}',
+        msgspec.msgpack.encode({"type": "node.metrics_reported.v9", "node": "node-x"}),
         "Invalid value 'node.metrics_reported.v9' - at `$.type`",
     ),
 }
@@ -124,7 +128,7 @@ async def test_poison_messages_are_dead_lettered_with_reasons_and_valid_batches_
         # Poison interleaved with the node's batches, so valid messages share fetches with bad ones.
         poison = iter(POISON.items())
         for k in range(8):
-            await bus.publish(subject, msgspec.json.encode(batch(k)), msg_id=f"batch:{k}")
+            await bus.publish(subject, encode_node_event(batch(k)), msg_id=f"batch:{k}")
             name_payload = next(poison, None)
             if name_payload is not None:
                 name, (payload, _) = name_payload

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from agent import core
 from agent.settings import AgentSettings, AgentSettingsError
-from schemas.node import ContainerRef, NodeEvent, PodRef, PodSampleColumns
+from schemas.node import NODE_EVENT_DECODER, ContainerRef, PodRef, PodSampleColumns, encode_node_event
 from tests.support import batches as wire
 
 UID = "0e1f2a3b-4c5d-6e7f-8091-a2b3c4d5e6f7"
@@ -291,7 +290,7 @@ def test_batch_builder_emits_pod_and_container_columns_grouped_in_pod_order() ->
     assert batch.containers == [ContainerRef(pod=i, id=cids[uid]) for i, uid in enumerate(order)]
     assert batch.container_samples.container == index
     assert batch.container_samples.t == batch.pod_samples.t
-    assert msgspec.json.decode(msgspec.json.encode(batch), type=NodeEvent) == batch
+    assert NODE_EVENT_DECODER.decode(encode_node_event(batch)) == batch
 
 
 def test_batch_builder_skips_empty_windows_and_jumps_over_gaps() -> None:

@@ -3,13 +3,12 @@ formula (spec §1.4), and the hot-page samples the Sampler and BatchBuilder carr
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from agent import core, kidled
-from schemas.node import NodeMetricsReported
+from schemas.node import NODE_EVENT_DECODER, NodeMetricsReported, encode_node_event
 
 # The sample file of the brief, as kidled prints it for the root memory cgroup (values in bytes).
 SAMPLE = """\
@@ -218,8 +217,8 @@ def test_batch_carries_one_hot_page_sample_beside_each_node_sample() -> None:
     assert [s[0] for s in batch.node_samples] == [101.0, 102.0, 103.0]
     used = [(4 * 1024 * 1024 + i) * 1024 for i in range(4)]
     assert batch.memory_with_hot_page == [(101.0, used[1] - 222), (103.0, used[3] - 333)]
-    decoded = msgspec.json.decode(msgspec.json.encode(batch), type=NodeMetricsReported)
-    assert decoded.memory_with_hot_page == batch.memory_with_hot_page
+    decoded = NODE_EVENT_DECODER.decode(encode_node_event(batch))
+    assert isinstance(decoded, NodeMetricsReported) and decoded.memory_with_hot_page == batch.memory_with_hot_page
     # The builder starts empty: the next window must not inherit this one's hot-page samples.
     builder.add(sampler.observe(reading(111.0, busy=500, cold=None)))
     next_batch = builder.close(sent_at=120.0)
@@ -232,4 +231,4 @@ def test_without_kidled_batches_have_no_hot_page_samples() -> None:
         builder.add(sampler.observe(reading(100.0 + i, busy=50 * i, cold=None)))
     batch = builder.close(sent_at=110.0)
     assert batch is not None and len(batch.node_samples) == 4 and batch.memory_with_hot_page == []
-    assert b"memory_with_hot_page" not in msgspec.json.encode(batch)  # omitted on the wire, as before
+    assert b"memory_with_hot_page" not in encode_node_event(batch)  # omitted on the wire, as before

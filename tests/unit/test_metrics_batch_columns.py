@@ -10,14 +10,12 @@ import msgspec
 import pytest
 
 from agent.simulate import SimulatedNode
-from schemas.node import MetricCollectPolicy, NodeEvent, NodeMetricsReported
+from schemas.node import NODE_EVENT_DECODER, MetricCollectPolicy, NodeMetricsReported, encode_node_event
 from services.nodemetric.window import NodeWindow
-
-DECODER = msgspec.json.Decoder(NodeEvent)
 
 
 def wire(**changes: Any) -> dict[str, Any]:
-    """A consistent batch as JSON-ready builtins: two pods with two rows each, one container per pod."""
+    """A consistent batch as wire-ready builtins: two pods with two rows each, one container per pod."""
     batch: dict[str, Any] = {
         "type": "node.metrics_reported.v1",
         "node": "node-a",
@@ -45,7 +43,7 @@ def wire(**changes: Any) -> dict[str, Any]:
 
 
 def decode(batch: dict[str, Any]) -> NodeMetricsReported:
-    event = DECODER.decode(msgspec.json.encode(batch))
+    event = NODE_EVENT_DECODER.decode(msgspec.msgpack.encode(batch))
     assert isinstance(event, NodeMetricsReported)
     return event
 
@@ -53,7 +51,7 @@ def decode(batch: dict[str, Any]) -> NodeMetricsReported:
 def test_consistent_batch_round_trips() -> None:
     event = decode(wire())
     assert event.pod_samples.pod == [0, 0, 1, 1] and event.containers[1].pod == 1
-    assert DECODER.decode(msgspec.json.encode(event)) == event
+    assert NODE_EVENT_DECODER.decode(encode_node_event(event)) == event
 
 
 def test_page_cache_column_may_be_absent_and_pods_may_have_no_rows() -> None:
@@ -122,9 +120,9 @@ def test_construction_checks_like_decoding() -> None:
 def test_micro_numbers_decode_and_add_of_a_100_pod_batch() -> None:
     """Prints (does not assert) what the nodemetric ingest pays per batch for decode and NodeWindow.add."""
     node = SimulatedNode("sim-node-0001", 1, pods=100)
-    payloads = [msgspec.json.encode(node.batch(10.0 * k, 10.0 * k + 10)) for k in range(1, 201)]
+    payloads = [encode_node_event(node.batch(10.0 * k, 10.0 * k + 10)) for k in range(1, 201)]
     started = time.perf_counter()
-    batches = [DECODER.decode(p) for p in payloads]
+    batches = [NODE_EVENT_DECODER.decode(p) for p in payloads]
     decoded = time.perf_counter()
     window = NodeWindow(MetricCollectPolicy())
     for batch in batches:

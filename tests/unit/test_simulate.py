@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import time
 
-import msgspec
 import pytest
 
 from agent.simulate import GiB, SimulatedNode, simulated_node_names
 from schemas import vocab
-from schemas.node import NodeMetricsReported
+from schemas.node import NODE_EVENT_DECODER, NodeMetricsReported, encode_node_event
 from tests.support import batches as wire
 
 T0 = 1_700_006_400.0  # a day boundary (multiple of 86400), so hours below are UTC hours of day
@@ -38,7 +37,7 @@ def test_batch_is_deterministic_and_independent_of_call_order() -> None:
 def test_batch_shape_and_wire_validity() -> None:
     node = SimulatedNode("sim-node-0007", 7, cpu_cores=16, memory_bytes=64 * GiB, pods=20)
     batch = node.batch(T0, T0 + 10)
-    decoded = msgspec.json.decode(msgspec.json.encode(batch), type=NodeMetricsReported)
+    decoded = NODE_EVENT_DECODER.decode(encode_node_event(batch))
     assert decoded == batch
     assert (batch.node, batch.window_start, batch.window_end) == ("sim-node-0007", T0, T0 + 10)
     assert [s[0] for s in batch.node_samples] == [T0 + i for i in range(10)]
