@@ -9,12 +9,11 @@ Koord-Dlq-Reason naming the problem, the ingest consumer must count exactly four
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
 import msgspec
-import pytest_asyncio
 
 from bus import streams, subjects
 from bus.api import (
@@ -26,7 +25,6 @@ from bus.api import (
     Delivery,
 )
 from bus.jetstream import JetStreamBus
-from bus.server import EmbeddedNatsServer
 from schemas.node import NodeMetricsReported, encode_node_event
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
@@ -39,20 +37,6 @@ from tests.support.crd import assert_valid_nodemetric
 
 NODE = "node-x"
 T0 = 1_750_000_020.0  # on a minute boundary: the first report is due at T0 + 60
-
-
-@pytest_asyncio.fixture
-async def bus(tmp_path: Path) -> AsyncIterator[JetStreamBus]:
-    """A private nats-server per test: the service uses the real stream and consumer names."""
-    server = EmbeddedNatsServer(store_dir=tmp_path / "nats")
-    await server.start()
-    bus = await JetStreamBus.connect(server.url, name="dead-letter-test")
-    await bus.ensure_streams(streams.all_streams())
-    try:
-        yield bus
-    finally:
-        await bus.close()
-        await server.stop()
 
 
 class _Collect:
@@ -104,8 +88,9 @@ async def eventually(check: Callable[[], Awaitable[bool]], *, timeout: float = 3
 
 
 async def test_poison_messages_are_dead_lettered_with_reasons_and_valid_batches_still_report(
-    tmp_path: Path, bus: JetStreamBus
+    tmp_path: Path, koordbus_bus: JetStreamBus
 ) -> None:
+    bus = koordbus_bus
     database_url = f"sqlite:///{tmp_path / 'koordbus.db'}"
     await db.run_migrations(database_url)
     engine = db.create_engine(database_url)

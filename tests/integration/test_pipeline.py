@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
-import pytest_asyncio
 from sqlalchemy import text
 
 from agent.service import AgentService
 from agent.settings import AgentSettings
 from bus import streams
 from bus.jetstream import JetStreamBus
-from bus.server import EmbeddedNatsServer
 from koordbus import simulation
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
@@ -36,20 +34,6 @@ POD_UID = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b"
 CONTAINER_ID = "a" * 64
 
 
-@pytest_asyncio.fixture
-async def bus(tmp_path: Path) -> AsyncIterator[JetStreamBus]:
-    """A private nats-server per test: these tests use the real stream names."""
-    server = EmbeddedNatsServer(store_dir=tmp_path / "nats")
-    await server.start()
-    bus = await JetStreamBus.connect(server.url, name="pipeline-test")
-    await bus.ensure_streams(streams.all_streams())
-    try:
-        yield bus
-    finally:
-        await bus.close()
-        await server.stop()
-
-
 async def eventually(check: Callable[[], Awaitable[bool]], *, timeout: float = 30.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not await check():
@@ -58,7 +42,10 @@ async def eventually(check: Callable[[], Awaitable[bool]], *, timeout: float = 3
         await asyncio.sleep(0.1)
 
 
-async def test_agent_to_api_on_a_generated_cgroup_tree(tmp_path: Path, bus: JetStreamBus, database_url: str) -> None:
+async def test_agent_to_api_on_a_generated_cgroup_tree(
+    tmp_path: Path, koordbus_bus: JetStreamBus, database_url: str
+) -> None:
+    bus = koordbus_bus
     tree = FakeCgroupTree(root=tmp_path / "node", version=2, driver="systemd")
     tree.proc.cpus = 4
     pod = tree.add_pod(POD_UID, "BestEffort", active_anon=300 * 1024 * 1024)
@@ -156,8 +143,9 @@ async def _run_until_projected(bus: JetStreamBus, database_url: str) -> None:
 
 
 async def test_killed_and_restarted_service_projects_what_a_clean_replay_does(
-    tmp_path: Path, bus: JetStreamBus
+    tmp_path: Path, koordbus_bus: JetStreamBus
 ) -> None:
+    bus = koordbus_bus
     nodes = simulation.make_nodes(4, pods_per_node=10)
     current = (time.time() // 60) * 60
     start = current - 20 * 60
