@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agent import core
+from agent.batch import BatchBuilder, Outbox
 from agent.collect import Collector
 from agent.settings import AgentSettings
 from bus import api, subjects
@@ -71,8 +72,8 @@ class AgentService:
         self._sleep = sleep
         self._collect = collector if collector is not None else Collector(settings)
         self._sampler = core.Sampler()
-        self._builder = core.BatchBuilder(settings.node_name, interval=settings.publish_interval)
-        self._outbox: core.Outbox[NodeMetricsReported] = core.Outbox(settings.max_buffered_batches)
+        self._builder = BatchBuilder(settings.node_name, interval=settings.publish_interval)
+        self._outbox: Outbox[NodeMetricsReported] = Outbox(settings.max_buffered_batches)
         self._dropped_unreported = 0
         self._state: NodeStateReported | None = None
         self._state_key: _StateKey | None = None

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent import core
+from agent.batch import BatchBuilder, Outbox, window_start_of
 from agent.settings import AgentSettings, AgentSettingsError
 from schemas.node import NODE_EVENT_DECODER, ContainerRef, PodRef, PodSampleColumns, encode_node_event
 from tests.support import batches as wire
@@ -240,13 +241,13 @@ def pod_sample(uid: str, at: float, *, name: str = "", cid: str = "") -> core.Po
 
 
 def test_window_start_is_aligned_to_wall_clock_multiples() -> None:
-    assert core.window_start_of(1_700_000_009.999, 10) == 1_700_000_000
-    assert core.window_start_of(1_700_000_010.0, 10) == 1_700_000_010
-    assert core.window_start_of(125.0, 60) == 120
+    assert window_start_of(1_700_000_009.999, 10) == 1_700_000_000
+    assert window_start_of(1_700_000_010.0, 10) == 1_700_000_010
+    assert window_start_of(125.0, 60) == 120
 
 
 def test_batch_builder_closes_a_window_when_a_tick_passes_its_end() -> None:
-    builder = core.BatchBuilder("node-a", interval=10)
+    builder = BatchBuilder("node-a", interval=10)
     assert builder.add(make_tick(1001.0, [pod_sample(UID, 1001.0, name="old", cid=CID)])) is None
     assert builder.add(make_tick(1005.0, [pod_sample(STATIC_UID, 1005.0)])) is None
     assert builder.add(make_tick(1009.5, [pod_sample(UID, 1009.5, name="new")])) is None
@@ -269,7 +270,7 @@ def test_batch_builder_closes_a_window_when_a_tick_passes_its_end() -> None:
 
 
 def test_batch_builder_emits_pod_and_container_columns_grouped_in_pod_order() -> None:
-    builder = core.BatchBuilder("node-a", interval=10)
+    builder = BatchBuilder("node-a", interval=10)
     cids = {UID: CID, STATIC_UID: "f" * 64}
     times = {UID: [1001.0, 1003.0], STATIC_UID: [1001.0, 1002.0, 1003.0]}  # UID missed the reading at 1002
     for at in (1001.0, 1002.0, 1003.0):
@@ -294,7 +295,7 @@ def test_batch_builder_emits_pod_and_container_columns_grouped_in_pod_order() ->
 
 
 def test_batch_builder_skips_empty_windows_and_jumps_over_gaps() -> None:
-    builder = core.BatchBuilder("node-a", interval=10)
+    builder = BatchBuilder("node-a", interval=10)
     empty = core.Tick(at=5.0, node=None, node_memory_with_page_cache=0, system=None)
     assert builder.add(empty) is None
     assert builder.add(make_tick(47.0)) is None  # window [0,10) held nothing: no batch
@@ -306,19 +307,19 @@ def test_batch_builder_skips_empty_windows_and_jumps_over_gaps() -> None:
 
 
 def test_outbox_drops_oldest_and_counts() -> None:
-    box: core.Outbox[int] = core.Outbox(3)
+    box: Outbox[int] = Outbox(3)
     assert [box.push(i) for i in range(5)] == [0, 0, 0, 1, 1]
     assert box.dropped == 2 and len(box) == 3
     assert box.peek() == 2
     assert [box.pop() for _ in range(3)] == [2, 3, 4]
     assert box.peek() is None
     with pytest.raises(ValueError, match="at least 1"):
-        core.Outbox(0)
+        Outbox(0)
 
 
 @given(st.integers(min_value=1, max_value=20), st.lists(st.integers(), max_size=60))
 def test_outbox_keeps_the_newest_items_in_order(bound: int, items: list[int]) -> None:
-    box: core.Outbox[int] = core.Outbox(bound)
+    box: Outbox[int] = Outbox(bound)
     for item in items:
         box.push(item)
     kept = [box.pop() for _ in range(len(box))]

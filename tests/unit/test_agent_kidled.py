@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent import core, kidled
+from agent.batch import BatchBuilder
 from schemas.node import NODE_EVENT_DECODER, NodeMetricsReported, encode_node_event
 
 # The sample file of the brief, as kidled prints it for the root memory cgroup (values in bytes).
@@ -206,7 +207,7 @@ def test_sampler_derives_hot_page_memory_only_from_readings_with_a_cold_count() 
 
 
 def test_batch_carries_one_hot_page_sample_beside_each_node_sample() -> None:
-    sampler, builder = core.Sampler(), core.BatchBuilder("node-a", interval=10.0)
+    sampler, builder = core.Sampler(), BatchBuilder("node-a", interval=10.0)
     colds = {100.0: 111, 101.0: 222, 102.0: None, 103.0: 333}
     for i, (at, cold) in enumerate(colds.items()):
         free_kb = 4 * 1024 * 1024 - i
@@ -226,7 +227,7 @@ def test_batch_carries_one_hot_page_sample_beside_each_node_sample() -> None:
 
 
 def test_without_kidled_batches_have_no_hot_page_samples() -> None:
-    sampler, builder = core.Sampler(), core.BatchBuilder("node-a", interval=10.0)
+    sampler, builder = core.Sampler(), BatchBuilder("node-a", interval=10.0)
     for i in range(5):
         builder.add(sampler.observe(reading(100.0 + i, busy=50 * i, cold=None)))
     batch = builder.close(sent_at=110.0)

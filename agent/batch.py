@@ -1,0 +1,205 @@
+"""Pure batching for the node agent: samples into one NodeMetricsReported per publish window, and the bounded
+outbox that holds batches while the bus is away.
+
+Called by agent/service.py. Windows are aligned to wall-clock multiples of the publish interval, so the
+nodemetric service's reports fall on batch boundaries; the same ticks always build the same batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from agent.core import Tick
+from schemas.node import (
+    ContainerRef,
+    ContainerSampleColumns,
+    NodeMetricsReported,
+    PodRef,
+    PodSampleColumns,
+    Sample,
+)
+
+
+def window_start_of(at: float, interval: float) -> float:
+    """Start of the wall-clock aligned window [k·interval, (k+1)·interval) holding `at`."""
+    return math.floor(at / interval) * interval
+
+
+@dataclass
+class _Series:
+    """Samples of one cgroup in arrival order, kept as the columns they are published as.
+
+    Only pods publish a page-cache column, so container series leave it empty.
+    """
+
+    t: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    memory: list[int] = field(default_factory=list)
+    memory_with_page_cache: list[int] = field(default_factory=list)
+
+    def append(self, sample: Sample, memory_with_page_cache: int | None = None) -> None:
+        self.t.append(sample[0])
+        self.cpu.append(sample[1])
+        self.memory.append(sample[2])
+        if memory_with_page_cache is not None:
+            self.memory_with_page_cache.append(memory_with_page_cache)
+
+
+@dataclass
+class _PodAccumulator:
+    pod: PodRef
+    samples: _Series = field(default_factory=_Series)
+    containers: dict[str, _Series] = field(default_factory=dict)
+
+
+def _pod_columns(pods: list[_PodAccumulator]) -> PodSampleColumns:
+    """Rows grouped by pod in `pods` order; each pod's rows are in tick (time) order."""
+    index: list[int] = []
+    t: list[float] = []
+    cpu: list[float] = []
+    memory: list[int] = []
+    with_cache: list[int] = []
+    for i, acc in enumerate(pods):
+        index += [i] * len(acc.samples.t)
+        t += acc.samples.t
+        cpu += acc.samples.cpu
+        memory += acc.samples.memory
+        with_cache += acc.samples.memory_with_page_cache
+    return PodSampleColumns(pod=index, t=t, cpu=cpu, memory=memory, memory_with_page_cache=with_cache)
+
+
+def _container_columns(pods: list[_PodAccumulator]) -> tuple[list[ContainerRef], ContainerSampleColumns]:
+    """Containers grouped by pod in `pods` order, by ID within a pod; rows grouped by container."""
+    refs: list[ContainerRef] = []
+    index: list[int] = []
+    t: list[float] = []
+    cpu: list[float] = []
+    memory: list[int] = []
+    for pod_index, acc in enumerate(pods):
+        for container_id, series in sorted(acc.containers.items()):
+            index += [len(refs)] * len(series.t)
+            refs.append(ContainerRef(pod=pod_index, id=container_id))
+            t += series.t
+            cpu += series.cpu
+            memory += series.memory
+    return refs, ContainerSampleColumns(container=index, t=t, cpu=cpu, memory=memory)
+
+
+class BatchBuilder:
+    """Accumulates ticks of the current window and hands back the finished batch once a tick passes its end.
+
+    Empty windows (agent just started, or asleep through a whole window) produce nothing.
+    """
+
+    def __init__(self, node: str, *, interval: float) -> None:
+        if interval <= 0:
+            raise ValueError(f"publish interval must be positive, got {interval}")
+        self.node = node
+        self.interval = interval
+        self._start: float | None = None
+        self._node: list[Sample] = []
+        self._node_with_cache: list[tuple[float, int]] = []
+        self._node_with_hot_page: list[tuple[float, int]] = []
+        self._system: list[Sample] = []
+        self._pods: dict[str, _PodAccumulator] = {}
+
+    @property
+    def window_start(self) -> float | None:
+        return self._start
+
+    def add(self, tick: Tick, *, dropped_batches: int = 0) -> NodeMetricsReported | None:
+        """Add one tick; returns the previous window's batch when this tick starts a new window."""
+        start = window_start_of(tick.at, self.interval)
+        finished = None
+        if self._start is not None and start != self._start:
+            finished = self.close(sent_at=tick.at, dropped_batches=dropped_batches)
+        if self._start is None:
+            self._start = start
+        self._append(tick)
+        return finished
+
+    def due(self, now: float) -> bool:
+        """True when `now` is past the end of a window that holds samples."""
+        return self._start is not None and now >= self._start + self.interval
+
+    def close(self, *, sent_at: float, dropped_batches: int = 0) -> NodeMetricsReported | None:
+        """The batch of the current window (None if it holds nothing); the builder starts empty afterwards."""
+        if self._start is None:
+            return None
+        start = self._start
+        pods = [self._pods[uid] for uid in sorted(self._pods)]
+        containers, container_samples = _container_columns(pods)
+        batch = NodeMetricsReported(
+            node=self.node,
+            window_start=start,
+            window_end=start + self.interval,
+            sent_at=max(sent_at, start),
+            node_samples=self._node,
+            memory_with_page_cache=self._node_with_cache,
+            memory_with_hot_page=self._node_with_hot_page,
+            system_samples=self._system,
+            pods=[acc.pod for acc in pods],
+            pod_samples=_pod_columns(pods),
+            containers=containers,
+            container_samples=container_samples,
+            dropped_batches=dropped_batches,
+        )
+        empty = not (self._node or self._system or self._pods)
+        self._start, self._node, self._system, self._pods = None, [], [], {}
+        self._node_with_cache, self._node_with_hot_page = [], []
+        return None if empty else batch
+
+    def _append(self, tick: Tick) -> None:
+        if tick.node is not None:
+            self._node.append(tick.node)
+            self._node_with_cache.append((tick.at, tick.node_memory_with_page_cache))
+            # Like the page-cache variant, only beside a node sample, so the memory series share timestamps.
+            if tick.node_memory_with_hot_page is not None:
+                self._node_with_hot_page.append((tick.at, tick.node_memory_with_hot_page))
+        if tick.system is not None:
+            self._system.append(tick.system)
+        for ps in tick.pods:
+            acc = self._pods.get(ps.pod.uid)
+            if acc is None:
+                acc = self._pods[ps.pod.uid] = _PodAccumulator(pod=ps.pod)
+            acc.pod = ps.pod
+            acc.samples.append(ps.sample, ps.memory_with_page_cache)
+            for cs in ps.containers:
+                acc.containers.setdefault(cs.container_id, _Series()).append(cs.sample)
+
+
+T = TypeVar("T")
+
+
+class Outbox(Generic[T]):
+    """Bounded FIFO of batches waiting for the bus: pushing past the bound drops the oldest and counts it."""
+
+    def __init__(self, max_batches: int) -> None:
+        if max_batches < 1:
+            raise ValueError(f"outbox bound must be at least 1, got {max_batches}")
+        self.max_batches = max_batches
+        self._items: deque[T] = deque()
+        self.dropped = 0
+        """Batches dropped since the outbox was created."""
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def push(self, item: T) -> int:
+        """Queue `item`; returns how many old items were dropped to make room (0 or 1)."""
+        self._items.append(item)
+        dropped = 0
+        while len(self._items) > self.max_batches:
+            self._items.popleft()
+            dropped += 1
+        self.dropped += dropped
+        return dropped
+
+    def peek(self) -> T | None:
+        return self._items[0] if self._items else None
+
+    def pop(self) -> T:
+        return self._items.popleft()
