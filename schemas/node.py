@@ -232,6 +232,8 @@ class NodeMetricComputed(msgspec.Struct, frozen=True, kw_only=True, tag="nodemet
     spec: MetricCollectPolicy
     status: NodeMetricStatus
     samples_in_window: int = 0
+    source_sent_at: UnixSeconds = 0.0
+    """When the agent sent the batch that completed this report (for publish → projection latency)."""
 
 
 NodeEvent = NodeMetricsReported | NodeStateReported

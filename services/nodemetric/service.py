@@ -67,6 +67,7 @@ class _Instruments:
     batches: Counter
     reports: Counter
     latency: Histogram
+    projection_latency: Histogram
     nodes: Gauge
     stale_nodes: Gauge
 
@@ -80,6 +81,12 @@ class _Instruments:
             latency=Histogram(
                 "koordbus_nodemetric_ingest_latency_seconds",
                 "From the agent's send time to the batch being in its node window with due reports published",
+                buckets=LATENCY_BUCKETS_SECONDS,
+                registry=registry,
+            ),
+            projection_latency=Histogram(
+                "koordbus_nodemetric_projection_latency_seconds",
+                "From the agent's send time of the batch that completed a report to its NodeMetric row being committed",
                 buckets=LATENCY_BUCKETS_SECONDS,
                 registry=registry,
             ),
@@ -117,7 +124,7 @@ class _IngestHandler:
                 window = self._owner.window(event.node)
                 self._pending.reported_before.setdefault(event.node, window.last_report)
                 window.add(event)
-                report = self._owner.due_report(event.node, window)
+                report = self._owner.due_report(event.node, window, sent_at=event.sent_at)
                 if report is not None:
                     self._pending.reports.append(report)
                     window.mark_reported(report.report_time)
@@ -324,18 +331,24 @@ class NodeMetricService:
             stream=streams.KOORD_NODEMETRIC,
             msg_ids={seq: mid for seq, _, mid in rows},
         )
+        now = self._clock()
+        for _, event, _ in rows:
+            if event.source_sent_at:
+                self._metrics.projection_latency.observe(max(now - event.source_sent_at, 0.0))
 
     @property
     def consumers(self) -> list[Consumer]:
         return list(self._consumers)
 
-    def due_report(self, node: str, window: NodeWindow) -> NodeMetricComputed | None:
+    def due_report(self, node: str, window: NodeWindow, *, sent_at: float) -> NodeMetricComputed | None:
         """The report this node's window has just reached, if any."""
         report_time = due_report(window, spec=self.spec, phase=self._phases[node])
         if report_time is None:
             return None
         status = compute_status(window, report_time=report_time, spec=self.spec)
-        return NodeMetricComputed(node=node, report_time=report_time, spec=self.spec, status=status)
+        return NodeMetricComputed(
+            node=node, report_time=report_time, spec=self.spec, status=status, source_sent_at=sent_at
+        )
 
     async def publish_reports(self, reports: list[NodeMetricComputed]) -> None:
         if not reports:

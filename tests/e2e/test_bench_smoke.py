@@ -29,7 +29,7 @@ SCRIPT = REPO / "bench" / "nodemetric_ingest.py"
 DOCUMENTED_KEYS = {
     "bench", "nodes", "pods", "interval_s", "duration_s", "offered_batches_per_s", "batches_per_s",
     "pod_samples_per_s", "latency_p50_s", "latency_p99_s", "service_rss_peak_mb", "service_cpu_cores",
-    "backlog_end", "reports", "target_held", "command",
+    "backlog_end", "reports", "target_held", "command", "projection_latency_p50_s", "projection_latency_p99_s",
 }  # fmt: skip
 TOY = ["--nodes", "20", "--pods", "5", "--interval", "2", "--warmup", "3"]
 
@@ -74,6 +74,8 @@ def test_prints_one_json_line_with_sane_figures(tmp_path: Path) -> None:
     assert result["pod_samples_per_s"] == pytest.approx(result["batches_per_s"] * result["pod_samples_per_batch"], 0.01)
     assert 0 < result["latency_p50_s"] <= result["latency_p99_s"] < 2.0
     assert result["latency_above_top_bucket"] == 0.0
+    if result["projection_latency_p99_s"] is not None:  # only when a report round fell in the measured period
+        assert 0 < result["projection_latency_p50_s"] <= result["projection_latency_p99_s"] < 2.0
     assert 20 < result["service_rss_peak_mb"] < 2048
     assert 0 < result["service_cpu_cores"] <= 1.05  # pinned to one CPU
     assert result["backlog_end"] >= 0 and result["reports"] >= 0 and result["publish_errors"] == 0

@@ -60,7 +60,8 @@ async def test_agent_to_api_on_a_generated_cgroup_tree(
     await db.run_migrations(database_url)
     engine = db.create_engine(database_url)
     store = NodeMetricStore(engine)
-    service = NodeMetricService(bus, store, NodeMetricSettings(report_phase_step_seconds=0), registry=new_registry())
+    registry = new_registry()
+    service = NodeMetricService(bus, store, NodeMetricSettings(report_phase_step_seconds=0), registry=registry)
     await service.start()
     try:
         # 125 s of node life: the node burns 1.5 cores (100 ticks/s = 1 core), the BE pod 0.5 of them.
@@ -81,16 +82,19 @@ async def test_agent_to_api_on_a_generated_cgroup_tree(
         await eventually(reported_twice)
 
         api_settings = ApiSettings(stale_after_seconds=180)
-        app = create_app(ApiContext(settings=api_settings, nodemetric_store=store, registry=new_registry()))
+        app = create_app(ApiContext(settings=api_settings, nodemetric_store=store, registry=registry))
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
             one = (await client.get(f"/api/v1/nodemetrics/{NODE}")).json()
             listed = (await client.get("/api/v1/nodemetrics")).json()
             missing = await client.get("/api/v1/nodemetrics/nope")
+            metrics = (await client.get("/metrics")).text
     finally:
         await service.stop()
         await engine.dispose()
 
     assert_valid_nodemetric(one)
+    # Both reports were projected, and each one's publish → projection latency was recorded.
+    assert "koordbus_nodemetric_projection_latency_seconds_count 2.0" in metrics
     assert listed["items"] == [one]
     assert missing.status_code == 404 and "nope" in missing.json()["error"]
     assert one["metadata"]["name"] == NODE
