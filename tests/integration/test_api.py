@@ -21,16 +21,9 @@ from bus.api import ConsumerStats, StreamSpec
 from bus.jetstream import JetStreamBus
 from bus.memory import MemoryBus
 from schemas.node import (
-    AggregatedUsage,
-    MetricCollectPolicy,
-    NodeMetricComputed,
-    NodeMetricInfo,
     NodeMetricsReported,
-    NodeMetricStatus,
     NodeStateReported,
-    PodMetric,
     PodRef,
-    ResourceMap,
     encode_node_event,
 )
 from services.api.app import ApiContext, create_app
@@ -41,46 +34,12 @@ from services.nodemetric.service import INGEST_CONSUMER, PROJECTOR_CONSUMER, Nod
 from services.nodemetric.settings import NodeMetricSettings
 from services.nodemetric.store import NodeMetricStore, NodeSeen
 from tests.support.crd import assert_valid_nodemetric
+from tests.support.events import nodemetric_computed as computed
 
 NOW = 1_750_000_000.0
 STALE_AFTER = 180.0
 FRESH_NODE = "node-fresh.example"
 STALE_NODE = "node-stale.example"
-
-
-def _usage(cpu_milli: int, memory: int) -> ResourceMap:
-    return ResourceMap(resources={"cpu": cpu_milli, "memory": memory})
-
-
-def computed(node: str, report_time: float, *, cpu_milli: int = 1500) -> NodeMetricComputed:
-    node_usage = _usage(cpu_milli, 6 << 30)
-    return NodeMetricComputed(
-        node=node,
-        report_time=report_time,
-        spec=MetricCollectPolicy(),
-        status=NodeMetricStatus(
-            update_time=report_time,
-            node_metric=NodeMetricInfo(
-                node_usage=node_usage,
-                aggregated_node_usages=[
-                    AggregatedUsage(duration_seconds=300, usage={"avg": node_usage, "p95": _usage(cpu_milli, 7 << 30)})
-                ],
-                system_usage=_usage(200, 1 << 30),
-                aggregated_system_usages=[AggregatedUsage(duration_seconds=300, usage={"avg": _usage(200, 1 << 30)})],
-            ),
-            pods_metric=[
-                PodMetric(
-                    namespace="default",
-                    name="batch-0",
-                    uid="3f1e2d3c-0000-4000-8000-000000000001",
-                    pod_usage=_usage(500, 300 << 20),
-                    priority="koord-batch",
-                    qos="BE",
-                )
-            ],
-        ),
-        samples_in_window=300,
-    )
 
 
 def state(node: str, at: float) -> NodeStateReported:

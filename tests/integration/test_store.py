@@ -10,51 +10,17 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from schemas.node import (
-    AggregatedUsage,
-    MetricCollectPolicy,
     NodeMetricComputed,
-    NodeMetricInfo,
-    NodeMetricStatus,
     NodeStateReported,
-    PodMetric,
     PodRef,
-    ResourceMap,
 )
 from services.common import db
 from services.nodemetric.store import NodeMetricStore, NodeSeen
+from tests.support.events import nodemetric_computed as computed
 
 STREAM = "KOORD_NODEMETRIC"
 CONSUMER = "nodemetric-projection"
 NODE_CONSUMER = "nodemetric-nodes"
-
-
-def _usage(cpu_milli: int, memory: int) -> ResourceMap:
-    return ResourceMap(resources={"cpu": cpu_milli, "memory": memory})
-
-
-def computed(node: str, report_time: float, *, cpu_milli: int = 1000, samples: int = 300) -> NodeMetricComputed:
-    node_usage = _usage(cpu_milli, 8 << 30)
-    aggregated = [
-        AggregatedUsage(duration_seconds=300, usage={"avg": node_usage, "p90": _usage(cpu_milli + 200, 9 << 30)})
-    ]
-    return NodeMetricComputed(
-        node=node,
-        report_time=report_time,
-        spec=MetricCollectPolicy(),
-        status=NodeMetricStatus(
-            update_time=report_time,
-            node_metric=NodeMetricInfo(
-                node_usage=node_usage,
-                aggregated_node_usages=aggregated,
-                system_usage=_usage(150, 1 << 30),
-                aggregated_system_usages=[],
-            ),
-            pods_metric=[
-                PodMetric(namespace="default", name="web-0", uid="u-1", pod_usage=_usage(300, 1 << 29), qos="LS")
-            ],
-        ),
-        samples_in_window=samples,
-    )
 
 
 async def dump(engine: AsyncEngine) -> dict[str, list[tuple[Any, ...]]]:
