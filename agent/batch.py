@@ -12,6 +12,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+import msgspec
+
 from agent.core import Tick
 from schemas.node import (
     ContainerRef,
@@ -20,6 +22,7 @@ from schemas.node import (
     PodRef,
     PodSampleColumns,
     Sample,
+    pod_list_digest,
 )
 
 
@@ -68,7 +71,7 @@ def _pod_columns(pods: list[_PodAccumulator]) -> PodSampleColumns:
         cpu += acc.samples.cpu
         memory += acc.samples.memory
         with_cache += acc.samples.memory_with_page_cache
-    return PodSampleColumns(pod=index, t=t, cpu=cpu, memory=memory, memory_with_page_cache=with_cache)
+    return PodSampleColumns.of(pod=index, t=t, cpu=cpu, memory=memory, memory_with_page_cache=with_cache)
 
 
 def _container_columns(pods: list[_PodAccumulator]) -> tuple[list[ContainerRef], ContainerSampleColumns]:
@@ -85,7 +88,7 @@ def _container_columns(pods: list[_PodAccumulator]) -> tuple[list[ContainerRef],
             t += series.t
             cpu += series.cpu
             memory += series.memory
-    return refs, ContainerSampleColumns(container=index, t=t, cpu=cpu, memory=memory)
+    return refs, ContainerSampleColumns.of(container=index, t=t, cpu=cpu, memory=memory)
 
 
 class BatchBuilder:
@@ -169,6 +172,33 @@ class BatchBuilder:
             acc.samples.append(ps.sample, ps.memory_with_page_cache)
             for cs in ps.containers:
                 acc.containers.setdefault(cs.container_id, _Series()).append(cs.sample)
+
+
+class PodListThinner:
+    """Leaves a batch's pod list out when the reader already has it: a 100-pod list is a third of a batch.
+
+    Every batch gets the digest of its pod list (schemas.node.pod_list_digest; one already set is trusted); the
+    list itself goes out when it differs from the previous batch's and at least every `resend_every` batches, so
+    a reader that missed one (it started mid-stream, or the outbox dropped the batch that carried it) attributes
+    pod rows again soon. One thinner per node: it remembers what that node sent last.
+    """
+
+    def __init__(self, resend_every: int) -> None:
+        if resend_every < 1:
+            raise ValueError(f"pod list resend period must be at least 1 batch, got {resend_every}")
+        self.resend_every = resend_every
+        self._last_digest = 0
+        self._since_sent = 0
+
+    def thin(self, batch: NodeMetricsReported) -> NodeMetricsReported:
+        if not batch.pods:
+            return batch
+        digest = batch.pods_digest or pod_list_digest(batch.pods)
+        self._since_sent += 1
+        if digest == self._last_digest and self._since_sent < self.resend_every:
+            return msgspec.structs.replace(batch, pods=[], pods_digest=digest)
+        self._last_digest, self._since_sent = digest, 0
+        return batch if batch.pods_digest else msgspec.structs.replace(batch, pods_digest=digest)
 
 
 T = TypeVar("T")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agent import core
-from agent.batch import BatchBuilder, Outbox
+from agent.batch import BatchBuilder, Outbox, PodListThinner
 from agent.collect import Collector
 from agent.settings import AgentSettings
 from bus import api, subjects
@@ -73,6 +73,7 @@ class AgentService:
         self._collect = collector if collector is not None else Collector(settings)
         self._sampler = core.Sampler()
         self._builder = BatchBuilder(settings.node_name, interval=settings.publish_interval)
+        self._thinner = PodListThinner(settings.pod_list_resend_batches)
         self._outbox: Outbox[NodeMetricsReported] = Outbox(settings.max_buffered_batches)
         self._dropped_unreported = 0
         self._state: NodeStateReported | None = None
@@ -125,7 +126,7 @@ class AgentService:
             return
         self._dropped_unreported = 0
         self.stats.batches_built += 1
-        dropped = self._outbox.push(batch)
+        dropped = self._outbox.push(self._thinner.thin(batch))
         if dropped:
             self._dropped_unreported += dropped
             self.stats.dropped_batches += dropped

@@ -41,6 +41,8 @@ class AgentSettings:
     """Seconds per published batch; windows are aligned to wall-clock multiples [k·interval, (k+1)·interval)."""
     max_buffered_batches: int = 360
     """Batches kept while the bus is unreachable (360 × 10 s = 1 h); the oldest is dropped beyond that."""
+    pod_list_resend_batches: int = 6
+    """An unchanged pod list is left out of batches (they name it by digest) but sent again after this many."""
     state_interval: float = 300.0
     """Seconds between NodeStateReported re-sends when nothing changed."""
     publish_timeout: float = 5.0
@@ -60,6 +62,8 @@ class AgentSettings:
                 f"publish_interval {self.publish_interval} must not be shorter than collect_interval "
                 f"{self.collect_interval}"
             )
+        if self.pod_list_resend_batches < 1:
+            raise AgentSettingsError(f"pod_list_resend_batches must be at least 1, got {self.pod_list_resend_batches}")
         if self.max_buffered_batches < 1:
             raise AgentSettingsError(f"max_buffered_batches must be at least 1, got {self.max_buffered_batches}")
         if self.cgroup_version in ("1", "2"):  # from the environment (KOORDBUS_CGROUP_VERSION=2) it arrives as text

@@ -231,12 +231,7 @@ def _columns(runs: list[_Run], t: FloatArray, cpu: FloatArray, mem: FloatArray) 
     masks = np.stack([full if run.mask is None else run.mask for run in runs])
     pod_index, second = np.nonzero(masks)  # row-major: runs in order, seconds ascending within a run
     rows = np.array([run.row for run in runs], dtype=np.int64)[pod_index]
-    return PodSampleColumns(
-        pod=pod_index.tolist(),
-        t=t[second].tolist(),
-        cpu=cpu[rows, second].tolist(),
-        memory=mem[rows, second].astype(np.int64).tolist(),
-    )
+    return PodSampleColumns.of(pod=pod_index, t=t[second], cpu=cpu[rows, second], memory=mem[rows, second])
 
 
 def _samples(times: list[float], cpu: FloatArray, mem: FloatArray) -> list[Sample]:

@@ -25,12 +25,14 @@ from multiprocessing.synchronize import Event
 
 import msgspec
 
+from agent.batch import PodListThinner
+from agent.settings import AgentSettings
 from agent.simulate import SimulatedNode, simulated_node_names
 from bus import subjects
 from bus.api import msg_id
 from bus.errors import BusError
 from bus.jetstream import JetStreamBus
-from schemas.node import NodeMetricsReported, encode_node_event
+from schemas.node import NodeMetricsReported, encode_node_event, pod_list_digest
 
 log = logging.getLogger("bench.loadgen")
 
@@ -47,14 +49,17 @@ class Template:
 
     @classmethod
     def of(cls, batch: NodeMetricsReported) -> Template:
-        return cls(batch=batch, pod_samples=len(batch.pod_samples.t))
+        """The template with its pod list's digest computed once (every node it stands in for lists the same)."""
+        digest = pod_list_digest(batch.pods) if batch.pods else 0
+        return cls(batch=msgspec.structs.replace(batch, pods_digest=digest), pod_samples=len(batch.pod_samples))
 
-    def stamp(self, node: str, sent_at: float) -> bytes:
-        """The batch as `node` sends it at `sent_at`, in the node subjects' wire format.
+    def stamp(self, node: str, sent_at: float, thinner: PodListThinner) -> bytes:
+        """The batch as `node` sends it at `sent_at`, in the node subjects' wire format; `thinner` is the node's
+        own and leaves the pod list out when that node sent the same list recently, as an agent does.
 
         Re-encoding per node (tens of µs for 100 pods) keeps the generator independent of that format.
         """
-        return encode_node_event(msgspec.structs.replace(self.batch, node=node, sent_at=sent_at))
+        return encode_node_event(thinner.thin(msgspec.structs.replace(self.batch, node=node, sent_at=sent_at)))
 
 
 class TemplatePool:
@@ -184,6 +189,7 @@ class _Generator:
         self._pool = TemplatePool(min(config.pool_size, config.nodes), pods=config.pods, seed=config.seed)
         self._in_flight = asyncio.Semaphore(config.max_in_flight)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._thinners: dict[str, PodListThinner] = {}
 
     async def run(self) -> None:
         cfg = self._config
@@ -228,7 +234,8 @@ class _Generator:
 
     async def _publish(self, bus: JetStreamBus, node: str, template: Template, window_start: float) -> None:
         try:
-            data = template.stamp(node, time.time())
+            thinner = self._thinners.setdefault(node, PodListThinner(AgentSettings.pod_list_resend_batches))
+            data = template.stamp(node, time.time(), thinner)
             ack = await bus.publish(subjects.node_metrics(node), data, msg_id=msg_id(node, "metrics", window_start))
         except BusError as e:
             self._counters.failed()

@@ -12,12 +12,15 @@ import logging
 import time
 from collections.abc import Callable
 
+from agent.batch import PodListThinner
+from agent.settings import AgentSettings
 from agent.simulate import SimulatedNode, simulated_node_names
 from bus import subjects
 from bus.api import Bus, msg_id
 from schemas.node import encode_node_event
 
 log = logging.getLogger(__name__)
+POD_LIST_RESEND_BATCHES = AgentSettings.pod_list_resend_batches
 
 
 def make_nodes(count: int, *, pods_per_node: int, seed: int = 7) -> list[SimulatedNode]:
@@ -26,11 +29,23 @@ def make_nodes(count: int, *, pods_per_node: int, seed: int = 7) -> list[Simulat
     ]
 
 
-async def publish_window(bus: Bus, nodes: list[SimulatedNode], window_start: float, window_end: float) -> int:
-    """Publish one batch per node for [window_start, window_end); returns how many were new (not duplicates)."""
+async def publish_window(
+    bus: Bus,
+    nodes: list[SimulatedNode],
+    window_start: float,
+    window_end: float,
+    *,
+    thinners: dict[str, PodListThinner] | None = None,
+) -> int:
+    """Publish one batch per node for [window_start, window_end); returns how many were new (not duplicates).
+
+    With `thinners` (one per node, kept across windows) unchanged pod lists are left out like a real agent does.
+    """
     messages = []
     for node in nodes:
         batch = node.batch(window_start, window_end)
+        if thinners is not None:
+            batch = thinners.setdefault(node.name, PodListThinner(POD_LIST_RESEND_BATCHES)).thin(batch)
         messages.append(
             (subjects.node_metrics(node.name), encode_node_event(batch), msg_id(node.name, "metrics", window_start))
         )
@@ -51,8 +66,9 @@ async def run_simulation(
     current = (now // interval) * interval
     start = current - (backfill_seconds // interval) * interval
     window = start
+    thinners: dict[str, PodListThinner] = {}
     while window < current:
-        await publish_window(bus, nodes, window, window + interval)
+        await publish_window(bus, nodes, window, window + interval, thinners=thinners)
         window += interval
     if backfill_seconds:
         log.info("simulation: backfilled %d s of history for %d nodes", int(current - start), len(nodes))
@@ -60,7 +76,7 @@ async def run_simulation(
         next_end = window + interval
         await asyncio.sleep(max(next_end - clock(), 0.0))
         try:
-            await publish_window(bus, nodes, window, next_end)
+            await publish_window(bus, nodes, window, next_end, thinners=thinners)
         except Exception as e:  # the bus may be away; the simulation skips the window like a lossy agent would
             log.warning("simulation: could not publish window %s: %s", window, e)
         window = next_end

@@ -13,10 +13,14 @@ place that choice is made: publishers and the ingest consumer go through them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence, Sized
-from typing import Annotated
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 
 # --- constrained scalars
 
@@ -54,7 +58,6 @@ class PodRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 PodIndex = Annotated[int, msgspec.Meta(ge=0, description="position of a pod in the batch's `pods`")]
-ContainerIndex = Annotated[int, msgspec.Meta(ge=0, description="position of a container in the batch's `containers`")]
 
 
 class ContainerRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -65,52 +68,178 @@ class ContainerRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     name: str = ""
 
 
-class PodSampleColumns(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """Every pod sample of a batch as parallel columns: row i is (pod[i], t[i], cpu[i], memory[i]).
+# --- binary sample columns
 
-    Columns instead of per-pod lists of tuples because the reader wants one array per quantity: decoding lists
-    of numbers and handing them to numpy is several times cheaper than walking tuples. Rows of one pod are
-    contiguous and in time order, pods in `pods` order. Memory excludes page cache (spec §1.4);
-    `memory_with_page_cache` is either empty or has one value per row.
+INDEX_DTYPE = np.dtype("<u2")
+"""Row -> pod (container) index: at most 65,535 pods or containers per batch."""
+TIME_DTYPE = np.dtype("<f8")
+CPU_DTYPE = np.dtype("<f8")
+MEMORY_DTYPE = np.dtype("<i8")
+_TIME_RANGE = (0.0, 4_102_444_800.0)
+_CPU_RANGE = (0.0, 100_000.0)
+_MEMORY_RANGE = (0, 2**53)
+
+
+@dataclass(frozen=True)
+class SampleArrays:
+    """The rows of a batch's pod (or container) samples as read-only numpy arrays; `index` is the pod or
+    container of each row, `memory_with_page_cache` is empty or has one value per row."""
+
+    index: npt.NDArray[np.uint16]
+    t: npt.NDArray[np.float64]
+    cpu: npt.NDArray[np.float64]
+    memory: npt.NDArray[np.int64]
+    memory_with_page_cache: npt.NDArray[np.int64]
+
+    def __len__(self) -> int:
+        return int(self.index.size)
+
+    def rows(self) -> list[tuple[int, float, float, int]]:
+        """(index, t, cpu, memory) per row as Python numbers, for callers that think in rows."""
+        return list(zip(self.index.tolist(), self.t.tolist(), self.cpu.tolist(), self.memory.tolist(), strict=True))
+
+
+def _pack(values: Sequence[float] | npt.ArrayLike, dtype: np.dtype[Any]) -> bytes:
+    return np.asarray(values).astype(dtype, casting="unsafe").tobytes()
+
+
+class _SampleColumns(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Rows of samples as parallel little-endian binary columns (msgpack bin): the index column names the pod
+    or container of each row, then time, CPU cores, memory bytes (and, for pods, memory with page cache).
+
+    Binary instead of msgpack arrays of numbers because this is the system's hottest input: a column decodes
+    as one buffer that numpy reads in place, instead of a Python object per number (about 15x cheaper for
+    a 100-pod batch). Validation is vectorised too: every row is checked against the same ranges the scalar
+    fields have, and a bad batch fails decoding with the column and row named.
     """
 
-    pod: list[PodIndex] = []
-    t: list[UnixSeconds] = []
-    cpu: list[Cores] = []
-    memory: list[Bytes] = []
-    memory_with_page_cache: list[Bytes] = []
+    _table: ClassVar[str]
+    _index_name: ClassVar[str]
+
+    t: bytes = b""
+    cpu: bytes = b""
+    memory: bytes = b""
+    memory_with_page_cache: bytes = b""
+
+    def _index_bytes(self) -> bytes:
+        raise NotImplementedError
+
+    def arrays(self) -> SampleArrays:
+        """The columns as numpy views of the message's buffers (no copy)."""
+        return SampleArrays(
+            index=np.frombuffer(self._index_bytes(), INDEX_DTYPE),
+            t=np.frombuffer(self.t, TIME_DTYPE),
+            cpu=np.frombuffer(self.cpu, CPU_DTYPE),
+            memory=np.frombuffer(self.memory, MEMORY_DTYPE),
+            memory_with_page_cache=np.frombuffer(self.memory_with_page_cache, MEMORY_DTYPE),
+        )
+
+    def __len__(self) -> int:
+        return len(self._index_bytes()) // INDEX_DTYPE.itemsize
 
     def __post_init__(self) -> None:
-        _require_rows("pod_samples", self.pod, t=self.t, cpu=self.cpu, memory=self.memory)
-        _require_optional_rows("pod_samples", self.pod, memory_with_page_cache=self.memory_with_page_cache)
-        _require_grouped("pod_samples", self.pod, "pod")
+        table, index_name = self._table, self._index_name
+        index = _column(table, index_name, self._index_bytes(), INDEX_DTYPE, None)
+        rows = index.size
+        for name, raw, dtype, bounds in (
+            ("t", self.t, TIME_DTYPE, _TIME_RANGE),
+            ("cpu", self.cpu, CPU_DTYPE, _CPU_RANGE),
+            ("memory", self.memory, MEMORY_DTYPE, _MEMORY_RANGE),
+        ):
+            size = _column(table, name, raw, dtype, bounds).size
+            if size != rows:
+                raise ValueError(
+                    f"{table}: every column needs {rows} rows, one per `{index_name}` entry, but `{name}` has {size}"
+                )
+        if self.memory_with_page_cache:
+            size = _column(
+                table, "memory_with_page_cache", self.memory_with_page_cache, MEMORY_DTYPE, _MEMORY_RANGE
+            ).size
+            if size != rows:
+                raise ValueError(
+                    f"{table}: `memory_with_page_cache` is optional but then needs {rows} rows, it has {size}"
+                )
+        if rows > 1 and (decreasing := np.flatnonzero(index[1:] < index[:-1])).size:
+            row = int(decreasing[0]) + 1
+            raise ValueError(
+                f"{table}: rows must be grouped by {index_name} in list order, but row {row} ({index_name} "
+                f"{index[row]}) follows {index_name} {index[row - 1]}"
+            )
 
 
-class ContainerSampleColumns(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """Every container sample of a batch as parallel columns, grouped by container like PodSampleColumns by pod."""
-
-    container: list[ContainerIndex] = []
-    t: list[UnixSeconds] = []
-    cpu: list[Cores] = []
-    memory: list[Bytes] = []
-
-    def __post_init__(self) -> None:
-        _require_rows("container_samples", self.container, t=self.t, cpu=self.cpu, memory=self.memory)
-        _require_grouped("container_samples", self.container, "container")
-
-
-def _require_rows(table: str, index: Sequence[int], **columns: Sized) -> None:
-    """Every column has one entry per row of the index column."""
-    wrong = [f"`{name}` has {len(col)}" for name, col in columns.items() if len(col) != len(index)]
-    if wrong:
-        raise ValueError(f"{table}: every column needs {len(index)} rows, one per index entry, but {', '.join(wrong)}")
+def _column(
+    table: str, name: str, raw: bytes, dtype: np.dtype[Any], bounds: tuple[float, float] | None
+) -> npt.NDArray[Any]:
+    if len(raw) % dtype.itemsize:
+        raise ValueError(
+            f"{table}: `{name}` holds {len(raw)} bytes, not a whole number of {dtype.itemsize}-byte values"
+        )
+    values = np.frombuffer(raw, dtype)
+    if bounds is not None and values.size:
+        low, high = bounds
+        bad = np.flatnonzero(~((values >= low) & (values <= high)))  # NaN fails both comparisons
+        if bad.size:
+            row = int(bad[0])
+            raise ValueError(f"{table}: `{name}` row {row} is {values[row]}, outside [{low:g}, {high:g}]")
+    return values
 
 
-def _require_optional_rows(table: str, index: Sequence[int], **columns: Sized) -> None:
-    """Optional columns are either absent (empty) or complete."""
-    wrong = [f"`{name}` has {len(col)}" for name, col in columns.items() if col and len(col) != len(index)]
-    if wrong:
-        raise ValueError(f"{table}: optional columns need 0 or {len(index)} rows, but {', '.join(wrong)}")
+class PodSampleColumns(_SampleColumns, frozen=True, kw_only=True, omit_defaults=True):
+    """Every pod sample of a batch: row i is pod `pod[i]` (an index into the batch's `pods`) at t[i].
+
+    Rows of one pod are contiguous and in time order, pods in `pods` order. Memory excludes page cache
+    (spec §1.4); `memory_with_page_cache` is either empty or has one value per row. Build with `of`.
+    """
+
+    _table: ClassVar[str] = "pod_samples"
+    _index_name: ClassVar[str] = "pod"
+
+    pod: bytes = b""
+
+    def _index_bytes(self) -> bytes:
+        return self.pod
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        pod: npt.ArrayLike,
+        t: npt.ArrayLike,
+        cpu: npt.ArrayLike,
+        memory: npt.ArrayLike,
+        memory_with_page_cache: npt.ArrayLike = (),
+    ) -> PodSampleColumns:
+        """Columns from per-row sequences (or arrays); raises ValueError like decoding an inconsistent batch."""
+        return cls(
+            pod=_pack(pod, INDEX_DTYPE),
+            t=_pack(t, TIME_DTYPE),
+            cpu=_pack(cpu, CPU_DTYPE),
+            memory=_pack(memory, MEMORY_DTYPE),
+            memory_with_page_cache=_pack(memory_with_page_cache, MEMORY_DTYPE),
+        )
+
+
+class ContainerSampleColumns(_SampleColumns, frozen=True, kw_only=True, omit_defaults=True):
+    """Every container sample of a batch, grouped by container like PodSampleColumns by pod (no page-cache column)."""
+
+    _table: ClassVar[str] = "container_samples"
+    _index_name: ClassVar[str] = "container"
+
+    container: bytes = b""
+
+    def _index_bytes(self) -> bytes:
+        return self.container
+
+    @classmethod
+    def of(
+        cls, *, container: npt.ArrayLike, t: npt.ArrayLike, cpu: npt.ArrayLike, memory: npt.ArrayLike
+    ) -> ContainerSampleColumns:
+        return cls(
+            container=_pack(container, INDEX_DTYPE),
+            t=_pack(t, TIME_DTYPE),
+            cpu=_pack(cpu, CPU_DTYPE),
+            memory=_pack(memory, MEMORY_DTYPE),
+        )
 
 
 def _require_grouped(table: str, index: list[int], what: str) -> None:
@@ -124,8 +253,8 @@ def _require_grouped(table: str, index: list[int], what: str) -> None:
         )
 
 
-def _require_in_range(table: str, index: Sequence[int], size: int, listed: str) -> None:
-    if index and (highest := max(index)) >= size:
+def _require_in_range(table: str, index: Sequence[int] | npt.NDArray[Any], size: int, listed: str) -> None:
+    if len(index) and (highest := int(np.max(index))) >= size:
         raise ValueError(f"{table}: index {highest} is out of range, the batch lists {size} {listed}")
 
 
@@ -153,13 +282,27 @@ class NodeMetricsReported(
     containers: list[ContainerRef] = []
     container_samples: ContainerSampleColumns = ContainerSampleColumns()
     dropped_batches: int = 0
+    pods_digest: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] = 0
+    """Names the pod list that `pod_samples` and `containers` index (`pod_list_digest`). 0: `pods` is that list.
+    Otherwise `pods` may be empty, meaning "the list I last sent with this digest" (agents resend it on every
+    change and periodically, see agent.batch.PodListThinner); a reader that does not hold that list cannot
+    attribute the pod rows and drops them, and only them."""
 
     def __post_init__(self) -> None:
-        _require_in_range("pod_samples", self.pod_samples.pod, len(self.pods), "pods")
+        pod_rows = np.frombuffer(self.pod_samples.pod, INDEX_DTYPE)
         container_pods = [c.pod for c in self.containers]
         _require_grouped("containers", container_pods, "pod")
-        _require_in_range("containers", container_pods, len(self.pods), "pods")
-        _require_in_range("container_samples", self.container_samples.container, len(self.containers), "containers")
+        if self.pods or not self.pods_digest:  # indexes into a pod list sent earlier are checked by the reader
+            _require_in_range("pod_samples", pod_rows, len(self.pods), "pods")
+            _require_in_range("containers", container_pods, len(self.pods), "pods")
+        container_rows = np.frombuffer(self.container_samples.container, INDEX_DTYPE)
+        _require_in_range("container_samples", container_rows, len(self.containers), "containers")
+
+
+def pod_list_digest(pods: Sequence[PodRef]) -> int:
+    """A stable non-zero 63-bit digest of a pod list (of its msgpack form): equal lists, equal digests."""
+    digest = hashlib.blake2b(_NODE_EVENT_ENCODER.encode(pods), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") >> 1) or 1
 
 
 class NodeStateReported(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="node.state_reported.v1"):

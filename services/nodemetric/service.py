@@ -70,6 +70,7 @@ class _Instruments:
     projection_latency: Histogram
     nodes: Gauge
     stale_nodes: Gauge
+    unattributed_batches: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> _Instruments:
@@ -94,6 +95,12 @@ class _Instruments:
             stale_nodes=Gauge(
                 "koordbus_nodemetric_stale_nodes",
                 "Nodes whose newest sample is older than stale_after_seconds",
+                registry=registry,
+            ),
+            unattributed_batches=Gauge(
+                "koordbus_nodemetric_unattributed_batches",
+                "Batches (of nodes in memory) whose pod rows were dropped: they named a pod list by digest that "
+                "this replica never received, e.g. right after it started mid-stream",
                 registry=registry,
             ),
         )
@@ -256,13 +263,14 @@ class NodeMetricService:
     def window(self, node: str) -> NodeWindow:
         window = self._windows.get(node)
         if window is None:
-            window = NodeWindow(self.spec, last_report=self._last_reports.get(node))
-            self._windows[node] = window
-            self._phases[node] = report_phase(
+            phase = report_phase(
                 node,
                 interval=effective_policy(self.spec).report_interval_seconds,
                 step=self.settings.report_phase_step_seconds,
             )
+            window = NodeWindow(self.spec, phase=phase, last_report=self._last_reports.get(node))
+            self._windows[node] = window
+            self._phases[node] = phase
             self._metrics.nodes.set(len(self._windows))
         return window
 
@@ -375,3 +383,4 @@ class NodeMetricService:
         """Recount stale nodes (wall clock); called by the API's /metrics handler and the CLI's ticker."""
         cutoff = self._clock() - self.settings.stale_after_seconds
         self._metrics.stale_nodes.set(sum(1 for w in self._windows.values() if (w.newest_end or 0.0) < cutoff))
+        self._metrics.unattributed_batches.set(sum(w.unattributed_batches for w in self._windows.values()))

@@ -6,12 +6,20 @@ asks `due_report` when a report round is due and publishes `compute_status`.
 The report at T covers [T − w, T): the sample at exactly T belongs to the batch [T, T + interval), and a report
 must not depend on whether that batch had arrived when it was computed, or replays would differ.
 
-Memory model. Node, system and node-memory-variant samples are kept raw in numpy columns bounded by the
-longest window plus one report interval, so percentiles are exact. Pod samples are kept only as one bucket
-per pod per batch (count, sums, first and last sample time) for the aggregate window. That is exact when
-report times fall on batch boundaries — the agent cuts batches on multiples of its publish interval, which
-divides the report interval — and otherwise it leaves out the batch straddling each window edge. Pod memory
-under usageWithHotPageCache uses the without-page-cache samples: the agent reports no per-pod hot-page series.
+Memory model (10,000 nodes share one process, so every node's state is kept small):
+- Node and system samples are kept raw in numpy columns bounded by the longest window plus one report interval,
+  so percentiles are exact. Of the node memory variants only the one the collect policy reads is kept.
+- Pod samples are kept as buckets: per pod, count, sums, first and last sample time. Consecutive batches that
+  fall in the same chunk of the report grid (chunks of gcd(report interval, aggregate duration) seconds,
+  starting at the node's report phase) merge into one bucket per pod, so a 5-minute window holds a handful
+  of buckets per pod rather than one per batch. Every report window is a union of whole chunks, so this is
+  exact when batches fall on chunk boundaries — the agent cuts batches on multiples of its publish interval,
+  which divides the report grid — and otherwise it leaves out the batch straddling each window edge.
+- Pod memory under usageWithHotPageCache uses the without-page-cache samples: agents report no per-pod
+  hot-page series.
+Pods are known by the batch's pod list. A batch may leave the list out and name it by digest instead (see
+schemas.node.NodeMetricsReported.pods_digest); the window remembers the last few lists it was sent, and the
+pod rows of a batch whose list it does not hold are dropped and counted (`unattributed_batches`).
 """
 
 from __future__ import annotations
@@ -38,19 +46,20 @@ from services.nodemetric.core import (
 )
 
 _COMPACTION_PERIOD_SECONDS = 60.0  # expired rows linger at most this long (plus one batch)
-_SERIES_SLACK_ROWS = 128  # room for a compaction period and one batch on top of a full window at 1 sample/s
-_POD_TABLE_INITIAL_ROWS = 64
+_SERIES_SLACK_ROWS = 96  # room for a compaction period and a few batches on top of a full window at 1 sample/s
+_POD_TABLE_INITIAL_ROWS = 128
+_POD_LISTS_REMEMBERED = 4  # pod lists a node may refer to by digest (older ones cover batches arriving late)
 _FIRST_ROW = np.zeros(1, dtype=np.int64)
-_F8, _I8 = np.dtype(np.float64), np.dtype(np.int64)
-_SAMPLE_COLUMNS = {"t": _F8, "cpu": _F8, "mem": _F8}
-_MEMORY_COLUMNS = {"t": _F8, "mem": _F8}
-_POD_COLUMNS = {
+_F4, _F8, _I8 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
+_SAMPLE_COLUMNS: dict[str, np.dtype[Any]] = {"t": _F8, "cpu": _F8, "mem": _F8}
+_MEMORY_COLUMNS: dict[str, np.dtype[Any]] = {"t": _F8, "mem": _F8}
+# Counts are small integers, exact in float32; sums and times need float64.
+_POD_COLUMNS: dict[str, np.dtype[Any]] = {
     "pod": _I8,
-    "count": _F8,
+    "count": _F4,
     "cpu_sum": _F8,
+    "mem_count": _F4,
     "mem_sum": _F8,
-    "pc_count": _F8,
-    "pc_sum": _F8,
     "t_min": _F8,
     "t_max": _F8,
 }
@@ -63,10 +72,10 @@ class _Table:
     steady load allocates nothing per batch.
     """
 
-    def __init__(self, dtypes: Mapping[str, np.dtype[np.generic]], initial_rows: int) -> None:
+    def __init__(self, dtypes: Mapping[str, np.dtype[Any]], initial_rows: int) -> None:
         self._dtypes = dict(dtypes)
         self._initial_rows = initial_rows
-        self._cols: dict[str, npt.NDArray[np.generic]] = {name: np.empty(0, dtype) for name, dtype in dtypes.items()}
+        self._cols: dict[str, npt.NDArray[Any]] = {name: np.empty(0, dtype) for name, dtype in dtypes.items()}
         self.size = 0
 
     @property
@@ -84,23 +93,58 @@ class _Table:
             col[self.size : needed] = columns[name]
         self.size = needed
 
-    def expire(self, time_column: str, cutoff: float) -> bool:
-        """Drop rows whose `time_column` is before `cutoff`; True when any went."""
+    def expire(self, time_column: str, cutoff: float) -> npt.NDArray[np.bool_] | None:
+        """Drop rows whose `time_column` is before `cutoff`; None when none went, else which rows stayed."""
         t = self.col(time_column)
         if self.size == 0 or float(t.min()) >= cutoff:
-            return False
+            return None
         keep = t >= cutoff
         kept = int(keep.sum())
         for col in self._cols.values():
             col[:kept] = col[: self.size][keep]
         self.size = kept
-        return True
+        return keep
+
+    def clear(self) -> None:
+        self.size = 0
 
     def _resize(self, rows: int) -> None:
         for name, col in self._cols.items():
             grown = np.empty(rows, self._dtypes[name])
             grown[: self.size] = col[: self.size]
             self._cols[name] = grown
+
+
+class _HeldBatches:
+    """Window starts of the batches a window holds, so a redelivered batch is not counted twice.
+
+    A float64 array rather than a dict: the longest window holds ~190 batches per node, and 10,000 nodes'
+    worth of dict entries and float objects would cost more than their samples.
+    """
+
+    def __init__(self) -> None:
+        self._starts = np.empty(32, _F8)
+        self._ends = np.empty(32, _F8)
+        self._size = 0
+
+    def __contains__(self, window_start: float) -> bool:
+        return bool((self._starts[: self._size] == window_start).any())
+
+    def add(self, window_start: float, window_end: float) -> None:
+        if self._size == self._starts.size:
+            self._starts = np.concatenate((self._starts, np.empty(self._size, _F8)))
+            self._ends = np.concatenate((self._ends, np.empty(self._size, _F8)))
+        self._starts[self._size], self._ends[self._size] = window_start, window_end
+        self._size += 1
+
+    def expire(self, cutoff: float) -> None:
+        """Forget batches that ended at or before `cutoff`."""
+        keep = self._ends[: self._size] > cutoff
+        kept = int(keep.sum())
+        if kept < self._size:
+            self._starts[:kept] = self._starts[: self._size][keep]
+            self._ends[:kept] = self._ends[: self._size][keep]
+            self._size = kept
 
 
 def _pod_info(ref: node.PodRef) -> PodInfo:
@@ -122,27 +166,43 @@ def _append_samples(table: _Table, samples: Sequence[tuple[float, ...]], names: 
         table.append({name: rows[:, i] for i, name in enumerate(names)}, rows.shape[0])
 
 
-class NodeWindow:
-    """One node's recent samples, fed batch by batch (`add`) and bounded by the spec's longest window."""
+def pod_chunk_seconds(spec: node.MetricCollectPolicy) -> int:
+    """Length of the report-grid chunks pod buckets merge in: every pod window is a union of whole chunks."""
+    eff = effective_policy(spec)
+    return math.gcd(eff.report_interval_seconds, eff.aggregate_duration_seconds)
 
-    def __init__(self, spec: node.MetricCollectPolicy, *, last_report: float | None = None) -> None:
+
+class NodeWindow:
+    """One node's recent samples, fed batch by batch (`add`) and bounded by the spec's longest window.
+
+    `phase` is the node's report phase (core.report_phase): report times are phase + k × interval, and pod
+    buckets merge in chunks of that grid.
+    """
+
+    def __init__(self, spec: node.MetricCollectPolicy, *, phase: int = 0, last_report: float | None = None) -> None:
         self._horizon, self._pod_horizon = retention_seconds(spec)
+        self._memory_policy = spec.node_memory_collect_policy
+        self._phase = float(phase)
+        self._chunk = float(pod_chunk_seconds(spec))
         rows = int(self._horizon) + _SERIES_SLACK_ROWS
         self._node = _Table(_SAMPLE_COLUMNS, rows)
         self._system = _Table(_SAMPLE_COLUMNS, rows)
-        self._page_cache = _Table(_MEMORY_COLUMNS, rows)
-        self._hot_page = _Table(_MEMORY_COLUMNS, rows)
+        self._node_memory = _Table(_MEMORY_COLUMNS, rows)  # the policy's variant; unused without page cache
         self._pods = _Table(_POD_COLUMNS, _POD_TABLE_INITIAL_ROWS)
         self._slot_of: dict[str, int] = {}
-        self._refs: list[node.PodRef | None] = []
-        self._ref_seen: list[float] = []
         self._infos: list[PodInfo | None] = []
+        self._info_seen: list[float] = []
         self._free_slots: list[int] = []
-        self._held: dict[float, float] = {}  # window_start -> window_end of batches already added
+        self._pod_lists: dict[int, npt.NDArray[np.int64]] = {}  # digest -> slot of each listed pod
+        self._open_chunk: float | None = None  # chunk whose buckets are the newest rows of the pod table
+        self._open_rows: npt.NDArray[np.int64] = np.empty(0, _I8)  # slot -> its row in the open chunk, or -1
+        self._held = _HeldBatches()
         self._newest_end: float | None = None
         self._next_compaction = -math.inf
         self._first_start: float | None = None
         self._last_report = last_report
+        self.unattributed_batches = 0
+        """Batches whose pod rows were dropped because they named a pod list this window was never sent."""
 
     # -- read side
 
@@ -160,26 +220,16 @@ class NodeWindow:
         return self._first_start
 
     @property
-    def pods(self) -> dict[str, node.PodRef]:
-        """The latest PodRef of every pod that still has samples in the window, by uid."""
-        return {uid: ref for uid, slot in self._slot_of.items() if (ref := self._refs[slot]) is not None}
+    def pods(self) -> dict[str, PodInfo]:
+        """What is known of every pod that still has samples in the window (newest pod list wins), by uid."""
+        return {uid: info for uid, slot in self._slot_of.items() if (info := self._infos[slot]) is not None}
 
     def capacities(self) -> dict[str, int]:
         """Allocated rows per table (what bounds memory); for tests and the service's gauges."""
-        tables = {
-            "node": self._node,
-            "system": self._system,
-            "page_cache": self._page_cache,
-            "hot_page": self._hot_page,
-            "pods": self._pods,
-        }
+        tables = {"node": self._node, "system": self._system, "node_memory": self._node_memory, "pods": self._pods}
         return {name: table.capacity for name, table in tables.items()} | {"pod_slots": len(self._infos)}
 
     # -- write side
-
-    def set_spec(self, spec: node.MetricCollectPolicy) -> None:
-        """Adopt a new collect policy; a longer window only fills with data that arrives from now on."""
-        self._horizon, self._pod_horizon = retention_seconds(spec)
 
     def mark_reported(self, report_time: float) -> None:
         self._last_report = report_time if self._last_report is None else max(self._last_report, report_time)
@@ -199,103 +249,148 @@ class NodeWindow:
         self._first_start = (
             batch.window_start if self._first_start is None else min(self._first_start, batch.window_start)
         )
-        self._held[batch.window_start] = batch.window_end
+        self._held.add(batch.window_start, batch.window_end)
         _append_samples(self._node, batch.node_samples, ("t", "cpu", "mem"))
         _append_samples(self._system, batch.system_samples, ("t", "cpu", "mem"))
-        _append_samples(self._page_cache, batch.memory_with_page_cache, ("t", "mem"))
-        _append_samples(self._hot_page, batch.memory_with_hot_page, ("t", "mem"))
+        if self._memory_policy == koordinator.MEMORY_WITH_PAGE_CACHE:
+            _append_samples(self._node_memory, batch.memory_with_page_cache, ("t", "mem"))
+        elif self._memory_policy == koordinator.MEMORY_WITH_HOT_PAGE_CACHE:
+            _append_samples(self._node_memory, batch.memory_with_hot_page, ("t", "mem"))
         self._add_pod_buckets(batch)
         self._expire(newest)
         return True
 
     def _add_pod_buckets(self, batch: node.NodeMetricsReported) -> None:
-        """One bucket per pod that has rows; the schema guarantees rows are grouped by pod."""
-        columns = batch.pod_samples
-        if not columns.pod:
+        """One bucket per pod that has rows, merged into the pod's bucket of the open chunk where there is one."""
+        rows = batch.pod_samples.arrays()
+        if not len(rows):
             return
-        pod_index = np.asarray(columns.pod, dtype=np.int64)
-        starts = np.flatnonzero(np.diff(pod_index)) + 1
-        starts = np.concatenate((_FIRST_ROW, starts))
-        counts = np.diff(starts, append=pod_index.size)
-        t = np.asarray(columns.t, dtype=np.float64)
-        seen_at = batch.window_end
-        slots = [self._slot_for(batch.pods[i], seen_at) for i in pod_index[starts].tolist()]
-        if columns.memory_with_page_cache:
-            pc_count: npt.ArrayLike = counts
-            pc_sum: npt.ArrayLike = np.add.reduceat(np.asarray(columns.memory_with_page_cache, np.float64), starts)
+        listed = self._listed_slots(batch)
+        if listed is None or listed.size <= int(rows.index[-1]):
+            self.unattributed_batches += 1
+            return
+        starts = np.concatenate((_FIRST_ROW, np.flatnonzero(np.diff(rows.index)) + 1))
+        counts = np.diff(starts, append=len(rows)).astype(_F4)
+        if self._memory_policy == koordinator.MEMORY_WITH_PAGE_CACHE:
+            if rows.memory_with_page_cache.size:
+                mem_count, mem_sum = counts, np.add.reduceat(rows.memory_with_page_cache, starts).astype(_F8)
+            else:  # no page-cache series: these buckets never count toward pod memory
+                mem_count, mem_sum = np.zeros_like(counts), np.zeros(starts.size, _F8)
         else:
-            pc_count = pc_sum = 0.0  # no page-cache series: these buckets never count toward that policy
-        bucket_columns: dict[str, npt.ArrayLike] = {
-            "pod": slots,
+            mem_count, mem_sum = counts, np.add.reduceat(rows.memory, starts).astype(_F8)
+        buckets: dict[str, npt.NDArray[Any]] = {
+            "pod": listed[rows.index[starts]],
             "count": counts,
-            "cpu_sum": np.add.reduceat(np.asarray(columns.cpu, dtype=np.float64), starts),
-            "mem_sum": np.add.reduceat(np.asarray(columns.memory, dtype=np.float64), starts),
-            "pc_count": pc_count,
-            "pc_sum": pc_sum,
-            "t_min": np.minimum.reduceat(t, starts),
-            "t_max": np.maximum.reduceat(t, starts),
+            "cpu_sum": np.add.reduceat(rows.cpu, starts),
+            "mem_count": mem_count,
+            "mem_sum": mem_sum,
+            "t_min": np.minimum.reduceat(rows.t, starts),
+            "t_max": np.maximum.reduceat(rows.t, starts),
         }
-        self._pods.append(bucket_columns, starts.size)
+        self._merge_or_append(batch, buckets)
+
+    def _merge_or_append(self, batch: node.NodeMetricsReported, buckets: dict[str, npt.NDArray[Any]]) -> None:
+        chunk = math.floor((batch.window_start - self._phase) / self._chunk)
+        inside_one_chunk = batch.window_end <= self._phase + (chunk + 1) * self._chunk
+        if not inside_one_chunk or (self._open_chunk is not None and chunk < self._open_chunk):
+            self._pods.append(buckets, buckets["pod"].size)  # straddling or late: a bucket of its own
+            return
+        if chunk != self._open_chunk:
+            self._open_chunk = chunk
+            self._open_rows = np.full(len(self._infos), -1, _I8)
+        elif self._open_rows.size < len(self._infos):
+            self._open_rows = np.concatenate((self._open_rows, np.full(len(self._infos) - self._open_rows.size, -1)))
+        slots = buckets["pod"]
+        rows = self._open_rows[slots]
+        merge = rows >= 0
+        if merge.any():
+            into, come = rows[merge], np.flatnonzero(merge)
+            for name in ("count", "cpu_sum", "mem_count", "mem_sum"):
+                self._pods.col(name)[into] += buckets[name][come]
+            t_min, t_max = self._pods.col("t_min"), self._pods.col("t_max")
+            t_min[into] = np.minimum(t_min[into], buckets["t_min"][come])
+            t_max[into] = np.maximum(t_max[into], buckets["t_max"][come])
+        new = np.flatnonzero(~merge)
+        if new.size:
+            self._open_rows[slots[new]] = np.arange(self._pods.size, self._pods.size + new.size)
+            self._pods.append({name: col[new] for name, col in buckets.items()}, new.size)
+
+    def _listed_slots(self, batch: node.NodeMetricsReported) -> npt.NDArray[np.int64] | None:
+        """The slot of each pod in the batch's pod list, or None when it names a list this window lacks."""
+        known = self._pod_lists.get(batch.pods_digest) if batch.pods_digest else None
+        if known is not None or not batch.pods:
+            return known
+        seen_at = batch.window_end
+        slots = np.fromiter((self._slot_for(ref, seen_at) for ref in batch.pods), _I8, len(batch.pods))
+        if batch.pods_digest:
+            if len(self._pod_lists) >= _POD_LISTS_REMEMBERED:
+                del self._pod_lists[next(iter(self._pod_lists))]
+            self._pod_lists[batch.pods_digest] = slots
+        return slots
 
     def _slot_for(self, ref: node.PodRef, seen_at: float) -> int:
-        """The pod's row index, allocating one for a new uid; the newest batch's PodRef wins."""
+        """The pod's slot, allocating one for a new uid; what the newest batch says of a pod wins."""
         slot = self._slot_of.get(ref.uid)
         if slot is None:
             slot = self._free_slots.pop() if self._free_slots else len(self._infos)
             if slot == len(self._infos):
-                self._refs.append(None)
-                self._ref_seen.append(-math.inf)
                 self._infos.append(None)
+                self._info_seen.append(-math.inf)
             self._slot_of[ref.uid] = slot
-        if seen_at >= self._ref_seen[slot]:
-            self._ref_seen[slot] = seen_at
-            if self._refs[slot] != ref:
-                self._refs[slot] = ref
-                self._infos[slot] = _pod_info(ref)
+        if seen_at >= self._info_seen[slot]:
+            self._info_seen[slot] = seen_at
+            self._infos[slot] = _pod_info(ref)
         return slot
 
     def _expire(self, newest: float) -> None:
-        cutoff = newest - self._horizon
         # Every query masks rows by its own window, so rows past the horizon are dead weight, not wrong answers:
         # squeezing them out once per compaction period instead of per batch costs a sixth as much.
-        if newest >= self._next_compaction:
-            self._next_compaction = newest + _COMPACTION_PERIOD_SECONDS
-            for table in (self._node, self._system, self._page_cache, self._hot_page):
-                table.expire("t", cutoff)
-            if self._pods.expire("t_min", newest - self._pod_horizon):
-                self._forget_pods_without_buckets()
-        # Batches arrive in time order almost always, so the oldest are at the front of the dict.
-        while self._held and next(iter(self._held.values())) <= cutoff:
-            del self._held[next(iter(self._held))]
+        if newest < self._next_compaction:
+            return
+        self._next_compaction = newest + _COMPACTION_PERIOD_SECONDS
+        cutoff = newest - self._horizon
+        for table in (self._node, self._system, self._node_memory):
+            table.expire("t", cutoff)
+        self._held.expire(cutoff)
+        kept = self._pods.expire("t_min", newest - self._pod_horizon)
+        if kept is not None:
+            self._move_open_rows(kept)
+            self._forget_pods_without_buckets()
+
+    def _move_open_rows(self, kept: npt.NDArray[np.bool_]) -> None:
+        """Point the open chunk's row map at where its rows went when expiry squeezed the table."""
+        listed = np.flatnonzero(self._open_rows >= 0)
+        rows = self._open_rows[listed]
+        moved_to = np.cumsum(kept) - 1
+        self._open_rows[listed] = np.where(kept[rows], moved_to[rows], -1)
 
     def _forget_pods_without_buckets(self) -> None:
+        """Free the slots of pods with no bucket left, except those a remembered pod list still refers to."""
         used = np.zeros(len(self._infos), dtype=bool)
         used[self._pods.col("pod")] = True
+        for slots in self._pod_lists.values():
+            used[slots] = True
         for slot in np.flatnonzero(~used).tolist():
-            ref = self._refs[slot]
-            if ref is None:
+            info = self._infos[slot]
+            if info is None:
                 continue
-            del self._slot_of[ref.uid]
-            self._refs[slot] = self._infos[slot] = None
-            self._ref_seen[slot] = -math.inf
+            del self._slot_of[info.uid]
+            self._infos[slot] = None
+            self._info_seen[slot] = -math.inf
             self._free_slots.append(slot)
 
-    def _sources(self, memory_policy: str) -> Sources:
+    def _sources(self) -> Sources:
         node_t = self._node.col("t")
         node_memory = Series(node_t, self._node.col("mem"))
-        pods_memory = (self._pods.col("count"), self._pods.col("mem_sum"))
-        if memory_policy == koordinator.MEMORY_WITH_PAGE_CACHE:
-            node_memory = Series(self._page_cache.col("t"), self._page_cache.col("mem"))
-            pods_memory = (self._pods.col("pc_count"), self._pods.col("pc_sum"))
-        elif memory_policy == koordinator.MEMORY_WITH_HOT_PAGE_CACHE and self._hot_page.size:
+        if self._memory_policy == koordinator.MEMORY_WITH_PAGE_CACHE or self._node_memory.size:
             # koordlet falls back to the plain series unless the cold-page collector runs; ours ran iff it reported.
-            node_memory = Series(self._hot_page.col("t"), self._hot_page.col("mem"))
+            node_memory = Series(self._node_memory.col("t"), self._node_memory.col("mem"))
         buckets = PodBuckets(
             pod=self._pods.col("pod"),
-            count=self._pods.col("count"),
+            count=self._pods.col("count").astype(_F8),
             cpu_sum=self._pods.col("cpu_sum"),
-            mem_count=pods_memory[0],
-            mem_sum=pods_memory[1],
+            mem_count=self._pods.col("mem_count").astype(_F8),
+            mem_sum=self._pods.col("mem_sum"),
             t_min=self._pods.col("t_min"),
             t_max=self._pods.col("t_max"),
             infos=self._infos,
@@ -310,14 +405,22 @@ class NodeWindow:
         )
 
 
+def _checked(window: NodeWindow, spec: node.MetricCollectPolicy) -> Sources:
+    if spec.node_memory_collect_policy != window._memory_policy:
+        raise ValueError(
+            f"this window keeps {window._memory_policy} node memory, not {spec.node_memory_collect_policy}"
+        )
+    return window._sources()
+
+
 def compute_status(window: NodeWindow, *, report_time: float, spec: node.MetricCollectPolicy) -> node.NodeMetricStatus:
     """The NodeMetric status of one report round at `report_time` (§1.6 items 1, 2, 3, 5, 8)."""
-    return assemble_status(window._sources(spec.node_memory_collect_policy), report_time=report_time, spec=spec)
+    return assemble_status(_checked(window, spec), report_time=report_time, spec=spec)
 
 
 def count_samples(window: NodeWindow, *, report_time: float, spec: node.MetricCollectPolicy) -> list[WindowCount]:
     """Sample counts per window of the report at `report_time`."""
-    return count_windows(window._sources(spec.node_memory_collect_policy), report_time=report_time, spec=spec)
+    return count_windows(_checked(window, spec), report_time=report_time, spec=spec)
 
 
 def due_report(window: NodeWindow, *, spec: node.MetricCollectPolicy, phase: int = 0) -> float | None:

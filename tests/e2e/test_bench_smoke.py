@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.batch import PodListThinner
 from bench import loadgen, measure
 from bus.api import msg_id
 from schemas.node import NODE_EVENT_DECODER, NodeMetricsReported
@@ -115,15 +116,19 @@ def test_stamped_template_decodes_as_that_nodes_batch() -> None:
     pool = loadgen.TemplatePool(2, pods=6)
     template = pool.render(1, 1_700_000_000.0, 1_700_000_010.0)
     original = template.batch
-    stamped = NODE_EVENT_DECODER.decode(template.stamp("sim-node-10000", 1_700_000_012.625))
+    thinner = PodListThinner(6)
+    stamped = NODE_EVENT_DECODER.decode(template.stamp("sim-node-10000", 1_700_000_012.625, thinner))
     assert isinstance(stamped, NodeMetricsReported)
     assert (stamped.node, stamped.sent_at) == ("sim-node-10000", 1_700_000_012.625)
     assert (stamped.window_start, stamped.window_end) == (1_700_000_000.0, 1_700_000_010.0)
     assert stamped.pods == original.pods and stamped.node_samples == original.node_samples
     assert stamped.pod_samples == original.pod_samples
     assert len(stamped.node_samples) == 10
-    assert template.pod_samples == len(stamped.pod_samples.t) > 0
-    assert all(1_700_000_000.0 <= t < 1_700_000_010.0 for t in stamped.pod_samples.t)
+    assert template.pod_samples == len(stamped.pod_samples) > 0
+    assert all(1_700_000_000.0 <= t < 1_700_000_010.0 for t in stamped.pod_samples.arrays().t.tolist())
+    again = NODE_EVENT_DECODER.decode(template.stamp("sim-node-10000", 1_700_000_022.625, thinner))
+    assert isinstance(again, NodeMetricsReported)  # the same list again: named by digest, not resent
+    assert again.pods == [] and again.pods_digest == stamped.pods_digest != 0
     assert msg_id("sim-node-10000", "metrics", 1_700_000_000.0) != msg_id("sim-node-0001", "metrics", 1_700_000_000.0)
 
 

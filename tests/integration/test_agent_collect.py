@@ -340,7 +340,7 @@ async def test_service_buffers_drops_oldest_and_resends_in_order(tmp_path: Path)
         assert mid == api.msg_id("node-a.example", "metrics", batch.window_start)
     first = decoded[0]
     assert [p.uid for p in first.pods] == sorted([UID_G, UID_B, UID_E])
-    assert sorted(set(first.pod_samples.pod)) == [0, 1, 2]  # every listed pod has samples
+    assert sorted(set(first.pod_samples.arrays().index.tolist())) == [0, 1, 2]  # every listed pod has samples
     assert all(first.window_start <= s[0] < first.window_end for s in first.node_samples)
     assert [s[0] for s in first.node_samples] == sorted(s[0] for s in first.node_samples)
 

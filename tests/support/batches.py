@@ -22,7 +22,7 @@ def pod_columns(
     for i, (_ref, samples) in enumerate(pods):
         index += [i] * len(samples)
         rows += samples
-    columns = PodSampleColumns(
+    columns = PodSampleColumns.of(
         pod=index,
         t=[s[0] for s in rows],
         cpu=[s[1] for s in rows],
@@ -35,17 +35,16 @@ def pod_columns(
 def samples_by_pod(batch: NodeMetricsReported) -> list[tuple[PodRef, list[Sample]]]:
     """Every pod of the batch with its samples, in `pods` order (pods without rows get an empty list)."""
     out: list[tuple[PodRef, list[Sample]]] = [(ref, []) for ref in batch.pods]
-    c = batch.pod_samples
-    for i, t, cpu, mem in zip(c.pod, c.t, c.cpu, c.memory, strict=True):
+    for i, t, cpu, mem in batch.pod_samples.arrays().rows():
         out[i][1].append((t, cpu, mem))
     return out
 
 
 def page_cache_by_pod(batch: NodeMetricsReported) -> dict[str, list[tuple[float, int]]]:
     """(t, memory with page cache) per pod uid, for pods whose batch carries the page-cache column."""
-    c = batch.pod_samples
+    c = batch.pod_samples.arrays()
     out: dict[str, list[tuple[float, int]]] = {}
-    for i, t, mem in zip(c.pod, c.t, c.memory_with_page_cache, strict=False):
+    for i, t, mem in zip(c.index.tolist(), c.t.tolist(), c.memory_with_page_cache.tolist(), strict=False):
         out.setdefault(batch.pods[i].uid, []).append((t, mem))
     return out
 
@@ -53,8 +52,7 @@ def page_cache_by_pod(batch: NodeMetricsReported) -> dict[str, list[tuple[float,
 def containers_by_pod(batch: NodeMetricsReported) -> dict[str, list[tuple[ContainerRef, list[Sample]]]]:
     """Each pod uid's containers with their samples, in `containers` order."""
     per_container: list[list[Sample]] = [[] for _ in batch.containers]
-    c = batch.container_samples
-    for i, t, cpu, mem in zip(c.container, c.t, c.cpu, c.memory, strict=True):
+    for i, t, cpu, mem in batch.container_samples.arrays().rows():
         per_container[i].append((t, cpu, mem))
     out: dict[str, list[tuple[ContainerRef, list[Sample]]]] = {}
     for ref, samples in zip(batch.containers, per_container, strict=True):

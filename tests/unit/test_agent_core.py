@@ -281,7 +281,7 @@ def test_batch_builder_emits_pod_and_container_columns_grouped_in_pod_order() ->
     order = sorted([UID, STATIC_UID])
     index = [i for i, uid in enumerate(order) for _ in times[uid]]
     assert [p.uid for p in batch.pods] == order
-    assert batch.pod_samples == PodSampleColumns(
+    assert batch.pod_samples == PodSampleColumns.of(
         pod=index,
         t=[t for uid in order for t in times[uid]],
         cpu=[0.2] * 5,
@@ -289,7 +289,7 @@ def test_batch_builder_emits_pod_and_container_columns_grouped_in_pod_order() ->
         memory_with_page_cache=[4] * 5,
     )
     assert batch.containers == [ContainerRef(pod=i, id=cids[uid]) for i, uid in enumerate(order)]
-    assert batch.container_samples.container == index
+    assert batch.container_samples.arrays().index.tolist() == index
     assert batch.container_samples.t == batch.pod_samples.t
     assert NODE_EVENT_DECODER.decode(encode_node_event(batch)) == batch
 

@@ -3,15 +3,27 @@ rejected on decode with a message that says what is wrong (the ingest then dead-
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 
-from agent.simulate import SimulatedNode
-from schemas.node import NODE_EVENT_DECODER, MetricCollectPolicy, NodeMetricsReported, encode_node_event
-from services.nodemetric.window import NodeWindow
+from schemas.node import (
+    NODE_EVENT_DECODER,
+    NodeMetricsReported,
+    PodRef,
+    PodSampleColumns,
+    encode_node_event,
+    pod_list_digest,
+)
+
+_DTYPES = {"pod": "<u2", "container": "<u2", "t": "<f8", "cpu": "<f8", "memory": "<i8", "memory_with_page_cache": "<i8"}
+
+
+def _binary(columns: dict[str, Any]) -> dict[str, Any]:
+    """List-valued columns packed the way producers send them; bytes are left as given (to send bad ones)."""
+    return {k: v if isinstance(v, bytes) else np.asarray(v).astype(_DTYPES[k]).tobytes() for k, v in columns.items()}
 
 
 def wire(**changes: Any) -> dict[str, Any]:
@@ -39,6 +51,8 @@ def wire(**changes: Any) -> dict[str, Any]:
         for key in parents:
             target = target[key]
         target[leaf] = value
+    for table in ("pod_samples", "container_samples"):
+        batch[table] = _binary(batch[table])
     return batch
 
 
@@ -50,8 +64,18 @@ def decode(batch: dict[str, Any]) -> NodeMetricsReported:
 
 def test_consistent_batch_round_trips() -> None:
     event = decode(wire())
-    assert event.pod_samples.pod == [0, 0, 1, 1] and event.containers[1].pod == 1
+    rows = event.pod_samples.arrays()
+    assert rows.index.tolist() == [0, 0, 1, 1] and rows.memory_with_page_cache.tolist() == [15, 15, 25, 25]
+    assert rows.rows()[2] == (1, 1.0, 1.0, 20) and event.containers[1].pod == 1
     assert NODE_EVENT_DECODER.decode(encode_node_event(event)) == event
+
+
+def test_columns_built_from_sequences_equal_the_decoded_ones() -> None:
+    built = PodSampleColumns.of(
+        pod=[0, 0, 1, 1], t=[1.0, 2.0, 1.0, 2.0], cpu=[0.5, 0.5, 1.0, 1.0], memory=[10, 10, 20, 20],
+        memory_with_page_cache=[15, 15, 25, 25],
+    )  # fmt: skip
+    assert built == decode(wire()).pod_samples and len(built) == 4
 
 
 def test_page_cache_column_may_be_absent_and_pods_may_have_no_rows() -> None:
@@ -59,7 +83,20 @@ def test_page_cache_column_may_be_absent_and_pods_may_have_no_rows() -> None:
         wire(**{"pod_samples.memory_with_page_cache": [], "pod_samples.pod": [1, 1, 1, 1]}, containers=[])
         | {"container_samples": {}}
     )
-    assert event.pod_samples.memory_with_page_cache == [] and event.containers == []
+    assert event.pod_samples.arrays().memory_with_page_cache.size == 0 and event.containers == []
+
+
+def test_a_batch_may_name_its_pod_list_by_digest_instead_of_listing_it() -> None:
+    event = decode(wire(pods=[], pods_digest=pod_list_digest([PodRef(uid="pod-a"), PodRef(uid="pod-b")])))
+    assert event.pods == [] and len(event.pod_samples) == 4
+    with pytest.raises(msgspec.ValidationError, match="index 1 is out of range, the batch lists 0 pods"):
+        decode(wire(pods=[]))  # no list and no digest: the rows belong to nobody
+
+
+def test_pod_list_digest_is_stable_and_tells_lists_apart() -> None:
+    a, b = PodRef(uid="pod-a", labels={"x": "1"}), PodRef(uid="pod-b")
+    assert pod_list_digest([a, b]) == pod_list_digest([PodRef(uid="pod-a", labels={"x": "1"}), b]) > 0
+    assert len({pod_list_digest(pods) for pods in ([a, b], [b, a], [a], [b], [])}) == 5
 
 
 @pytest.mark.parametrize(
@@ -67,25 +104,29 @@ def test_page_cache_column_may_be_absent_and_pods_may_have_no_rows() -> None:
     [
         (
             {"pod_samples.cpu": [0.5, 0.5, 1.0]},
-            "pod_samples: every column needs 4 rows, one per index entry, but `cpu` has 3 - at `$.pod_samples`",
+            "pod_samples: every column needs 4 rows, one per `pod` entry, but `cpu` has 3 - at `$.pod_samples`",
         ),
         (
             {"pod_samples.t": [1.0], "pod_samples.memory": []},
-            "pod_samples: every column needs 4 rows, one per index entry, but `t` has 1, `memory` has 0",
+            "pod_samples: every column needs 4 rows, one per `pod` entry, but `t` has 1",
         ),
         (
             {"pod_samples.memory_with_page_cache": [15, 15]},
-            "pod_samples: optional columns need 0 or 4 rows, but `memory_with_page_cache` has 2",
+            "pod_samples: `memory_with_page_cache` is optional but then needs 4 rows, it has 2",
         ),
         (
             {"pod_samples.pod": [0, 1, 0, 1]},
             "pod_samples: rows must be grouped by pod in list order, but row 2 (pod 0) follows pod 1",
         ),
         ({"pod_samples.pod": [0, 0, 1, 2]}, "pod_samples: index 2 is out of range, the batch lists 2 pods"),
-        ({"pod_samples.pod": [0, 0, 1, -1]}, "Expected `int` >= 0 - at `$.pod_samples.pod[3]`"),
-        ({"pod_samples.cpu": [0.5, 0.5, 1.0, -1.0]}, "Expected `float` >= 0.0 - at `$.pod_samples.cpu[3]`"),
-        ({"pod_samples.t": [1.0, 2.0, 1.0, -2.0]}, "Expected `float` >= 0.0 - at `$.pod_samples.t[3]`"),
-        ({"pod_samples.memory": [10, 10, 20, -1]}, "Expected `int` >= 0 - at `$.pod_samples.memory[3]`"),
+        (
+            {"pod_samples.pod": b"\x00\x00\x00"},
+            "pod_samples: `pod` holds 3 bytes, not a whole number of 2-byte values",
+        ),
+        ({"pod_samples.cpu": [0.5, 0.5, 1.0, -1.0]}, "pod_samples: `cpu` row 3 is -1.0, outside [0, 100000]"),
+        ({"pod_samples.cpu": [0.5, float("nan"), 1.0, 1.0]}, "pod_samples: `cpu` row 1 is nan, outside"),
+        ({"pod_samples.t": [1.0, 2.0, 1.0, -2.0]}, "pod_samples: `t` row 3 is -2.0, outside [0, 4.10244e+09]"),
+        ({"pod_samples.memory": [10, 10, 20, -1]}, "pod_samples: `memory` row 3 is -1, outside [0, 9.0072e+15]"),
         ({"containers": [{"pod": 2, "id": "c-a"}]}, "containers: index 2 is out of range, the batch lists 2 pods"),
         (
             {"containers": [{"pod": 1, "id": "c-b"}, {"pod": 0, "id": "c-a"}]},
@@ -101,7 +142,7 @@ def test_page_cache_column_may_be_absent_and_pods_may_have_no_rows() -> None:
         ),
         (
             {"container_samples.memory": [1]},
-            "container_samples: every column needs 2 rows, one per index entry, but `memory` has 1",
+            "container_samples: every column needs 2 rows, one per `container` entry, but `memory` has 1",
         ),
     ],
 )
@@ -115,23 +156,3 @@ def test_construction_checks_like_decoding() -> None:
     event = decode(wire())
     with pytest.raises(ValueError, match="index 1 is out of range, the batch lists 1 pods"):
         msgspec.structs.replace(event, pods=event.pods[:1])
-
-
-def test_micro_numbers_decode_and_add_of_a_100_pod_batch() -> None:
-    """Prints (does not assert) what the nodemetric ingest pays per batch for decode and NodeWindow.add."""
-    node = SimulatedNode("sim-node-0001", 1, pods=100)
-    payloads = [encode_node_event(node.batch(10.0 * k, 10.0 * k + 10)) for k in range(1, 201)]
-    started = time.perf_counter()
-    batches = [NODE_EVENT_DECODER.decode(p) for p in payloads]
-    decoded = time.perf_counter()
-    window = NodeWindow(MetricCollectPolicy())
-    for batch in batches:
-        assert isinstance(batch, NodeMetricsReported)
-        window.add(batch)
-    added = time.perf_counter()
-    rows = sum(len(b.pod_samples.t) for b in batches if isinstance(b, NodeMetricsReported)) / len(batches)
-    per_batch_us = 1e6 / len(batches)
-    print(
-        f"100-pod batch, {rows:.0f} pod rows, {sum(map(len, payloads)) / len(payloads) / 1000:.1f} kB: "
-        f"decode {(decoded - started) * per_batch_us:.0f} us + add {(added - decoded) * per_batch_us:.0f} us"
-    )
