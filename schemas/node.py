@@ -175,13 +175,13 @@ def _column(
             f"{table}: `{name}` holds {len(raw)} bytes, not a whole number of {dtype.itemsize}-byte values"
         )
     values = np.frombuffer(raw, dtype)
-    if bounds is not None and values.size:
-        low, high = bounds
-        bad = np.flatnonzero(~((values >= low) & (values <= high)))  # NaN fails both comparisons
-        if bad.size:
-            row = int(bad[0])
-            raise ValueError(f"{table}: `{name}` row {row} is {values[row]}, outside [{low:g}, {high:g}]")
-    return values
+    if bounds is None or not values.size:
+        return values
+    low, high = bounds
+    if values.min() >= low and values.max() <= high:  # NaN propagates through min/max and fails both
+        return values
+    row = int(np.flatnonzero(~((values >= low) & (values <= high)))[0])
+    raise ValueError(f"{table}: `{name}` row {row} is {values[row]}, outside [{low:g}, {high:g}]")
 
 
 class PodSampleColumns(_SampleColumns, frozen=True, kw_only=True, omit_defaults=True):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -106,6 +107,15 @@ class _Instruments:
         )
 
 
+def liveness_due(batch: NodeMetricsReported, *, grid: int) -> bool:
+    """Whether this batch updates the node's liveness row: its end reaches a multiple of the liveness grid
+    (window_start < k × grid <= window_end; event time alone decides, so a replay writes the same rows) or it
+    reports dropped batches. A grid of 0 records every batch."""
+    if not grid or batch.dropped_batches:
+        return True
+    return math.floor(batch.window_end / grid) > math.floor(batch.window_start / grid)
+
+
 @dataclass
 class _Pending:
     """What one fetched batch produced: reports to publish, how far each node was reported before it."""
@@ -135,12 +145,9 @@ class _IngestHandler:
                 if report is not None:
                     self._pending.reports.append(report)
                     window.mark_reported(report.report_time)
-                self._owner.node_rows.add(
-                    (
-                        delivery.stream_seq,
-                        NodeSeen(node=event.node, window_end=event.window_end, dropped_batches=event.dropped_batches),
-                    )
-                )
+                if liveness_due(event, grid=self._owner.settings.liveness_grid_seconds):
+                    seen = NodeSeen(node=event.node, window_end=event.window_end, dropped_batches=event.dropped_batches)
+                    self._owner.node_rows.add((delivery.stream_seq, seen))
                 self._pending.sent_at.append(event.sent_at)
             case NodeStateReported():
                 self._owner.node_rows.add((delivery.stream_seq, event))

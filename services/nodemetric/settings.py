@@ -27,10 +27,16 @@ class NodeMetricSettings:
     agents' publish interval), so their reports spread over the interval; 0 = every node at the same instant."""
     projection_write_interval_seconds: float = 0.5
     """How often node liveness rows and NodeMetric rows are written to the database (one transaction each)."""
+    liveness_grid_seconds: int = 30
+    """A node's liveness row (last seen, dropped batches) is written for the batch that reaches each multiple of
+    this many seconds, and for every batch that reports dropped ones: its last_seen lags the newest batch by less
+    than this, for a tenth of the row writes at 10,000 nodes. 0 writes every batch."""
     projection_max_pending: int = 100_000
     """Past this many unwritten rows of one kind the consumer waits for the database."""
 
     def __post_init__(self) -> None:
+        if self.liveness_grid_seconds < 0:
+            raise ValueError("liveness_grid_seconds must not be negative")
         if self.aggregate_duration_seconds <= 0 or self.report_interval_seconds <= 0:
             raise ValueError("aggregate_duration_seconds and report_interval_seconds must be positive")
         if not self.aggregate_durations_seconds or min(self.aggregate_durations_seconds) <= 0:

@@ -25,6 +25,7 @@ pod rows of a batch whose list it does not hold are dropped and counted (`unattr
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -51,11 +52,13 @@ _POD_TABLE_INITIAL_ROWS = 128
 _POD_LISTS_REMEMBERED = 4  # pod lists a node may refer to by digest (older ones cover batches arriving late)
 _FIRST_ROW = np.zeros(1, dtype=np.int64)
 _F4, _F8, _I8 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
-_SAMPLE_COLUMNS: dict[str, np.dtype[Any]] = {"t": _F8, "cpu": _F8, "mem": _F8}
+# Node and system samples share one time column: agents take both at the same instants. Where a batch's two
+# series differ in time, each gets rows of its own with NaN in the other's columns.
+_SERIES_COLUMNS: dict[str, np.dtype[Any]] = {"t": _F8, "cpu": _F8, "mem": _F8, "sys_cpu": _F8, "sys_mem": _F8}
 _MEMORY_COLUMNS: dict[str, np.dtype[Any]] = {"t": _F8, "mem": _F8}
-# Counts are small integers, exact in float32; sums and times need float64.
+# Slots and counts are small integers (exact in int32 and float32); sums and times need float64.
 _POD_COLUMNS: dict[str, np.dtype[Any]] = {
-    "pod": _I8,
+    "pod": np.dtype(np.int32),
     "count": _F4,
     "cpu_sum": _F8,
     "mem_count": _F4,
@@ -68,8 +71,8 @@ _POD_COLUMNS: dict[str, np.dtype[Any]] = {
 class _Table:
     """Numpy columns whose rows [0, size) are live; expired rows are squeezed out in place.
 
-    Arrays are allocated on first use and grow (doubling) only when live rows outgrow them, so a node under
-    steady load allocates nothing per batch.
+    Arrays are allocated on first use and grow (by a quarter: 10,000 nodes' slack adds up) only when live rows
+    outgrow them, so a node under steady load allocates nothing per batch.
     """
 
     def __init__(self, dtypes: Mapping[str, np.dtype[Any]], initial_rows: int) -> None:
@@ -88,7 +91,7 @@ class _Table:
     def append(self, columns: Mapping[str, npt.ArrayLike], rows: int) -> None:
         needed = self.size + rows
         if needed > self.capacity:
-            self._resize(max(needed, 2 * self.capacity, self._initial_rows))
+            self._resize(max(needed, self.capacity + self.capacity // 4, self._initial_rows))
         for name, col in self._cols.items():
             col[self.size : needed] = columns[name]
         self.size = needed
@@ -147,14 +150,18 @@ class _HeldBatches:
             self._size = kept
 
 
-def _pod_info(ref: node.PodRef) -> PodInfo:
-    """A pod the agent knows only by uid is reported as namespace "" and name = uid."""
-    name = ref.name or ref.uid
-    namespace = ref.namespace if ref.name else ""
+def _pod_info(ref: node.PodRef, uid: str) -> PodInfo:
+    """A pod the agent knows only by uid is reported as namespace "" and name = uid.
+
+    `uid` is the window's own copy of ref.uid and namespaces are interned: 10,000 nodes × 100 pods of strings
+    are the largest Python-object cost of the service.
+    """
+    name = ref.name or uid
+    namespace = sys.intern(ref.namespace) if ref.name else ""
     return PodInfo(
         namespace=namespace,
         name=name,
-        uid=ref.uid,
+        uid=uid,
         priority=vocab.priority_class_with_default(ref.labels, ref.priority, ref.kube_qos),
         qos=vocab.qos_class_with_default(ref.labels, ref.kube_qos),
     )
@@ -185,8 +192,8 @@ class NodeWindow:
         self._phase = float(phase)
         self._chunk = float(pod_chunk_seconds(spec))
         rows = int(self._horizon) + _SERIES_SLACK_ROWS
-        self._node = _Table(_SAMPLE_COLUMNS, rows)
-        self._system = _Table(_SAMPLE_COLUMNS, rows)
+        self._series = _Table(_SERIES_COLUMNS, rows)
+        self._series_gaps = False  # whether any row lacks a node or a system sample (NaN)
         self._node_memory = _Table(_MEMORY_COLUMNS, rows)  # the policy's variant; unused without page cache
         self._pods = _Table(_POD_COLUMNS, _POD_TABLE_INITIAL_ROWS)
         self._slot_of: dict[str, int] = {}
@@ -226,7 +233,7 @@ class NodeWindow:
 
     def capacities(self) -> dict[str, int]:
         """Allocated rows per table (what bounds memory); for tests and the service's gauges."""
-        tables = {"node": self._node, "system": self._system, "node_memory": self._node_memory, "pods": self._pods}
+        tables = {"series": self._series, "node_memory": self._node_memory, "pods": self._pods}
         return {name: table.capacity for name, table in tables.items()} | {"pod_slots": len(self._infos)}
 
     # -- write side
@@ -250,8 +257,7 @@ class NodeWindow:
             batch.window_start if self._first_start is None else min(self._first_start, batch.window_start)
         )
         self._held.add(batch.window_start, batch.window_end)
-        _append_samples(self._node, batch.node_samples, ("t", "cpu", "mem"))
-        _append_samples(self._system, batch.system_samples, ("t", "cpu", "mem"))
+        self._add_series(batch)
         if self._memory_policy == koordinator.MEMORY_WITH_PAGE_CACHE:
             _append_samples(self._node_memory, batch.memory_with_page_cache, ("t", "mem"))
         elif self._memory_policy == koordinator.MEMORY_WITH_HOT_PAGE_CACHE:
@@ -259,6 +265,28 @@ class NodeWindow:
         self._add_pod_buckets(batch)
         self._expire(newest)
         return True
+
+    def _add_series(self, batch: node.NodeMetricsReported) -> None:
+        nodes, system = batch.node_samples, batch.system_samples
+        if not nodes and not system:
+            return
+        if len(nodes) == len(system) and all(a[0] == b[0] for a, b in zip(nodes, system, strict=True)):
+            n, s = sample_rows(nodes, 3), sample_rows(system, 3)
+            self._series.append(
+                {"t": n[:, 0], "cpu": n[:, 1], "mem": n[:, 2], "sys_cpu": s[:, 1], "sys_mem": s[:, 2]}, len(n)
+            )
+            return
+        self._series_gaps = True
+        if nodes:
+            n = sample_rows(nodes, 3)
+            self._series.append(
+                {"t": n[:, 0], "cpu": n[:, 1], "mem": n[:, 2], "sys_cpu": np.nan, "sys_mem": np.nan}, len(n)
+            )
+        if system:
+            s = sample_rows(system, 3)
+            self._series.append(
+                {"t": s[:, 0], "cpu": np.nan, "mem": np.nan, "sys_cpu": s[:, 1], "sys_mem": s[:, 2]}, len(s)
+            )
 
     def _add_pod_buckets(self, batch: node.NodeMetricsReported) -> None:
         """One bucket per pod that has rows, merged into the pod's bucket of the open chunk where there is one."""
@@ -337,9 +365,13 @@ class NodeWindow:
                 self._infos.append(None)
                 self._info_seen.append(-math.inf)
             self._slot_of[ref.uid] = slot
-        if seen_at >= self._info_seen[slot]:
-            self._info_seen[slot] = seen_at
-            self._infos[slot] = _pod_info(ref)
+            self._infos[slot] = _pod_info(ref, ref.uid)
+        elif seen_at >= self._info_seen[slot]:
+            current = self._infos[slot]
+            info = _pod_info(ref, current.uid if current is not None else ref.uid)
+            if info != current:  # an unchanged pod keeps its objects: fewer allocations, no duplicate strings
+                self._infos[slot] = info
+        self._info_seen[slot] = max(self._info_seen[slot], seen_at)
         return slot
 
     def _expire(self, newest: float) -> None:
@@ -349,7 +381,7 @@ class NodeWindow:
             return
         self._next_compaction = newest + _COMPACTION_PERIOD_SECONDS
         cutoff = newest - self._horizon
-        for table in (self._node, self._system, self._node_memory):
+        for table in (self._series, self._node_memory):
             table.expire("t", cutoff)
         self._held.expire(cutoff)
         kept = self._pods.expire("t_min", newest - self._pod_horizon)
@@ -379,14 +411,20 @@ class NodeWindow:
             self._info_seen[slot] = -math.inf
             self._free_slots.append(slot)
 
+    def _series_of(self, column: str) -> Series:
+        t, values = self._series.col("t"), self._series.col(column)
+        if not self._series_gaps:
+            return Series(t, values)
+        present = ~np.isnan(values)
+        return Series(t[present], values[present])
+
     def _sources(self) -> Sources:
-        node_t = self._node.col("t")
-        node_memory = Series(node_t, self._node.col("mem"))
+        node_memory = self._series_of("mem")
         if self._memory_policy == koordinator.MEMORY_WITH_PAGE_CACHE or self._node_memory.size:
             # koordlet falls back to the plain series unless the cold-page collector runs; ours ran iff it reported.
             node_memory = Series(self._node_memory.col("t"), self._node_memory.col("mem"))
         buckets = PodBuckets(
-            pod=self._pods.col("pod"),
+            pod=self._pods.col("pod").astype(_I8),
             count=self._pods.col("count").astype(_F8),
             cpu_sum=self._pods.col("cpu_sum"),
             mem_count=self._pods.col("mem_count").astype(_F8),
@@ -396,10 +434,10 @@ class NodeWindow:
             infos=self._infos,
         )
         return Sources(
-            node_cpu=Series(node_t, self._node.col("cpu")),
+            node_cpu=self._series_of("cpu"),
             node_memory=node_memory,
-            system_cpu=Series(self._system.col("t"), self._system.col("cpu")),
-            system_memory=Series(self._system.col("t"), self._system.col("mem")),
+            system_cpu=self._series_of("sys_cpu"),
+            system_memory=self._series_of("sys_mem"),
             pods=buckets,
             closed_end=False,
         )

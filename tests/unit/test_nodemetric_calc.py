@@ -310,7 +310,7 @@ def test_state_stays_bounded_over_10000_batches() -> None:
         if k == 1000:
             sizes_after_warmup = window.capacities()
     assert window.capacities() == sizes_after_warmup
-    assert sizes_after_warmup["node"] < 2 * 2000
+    assert sizes_after_warmup["series"] < 2 * 2000
     assert len(window.pods) <= 40
     status = compute_status(window, report_time=100_000.0, spec=POLICY)
     assert len(status.pods_metric) == 20

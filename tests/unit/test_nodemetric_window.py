@@ -10,6 +10,7 @@ import pytest
 
 from agent.batch import PodListThinner
 from schemas import node
+from services.nodemetric.service import liveness_due
 from services.nodemetric.window import NodeWindow, compute_status, pod_chunk_seconds
 from tests.support import batches as wire
 
@@ -125,3 +126,37 @@ def test_thinner_sends_the_list_on_change_and_periodically(resend_every: int) ->
 def test_thinner_rejects_a_period_below_one() -> None:
     with pytest.raises(ValueError, match="at least 1 batch"):
         PodListThinner(0)
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "dropped", "grid", "due"),
+    [
+        (110, 120, 0, 30, True),  # reaches 120
+        (120, 130, 0, 30, False),
+        (130, 140, 0, 30, False),
+        (140, 150, 0, 30, True),  # reaches 150
+        (130, 140, 2, 30, True),  # dropped batches are always recorded
+        (130, 140, 0, 0, True),  # grid 0: every batch
+        (100, 160, 0, 30, True),  # a batch longer than the grid
+    ],
+)
+def test_liveness_rows_are_written_once_per_grid_slot(
+    start: float, end: float, dropped: int, grid: int, due: bool
+) -> None:
+    b = msgspec.structs.replace(batch(start, refs("a")), window_end=end, dropped_batches=dropped)
+    assert liveness_due(b, grid=grid) is due
+
+
+def test_node_and_system_series_with_different_times_are_both_kept() -> None:
+    window = NodeWindow(POLICY)
+    shared = batch(0, refs("a"))
+    window.add(shared)
+    skewed = msgspec.structs.replace(
+        batch(10, refs("a")),
+        node_samples=[(10.0 + i, 3.0, 3000) for i in range(10)],
+        system_samples=[(10.5 + i, 1.5, 300) for i in range(5)],  # half the samples, at other instants
+    )
+    window.add(skewed)
+    usage = compute_status(window, report_time=20.0, spec=POLICY).node_metric
+    assert usage.node_usage.resources == {"cpu": 2000, "memory": 2000}  # 10 s at 1 core, 10 s at 3
+    assert usage.system_usage.resources == {"cpu": 833, "memory": 166}  # 10 samples of 0.5, 5 of 1.5
