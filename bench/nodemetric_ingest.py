@@ -96,11 +96,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--generators", type=int, default=1, help="load-generator processes (1)")
     p.add_argument("--max-in-flight", type=int, default=256, help="unacknowledged publishes per generator (256)")
     p.add_argument("--template-pool", type=int, default=64, help="distinct simulated nodes per window (64)")
+    p.add_argument(
+        "--stream-max-gb",
+        type=float,
+        default=20.0,
+        help="cap on the node stream's disk use in GiB; the oldest batches go first (20: 10,000 nodes write ~25 MB/s)",
+    )
     args = p.parse_args(argv)
     if min(args.nodes, args.pods, args.generators, args.max_in_flight, args.template_pool) < 1:
         p.error("--nodes, --pods, --generators, --max-in-flight and --template-pool must be at least 1")
-    if args.interval <= 0 or args.duration <= 0 or args.warmup < 0:
-        p.error("--interval and --duration must be positive, --warmup not negative")
+    if args.interval <= 0 or args.duration <= 0 or args.warmup < 0 or args.stream_max_gb <= 0:
+        p.error("--interval, --duration and --stream-max-gb must be positive, --warmup not negative")
     if args.service_cpu not in os.sched_getaffinity(0):
         p.error(f"--service-cpu {args.service_cpu} is not one of this process's CPUs {sorted(os.sched_getaffinity(0))}")
     return args
@@ -330,7 +336,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         log.info("nats-server at %s; data in %s", server.url, workdir)
         bus = await JetStreamBus.connect(server.url, name="bench")
         try:
-            await bus.ensure_streams(streams.all_streams())
+            node_stream = streams.node_stream(max_bytes=int(args.stream_max_gb * 2**30))
+            await bus.ensure_streams([node_stream, streams.nodemetric_stream(), streams.dlq_stream()])
             service_log = workdir / "service.log"
             with service_process(
                 nats_url=server.url, database_url=database_url, port=port, cpu=args.service_cpu, log_path=service_log

@@ -379,6 +379,39 @@ class NodeMetricComputed(msgspec.Struct, frozen=True, kw_only=True, tag="nodemet
     """When the agent sent the batch that completed this report (for publish → projection latency)."""
 
 
+class NodeMetricComputedRecord(msgspec.Struct, frozen=True, kw_only=True, tag="nodemetric.computed.v1"):
+    """NodeMetricComputed as its projection reads it: the status stays the JSON it arrived as.
+
+    Decoding 100 pods' metrics into objects only to encode them again for the database row cost the projector
+    more than computing them; the row stores the status text as published. The envelope and spec are checked as
+    usual and the status must be well-formed JSON; its shape is the publisher's (the nodemetric service, the
+    subject's only writer) and is checked again wherever a row is read (NodeMetricStatus).
+    """
+
+    node: NodeName
+    report_time: UnixSeconds
+    spec: MetricCollectPolicy
+    status: msgspec.Raw
+    samples_in_window: int = 0
+    source_sent_at: UnixSeconds = 0.0
+
+    @classmethod
+    def of(cls, event: NodeMetricComputed) -> NodeMetricComputedRecord:
+        return msgspec.json.decode(msgspec.json.encode(event), type=cls)
+
+    @property
+    def update_time(self) -> float:
+        """The status's updateTime, read without decoding the rest of it."""
+        return _STATUS_UPDATE_TIME.decode(self.status).update_time
+
+
+class _StatusUpdateTime(msgspec.Struct, frozen=True):
+    update_time: UnixSeconds
+
+
+_STATUS_UPDATE_TIME = msgspec.json.Decoder(_StatusUpdateTime)
+
+
 NodeEvent = NodeMetricsReported | NodeStateReported
 
 

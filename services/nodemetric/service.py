@@ -33,6 +33,7 @@ from schemas.node import (
     NODE_EVENT_DECODER,
     MetricCollectPolicy,
     NodeMetricComputed,
+    NodeMetricComputedRecord,
     NodeMetricsReported,
     NodeStateReported,
 )
@@ -221,9 +222,9 @@ class _BatchedWriter(Generic[T]):
 
 
 class _ProjectorHandler:
-    def __init__(self, rows: _BatchedWriter[tuple[int, NodeMetricComputed, str]]) -> None:
+    def __init__(self, rows: _BatchedWriter[tuple[int, NodeMetricComputedRecord, str]]) -> None:
         self._rows = rows
-        self._decoder = msgspec.json.Decoder(NodeMetricComputed)
+        self._decoder = msgspec.json.Decoder(NodeMetricComputedRecord)
 
     async def handle(self, delivery: Delivery) -> None:
         self._rows.add((delivery.stream_seq, self._decoder.decode(delivery.data), delivery.msg_id))
@@ -262,7 +263,7 @@ class NodeMetricService:
         self.node_rows: _BatchedWriter[tuple[int, NodeSeen | NodeStateReported]] = _BatchedWriter(
             "node rows", self._write_node_rows, limit=settings.projection_max_pending
         )
-        self.computed_rows: _BatchedWriter[tuple[int, NodeMetricComputed, str]] = _BatchedWriter(
+        self.computed_rows: _BatchedWriter[tuple[int, NodeMetricComputedRecord, str]] = _BatchedWriter(
             "NodeMetric rows", self._write_computed_rows, limit=settings.projection_max_pending
         )
         self._writers: list[asyncio.Task[None]] = []
@@ -339,7 +340,7 @@ class NodeMetricService:
     async def _write_node_rows(self, rows: list[tuple[int, NodeSeen | NodeStateReported]]) -> None:
         await self.store.apply_node_events(rows, consumer=INGEST_CONSUMER, stream=streams.KOORD_NODE)
 
-    async def _write_computed_rows(self, rows: list[tuple[int, NodeMetricComputed, str]]) -> None:
+    async def _write_computed_rows(self, rows: list[tuple[int, NodeMetricComputedRecord, str]]) -> None:
         await self.store.apply_computed(
             [(seq, event) for seq, event, _ in rows],
             consumer=PROJECTOR_CONSUMER,

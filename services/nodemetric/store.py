@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.orm import Mapped, mapped_column
 
-from schemas.node import MetricCollectPolicy, NodeMetricComputed, NodeMetricStatus, NodeStateReported
+from schemas.node import MetricCollectPolicy, NodeMetricComputedRecord, NodeMetricStatus, NodeStateReported
 from services.common import db
 
 DEFAULT_PAGE: Final = 500
@@ -125,7 +125,7 @@ class NodeMetricStore:
 
     async def apply_computed(
         self,
-        items: Sequence[tuple[int, NodeMetricComputed]],
+        items: Sequence[tuple[int, NodeMetricComputedRecord]],
         *,
         consumer: str,
         stream: str,
@@ -264,10 +264,10 @@ async def _stored_report_times(connection: AsyncConnection, nodes: set[str]) -> 
 
 
 def _newest_per_node(
-    fresh: Sequence[tuple[int, NodeMetricComputed]], stored: Mapping[str, float]
-) -> builtins.list[tuple[int, NodeMetricComputed]]:
+    fresh: Sequence[tuple[int, NodeMetricComputedRecord]], stored: Mapping[str, float]
+) -> builtins.list[tuple[int, NodeMetricComputedRecord]]:
     """One event per node: the newest report, ties going to the later sequence; none older than what is stored."""
-    newest: dict[str, tuple[int, NodeMetricComputed]] = {}
+    newest: dict[str, tuple[int, NodeMetricComputedRecord]] = {}
     for seq, event in fresh:
         if event.report_time < stored.get(event.node, float("-inf")):
             continue
@@ -281,19 +281,19 @@ def _latest_node_event(fresh: Sequence[tuple[int, NodeSeen | NodeStateReported]]
     return max(item.window_end if isinstance(item, NodeSeen) else item.at for _, item in fresh)
 
 
-def _latest_report(fresh: Sequence[tuple[int, NodeMetricComputed]]) -> float:
+def _latest_report(fresh: Sequence[tuple[int, NodeMetricComputedRecord]]) -> float:
     return max(event.report_time for _, event in fresh)
 
 
 def _metric_row(
-    seq: int, event: NodeMetricComputed, *, consumer: str, msg_ids: Mapping[int, str] | None
+    seq: int, event: NodeMetricComputedRecord, *, consumer: str, msg_ids: Mapping[int, str] | None
 ) -> dict[str, Any]:
     return {
         "node": event.node,
         "report_time": event.report_time,
-        "update_time": event.status.update_time,
+        "update_time": event.update_time,
         "spec": _encoder.encode(event.spec).decode(),
-        "status": _encoder.encode(event.status).decode(),
+        "status": bytes(event.status).decode(),
         "samples_in_window": event.samples_in_window,
         "stream_seq": seq,
         "msg_id": (msg_ids or {}).get(seq, ""),

@@ -34,7 +34,7 @@ from services.nodemetric.service import INGEST_CONSUMER, PROJECTOR_CONSUMER, Nod
 from services.nodemetric.settings import NodeMetricSettings
 from services.nodemetric.store import NodeMetricStore, NodeSeen
 from tests.support.crd import assert_valid_nodemetric
-from tests.support.events import nodemetric_computed as computed
+from tests.support.events import nodemetric_record as computed
 
 NOW = 1_750_000_000.0
 STALE_AFTER = 180.0

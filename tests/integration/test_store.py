@@ -10,13 +10,14 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from schemas.node import (
-    NodeMetricComputed,
+    NodeMetricComputedRecord,
     NodeStateReported,
     PodRef,
 )
 from services.common import db
 from services.nodemetric.store import NodeMetricStore, NodeSeen
-from tests.support.events import nodemetric_computed as computed
+from tests.support.events import nodemetric_computed
+from tests.support.events import nodemetric_record as computed
 
 STREAM = "KOORD_NODEMETRIC"
 CONSUMER = "nodemetric-projection"
@@ -39,8 +40,10 @@ def store(migrated_engine: AsyncEngine) -> NodeMetricStore:
 
 
 async def test_apply_computed_writes_and_reads_back_decoded_values(store: NodeMetricStore) -> None:
-    event = computed("node-a", 1000.0, cpu_milli=1234)
-    written = await store.apply_computed([(7, event)], consumer=CONSUMER, stream=STREAM, msg_ids={7: "abc"})
+    event = nodemetric_computed("node-a", 1000.0, cpu_milli=1234)
+    written = await store.apply_computed(
+        [(7, NodeMetricComputedRecord.of(event))], consumer=CONSUMER, stream=STREAM, msg_ids={7: "abc"}
+    )
 
     record = await store.get("node-a")
     assert written == 1
@@ -208,7 +211,7 @@ async def test_mixed_node_batch_applies_seen_and_state_with_interleaved_sequence
     assert await store.offset(NODE_CONSUMER) == 13
 
 
-def _history() -> tuple[list[tuple[int, NodeMetricComputed]], list[tuple[int, NodeSeen | NodeStateReported]]]:
+def _history() -> tuple[list[tuple[int, NodeMetricComputedRecord]], list[tuple[int, NodeSeen | NodeStateReported]]]:
     """A stream's worth of events with duplicates and out-of-order reports, as replay would see them."""
     computed_events = [
         (seq, computed(f"node-{seq % 4}", 1000.0 + 60 * (seq // 4) - (30 if seq % 5 == 0 else 0), cpu_milli=seq))
@@ -223,7 +226,7 @@ def _history() -> tuple[list[tuple[int, NodeMetricComputed]], list[tuple[int, No
 
 async def _project(
     store: NodeMetricStore,
-    computed_events: Sequence[tuple[int, NodeMetricComputed]],
+    computed_events: Sequence[tuple[int, NodeMetricComputedRecord]],
     node_events: Sequence[tuple[int, NodeSeen | NodeStateReported]],
     *,
     batch_size: int,

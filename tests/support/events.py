@@ -6,6 +6,7 @@ from schemas.node import (
     AggregatedUsage,
     MetricCollectPolicy,
     NodeMetricComputed,
+    NodeMetricComputedRecord,
     NodeMetricInfo,
     NodeMetricStatus,
     PodMetric,
@@ -49,3 +50,10 @@ def nodemetric_computed(
         ),
         samples_in_window=samples,
     )
+
+
+def nodemetric_record(
+    node: str, report_time: float, *, cpu_milli: int = 1500, samples: int = 300
+) -> NodeMetricComputedRecord:
+    """`nodemetric_computed` as the projector decodes it from the stream (status kept as JSON)."""
+    return NodeMetricComputedRecord.of(nodemetric_computed(node, report_time, cpu_milli=cpu_milli, samples=samples))
