@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Sequence
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -24,7 +26,7 @@ import numpy.typing as npt
 from schemas import node
 from schemas.resources import CPU, MEMORY
 from services.nodemetric import aggregate
-from services.nodemetric.aggregate import AVG, STATUS_AGGREGATIONS, FloatArray
+from services.nodemetric.aggregate import STATUS_AGGREGATIONS, FloatArray
 
 MIN_REPORT_INTERVAL_SECONDS = 30
 MIN_AGGREGATE_WINDOW_SECONDS = 60
@@ -145,82 +147,176 @@ def _millicores(cores: float) -> int:
     return int(cores * 1000)
 
 
-def _usage_maps(
-    cpu: Series, memory: Series, span: Span, *, kinds: Sequence[str], min_span: float
-) -> dict[str, node.ResourceMap]:
-    """One ResourceMap per aggregation kind; all empty when a query has no samples or the CPU span is too short."""
-    cpu_w, mem_w = cpu.within(span), memory.within(span)
-    if cpu_w.t.size == 0 or mem_w.t.size == 0 or float(cpu_w.t.max() - cpu_w.t.min()) < min_span:
-        return {kind: node.ResourceMap() for kind in kinds}
-    cpu_agg, mem_agg = aggregate.status_aggregates(cpu_w.v), aggregate.status_aggregates(mem_w.v)
+_Selection = slice | npt.NDArray[np.bool_]
+
+
+class _Windows:
+    """Where the windows of one report, [start, end] (or [start, end)) for each start, lie in each time array.
+
+    Batches almost always arrive in time order, so a time array is usually non-decreasing (checked once per status):
+    its windows are then slices found by binary search, and their samples views rather than copies. An
+    out-of-order batch (appended at the end) or unsorted calc input falls back to masks, which pick the same
+    samples in the same order. Series usually share their times (one array, or equal ones), located only once.
+    """
+
+    def __init__(self, starts: Sequence[float], *, end: float, closed: bool) -> None:
+        self._starts, self._end, self._closed = starts, end, closed
+        self._located: list[tuple[FloatArray, list[_Selection]]] = []
+
+    def of(self, t: FloatArray) -> list[_Selection]:
+        """One selection of `t` per start."""
+        for known, selections in self._located:
+            if known is t or (known.shape == t.shape and bool((known == t).all())):
+                return selections
+        selections = self._locate(t)
+        self._located.append((t, selections))
+        return selections
+
+    def _locate(self, t: FloatArray) -> list[_Selection]:
+        # NaN compares False, so a NaN among the times sends them to the masks (a lone one matches nothing either
+        # way); a NaN bound, which matches nothing in a mask but sorts last for a binary search, does too.
+        in_order = bool((t[1:] >= t[:-1]).all())
+        if not in_order or math.isnan(self._end) or any(map(math.isnan, self._starts)):
+            return [Span(start, self._end, self._closed).mask(t, t) for start in self._starts]
+        firsts = t.searchsorted(self._starts, side="left").tolist()
+        stop = int(t.searchsorted(self._end, side="right" if self._closed else "left"))
+        return [slice(first, stop) for first in firsts]
+
+
+def _spread(t: FloatArray, selection: _Selection) -> float:
+    """Seconds from the earliest to the latest selected time; the selection must not be empty."""
+    if isinstance(selection, slice):  # in order: the ends are the extremes
+        return float(t.item(selection.stop - 1) - t.item(selection.start))
+    chosen = t[selection]
+    return float(chosen.max() - chosen.min())
+
+
+def _resource_map(cores: float, memory: float) -> node.ResourceMap:
+    return node.ResourceMap(resources={CPU: _millicores(cores), MEMORY: int(memory)})
+
+
+class _WindowStats(NamedTuple):
+    """aggregate.status_values of a window's CPU and memory samples: avg, p50, p90, p95, p99 each."""
+
+    cpu: list[float]
+    memory: list[float]
+
+
+def _status_maps(stats: _WindowStats | None) -> dict[str, node.ResourceMap]:
+    """One ResourceMap per status aggregation; all empty without stats."""
+    if stats is None:
+        return {kind: node.ResourceMap() for kind in STATUS_AGGREGATIONS}
     return {
-        kind: node.ResourceMap(resources={CPU: _millicores(cpu_agg[kind]), MEMORY: int(mem_agg[kind])})
-        for kind in kinds
+        kind: _resource_map(cores, memory)
+        for kind, cores, memory in zip(STATUS_AGGREGATIONS, stats.cpu, stats.memory, strict=True)
     }
 
 
-def _average(cpu: Series, memory: Series, span: Span) -> node.ResourceMap:
-    """nodeUsage / systemUsage: the avg with no cold-start filter."""
-    return _usage_maps(cpu, memory, span, kinds=(AVG,), min_span=-math.inf)[AVG]
+def _usages(
+    cpu: Series, memory: Series, windows: _Windows, *, aggregate_seconds: int, durations: Sequence[int]
+) -> tuple[node.ResourceMap, list[node.AggregatedUsage]]:
+    """nodeUsage and aggregatedNodeUsages (or the system's) from one CPU and one memory series.
 
+    `windows` holds the aggregate window, then one per duration. A duration window whose CPU samples span less
+    than half of it stays empty (cold start); the usage has no such filter, and when its window is also a
+    duration's (300 s both by default) it reuses that window's average.
+    """
+    cpu_windows, memory_windows = windows.of(cpu.t), windows.of(memory.t)
+    stats: list[_WindowStats | None] = []  # per duration; None for a window that stays empty
+    for d, cpu_window, memory_window in zip(durations, cpu_windows[1:], memory_windows[1:], strict=True):
+        cpu_values, memory_values = cpu.v[cpu_window], memory.v[memory_window]
+        if cpu_values.size == 0 or memory_values.size == 0 or _spread(cpu.t, cpu_window) < COLD_START_RATIO * d:
+            stats.append(None)
+        else:
+            stats.append(_WindowStats(aggregate.status_values(cpu_values), aggregate.status_values(memory_values)))
 
-def _aggregated(
-    sources: Sources, cpu: Series, memory: Series, *, end: float, durations: Iterable[int]
-) -> list[node.AggregatedUsage]:
-    """One entry per duration; a window whose CPU samples span less than half of it stays empty (cold start)."""
-    return [
-        node.AggregatedUsage(
-            duration_seconds=d,
-            usage=_usage_maps(
-                cpu, memory, sources.span(end, d), kinds=STATUS_AGGREGATIONS, min_span=COLD_START_RATIO * d
-            ),
-        )
-        for d in durations
+    averages = {d: (s.cpu[0], s.memory[0]) for d, s in zip(durations, stats, strict=True) if s is not None}
+    if aggregate_seconds in averages:
+        usage = _resource_map(*averages[aggregate_seconds])
+    else:
+        cpu_values, memory_values = cpu.v[cpu_windows[0]], memory.v[memory_windows[0]]
+        empty = cpu_values.size == 0 or memory_values.size == 0
+        usage = node.ResourceMap() if empty else _resource_map(aggregate.avg(cpu_values), aggregate.avg(memory_values))
+    aggregated = [
+        node.AggregatedUsage(duration_seconds=d, usage=_status_maps(s)) for d, s in zip(durations, stats, strict=True)
     ]
+    return usage, aggregated
+
+
+_INT64_BOUND = 2.0**63
+
+
+def _truncated(values: FloatArray) -> list[int]:
+    """int(v) of each value, as Python ints; in one numpy cast when every value fits in an int64."""
+    if (np.abs(values) < _INT64_BOUND).all():  # False for NaN and ±inf, which int() rejects below as before
+        truncated: list[int] = values.astype(np.int64).tolist()  # the cast truncates toward zero, as int() does
+        return truncated
+    return [int(v) for v in values.tolist()]
+
+
+_BY_NAMESPACE, _BY_NAME = operator.attrgetter("namespace"), operator.attrgetter("name")
+
+
+def _rows_inside(buckets: PodBuckets, span: Span) -> _Selection:
+    """The buckets inside the window: a slice when they are adjacent, as batches arriving in order leave them."""
+    inside = span.mask(buckets.t_min, buckets.t_max)
+    count = int(np.count_nonzero(inside))
+    if count == 0:
+        return slice(0, 0)
+    first = int(inside.argmax())
+    return slice(first, first + count) if inside[first : first + count].all() else inside
 
 
 def _pod_metrics(buckets: PodBuckets, span: Span) -> list[node.PodMetric]:
-    inside = span.mask(buckets.t_min, buckets.t_max)
-    idx = buckets.pod[inside]
+    rows = _rows_inside(buckets, span)
+    idx = buckets.pod[rows]
     size = len(buckets.infos)
-    counts = np.bincount(idx, weights=buckets.count[inside], minlength=size)
-    cpu = np.bincount(idx, weights=buckets.cpu_sum[inside], minlength=size)
-    mem_counts = np.bincount(idx, weights=buckets.mem_count[inside], minlength=size)
-    mem = np.bincount(idx, weights=buckets.mem_sum[inside], minlength=size)
-    metrics = []
-    for i in np.flatnonzero((counts > 0) & (mem_counts > 0)).tolist():
-        info = buckets.infos[i]
-        if info is None:
-            continue
-        usage = {CPU: _millicores(cpu[i] / counts[i]), MEMORY: int(mem[i] / mem_counts[i])}
-        metrics.append(
-            node.PodMetric(
-                namespace=info.namespace,
-                name=info.name,
-                uid=info.uid,
-                pod_usage=node.ResourceMap(resources=usage),
-                priority=info.priority,
-                qos=info.qos,
-            )
+    counts = np.bincount(idx, weights=buckets.count[rows], minlength=size)
+    cpu = np.bincount(idx, weights=buckets.cpu_sum[rows], minlength=size)
+    mem_counts = np.bincount(idx, weights=buckets.mem_count[rows], minlength=size)
+    mem = np.bincount(idx, weights=buckets.mem_sum[rows], minlength=size)
+    reported = np.flatnonzero((counts > 0) & (mem_counts > 0))
+    # numpy divides and multiplies float64 as Python does (IEEE), so these are `_millicores(cpu / count)` and
+    # `int(mem / mem_count)` per pod, bit for bit.
+    cpu_millicores = _truncated(cpu[reported] / counts[reported] * 1000)
+    memory_bytes = _truncated(mem[reported] / mem_counts[reported])
+    metrics = [
+        node.PodMetric(
+            namespace=info.namespace,
+            name=info.name,
+            uid=info.uid,
+            pod_usage=node.ResourceMap(resources={CPU: millicores, MEMORY: memory}),
+            priority=info.priority,
+            qos=info.qos,
         )
-    return sorted(metrics, key=lambda m: (m.namespace, m.name))
+        for i, millicores, memory in zip(reported.tolist(), cpu_millicores, memory_bytes, strict=True)
+        if (info := buckets.infos[i]) is not None
+    ]
+    # By (namespace, name), ties in slot order: two stable sorts on plain string keys beat one on tuples.
+    metrics.sort(key=_BY_NAME)
+    metrics.sort(key=_BY_NAMESPACE)
+    return metrics
 
 
 def assemble_status(sources: Sources, *, report_time: float, spec: node.MetricCollectPolicy) -> node.NodeMetricStatus:
     eff = effective_policy(spec)
-    window = sources.span(report_time, eff.aggregate_duration_seconds)
-    durations = eff.durations_seconds
-    info = node.NodeMetricInfo(
-        node_usage=_average(sources.node_cpu, sources.node_memory, window),
-        aggregated_node_usages=_aggregated(
-            sources, sources.node_cpu, sources.node_memory, end=report_time, durations=durations
-        ),
-        system_usage=_average(sources.system_cpu, sources.system_memory, window),
-        aggregated_system_usages=_aggregated(
-            sources, sources.system_cpu, sources.system_memory, end=report_time, durations=durations
-        ),
+    aggregate_seconds, durations = eff.aggregate_duration_seconds, eff.durations_seconds
+    # The aggregate window, then one per duration, all ending at the report time (as Sources.span builds them).
+    starts = [report_time - seconds for seconds in (aggregate_seconds, *durations)]
+    windows = _Windows(starts, end=report_time, closed=sources.closed_end)
+    node_usage, aggregated_node_usages = _usages(
+        sources.node_cpu, sources.node_memory, windows, aggregate_seconds=aggregate_seconds, durations=durations
     )
-    pods = _pod_metrics(sources.pods, window)
+    system_usage, aggregated_system_usages = _usages(
+        sources.system_cpu, sources.system_memory, windows, aggregate_seconds=aggregate_seconds, durations=durations
+    )
+    info = node.NodeMetricInfo(
+        node_usage=node_usage,
+        aggregated_node_usages=aggregated_node_usages,
+        system_usage=system_usage,
+        aggregated_system_usages=aggregated_system_usages,
+    )
+    pods = _pod_metrics(sources.pods, sources.span(report_time, aggregate_seconds))
     return node.NodeMetricStatus(update_time=report_time, node_metric=info, pods_metric=pods)
 
 
