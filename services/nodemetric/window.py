@@ -50,7 +50,6 @@ _COMPACTION_PERIOD_SECONDS = 60.0  # expired rows linger at most this long (plus
 _SERIES_SLACK_ROWS = 96  # room for a compaction period and a few batches on top of a full window at 1 sample/s
 _POD_TABLE_INITIAL_ROWS = 128
 _POD_LISTS_REMEMBERED = 4  # pod lists a node may refer to by digest (older ones cover batches arriving late)
-_FIRST_ROW = np.zeros(1, dtype=np.int64)
 _F4, _F8, _I8 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
 # Node and system samples share one time column: agents take both at the same instants. Where a batch's two
 # series differ in time, each gets rows of its own with NaN in the other's columns.
@@ -171,6 +170,18 @@ def _append_samples(table: _Table, samples: Sequence[tuple[float, ...]], names: 
     if samples:
         rows = sample_rows(samples, len(names))
         table.append({name: rows[:, i] for i, name in enumerate(names)}, rows.shape[0])
+
+
+def _runs(index: npt.NDArray[Any]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float32]]:
+    """Where each run of equal values in a grouped index starts, and how long it is (numpy.diff's generality
+    costs more than the rest of the arithmetic here)."""
+    starts = np.empty(1 + int(np.count_nonzero(index[1:] != index[:-1])), np.intp)
+    starts[0] = 0
+    starts[1:] = (index[1:] != index[:-1]).nonzero()[0] + 1
+    ends = np.empty_like(starts)
+    ends[:-1] = starts[1:]
+    ends[-1] = index.size
+    return starts, (ends - starts).astype(_F4)
 
 
 def pod_chunk_seconds(spec: node.MetricCollectPolicy) -> int:
@@ -297,8 +308,7 @@ class NodeWindow:
         if listed is None or listed.size <= int(rows.index[-1]):
             self.unattributed_batches += 1
             return
-        starts = np.concatenate((_FIRST_ROW, np.flatnonzero(np.diff(rows.index)) + 1))
-        counts = np.diff(starts, append=len(rows)).astype(_F4)
+        starts, counts = _runs(rows.index)
         if self._memory_policy == koordinator.MEMORY_WITH_PAGE_CACHE:
             if rows.memory_with_page_cache.size:
                 mem_count, mem_sum = counts, np.add.reduceat(rows.memory_with_page_cache, starts).astype(_F8)
@@ -331,17 +341,24 @@ class NodeWindow:
         slots = buckets["pod"]
         rows = self._open_rows[slots]
         merge = rows >= 0
-        if merge.any():
-            into, come = rows[merge], np.flatnonzero(merge)
-            for name in ("count", "cpu_sum", "mem_count", "mem_sum"):
-                self._pods.col(name)[into] += buckets[name][come]
-            t_min, t_max = self._pods.col("t_min"), self._pods.col("t_max")
-            t_min[into] = np.minimum(t_min[into], buckets["t_min"][come])
-            t_max[into] = np.maximum(t_max[into], buckets["t_max"][come])
-        new = np.flatnonzero(~merge)
-        if new.size:
-            self._open_rows[slots[new]] = np.arange(self._pods.size, self._pods.size + new.size)
-            self._pods.append({name: col[new] for name, col in buckets.items()}, new.size)
+        merging = int(np.count_nonzero(merge))
+        if merging == slots.size:  # the common case: every pod already has a bucket in this chunk
+            self._merge(rows, buckets)
+            return
+        if merging:
+            self._merge(rows[merge], {name: col[merge] for name, col in buckets.items()})
+            new = (~merge).nonzero()[0]
+            buckets = {name: col[new] for name, col in buckets.items()}
+        self._open_rows[buckets["pod"]] = np.arange(self._pods.size, self._pods.size + buckets["pod"].size)
+        self._pods.append(buckets, buckets["pod"].size)
+
+    def _merge(self, rows: npt.NDArray[np.int64], buckets: dict[str, npt.NDArray[Any]]) -> None:
+        """Add buckets into existing rows of the pod table (`rows` are distinct: one per pod)."""
+        for name in ("count", "cpu_sum", "mem_count", "mem_sum"):
+            self._pods.col(name)[rows] += buckets[name]
+        t_min, t_max = self._pods.col("t_min"), self._pods.col("t_max")
+        t_min[rows] = np.minimum(t_min[rows], buckets["t_min"])
+        t_max[rows] = np.maximum(t_max[rows], buckets["t_max"])
 
     def _listed_slots(self, batch: node.NodeMetricsReported) -> npt.NDArray[np.int64] | None:
         """The slot of each pod in the batch's pod list, or None when it names a list this window lacks."""
@@ -411,15 +428,18 @@ class NodeWindow:
             self._info_seen[slot] = -math.inf
             self._free_slots.append(slot)
 
-    def _series_of(self, column: str) -> Series:
-        t, values = self._series.col("t"), self._series.col(column)
+    def _series_of(self, column: str, t: npt.NDArray[np.float64]) -> Series:
+        """One column with its times (`t`, the table's time column: one array object for every series, so the
+        status assembly locates its windows once), leaving out rows where the column has no sample."""
+        values = self._series.col(column)
         if not self._series_gaps:
             return Series(t, values)
         present = ~np.isnan(values)
         return Series(t[present], values[present])
 
     def _sources(self) -> Sources:
-        node_memory = self._series_of("mem")
+        t = self._series.col("t")
+        node_memory = self._series_of("mem", t)
         if self._memory_policy == koordinator.MEMORY_WITH_PAGE_CACHE or self._node_memory.size:
             # koordlet falls back to the plain series unless the cold-page collector runs; ours ran iff it reported.
             node_memory = Series(self._node_memory.col("t"), self._node_memory.col("mem"))
@@ -434,10 +454,10 @@ class NodeWindow:
             infos=self._infos,
         )
         return Sources(
-            node_cpu=self._series_of("cpu"),
+            node_cpu=self._series_of("cpu", t),
             node_memory=node_memory,
-            system_cpu=self._series_of("sys_cpu"),
-            system_memory=self._series_of("sys_mem"),
+            system_cpu=self._series_of("sys_cpu", t),
+            system_memory=self._series_of("sys_mem", t),
             pods=buckets,
             closed_end=False,
         )
