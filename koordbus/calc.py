@@ -22,8 +22,10 @@ from typing import Any
 import msgspec
 import yaml
 
-from schemas import koordinator
+from schemas import koordinator, kube, nodemetric_json
 from services.nodemetric import aggregate, core
+from services.noderesource import config as colocation_config
+from services.noderesource import core as noderesource
 
 
 class InputError(ValueError):
@@ -106,9 +108,7 @@ def _nodemetric(inp: NodeMetricInput) -> dict[str, Any]:
     _require_finite_rows(inp.system_samples, "$.systemSamples")
     for i, pod in enumerate(inp.pods):
         _require_finite_rows(pod.samples, f"$.pods[{i}].samples")
-    now = inp.now.timestamp() if isinstance(inp.now, dt.datetime) else inp.now
-    if isinstance(inp.now, dt.datetime) and inp.now.tzinfo is None:
-        now = inp.now.replace(tzinfo=dt.UTC).timestamp()
+    now = _unix_seconds(inp.now)
     pods = [core.PodSeries(p.namespace, p.name, p.samples, p.priority, p.qos) for p in inp.pods]
     status = core.compute_from_samples(
         report_time=now, spec=spec, node_samples=inp.node_samples, system_samples=inp.system_samples, pods=pods
@@ -138,6 +138,55 @@ def _count_to_json(count: core.WindowCount) -> dict[str, Any]:
     return out
 
 
+def _unix_seconds(now: float | dt.datetime) -> float:
+    """`now` as Unix seconds; an RFC 3339 time without an offset is UTC."""
+    if not isinstance(now, dt.datetime):
+        return now
+    return (now if now.tzinfo is not None else now.replace(tzinfo=dt.UTC)).timestamp()
+
+
+# --- batch-resource (§2)
+
+
+class BatchResourceInput(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    now: float | dt.datetime
+    node: kube.Node
+    pods: list[kube.Pod] = []
+    node_metric: nodemetric_json.NodeMetricObject | None = None
+    colocation_config: dict[str, Any] | None = None
+
+
+def _batch_resource(inp: BatchResourceInput) -> dict[str, Any]:
+    meta = inp.node.metadata
+    try:
+        strategy = colocation_config.effective_strategy_from_json(inp.colocation_config, meta.labels, meta.annotations)
+    except colocation_config.ColocationConfigError as err:
+        message = "; ".join(f"$.colocationConfig{path[1:]}: {reason}" for path, reason in err.problems)
+        if err.malformed:  # a wrong type or unparsable value: bad input (exit 2), not a config Koordinator rejects
+            raise InputError(message) from None
+        # Well-typed but out of range: Koordinator rejects the config and leaves the node as it was.
+        return {"error": message}
+    now = _unix_seconds(inp.now)
+    if not math.isfinite(now):
+        raise InputError(f"$.now: Expected a finite number, got {now!r}")
+    snapshot = None if inp.node_metric is None else nodemetric_json.usage_snapshot(inp.node_metric)
+    result = noderesource.calculate(inp.node, inp.pods, snapshot, strategy, now)
+    patch = noderesource.prepare(inp.node, result)
+    explained = {
+        name: {**msgspec.to_builtins(item), "prepare": patch.steps.get(name, [])}
+        for name, item in result.resources.items()
+    }
+    return {
+        "resources": patch.resources,
+        "explain": {
+            "resources": explained,
+            "pods": msgspec.to_builtins(result.pods),
+            "annotations": patch.annotations,
+            "strategy": colocation_config.strategy_to_json(strategy),
+        },
+    }
+
+
 def _require_finite(values: Sequence[float], path: str) -> None:
     for i, value in enumerate(values):
         if not math.isfinite(value):
@@ -165,6 +214,16 @@ CALCULATORS: Mapping[str, Calculator] = {
         '     "pods": [{"namespace": "ns", "name": "web", "priority": "koord-prod", "qos": "LS",\n'
         '               "samples": [[1767268790, 0.5, 1e9]]}]}',
     ),
+    "batch-resource": Calculator(
+        BatchResourceInput,
+        _batch_resource,
+        "batch-cpu/batch-memory/mid-cpu/mid-memory of a node (spec §2); null = removed",
+        '{"now": "2026-01-01T12:00:00Z", "colocationConfig": {"enable": true},\n'
+        '     "node": {"status": {"capacity": {"cpu": "100", "memory": "400Gi"},\n'
+        '                         "allocatable": {"cpu": "98", "memory": "392Gi"}}},\n'
+        '     "pods": [], "nodeMetric": {"status": {"updateTime": "2026-01-01T11:59:00Z",\n'
+        '       "nodeMetric": {"systemUsage": {"resources": {"cpu": "3", "memory": "10Gi"}}}}}}',
+    ),
 }
 
 
@@ -172,12 +231,20 @@ CALCULATORS: Mapping[str, Calculator] = {
 
 
 def _path_message(err: msgspec.ValidationError) -> str:
-    """msgspec's "Expected X, got Y - at `$.a[0]`" as "$.a[0]: Expected X, got Y"."""
+    """msgspec's "Expected X, got Y - at `$.a[0]`" as "$.a[0]: Expected X, got Y".
+
+    A struct's own check (schemas.kube's quantities) reports the field below the struct as a message starting
+    with ".field.key: …"; that is joined onto the path: "$.pods[0].spec.overhead.cpu: cannot parse …".
+    """
     text = str(err).replace("`float`", "`number`")
     message, sep, where = text.rpartition(" - at `")
     if not sep:
         return f"$: {text}"
-    return f"{where.rstrip('`')}: {message}"
+    where = where.rstrip("`")
+    if message.startswith("."):
+        relative, _, message = message.partition(": ")
+        return f"{where}{relative}: {message}"
+    return f"{where}: {message}"
 
 
 def decode_input(text: str, input_type: type[Any]) -> Any:

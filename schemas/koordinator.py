@@ -3,19 +3,24 @@
 Pure renderers and parsers between our msgspec types (schemas.node) and the camelCase objects Koordinator
 users and koord-scheduler read (`slo.koordinator.sh/v1alpha1` NodeMetric, spec §1.2). Callers: the
 nodemetric core (memory policy names), `koordbus calc nodemetric` (integer amounts), and the k8s writer and
-the API (quantity strings, validated against the NodeMetric CRD in tests). Nothing here does I/O.
+the API (quantity strings, validated against the NodeMetric CRD in tests). Also the node annotations the
+batch/mid calculation reads and writes (reservation, cpu-normalization ratio, third-party allocations,
+originExtendedAllocatable; read by services.noderesource.core). Nothing here does I/O.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+import math
 import re
+from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any, Final, Literal, TypeVar
 
 import msgspec
 
-from schemas import node, quantity
+from schemas import node, quantity, resources
 
 API_VERSION: Final = "slo.koordinator.sh/v1alpha1"
 KIND_NODEMETRIC: Final = "NodeMetric"
@@ -245,3 +250,121 @@ def nodemetric_object(
     if status is not None:
         obj["status"] = nodemetric_status_to_json(status, quantities=True)
     return obj
+
+
+# --- node annotations read and written by the batch/mid calculation (spec §2.4–2.5)
+#
+# Koordinator logs and ignores an annotation it cannot read, so every reader returns None for "absent or
+# unreadable" instead of raising; the JSON rules are Go's encoding/json (a wrong type fails the whole value).
+
+ANNOTATION_NODE_RESERVATION: Final = "node.koordinator.sh/reservation"
+ANNOTATION_CPU_NORMALIZATION_RATIO: Final = "node.koordinator.sh/cpu-normalization-ratio"
+ANNOTATION_ORIGIN_EXTENDED_ALLOCATABLE: Final = "node.koordinator.sh/originExtendedAllocatable"
+ANNOTATION_THIRD_PARTY_ALLOCATIONS: Final = "node.koordinator.sh/thirdPartyAllocations"
+
+_MAX_CPUSET_ID: Final = 4096  # Koordinator's cpuset parser rejects ranges ending above this
+_CPU_ID: Final = re.compile(r"[+-]?\d+")
+_GO_FLOAT: Final = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _annotation_resources(raw: Any) -> resources.ResourceList | None:
+    """A ResourceList inside an annotation's JSON (null is empty); None when it is not one."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return quantity.resource_list({str(k): v for k, v in raw.items()})
+    except quantity.QuantityError:
+        return None
+
+
+def count_cpuset(text: str) -> int | None:
+    """How many CPUs a cpuset string ("0-3,8") names; None when Koordinator's parser rejects it."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        bounds = part.split("-")
+        if len(bounds) > 2 or not all(_CPU_ID.fullmatch(bound) for bound in bounds):
+            return None
+        numbers = [int(bound) for bound in bounds]
+        if any(abs(number) >= 2**31 for number in numbers):
+            return None
+        if len(numbers) == 1:
+            cpus.add(numbers[0])
+            continue
+        start, end = numbers
+        if end > _MAX_CPUSET_ID:
+            return None
+        cpus.update(range(start, end + 1))  # start > end names nothing, as in Koordinator
+    return len(cpus)
+
+
+def node_reservation_resources(annotations: Mapping[str, str]) -> resources.ResourceList | None:
+    """The resources `node.koordinator.sh/reservation` reserves (`{"resources": {...}, "reservedCPUs": "0-3"}`):
+    when `reservedCPUs` is set its CPU count replaces `resources.cpu`. `applyPolicy` does not matter here."""
+    text = annotations.get(ANNOTATION_NODE_RESERVATION, "")
+    reservation = _json_object(text) if text else None
+    if reservation is None:
+        return None
+    reserved = _annotation_resources(reservation.get("resources"))
+    cpus = reservation.get("reservedCPUs") or ""
+    if reserved is None or not isinstance(cpus, str):
+        return None
+    if cpus:
+        count = count_cpuset(cpus)
+        if count is None:
+            return None
+        reserved[resources.CPU] = count * 1000
+    return reserved
+
+
+def parse_cpu_normalization_ratio(text: str | None) -> float | None:
+    """The cpu-normalization-ratio annotation value as Go's ParseFloat reads it; None when absent or invalid."""
+    if text is None or not _GO_FLOAT.fullmatch(text):
+        return None
+    ratio = float(text)
+    return ratio if math.isfinite(ratio) else None
+
+
+def third_party_allocated(annotations: Mapping[str, str], priority_class: str) -> resources.ResourceList | None:
+    """Σ resources of the `node.koordinator.sh/thirdPartyAllocations` entries (`{"allocations": [{"name",
+    "priority", "resources"}]}`) of one priority class; None when the annotation is absent or unreadable."""
+    text = annotations.get(ANNOTATION_THIRD_PARTY_ALLOCATIONS)
+    document = None if text is None else _json_object(text)
+    allocations = None if document is None else document.get("allocations") or []
+    if not isinstance(allocations, list):
+        return None
+    total: resources.ResourceList = {}
+    for entry in allocations:
+        if not isinstance(entry, dict) or not all(isinstance(entry.get(k, ""), str) for k in ("name", "priority")):
+            return None
+        amounts = _annotation_resources(entry.get("resources"))
+        if amounts is None:
+            return None
+        if entry.get("priority") == priority_class:
+            total = resources.add(total, amounts)
+    return total
+
+
+def origin_extended_allocatable(annotations: Mapping[str, str], amounts: Mapping[str, int]) -> str:
+    """The `node.koordinator.sh/originExtendedAllocatable` value after recording `amounts` (negative → 0): the
+    annotation's readable entries kept, re-written canonically; keys sorted and compact, as Go marshals it."""
+    existing = _json_object(annotations.get(ANNOTATION_ORIGIN_EXTENDED_ALLOCATABLE, "")) or {}
+    entries = existing.get("resources") or {}
+    merged: dict[str, str] = {}
+    if isinstance(entries, dict):
+        try:
+            merged = {str(k): quantity.canonicalize(v) for k, v in entries.items()}
+        except quantity.QuantityError:
+            merged = {}
+    for name, amount in amounts.items():
+        merged[name] = quantity.format_amount(name, max(amount, 0))
+    return json.dumps({"resources": dict(sorted(merged.items()))}, separators=(",", ":"))

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 SHARED = Path(__file__).parents[2] / ".." / "shared"
-VECTOR_KINDS = ("nodemetric-aggregate",)
+VECTOR_KINDS = ("nodemetric-aggregate", "batch-resource")
 
 
 def _vector_files() -> list[Path]:
@@ -128,6 +128,99 @@ def test_nodemetric_by_hand() -> None:
     assert windows[0]["podSamples"] == 3
 
 
+GI = 1024**3
+
+
+def _example_batch_input() -> dict[str, Any]:
+    """The §2.6 worked example (as in ../shared/vectors/batch-resource/001) with every §2 knob turned."""
+    pod = {
+        "metadata": {"name": "a", "namespace": "default", "labels": {"koordinator.sh/priority-class": "koord-prod"}},
+        "spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "40", "memory": "100Gi"}}}]},
+        "status": {"phase": "Running", "qosClass": "Burstable"},
+    }
+    pod_b = json.loads(json.dumps(pod).replace('"a"', '"b"').replace('"40"', '"20"').replace("100Gi", "40Gi"))
+    yarn = {"kubernetes.io/batch-cpu": "6000", "kubernetes.io/batch-memory": "12Gi"}
+    allocations = {"allocations": [{"name": "yarn", "priority": "koord-batch", "resources": yarn}]}
+    return {
+        "now": "2026-01-01T12:00:00Z",
+        "node": {
+            "metadata": {
+                "name": "node-a",
+                "labels": {"pool": "colo"},
+                "annotations": {
+                    "node.koordinator.sh/cpu-normalization-ratio": "1.2",
+                    "node.koordinator.sh/reservation": json.dumps({"resources": {"memory": "20Gi"}}),
+                    "node.koordinator.sh/thirdPartyAllocations": json.dumps(allocations),
+                },
+            },
+            "status": {"capacity": {"cpu": "100", "memory": "400Gi"}, "allocatable": {"cpu": "98", "memory": "392Gi"}},
+        },
+        "pods": [pod, pod_b],
+        "nodeMetric": {
+            "status": {
+                "updateTime": "2026-01-01T11:59:00Z",
+                "nodeMetric": {
+                    "nodeUsage": {"resources": {"cpu": "15", "memory": "74Gi"}},
+                    "systemUsage": {"resources": {"cpu": "3", "memory": "10Gi"}},
+                },
+                "podsMetric": [
+                    {"namespace": "default", "name": "a", "podUsage": {"resources": {"cpu": "10", "memory": "60Gi"}}},
+                    {
+                        "namespace": "default",
+                        "name": "c",
+                        "podUsage": {"resources": {"cpu": 2, "memory": 4 * GI}},
+                        "priority": "koord-prod",
+                    },
+                ],
+                "hostApplicationMetric": [
+                    {"name": "agent", "usage": {"resources": {"cpu": "2", "memory": "1Gi"}}, "priority": "koord-prod"}
+                ],
+                "prodReclaimableMetric": {"resource": {"resources": {"cpu": "10", "memory": "20Gi"}}},
+            }
+        },
+        "colocationConfig": {
+            "enable": True,
+            "nodeConfigs": [
+                {"name": "colo", "nodeSelector": {"matchLabels": {"pool": "colo"}}, "memoryCalculatePolicy": "request"}
+            ],
+        },
+    }
+
+
+def test_batch_resource_by_hand() -> None:
+    out = _json_calc("batch-resource", _example_batch_input())
+    # cpu: 100 − 40 − max(system 3 + prod host app 2, kubelet 2) − used (10 + 20 + 2) = 23 cores,
+    #      × normalization 1.2 = 27600, − yarn's 6000 = 21600
+    # memory (request policy from the node config): 400 − 140 − max(kubelet 8, annotation 20) − 140 = 100Gi, − 12Gi
+    # mid: min(prodReclaimable, capacity − nodeUsage) = 10 cores, 20Gi (midUnallocatedPercent 0)
+    assert out["resources"] == {
+        "kubernetes.io/batch-cpu": 21_600,
+        "kubernetes.io/batch-memory": 88 * GI,
+        "kubernetes.io/mid-cpu": 10_000,
+        "kubernetes.io/mid-memory": 20 * GI,
+    }
+    explained = out["explain"]["resources"]["kubernetes.io/batch-cpu"]
+    assert explained["message"].startswith("kubernetes.io/batch-cpu 23000 = capacity 100000")
+    assert len(explained["prepare"]) == 2
+    assert out["explain"]["strategy"]["memoryCalculatePolicy"] == "request"
+    origin = json.loads(out["explain"]["annotations"]["node.koordinator.sh/originExtendedAllocatable"])
+    assert origin == {"resources": {"kubernetes.io/batch-cpu": "27600", "kubernetes.io/batch-memory": "100Gi"}}
+
+
+def test_batch_resource_cluster_disabled_wins_over_node_config() -> None:
+    document = _example_batch_input()
+    document["colocationConfig"] = {"enable": False, "nodeConfigs": [{"nodeSelector": {}, "enable": True}]}
+    assert set(_json_calc("batch-resource", document)["resources"].values()) == {None}
+
+
+def test_batch_resource_out_of_range_config_is_a_calculation_error() -> None:
+    document = _example_batch_input()
+    document["colocationConfig"] = {"enable": True, "cpuReclaimThresholdPercent": -1}
+    out = _json_calc("batch-resource", document)
+    assert "resources" not in out
+    assert out["error"].startswith("$.colocationConfig.cpuReclaimThresholdPercent: ")
+
+
 def test_yaml_input_from_a_file(tmp_path: Path) -> None:
     document = tmp_path / "in.yaml"
     document.write_text("now: 1000\nspec: {aggregateDurationSeconds: 60}\nnodeSamples:\n  - [990, 0.5, 2e9]\n")
@@ -159,6 +252,28 @@ def test_default_aggregations_and_last() -> None:
         ("nodemetric", '{"now": 1, "spec": {"nodeAggregatePolicy": {"durations": ["5q"]}}}', "$.spec.nodeAggregate"),
         ("nodemetric", '{"now": 1, "spec": {"nodeMemoryCollectPolicy": "all"}}', "$.spec.nodeMemoryCollectPolicy"),
         ("nodemetric-aggregate", '{"samples": "many"}', "$.samples: Expected `array`"),
+        ("batch-resource", '{"now": 1, "pods": []}', "missing required field `node`"),
+        ("batch-resource", '{"now": 1, "node": {}, "pods": {}}', "$.pods: Expected `array`"),
+        (
+            "batch-resource",
+            '{"now": 1, "node": {}, "pods": [{}, {"spec": {"containers": [{}, {"resources": {"requests": '
+            '{"cpu": "x"}}}]}}]}',
+            "$.pods[1].spec.containers[1].resources.requests.cpu: cannot parse quantity 'x'",
+        ),
+        ("batch-resource", '{"now": 1, "node": {"status": {"capacity": {"memory": true}}}}', "$.node.status.capacity"),
+        (
+            "batch-resource",
+            '{"now": 1, "node": {}, "nodeMetric": {"status": {"podsMetric": [{"podUsage": {"resources": '
+            '{"cpu": "1x"}}}]}}}',
+            "$.nodeMetric.status.podsMetric[0].podUsage.resources.cpu: cannot parse quantity",
+        ),
+        ("batch-resource", '{"now": 1, "node": {}, "nodeMetric": {"status": {"updateTime": "noon"}}}', "updateTime"),
+        (
+            "batch-resource",
+            '{"now": 1, "node": {}, "colocationConfig": {"enable": "yes"}}',
+            "$.colocationConfig.enable",
+        ),
+        ("batch-resource", '{"now": 1, "node": {}, "colocationConfig": [true]}', "$.colocationConfig: Expected"),
         ("nodemetric-aggregate", "[1, 2]", "$: Expected `object`"),
     ],
 )
@@ -194,6 +309,6 @@ def test_help_explains_each_kind() -> None:
         check=False,
     )
     assert result.returncode == 0
-    for kind in ("nodemetric-aggregate", "nodemetric"):
+    for kind in ("nodemetric-aggregate", "nodemetric", "batch-resource"):
         assert kind in result.stdout
-    assert result.stdout.count("example:") >= 2
+    assert result.stdout.count("example:") >= 3

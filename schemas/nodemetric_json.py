@@ -1,0 +1,153 @@
+"""Reading a NodeMetric object (`slo.koordinator.sh/v1alpha1`, spec §1.2) as Koordinator's consumers see it.
+
+schemas.koordinator writes NodeMetric; this module reads one back: the camelCase JSON (quantity strings or
+integers, unknown fields ignored) decoded by `NodeMetricObject`, and `usage_snapshot` turning it into a
+`NodeUsageSnapshot` of integer amounts (cpu in millicores, memory in bytes) masked to cpu and memory, which is
+all the manager-side calculations read. Callers: `koordbus calc batch-resource`, services.noderesource (batch
+and mid, §2.4/§2.8) and later the load-aware scheduler. A quantity that does not parse fails decoding with its
+JSON path. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+
+import msgspec
+
+from schemas import kube, quantity, resources
+
+_CPU_AND_MEMORY = (resources.CPU, resources.MEMORY)
+
+
+class ResourceMapJSON(msgspec.Struct, frozen=True, kw_only=True):
+    """Koordinator's ResourceMap: `{"resources": {...}, "devices": [...]}`; no `resources` means no data."""
+
+    resources: kube.RawResourceList | None = None
+
+    def __post_init__(self) -> None:
+        kube.require_quantities("resources", self.resources)
+
+
+class PodMetricJSON(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    namespace: str = ""
+    name: str = ""
+    pod_usage: ResourceMapJSON = ResourceMapJSON()
+    priority: str = ""
+    qos: str = ""
+
+
+class HostApplicationMetricJSON(msgspec.Struct, frozen=True, kw_only=True):
+    name: str = ""
+    usage: ResourceMapJSON = ResourceMapJSON()
+    priority: str = ""
+    qos: str = ""
+
+
+class ProdReclaimableMetricJSON(msgspec.Struct, frozen=True, kw_only=True):
+    resource: ResourceMapJSON = ResourceMapJSON()
+
+
+class NodeMetricInfoJSON(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`status.nodeMetric`; the aggregated usages and NUMA usages are not read here."""
+
+    node_usage: ResourceMapJSON = ResourceMapJSON()
+    system_usage: ResourceMapJSON = ResourceMapJSON()
+
+
+class NodeMetricStatusJSON(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    update_time: dt.datetime | None = None
+    node_metric: NodeMetricInfoJSON | None = None
+    pods_metric: list[PodMetricJSON] | None = None
+    host_application_metric: list[HostApplicationMetricJSON] | None = None
+    prod_reclaimable_metric: ProdReclaimableMetricJSON | None = None
+
+
+class NodeMetricObject(msgspec.Struct, frozen=True, kw_only=True):
+    metadata: kube.ObjectMeta = kube.ObjectMeta()
+    status: NodeMetricStatusJSON = NodeMetricStatusJSON()
+
+
+# --- integer view
+
+
+class PodUsage(msgspec.Struct, frozen=True, kw_only=True):
+    """One `podsMetric` entry: the pod's usage and the classes koordlet reported for it."""
+
+    namespace: str
+    name: str
+    usage: resources.ResourceList
+    priority: str = ""
+    qos: str = ""
+
+    @property
+    def key(self) -> str:
+        """`namespace/name`, as kube.pod_key."""
+        return f"{self.namespace}/{self.name}"
+
+
+class HostApplicationUsage(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    usage: resources.ResourceList
+    priority: str = ""
+    qos: str = ""
+
+
+class NodeUsageSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """A NodeMetric status as integers, cpu and memory only.
+
+    `update_time` None means the status was never written (the calculations degrade). `node_usage` and
+    `prod_reclaimable` are None when their ResourceMap carries no `resources` at all, which Koordinator tells
+    apart from an empty or partial one.
+    """
+
+    update_time: float | None
+    node_usage: resources.ResourceList | None = None
+    system_usage: resources.ResourceList = {}
+    pods: tuple[PodUsage, ...] = ()
+    host_applications: tuple[HostApplicationUsage, ...] = ()
+    prod_reclaimable: resources.ResourceList | None = None
+
+
+def _cpu_and_memory(raw: Mapping[str, quantity.RawQuantity] | None) -> resources.ResourceList:
+    return resources.mask(kube.resource_amounts(raw), _CPU_AND_MEMORY)
+
+
+def _unix_seconds(moment: dt.datetime) -> float:
+    """A time without an offset is taken as UTC, as schemas.koordinator.parse_rfc3339 does."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return moment.timestamp()
+
+
+def usage_snapshot(obj: NodeMetricObject) -> NodeUsageSnapshot:
+    """The integer view of a decoded NodeMetric."""
+    status = obj.status
+    info = status.node_metric or NodeMetricInfoJSON()
+    reclaimable = status.prod_reclaimable_metric
+    return NodeUsageSnapshot(
+        update_time=None if status.update_time is None else _unix_seconds(status.update_time),
+        node_usage=None if info.node_usage.resources is None else _cpu_and_memory(info.node_usage.resources),
+        system_usage=_cpu_and_memory(info.system_usage.resources),
+        pods=tuple(
+            PodUsage(
+                namespace=pod.namespace,
+                name=pod.name,
+                usage=_cpu_and_memory(pod.pod_usage.resources),
+                priority=pod.priority,
+                qos=pod.qos,
+            )
+            for pod in status.pods_metric or ()
+        ),
+        host_applications=tuple(
+            HostApplicationUsage(
+                name=app.name, usage=_cpu_and_memory(app.usage.resources), priority=app.priority, qos=app.qos
+            )
+            for app in status.host_application_metric or ()
+        ),
+        prod_reclaimable=(
+            None
+            if reclaimable is None or reclaimable.resource.resources is None
+            else _cpu_and_memory(reclaimable.resource.resources)
+        ),
+    )
