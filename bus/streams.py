@@ -12,6 +12,8 @@ from bus.api import StreamSpec
 KOORD_NODE = "KOORD_NODE"
 KOORD_NODEMETRIC = "KOORD_NODEMETRIC"
 KOORD_DLQ = "KOORD_DLQ"
+KOORD_CLUSTER = "KOORD_CLUSTER"
+KOORD_NODERESOURCE = "KOORD_NODERESOURCE"
 
 # Consumers ack within 30 s and try 5 times: dedup must outlive 150 s of redeliveries.
 DUPLICATE_WINDOW_SECONDS = 300.0
@@ -40,6 +42,30 @@ def nodemetric_stream(*, max_age_seconds: float = 24 * 3600, replicas: int = 1) 
     )
 
 
+def cluster_stream(*, replicas: int = 1) -> StreamSpec:
+    """What services.k8s sees: one message (the latest state or a tombstone) per object subject, kept forever,
+    so a starting service reads current cluster state with a last-per-subject replay."""
+    return StreamSpec(
+        name=KOORD_CLUSTER,
+        subjects=(subjects.CLUSTER_ALL,),
+        max_age_seconds=0,
+        max_msgs_per_subject=1,
+        duplicate_window_seconds=DUPLICATE_WINDOW_SECONDS,
+        replicas=replicas,
+    )
+
+
+def noderesource_stream(*, max_age_seconds: float = 7 * 24 * 3600, replicas: int = 1) -> StreamSpec:
+    """Every batch/mid decision with its explanation: the replayable history behind `/resources/history`."""
+    return StreamSpec(
+        name=KOORD_NODERESOURCE,
+        subjects=(subjects.NODERESOURCE_ALL,),
+        max_age_seconds=max_age_seconds,
+        duplicate_window_seconds=DUPLICATE_WINDOW_SECONDS,
+        replicas=replicas,
+    )
+
+
 def dlq_stream(*, max_age_seconds: float = 7 * 24 * 3600, replicas: int = 1) -> StreamSpec:
     return StreamSpec(
         name=KOORD_DLQ,
@@ -51,4 +77,10 @@ def dlq_stream(*, max_age_seconds: float = 7 * 24 * 3600, replicas: int = 1) -> 
 
 
 def all_streams(*, replicas: int = 1) -> list[StreamSpec]:
-    return [node_stream(replicas=replicas), nodemetric_stream(replicas=replicas), dlq_stream(replicas=replicas)]
+    return [
+        node_stream(replicas=replicas),
+        nodemetric_stream(replicas=replicas),
+        cluster_stream(replicas=replicas),
+        noderesource_stream(replicas=replicas),
+        dlq_stream(replicas=replicas),
+    ]

@@ -92,6 +92,36 @@ def nodemetric_computed(node: str) -> str:
     return f"{PREFIX}.nodemetric.{encode_token(node)}.computed"
 
 
+# --- cluster state seen by services.k8s (stream KOORD_CLUSTER, one message per subject)
+
+CLUSTER_ALL = f"{PREFIX}.k8s.>"
+CLUSTER_NODES = f"{PREFIX}.k8s.node.*"
+CLUSTER_PODS = f"{PREFIX}.k8s.pod.*.*"
+CLUSTER_CONFIGMAPS = f"{PREFIX}.k8s.configmap.*.*"
+
+
+def cluster_node(name: str) -> str:
+    return f"{PREFIX}.k8s.node.{encode_token(name)}"
+
+
+def cluster_pod(namespace: str, name: str) -> str:
+    return f"{PREFIX}.k8s.pod.{encode_token(namespace)}.{encode_token(name)}"
+
+
+def cluster_configmap(namespace: str, name: str) -> str:
+    return f"{PREFIX}.k8s.configmap.{encode_token(namespace)}.{encode_token(name)}"
+
+
+# --- noderesource service (stream KOORD_NODERESOURCE)
+
+NODERESOURCE_ALL = f"{PREFIX}.noderesource.>"
+NODERESOURCE_COMPUTED_ALL = f"{PREFIX}.noderesource.*.computed"
+
+
+def noderesource_computed(node: str) -> str:
+    return f"{PREFIX}.noderesource.{encode_token(node)}.computed"
+
+
 # --- dead letters (stream KOORD_DLQ)
 
 DLQ_ALL = f"{PREFIX}.dlq.>"

@@ -1,0 +1,60 @@
+"""What services.k8s sees in the cluster, published as state-transfer events on last-value subjects.
+
+One subject per object (`koord.v1.k8s.<kind>.<namespace>.<name>`, stream KOORD_CLUSTER keeps one message per
+subject), so a service that starts reads the current cluster state by replaying the last message of every
+subject, then follows changes. A deleted object leaves a tombstone (`deleted=True`, object None) as its last value.
+`resource_version` is the object's resourceVersion when seen; `observed_at` is the bridge's clock (unix seconds).
+
+Published by services.k8s; read by services.noderesource (nodes, pods, the slo-controller-config ConfigMap) and by
+the later slo, quota and migration services.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from schemas import kube
+from schemas.node import NodeName, UnixSeconds
+
+ObjectName = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
+
+
+class NodeObserved(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.node_observed.v1"):
+    """A Node as listed or watched, or its tombstone."""
+
+    name: NodeName
+    observed_at: UnixSeconds
+    resource_version: str = ""
+    deleted: bool = False
+    node: kube.Node | None = None
+
+
+class PodObserved(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.pod_observed.v1"):
+    """A Pod as listed or watched, or its tombstone. `node_name` is spec.nodeName ("" while unscheduled), kept
+    on the tombstone too so a reader can drop the pod from the right node."""
+
+    namespace: ObjectName
+    name: ObjectName
+    observed_at: UnixSeconds
+    uid: str = ""
+    node_name: str = ""
+    resource_version: str = ""
+    deleted: bool = False
+    pod: kube.Pod | None = None
+
+
+class ConfigMapObserved(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.configmap_observed.v1"):
+    """A ConfigMap the bridge watches (the slo-controller-config one), with its data, or its tombstone."""
+
+    namespace: ObjectName
+    name: ObjectName
+    observed_at: UnixSeconds
+    resource_version: str = ""
+    deleted: bool = False
+    data: dict[str, str] = {}
+
+
+ClusterEvent = NodeObserved | PodObserved | ConfigMapObserved
+CLUSTER_EVENT_DECODER: msgspec.json.Decoder[ClusterEvent] = msgspec.json.Decoder(ClusterEvent)
