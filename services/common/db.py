@@ -10,6 +10,8 @@ One schema serves SQLite (aiosqlite, the embedded default) and PostgreSQL (async
 from __future__ import annotations
 
 import importlib.resources
+import logging
+import sqlite3
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, cast
@@ -22,6 +24,8 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+log = logging.getLogger(__name__)
 
 SQLITE_DRIVER: Final = "sqlite+aiosqlite"
 POSTGRES_DRIVER: Final = "postgresql+asyncpg"
@@ -108,6 +112,22 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
     )
 
 
+def _enable_wal(cursor: Any) -> None:
+    """Switch the database file to WAL (a persistent property of the file, so usually already done).
+
+    Converting needs an exclusive lock and SQLite answers "database is locked" at once, busy timeout or not, when
+    another connection holds one — typically another start-up converting the same new file. That connection's
+    conversion is as good as ours, and a database left in rollback-journal mode is still correct (the next
+    connection tries again), so a locked conversion is not an error.
+    """
+    try:
+        cursor.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.OperationalError as e:
+        if "locked" not in str(e):
+            raise
+        log.debug("sqlite: journal_mode=WAL deferred, the database is locked by another connection")
+
+
 def _install_sqlite_hooks(engine: AsyncEngine) -> None:
     """WAL, foreign keys and a busy timeout per connection; SQLAlchemy (not sqlite3) emits BEGIN.
 
@@ -120,9 +140,9 @@ def _install_sqlite_hooks(engine: AsyncEngine) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         try:
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            _enable_wal(cursor)
+            cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA synchronous=NORMAL")
         finally:
             cursor.close()
