@@ -3,7 +3,8 @@
 schemas.koordinator writes NodeMetric; this module reads one back: the camelCase JSON (quantity strings or
 integers, unknown fields ignored) decoded by `NodeMetricObject`, and `usage_snapshot` turning it into a
 `NodeUsageSnapshot` of integer amounts (cpu in millicores, memory in bytes) masked to cpu and memory, which is
-all the manager-side calculations read. Callers: `koordbus calc batch-resource`, services.noderesource (batch
+all the manager-side calculations read. `snapshot_from_computed` gives the same view of our own NodeMetricComputed
+event. Callers: `koordbus calc batch-resource`, services.noderesource (batch
 and mid, §2.4/§2.8) and later the load-aware scheduler. A quantity that does not parse fails decoding with its
 JSON path. Nothing here does I/O.
 """
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 import msgspec
 
 from schemas import kube, quantity, resources
+from schemas.node import NodeMetricComputed, ResourceMap
 
 _CPU_AND_MEMORY = (resources.CPU, resources.MEMORY)
 
@@ -149,5 +151,36 @@ def usage_snapshot(obj: NodeMetricObject) -> NodeUsageSnapshot:
             None
             if reclaimable is None or reclaimable.resource.resources is None
             else _cpu_and_memory(reclaimable.resource.resources)
+        ),
+    )
+
+
+def _map_or_none(resource_map: ResourceMap) -> resources.ResourceList | None:
+    """None for a map with no data (empty `resources`, as ResourceMap documents), else cpu and memory."""
+    if not resource_map.resources:
+        return None
+    return resources.mask(resource_map.resources, _CPU_AND_MEMORY)
+
+
+def snapshot_from_computed(event: NodeMetricComputed) -> NodeUsageSnapshot:
+    """The integer view of a NodeMetricComputed event (amounts there are already cpu millicores and bytes).
+
+    updateTime is the report time. Our event carries no host application metrics and no prod reclaimable metric
+    yet, so those are empty and None (the mid calculation then counts reclaimable as 0, and says so).
+    """
+    status = event.status
+    return NodeUsageSnapshot(
+        update_time=event.report_time,
+        node_usage=_map_or_none(status.node_metric.node_usage),
+        system_usage=_map_or_none(status.node_metric.system_usage) or {},
+        pods=tuple(
+            PodUsage(
+                namespace=pod.namespace,
+                name=pod.name,
+                usage=_map_or_none(pod.pod_usage) or {},
+                priority=pod.priority,
+                qos=pod.qos,
+            )
+            for pod in status.pods_metric
         ),
     )

@@ -5,9 +5,10 @@ NodeMetric and the node's effective ColocationStrategy into the four extended re
 mid-cpu, mid-memory), each with its formula and numbers, or removed with a reason (colocation disabled, NodeMetric
 missing or stale). `prepare` turns that result into what Koordinator writes on the Node (cpu-normalization
 scaling, rounding, the originExtendedAllocatable annotation, third-party batch allocations subtracted) as a
-`NodeResourcePatch` value; `needs_sync` decides whether the write is due. Amounts are integers: batch-cpu and
-mid-cpu count millicores, memory is bytes. Ratios are applied in float64 and truncated, as Koordinator does, so
-results match it to the unit.
+`NodeResourcePatch` value; `needs_sync` decides whether the write is due. The explanation structs
+(ResourceExplanation, PodAccounting) live in schemas.noderesource, as part of the NodeResourceComputed event.
+Amounts are integers: batch-cpu and mid-cpu count millicores, memory is bytes. Ratios are applied in float64 and
+truncated, as Koordinator does, so results match it to the unit.
 
 Koordinator quirks kept on purpose: a high-priority pod without a metric adds its request to the usage sum but not
 to the max(usage, request) sum (the NUMA variant adds it to both); the CPU `request` policy falls back to `usage`;
@@ -16,7 +17,7 @@ the kubelet and annotation reservations combine by max, not sum.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from typing import Final
 
@@ -24,6 +25,8 @@ import msgspec
 
 from schemas import koordinator, kube, quantity, resources, vocab
 from schemas.nodemetric_json import NodeUsageSnapshot
+from schemas.noderesource import PodAccounting as PodAccounting
+from schemas.noderesource import ResourceExplanation as ResourceExplanation
 from services.noderesource import strategy as strategies
 
 BATCH_RESOURCES: Final = (vocab.BATCH_CPU, vocab.BATCH_MEMORY)
@@ -38,33 +41,8 @@ REASON_NO_ALLOCATABLE: Final = "node has no status.allocatable, the mid calculat
 _CPU, _MEMORY = resources.CPU, resources.MEMORY
 _CPU_AND_MEMORY: Final = (_CPU, _MEMORY)
 
-
-class ResourceExplanation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One resource's value and why: the formula, its terms and the formula with the numbers filled in.
-
-    `value` None means the resource is removed from the node; `reason` then says why.
-    """
-
-    value: int | None
-    formula: str = ""
-    terms: dict[str, int] = {}
-    message: str = ""
-    policy: str = ""
-    note: str = ""
-    """A caveat about the inputs (a missing metric counted as 0)."""
-    reason: str = ""
-
-
-class PodAccounting(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """How the batch calculation classified the pods and pod metrics it was given."""
-
-    high_priority: int = 0
-    high_priority_without_metric: int = 0
-    high_priority_lse: int = 0
-    low_priority_skipped: int = 0
-    not_running_or_pending_skipped: int = 0
-    dangling_metrics_counted: int = 0
-    dangling_metrics_skipped: int = 0
+PodRequestOf = Callable[[kube.Pod], resources.ResourceList]
+"""A pod's effective request: kube.pod_request, or a cache of it."""
 
 
 class NodeResourceResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -190,7 +168,9 @@ class _BatchSums(msgspec.Struct, kw_only=True):
     accounting: PodAccounting
 
 
-def _sum_high_priority_pods(pods: Sequence[kube.Pod], snapshot: NodeUsageSnapshot) -> _BatchSums:
+def _sum_high_priority_pods(
+    pods: Sequence[kube.Pod], snapshot: NodeUsageSnapshot, pod_request: PodRequestOf
+) -> _BatchSums:
     metrics = {metric.key: metric for metric in snapshot.pods}
     dangling = dict(metrics)
     request: resources.ResourceList = {}
@@ -208,18 +188,18 @@ def _sum_high_priority_pods(pods: Sequence[kube.Pod], snapshot: NodeUsageSnapsho
             counts["low_priority_skipped"] += 1
             continue
         counts["high_priority"] += 1
-        pod_request = resources.mask(kube.pod_request(pod), _CPU_AND_MEMORY)
-        request = resources.add(request, pod_request)
+        requested = resources.mask(pod_request(pod), _CPU_AND_MEMORY)
+        request = resources.add(request, requested)
         if metric is None:
             counts["high_priority_without_metric"] += 1
-            used = resources.add(used, pod_request)  # not into max_used_request: Koordinator's asymmetry
+            used = resources.add(used, requested)  # not into max_used_request: Koordinator's asymmetry
         elif kube.pod_qos_class(pod) == vocab.QOS_LSE:
             counts["high_priority_lse"] += 1  # LSE pods hold their CPU request whatever they use
-            used = resources.add(used, {_CPU: _get(pod_request, _CPU), _MEMORY: _get(metric.usage, _MEMORY)})
-            max_used_request = resources.add(max_used_request, resources.max_rl(pod_request, metric.usage))
+            used = resources.add(used, {_CPU: _get(requested, _CPU), _MEMORY: _get(metric.usage, _MEMORY)})
+            max_used_request = resources.add(max_used_request, resources.max_rl(requested, metric.usage))
         else:
             used = resources.add(used, metric.usage)
-            max_used_request = resources.add(max_used_request, resources.max_rl(pod_request, metric.usage))
+            max_used_request = resources.add(max_used_request, resources.max_rl(requested, metric.usage))
     for metric in dangling.values():
         if metric.priority in (vocab.PRIORITY_BATCH, vocab.PRIORITY_FREE):
             counts["dangling_metrics_skipped"] += 1
@@ -240,8 +220,9 @@ def _batch(
     pods: Sequence[kube.Pod],
     snapshot: NodeUsageSnapshot,
     strategy: strategies.ColocationStrategy,
+    pod_request: PodRequestOf,
 ) -> tuple[dict[str, ResourceExplanation], PodAccounting]:
-    sums = _sum_high_priority_pods(pods, snapshot)
+    sums = _sum_high_priority_pods(pods, snapshot, pod_request)
     capacity = _cpu_and_memory(kube.node_capacity(node))
     margin = {
         _CPU: _scale(capacity[_CPU], _percent_ratio(100 - strategy.cpu_reclaim_threshold_percent)),
@@ -336,13 +317,14 @@ def _mid_by_reclaimable(
     pods: Sequence[kube.Pod],
     snapshot: NodeUsageSnapshot,
     strategy: strategies.ColocationStrategy,
+    pod_request: PodRequestOf,
 ) -> dict[str, ResourceExplanation]:
     capacity = _cpu_and_memory(kube.node_capacity(node))
     reclaimable = _cpu_and_memory(snapshot.prod_reclaimable or {})
     system_used = resources.add(snapshot.system_usage, host_apps_used_above(snapshot, vocab.PRIORITY_MID))
     reserved = resources.max_rl(node_reserved(node), _cpu_and_memory(system_used))
     prod_requests = [
-        kube.pod_request(pod)
+        pod_request(pod)
         for pod in pods
         if kube.pod_priority_class(pod) not in (vocab.PRIORITY_MID, vocab.PRIORITY_BATCH, vocab.PRIORITY_FREE)
         and kube.is_running_or_pending(pod)
@@ -406,12 +388,16 @@ def calculate(
     node_metric: NodeUsageSnapshot | None,
     strategy: strategies.ColocationStrategy,
     now: float,
+    *,
+    pod_request: PodRequestOf = kube.pod_request,
 ) -> NodeResourceResult:
     """Batch and mid resources for one node (§2.3 steps 3–6, §2.4, §2.8).
 
     `strategy` is the node's effective strategy; pass `enable=False` when the cluster strategy is disabled too
     (Koordinator requires both). `pods` are the node's pods (not filtered by nodeName here). `now` is Unix
     seconds. Disabled: all four removed. Missing or stale NodeMetric: batch and mid removed (degraded).
+    `pod_request` is kube.pod_request or a cache of it (the service keeps each pod's request while the pod is
+    unchanged: parsing the quantities is most of the cost of a decision).
     """
     if not strategy.enable:
         return NodeResourceResult(resources=_removed(ALL_RESOURCES, REASON_DISABLED))
@@ -422,13 +408,13 @@ def calculate(
                 **_removed(MID_RESOURCES, REASON_MID_DEGRADED),
             }
         )
-    batch, accounting = _batch(node, pods, node_metric, strategy)
+    batch, accounting = _batch(node, pods, node_metric, strategy, pod_request)
     if node.status.allocatable is None:
         mid = _removed(MID_RESOURCES, REASON_NO_ALLOCATABLE)
     elif strategy.mid_reclaim_mode == strategies.MID_RECLAIM_STATIC:
         mid = _mid_static(node, strategy)
     else:
-        mid = _mid_by_reclaimable(node, pods, node_metric, strategy)
+        mid = _mid_by_reclaimable(node, pods, node_metric, strategy, pod_request)
     return NodeResourceResult(resources={**batch, **mid}, pods=accounting)
 
 

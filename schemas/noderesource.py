@@ -1,0 +1,108 @@
+"""NodeResourceComputed: one batch/mid decision for one node, with its explanation and whether the write is due.
+
+Published by services.noderesource on `koord.v1.noderesource.<node>.computed` (stream KOORD_NODERESOURCE, JSON),
+read by the k8s writer (which applies `resources` and `annotations` when `write_due`), the API's resource history,
+and services.noderesource itself at start-up (the last decision per node seeds its hysteresis). The explanation
+structs (`ResourceExplanation`, `PodAccounting`) are defined here because they are part of the wire contract;
+services.noderesource.core builds them. `computed_at` is the time the decision was made *for* (the triggering
+event's time, or the resync tick's), so replaying the same inputs yields the same event and the same msg id.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal
+
+import msgspec
+
+from schemas import vocab
+from schemas.node import NodeName, UnixSeconds
+
+RESOURCE_NAMES: Final = (vocab.BATCH_CPU, vocab.BATCH_MEMORY, vocab.MID_CPU, vocab.MID_MEMORY)
+
+Trigger = Literal["node", "pods", "nodemetric", "config", "resync"]
+"""What made the service recompute: the Node, one of its pods, its NodeMetric, the colocation config, or the
+periodic resync."""
+Outcome = Literal["computed", "degraded", "disabled"]
+"""computed: batch ran; degraded: NodeMetric missing or stale, batch and mid removed; disabled: colocation off."""
+Amount = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class ResourceExplanation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One resource's value and why: the formula, its terms and the formula with the numbers filled in.
+
+    `value` None means the resource is removed from the node; `reason` then says why.
+    """
+
+    value: int | None
+    formula: str = ""
+    terms: dict[str, int] = {}
+    message: str = ""
+    policy: str = ""
+    note: str = ""
+    """A caveat about the inputs (a missing metric counted as 0)."""
+    reason: str = ""
+
+
+class PodAccounting(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """How the batch calculation classified the pods and pod metrics it was given."""
+
+    high_priority: int = 0
+    high_priority_without_metric: int = 0
+    high_priority_lse: int = 0
+    low_priority_skipped: int = 0
+    not_running_or_pending_skipped: int = 0
+    dangling_metrics_counted: int = 0
+    dangling_metrics_skipped: int = 0
+
+
+class NodeResourceComputed(msgspec.Struct, frozen=True, kw_only=True, tag="noderesource.computed.v1"):
+    """The batch/mid resources decided for one node, as they would be written on it."""
+
+    node: NodeName
+    computed_at: UnixSeconds
+    """The time the calculation ran for (staleness of the NodeMetric is judged against it)."""
+    trigger: tuple[Trigger, ...]
+    """What changed since the previous decision, sorted; several when one fetched batch carried several."""
+    outcome: Outcome
+    reason: str = ""
+    """Why the resources were removed (degraded or disabled); empty when computed."""
+    resources: dict[str, Amount | None]
+    """Each batch/mid resource as written to status.capacity and .allocatable after prepare (None: delete it)."""
+    annotations: dict[str, str] = {}
+    """Node annotations to set with the resources (originExtendedAllocatable)."""
+    explanation: dict[str, ResourceExplanation] = {}
+    """Per resource, the calculated value with its formula, before prepare."""
+    prepare_steps: dict[str, list[str]] = {}
+    """Per resource, what prepare did to the calculated value (cpu normalization, third-party allocations)."""
+    pods: PodAccounting = PodAccounting()
+    write_due: bool
+    write_reason: str
+    """The needSync outcome: first write, which resource moved past resourceDiffThreshold, updateTimeThresholdSeconds
+    elapsed, or "up to date"."""
+    last_write_at: UnixSeconds | None = None
+    """When the previous due write was decided (the hysteresis baseline); None when there was none."""
+    last_write_resources: dict[str, Amount] = {}
+    """The resources of that previous due write, absent ones left out (what resourceDiffThreshold compared with)."""
+    node_config: str = ""
+    """The name of the nodeConfigs entry whose selector matched the node, empty for the cluster strategy."""
+    warnings: tuple[str, ...] = ()
+    """Node annotations or labels that were ignored, and a ConfigMap content that is not in effect."""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.resources) - set(RESOURCE_NAMES))
+        if unknown:
+            raise ValueError(f"resources: unknown resource names {unknown}")
+        if self.outcome != "computed" and not self.reason:
+            raise ValueError(f"outcome {self.outcome} needs a reason")
+        if not self.trigger:
+            raise ValueError("trigger must name at least one cause")
+        if not self.write_reason:
+            raise ValueError("write_reason must not be empty")
+
+    @property
+    def written_amounts(self) -> dict[str, int]:
+        """The resources present after this decision (absent ones left out), as the hysteresis compares them."""
+        return {name: value for name, value in self.resources.items() if value is not None}
+
+
+NODERESOURCE_COMPUTED_DECODER: msgspec.json.Decoder[NodeResourceComputed] = msgspec.json.Decoder(NodeResourceComputed)

@@ -1,0 +1,39 @@
+"""Settings of the Kubernetes bridge (built once by the CLI; see services.common.settings.load)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class K8sSettings:
+    kubeconfig: str = ""
+    """Path of a kubeconfig file; "" uses the in-cluster service account (KUBERNETES_SERVICE_HOST …)."""
+    kube_context: str = ""
+    """Context of the kubeconfig to use; "" is its current-context."""
+    configmap_namespace: str = "koordinator-system"
+    """Namespace of the colocation ConfigMap, as Koordinator deploys it."""
+    configmap_name: str = "slo-controller-config"
+    """Name of the colocation ConfigMap; only this one ConfigMap is watched."""
+    watch_timeout_seconds: int = 300
+    """Server-side timeout of one watch request; the stream then ends cleanly and is resumed at once."""
+    watch_read_grace_seconds: float = 30.0
+    """A watch that sends nothing for watch_timeout_seconds plus this long is treated as a dead connection."""
+    backoff_initial_seconds: float = 0.5
+    """First delay after a failed list or watch; it doubles on each consecutive failure."""
+    backoff_max_seconds: float = 30.0
+    """Upper bound of the delay between retries of a failing list, watch or publish."""
+    publish_batch_size: int = 256
+    """Pending observed states published concurrently per round (the bus bounds in-flight publishes too)."""
+
+    def __post_init__(self) -> None:
+        if not self.configmap_namespace or not self.configmap_name:
+            raise ValueError("configmap_namespace and configmap_name must not be empty")
+        if self.watch_timeout_seconds <= 0:
+            raise ValueError("watch_timeout_seconds must be positive")
+        if self.watch_read_grace_seconds <= 0:
+            raise ValueError("watch_read_grace_seconds must be positive")
+        if not 0 < self.backoff_initial_seconds <= self.backoff_max_seconds:
+            raise ValueError("backoff bounds must satisfy 0 < backoff_initial_seconds <= backoff_max_seconds")
+        if self.publish_batch_size <= 0:
+            raise ValueError("publish_batch_size must be positive")

@@ -1,0 +1,295 @@
+"""The cluster state the noderesource service decides from, kept in memory from events, and the per-node decision.
+
+Pure (no I/O, clock or event loop; `now` is a parameter): services.noderesource.service feeds `ClusterState.apply`
+with NodeObserved / PodObserved / ConfigMapObserved (KOORD_CLUSTER) and NodeMetricComputed (KOORD_NODEMETRIC)
+events, recomputes the nodes it returns with `decide`, and publishes the resulting NodeResourceComputed events.
+Which nodes an event affects follows the §2.3 triggers: a Node → itself; a Pod → its old and its new node; a
+NodeMetric → its node; a change of the effective colocation config → every node. Events older than what is held
+(by resourceVersion when both parse as integers, by report time for NodeMetrics) are ignored, so a relist or a
+redelivery cannot roll state back. Pods of nodes not seen yet are kept (the node may come later) but nothing is
+decided for a node that is not known. What was ignored and why is appended to `ClusterState.problems`, which the
+service drains into its skipped-input counter.
+
+Hysteresis (§2.3 step 7) compares a new decision with the last one whose write was due (`LastWrite`), not with the
+Node's status: the k8s writer applies decisions asynchronously, and the decision log is the record of what was
+asked. Every recomputation that changes something is published, with `write_due` saying whether the node should
+be written; a recomputation that changes neither resources, annotations nor outcome, and is not due, is a repeat
+(`is_repeat`) and not published.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+import msgspec
+
+from schemas import kube, resources
+from schemas.cluster import ConfigMapObserved, NodeObserved, PodObserved
+from schemas.node import NodeMetricComputed
+from schemas.nodemetric_json import NodeUsageSnapshot, snapshot_from_computed
+from schemas.noderesource import NodeResourceComputed, Outcome, Trigger
+from services.noderesource import config as colocation
+from services.noderesource import core
+
+StateEvent = NodeObserved | PodObserved | ConfigMapObserved | NodeMetricComputed
+
+PROBLEM_STALE_VERSION: Final = "stale_resource_version"
+PROBLEM_MISSING_OBJECT: Final = "missing_object"
+PROBLEM_STALE_NODEMETRIC: Final = "stale_nodemetric"
+PROBLEM_CONFIG_ERROR: Final = "config_error"
+PROBLEM_OTHER_CONFIGMAP: Final = "unwatched_configmap"
+
+
+class LastWrite(msgspec.Struct, frozen=True, kw_only=True):
+    """The last decision of a node whose write was due: when, and the resources it wrote (absent ones left out)."""
+
+    at: float
+    resources: dict[str, int]
+
+
+def trigger_of(event: StateEvent) -> Trigger:
+    match event:
+        case NodeObserved():
+            return "node"
+        case PodObserved():
+            return "pods"
+        case ConfigMapObserved():
+            return "config"
+        case NodeMetricComputed():
+            return "nodemetric"
+
+
+def event_time(event: StateEvent) -> float:
+    """The event's own time: when the bridge observed the object, or the NodeMetric's report time."""
+    if isinstance(event, NodeMetricComputed):
+        return event.report_time
+    return event.observed_at
+
+
+def _newer_version(held: tuple[str, bool] | None, version: str, deleted: bool) -> bool | None:
+    """True if (version, deleted) is news against `held`, False if it is the same, None if it is older."""
+    if held is None:
+        return True
+    held_version, held_deleted = held
+    if version == held_version and deleted == held_deleted:
+        return False
+    try:
+        old, new = int(held_version), int(version)
+    except ValueError:
+        return True  # not comparable (empty or opaque): the later message wins, as on a last-value subject
+    if new < old:
+        return None
+    return new > old or deleted != held_deleted
+
+
+class ClusterState:
+    """Nodes, pods (with a node → pods index), the latest NodeMetric per node and the colocation config."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, kube.Node] = {}
+        self.pods: dict[str, kube.Pod] = {}
+        self.pod_node: dict[str, str] = {}
+        """Pod key → the node it is bound to (unscheduled pods are absent)."""
+        self.pods_by_node: dict[str, set[str]] = {}
+        self.snapshots: dict[str, NodeUsageSnapshot] = {}
+        self.config = colocation.ColocationConfigState()
+        self.config_seen = False
+        """Whether any version of the ConfigMap (or its tombstone) was applied."""
+        self.problems: list[str] = []
+        """Why events were ignored, in order; the service drains it."""
+        self._versions: dict[tuple[str, str], tuple[str, bool]] = {}
+        """(kind, key) → (resourceVersion, deleted) of the newest event applied, tombstones included."""
+        self._requests: dict[str, tuple[kube.Pod, resources.ResourceList]] = {}
+        """Pod key → (pod, its effective request): parsing quantities is most of a decision's cost."""
+
+    # --- applying events
+
+    def apply(self, event: StateEvent) -> set[str]:
+        """Take the event into the state; the names of the nodes whose decision may have changed."""
+        match event:
+            case NodeObserved():
+                return self._apply_node(event)
+            case PodObserved():
+                return self._apply_pod(event)
+            case ConfigMapObserved():
+                return self._apply_configmap(event)
+            case NodeMetricComputed():
+                return self._apply_nodemetric(event)
+
+    def _accept(self, kind: str, key: str, version: str, deleted: bool) -> bool:
+        verdict = _newer_version(self._versions.get((kind, key)), version, deleted)
+        if verdict is None:
+            self.problems.append(PROBLEM_STALE_VERSION)
+            return False
+        if verdict:
+            self._versions[(kind, key)] = (version, deleted)
+        return verdict
+
+    def _apply_node(self, event: NodeObserved) -> set[str]:
+        if not event.deleted and event.node is None:
+            self.problems.append(PROBLEM_MISSING_OBJECT)
+            return set()
+        if not self._accept("node", event.name, event.resource_version, event.deleted):
+            return set()
+        if event.deleted or event.node is None:
+            self.nodes.pop(event.name, None)
+        else:
+            self.nodes[event.name] = event.node
+        return {event.name}
+
+    def _apply_pod(self, event: PodObserved) -> set[str]:
+        key = f"{event.namespace}/{event.name}"
+        if not event.deleted and event.pod is None:
+            self.problems.append(PROBLEM_MISSING_OBJECT)
+            return set()
+        if not self._accept("pod", key, event.resource_version, event.deleted):
+            return set()
+        old_node = self.pod_node.pop(key, "")
+        if old_node:
+            members = self.pods_by_node.get(old_node)
+            if members is not None:
+                members.discard(key)
+                if not members:
+                    del self.pods_by_node[old_node]
+        new_node = ""
+        self._requests.pop(key, None)
+        if event.deleted or event.pod is None:
+            self.pods.pop(key, None)
+        else:
+            self.pods[key] = event.pod
+            new_node = event.node_name or event.pod.spec.node_name
+            if new_node:
+                self.pod_node[key] = new_node
+                self.pods_by_node.setdefault(new_node, set()).add(key)
+        return {name for name in (old_node, new_node) if name}
+
+    def _apply_configmap(self, event: ConfigMapObserved) -> set[str]:
+        if (event.namespace, event.name) != (colocation.CONFIGMAP_NAMESPACE, colocation.CONFIGMAP_NAME):
+            self.problems.append(PROBLEM_OTHER_CONFIGMAP)
+            return set()
+        if not self._accept("configmap", f"{event.namespace}/{event.name}", event.resource_version, event.deleted):
+            return set()
+        self.config_seen = True
+        change = self.config.apply(None if event.deleted else event.data)
+        self.config = change.state
+        if change.error is not None:
+            self.problems.append(PROBLEM_CONFIG_ERROR)
+        return set(self.nodes) if change.changed else set()
+
+    def _apply_nodemetric(self, event: NodeMetricComputed) -> set[str]:
+        held = self.snapshots.get(event.node)
+        if held is not None and held.update_time is not None and event.report_time <= held.update_time:
+            if event.report_time < held.update_time:
+                self.problems.append(PROBLEM_STALE_NODEMETRIC)
+            return set()
+        self.snapshots[event.node] = snapshot_from_computed(event)
+        return {event.node}
+
+    def assume_configmap_absent(self) -> set[str]:
+        """No ConfigMap was seen by the end of the start-up replay: Koordinator treats NotFound as the defaults
+        (colocation disabled). Returns the nodes to recompute; nothing once a ConfigMap was seen."""
+        if self.config_seen or self.config.available:
+            return set()
+        change = self.config.apply(None)
+        self.config = change.state
+        return set(self.nodes) if change.changed else set()
+
+    # --- deciding
+
+    def decide(
+        self,
+        node: str,
+        *,
+        now: float,
+        last_written: LastWrite | None,
+        trigger: Iterable[Trigger] = ("resync",),
+    ) -> NodeResourceComputed | None:
+        """The node's batch/mid decision at `now`; None when the node is unknown or the config is not loaded yet
+        (§2.3 step 1: no reconcile before the config cache is available)."""
+        node_object = self.nodes.get(node)
+        if node_object is None or not self.config.available:
+            return None
+        meta = node_object.metadata
+        placement = colocation.node_strategy(self.config.config, meta.labels, meta.annotations)
+        strategy = msgspec.structs.replace(placement.strategy, enable=placement.colocation_enabled)
+        pods = [self.pods[key] for key in sorted(self.pods_by_node.get(node, ()))]
+        result = core.calculate(
+            node_object, pods, self.snapshots.get(node), strategy, now, pod_request=self._pod_request
+        )
+        patch = core.prepare(node_object, result)
+        written = {name: value for name, value in patch.resources.items() if value is not None}
+        sync = core.needs_sync(
+            last_written.resources if last_written else {},
+            written,
+            strategy=strategy,
+            last_synced_at=last_written.at if last_written else None,
+            now=now,
+        )
+        outcome, reason = _outcome(result)
+        warnings = placement.warnings + ((self.config.error,) if self.config.error else ())
+        return NodeResourceComputed(
+            node=node,
+            computed_at=now,
+            trigger=tuple(sorted(set(trigger))),
+            outcome=outcome,
+            reason=reason,
+            resources=dict(patch.resources),
+            annotations=dict(patch.annotations),
+            explanation=dict(result.resources),
+            prepare_steps={name: steps for name, steps in patch.steps.items() if steps},
+            pods=result.pods,
+            write_due=sync.needed,
+            write_reason=sync.reason,
+            last_write_at=last_written.at if last_written else None,
+            last_write_resources=dict(last_written.resources) if last_written else {},
+            node_config=placement.node_config_name or "",
+            warnings=warnings,
+        )
+
+    def _pod_request(self, pod: kube.Pod) -> resources.ResourceList:
+        """kube.pod_request, kept per pod while the pod object is the same."""
+        key = kube.pod_key(pod)
+        held = self._requests.get(key)
+        if held is not None and held[0] is pod:
+            return held[1]
+        request = kube.pod_request(pod)
+        self._requests[key] = (pod, request)
+        return request
+
+
+def _outcome(result: core.NodeResourceResult) -> tuple[Outcome, str]:
+    reasons = {item.reason for item in result.resources.values()}
+    if core.REASON_DISABLED in reasons:
+        return "disabled", core.REASON_DISABLED
+    if core.REASON_BATCH_DEGRADED in reasons:
+        return "degraded", core.REASON_BATCH_DEGRADED
+    return "computed", ""
+
+
+def last_write_after(decision: NodeResourceComputed) -> LastWrite | None:
+    """The hysteresis baseline once `decision` is published: itself when its write is due, else the baseline it
+    was compared with. Also how a restarted service recovers the baseline from the last published decision."""
+    if decision.write_due:
+        return LastWrite(at=decision.computed_at, resources=decision.written_amounts)
+    if decision.last_write_at is None:
+        return None
+    return LastWrite(at=decision.last_write_at, resources=dict(decision.last_write_resources))
+
+
+def is_repeat(previous: NodeResourceComputed | None, decision: NodeResourceComputed) -> bool:
+    """A decision not worth publishing: no write due, and the same resources, annotations and outcome as the
+    previous published one (the explanation's numbers may have moved within the hysteresis)."""
+    return (
+        previous is not None
+        and not decision.write_due
+        and decision.resources == previous.resources
+        and decision.annotations == previous.annotations
+        and (decision.outcome, decision.reason) == (previous.outcome, previous.reason)
+    )
+
+
+def decision_time(trigger_time: float, previous: NodeResourceComputed | None) -> float:
+    """A node's decision times never go back: the triggering event's time, or the previous decision's if later
+    (a replayed old event must not un-degrade a node a later resync degraded)."""
+    return trigger_time if previous is None else max(trigger_time, previous.computed_at)

@@ -1,0 +1,467 @@
+"""services.noderesource.state: which nodes each event touches, ordering and tombstones, and the per-node decision.
+
+The node, pods and NodeMetric are the §2.6 worked example (100 cores / 400 GiB, kubelet reserves 2 cores / 8 GiB,
+system uses 3 cores / 10 GiB; prod pod A asks 40c/100Gi and uses 10c/60Gi, prod pod B asks 20c/40Gi with no metric,
+a dangling prod metric C uses 2c/4Gi), which gives batch-cpu 25000 and batch-memory 146 GiB under the defaults.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+
+from schemas import koordinator, kube, vocab
+from schemas.cluster import ConfigMapObserved, NodeObserved, PodObserved
+from schemas.node import (
+    MetricCollectPolicy,
+    NodeMetricComputed,
+    NodeMetricInfo,
+    NodeMetricStatus,
+    PodMetric,
+    ResourceMap,
+)
+from schemas.nodemetric_json import snapshot_from_computed
+from schemas.noderesource import NODERESOURCE_COMPUTED_DECODER, NodeResourceComputed
+from services.noderesource import config as colocation
+from services.noderesource import core
+from services.noderesource.state import (
+    PROBLEM_CONFIG_ERROR,
+    PROBLEM_MISSING_OBJECT,
+    PROBLEM_OTHER_CONFIGMAP,
+    PROBLEM_STALE_NODEMETRIC,
+    PROBLEM_STALE_VERSION,
+    ClusterState,
+    LastWrite,
+    decision_time,
+    event_time,
+    is_repeat,
+    last_write_after,
+    trigger_of,
+)
+
+T0 = 1_767_268_800.0  # 2026-01-01T12:00:00Z
+GI = 1024**3
+BATCH_CPU, BATCH_MEMORY, MID_CPU, MID_MEMORY = core.ALL_RESOURCES
+NODE = "node-a"
+
+
+def node_event(
+    name: str = NODE,
+    *,
+    rv: str = "1",
+    labels: dict[str, str] | None = None,
+    deleted: bool = False,
+    cpu: str = "100",
+) -> NodeObserved:
+    node = msgspec.convert(
+        {
+            "metadata": {"name": name, "labels": labels or {}},
+            "status": {"capacity": {"cpu": cpu, "memory": "400Gi"}, "allocatable": {"cpu": "98", "memory": "392Gi"}},
+        },
+        kube.Node,
+    )
+    return NodeObserved(name=name, observed_at=T0, resource_version=rv, deleted=deleted, node=None if deleted else node)
+
+
+def pod_event(
+    name: str,
+    cpu: str,
+    memory: str,
+    *,
+    node: str = NODE,
+    rv: str = "1",
+    deleted: bool = False,
+    priority: str = "koord-prod",
+    at: float = T0,
+) -> PodObserved:
+    pod = msgspec.convert(
+        {
+            "metadata": {"name": name, "namespace": "default", "labels": {vocab.PRIORITY_CLASS_LABEL: priority}},
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "main", "resources": {"requests": {"cpu": cpu, "memory": memory}}}],
+            },
+            "status": {"phase": "Running", "qosClass": "Burstable"},
+        },
+        kube.Pod,
+    )
+    return PodObserved(
+        namespace="default",
+        name=name,
+        observed_at=at,
+        node_name=node,
+        resource_version=rv,
+        deleted=deleted,
+        pod=None if deleted else pod,
+    )
+
+
+def usage(cores: float, gib: int) -> ResourceMap:
+    return ResourceMap(resources={"cpu": int(cores * 1000), "memory": gib * GI})
+
+
+def metric_event(node: str = NODE, *, at: float = T0, system_cores: float = 3) -> NodeMetricComputed:
+    return NodeMetricComputed(
+        node=node,
+        report_time=at,
+        spec=MetricCollectPolicy(),
+        status=NodeMetricStatus(
+            update_time=at,
+            node_metric=NodeMetricInfo(
+                node_usage=usage(15, 74),
+                aggregated_node_usages=[],
+                system_usage=usage(system_cores, 10),
+                aggregated_system_usages=[],
+            ),
+            pods_metric=[
+                PodMetric(namespace="default", name="a", pod_usage=usage(10, 60), priority="koord-prod", qos="LS"),
+                PodMetric(namespace="default", name="c", pod_usage=usage(2, 4), priority="koord-prod", qos="LS"),
+            ],
+        ),
+    )
+
+
+def config_event(config: dict[str, Any] | None = None, *, rv: str = "1", deleted: bool = False) -> ConfigMapObserved:
+    text = json.dumps({"enable": True} if config is None else config)
+    return ConfigMapObserved(
+        namespace=colocation.CONFIGMAP_NAMESPACE,
+        name=colocation.CONFIGMAP_NAME,
+        observed_at=T0,
+        resource_version=rv,
+        deleted=deleted,
+        data={} if deleted else {colocation.COLOCATION_CONFIG_KEY: text},
+    )
+
+
+def worked_example() -> ClusterState:
+    state = ClusterState()
+    for event in (
+        config_event(),
+        node_event(),
+        pod_event("a", "40", "100Gi"),
+        pod_event("b", "20", "40Gi"),
+        pod_event("batch", "10", "10Gi", priority="koord-batch"),
+        metric_event(),
+    ):
+        state.apply(event)
+    return state
+
+
+def decide(state: ClusterState, *, now: float = T0, last: LastWrite | None = None) -> NodeResourceComputed:
+    decision = state.decide(NODE, now=now, last_written=last)
+    assert decision is not None
+    return decision
+
+
+# --- the decision
+
+
+def test_the_worked_example_gives_the_documented_batch_values() -> None:
+    decision = decide(worked_example())
+    assert decision.outcome == "computed"
+    assert decision.resources[BATCH_CPU] == 25_000
+    assert decision.resources[BATCH_MEMORY] == 146 * GI
+    assert decision.explanation[BATCH_CPU].message.startswith("kubernetes.io/batch-cpu 25000 = capacity 100000")
+    assert decision.pods.high_priority == 2 and decision.pods.low_priority_skipped == 1
+    assert decision.pods.dangling_metrics_counted == 1
+    assert decision.write_due and decision.write_reason == "no status update recorded for this node"
+    assert decision.trigger == ("resync",)
+    origin = json.loads(decision.annotations[koordinator.ANNOTATION_ORIGIN_EXTENDED_ALLOCATABLE])
+    assert origin == {"resources": {BATCH_CPU: "25k", BATCH_MEMORY: "146Gi"}}
+
+
+def test_the_decision_round_trips_as_json_and_is_validated() -> None:
+    decision = decide(worked_example())
+    assert NODERESOURCE_COMPUTED_DECODER.decode(msgspec.json.encode(decision)) == decision
+    raw = msgspec.to_builtins(decision)
+    raw["resources"]["kubernetes.io/gpu"] = 1
+    with pytest.raises(msgspec.ValidationError, match="unknown resource names"):
+        NODERESOURCE_COMPUTED_DECODER.decode(msgspec.json.encode(raw))
+    raw = msgspec.to_builtins(decision)
+    raw["trigger"] = ["weather"]
+    with pytest.raises(msgspec.ValidationError):
+        NODERESOURCE_COMPUTED_DECODER.decode(msgspec.json.encode(raw))
+
+
+def test_triggers_are_sorted_and_deduplicated() -> None:
+    decision = worked_example().decide(NODE, now=T0, last_written=None, trigger=["pods", "node", "pods"])
+    assert decision is not None and decision.trigger == ("node", "pods")
+
+
+def test_a_stale_nodemetric_degrades_the_node_after_degrade_time_minutes() -> None:
+    state = worked_example()
+    fresh = decide(state, now=T0 + 15 * 60)
+    assert fresh.outcome == "computed"
+    stale = decide(state, now=T0 + 15 * 60 + 1, last=last_write_after(fresh))
+    assert stale.outcome == "degraded" and stale.reason == core.REASON_BATCH_DEGRADED
+    assert set(stale.resources.values()) == {None}
+    assert stale.write_due and "batch-cpu differs" in stale.write_reason
+
+
+def test_a_node_without_nodemetric_is_degraded() -> None:
+    state = worked_example()
+    state.snapshots.clear()
+    assert decide(state).outcome == "degraded"
+
+
+def test_colocation_disabled_removes_every_resource() -> None:
+    state = worked_example()
+    assert state.apply(config_event({"enable": False}, rv="2")) == {NODE}
+    decision = decide(state)
+    assert decision.outcome == "disabled" and decision.reason == core.REASON_DISABLED
+    assert decision.resources == dict.fromkeys(core.ALL_RESOURCES)
+
+
+def test_a_node_config_entry_is_named_in_the_decision() -> None:
+    state = worked_example()
+    config = {"enable": True, "nodeConfigs": [{"name": "big", "nodeSelector": {"matchLabels": {"pool": "big"}}}]}
+    state.apply(config_event(config, rv="2"))
+    state.apply(node_event(rv="2", labels={"pool": "big"}))
+    assert decide(state).node_config == "big"
+
+
+# --- hysteresis
+
+
+def test_a_change_under_the_diff_threshold_is_not_a_due_write() -> None:
+    state = worked_example()
+    first = decide(state)
+    baseline = last_write_after(first)
+    assert baseline == LastWrite(at=T0, resources=first.written_amounts)
+    state.apply(metric_event(at=T0 + 60, system_cores=5))  # system 3 → 5 cores: batch-cpu 25000 → 23000 (8 %)
+    second = decide(state, now=T0 + 60, last=baseline)
+    assert second.resources[BATCH_CPU] == 23_000
+    assert not second.write_due and second.write_reason == "up to date"
+    assert second.last_write_at == T0 and second.last_write_resources == first.written_amounts
+    assert last_write_after(second) == baseline  # the baseline stays the last due write
+    assert not is_repeat(first, second)  # the resources moved: published, with write_due False
+
+
+def test_a_change_over_the_diff_threshold_is_a_due_write() -> None:
+    state = worked_example()
+    baseline = last_write_after(decide(state))
+    state.apply(metric_event(at=T0 + 60, system_cores=6))  # 25000 → 22000: 12 %
+    second = decide(state, now=T0 + 60, last=baseline)
+    assert second.write_due
+    assert second.write_reason == "kubernetes.io/batch-cpu differs by more than resourceDiffThreshold 0.1"
+    assert last_write_after(second) == LastWrite(at=T0 + 60, resources=second.written_amounts)
+
+
+def test_the_write_is_due_again_after_update_time_threshold_seconds() -> None:
+    state = worked_example()
+    first = decide(state)
+    baseline = last_write_after(first)
+    assert not decide(state, now=T0 + 300, last=baseline).write_due
+    late = decide(state, now=T0 + 301, last=baseline)
+    assert late.write_due and "updateTimeThresholdSeconds 300" in late.write_reason
+    assert not is_repeat(first, late)
+
+
+def test_an_unchanged_decision_without_a_due_write_is_a_repeat() -> None:
+    state = worked_example()
+    first = decide(state)
+    again = decide(state, now=T0 + 10, last=last_write_after(first))
+    assert is_repeat(first, again)
+    assert not is_repeat(None, again)
+    assert not is_repeat(first, first)  # a due write is never a repeat
+
+
+def test_decision_times_never_go_back() -> None:
+    previous = decide(worked_example(), now=T0 + 100)
+    assert decision_time(T0, previous) == T0 + 100
+    assert decision_time(T0 + 200, previous) == T0 + 200
+    assert decision_time(T0, None) == T0
+
+
+# --- which nodes an event touches
+
+
+def test_each_event_kind_touches_its_nodes() -> None:
+    state = ClusterState()
+    assert state.apply(node_event("n1")) == {"n1"}
+    assert state.apply(node_event("n2")) == {"n2"}
+    assert state.apply(pod_event("a", "1", "1Gi", node="n1")) == {"n1"}
+    assert state.apply(metric_event("n2")) == {"n2"}
+    assert state.apply(config_event()) == {"n1", "n2"}
+    assert state.apply(config_event(rv="2")) == set()  # same effective config: nothing to recompute
+    assert trigger_of(node_event()) == "node" and trigger_of(metric_event()) == "nodemetric"
+    assert event_time(metric_event(at=T0 + 5)) == T0 + 5 and event_time(pod_event("a", "1", "1", at=T0 + 7)) == T0 + 7
+
+
+def test_a_pod_moving_nodes_touches_both_and_moves_in_the_index() -> None:
+    state = ClusterState()
+    state.apply(pod_event("a", "1", "1Gi", node="n1"))
+    assert state.apply(pod_event("a", "1", "1Gi", node="n2", rv="2")) == {"n1", "n2"}
+    assert state.pods_by_node == {"n2": {"default/a"}}
+    assert state.pod_node == {"default/a": "n2"}
+
+
+def test_a_pod_tombstone_removes_the_pod() -> None:
+    state = worked_example()
+    assert state.apply(pod_event("a", "40", "100Gi", rv="2", deleted=True)) == {NODE}
+    assert "default/a" not in state.pods and state.pods_by_node[NODE] == {"default/b", "default/batch"}
+    assert decide(state).pods.dangling_metrics_counted == 2  # a's metric is now dangling
+
+
+def test_a_changed_pod_request_is_used() -> None:
+    state = worked_example()
+    assert decide(state).resources[BATCH_CPU] == 25_000
+    state.apply(pod_event("b", "30", "40Gi", rv="2"))  # b has no metric: its request counts as used
+    assert decide(state).resources[BATCH_CPU] == 15_000
+
+
+def test_an_unscheduled_pod_is_kept_without_a_node() -> None:
+    state = ClusterState()
+    assert state.apply(pod_event("a", "1", "1Gi", node="")) == set()
+    assert "default/a" in state.pods and state.pods_by_node == {}
+    assert state.apply(pod_event("a", "1", "1Gi", node="n1", rv="2")) == {"n1"}
+
+
+def test_pods_of_a_node_not_seen_yet_are_kept_and_nothing_is_decided_for_it() -> None:
+    state = ClusterState()
+    state.apply(config_event())
+    assert state.apply(pod_event("a", "40", "100Gi")) == {NODE}
+    assert state.apply(metric_event()) == {NODE}
+    assert state.decide(NODE, now=T0, last_written=None) is None
+    state.apply(pod_event("b", "20", "40Gi"))
+    assert state.apply(node_event()) == {NODE}
+    assert decide(state).resources[BATCH_CPU] == 25_000
+
+
+def test_a_node_tombstone_leaves_nothing_to_decide() -> None:
+    state = worked_example()
+    assert state.apply(node_event(rv="2", deleted=True)) == {NODE}
+    assert state.decide(NODE, now=T0, last_written=None) is None
+    assert state.pods_by_node[NODE]  # the pods go with their own tombstones
+
+
+def test_older_resource_versions_are_ignored() -> None:
+    state = ClusterState()
+    state.apply(node_event(rv="10", cpu="100"))
+    assert state.apply(node_event(rv="9", cpu="50")) == set()
+    assert state.problems == [PROBLEM_STALE_VERSION]
+    assert state.nodes[NODE].status.capacity == {"cpu": "100", "memory": "400Gi"}
+    assert state.apply(node_event(rv="10", cpu="100")) == set()  # a redelivery: nothing new, not a problem
+    assert state.problems == [PROBLEM_STALE_VERSION]
+    assert state.apply(node_event(rv="11", cpu="50")) == {NODE}
+
+
+def test_versions_compare_as_integers() -> None:
+    state = ClusterState()
+    state.apply(pod_event("a", "1", "1Gi", rv="9"))
+    assert state.apply(pod_event("a", "2", "1Gi", rv="10")) == {NODE}  # "10" < "9" as strings
+
+
+def test_versions_that_do_not_parse_are_applied_in_arrival_order() -> None:
+    state = ClusterState()
+    state.apply(node_event(rv="abc", cpu="100"))
+    assert state.apply(node_event(rv="", cpu="50")) == {NODE}
+    assert state.problems == []
+
+
+def test_an_older_event_after_a_tombstone_does_not_resurrect() -> None:
+    state = ClusterState()
+    state.apply(pod_event("a", "1", "1Gi", rv="5"))
+    state.apply(pod_event("a", "1", "1Gi", rv="6", deleted=True))
+    assert state.apply(pod_event("a", "1", "1Gi", rv="5")) == set()
+    assert "default/a" not in state.pods and state.problems == [PROBLEM_STALE_VERSION]
+
+
+def test_an_event_without_its_object_is_skipped() -> None:
+    state = ClusterState()
+    assert state.apply(NodeObserved(name=NODE, observed_at=T0)) == set()
+    assert state.apply(PodObserved(namespace="d", name="p", observed_at=T0)) == set()
+    assert state.problems == [PROBLEM_MISSING_OBJECT, PROBLEM_MISSING_OBJECT]
+
+
+def test_an_older_nodemetric_is_ignored() -> None:
+    state = ClusterState()
+    state.apply(metric_event(at=T0 + 60))
+    assert state.apply(metric_event(at=T0)) == set()
+    assert state.apply(metric_event(at=T0 + 60)) == set()
+    assert state.problems == [PROBLEM_STALE_NODEMETRIC]
+    assert state.snapshots[NODE].update_time == T0 + 60
+
+
+# --- the colocation config
+
+
+def test_nothing_is_decided_before_the_config_is_available() -> None:
+    state = ClusterState()
+    state.apply(node_event())
+    state.apply(metric_event())
+    assert state.decide(NODE, now=T0, last_written=None) is None
+    assert state.apply(config_event()) == {NODE}
+    assert decide(state).outcome == "computed"
+
+
+def test_a_missing_configmap_at_start_means_the_defaults() -> None:
+    state = ClusterState()
+    state.apply(node_event())
+    assert state.assume_configmap_absent() == {NODE}
+    assert decide(state).outcome == "disabled"
+    assert state.assume_configmap_absent() == set()
+
+
+def test_assume_configmap_absent_does_nothing_once_one_was_seen() -> None:
+    state = worked_example()
+    assert state.assume_configmap_absent() == set()
+    assert decide(state).outcome == "computed"
+
+
+def test_a_configmap_tombstone_reverts_to_the_defaults() -> None:
+    state = worked_example()
+    assert state.apply(config_event(rv="2", deleted=True)) == {NODE}
+    assert decide(state).outcome == "disabled"
+
+
+def test_a_bad_config_keeps_the_previous_one_and_says_so() -> None:
+    state = worked_example()
+    assert state.apply(config_event({"enable": True, "midCPUThresholdPercent": 150}, rv="2")) == set()
+    assert state.problems == [PROBLEM_CONFIG_ERROR]
+    decision = decide(state)
+    assert decision.outcome == "computed"
+    assert any("midCPUThresholdPercent" in warning for warning in decision.warnings)
+
+
+def test_other_configmaps_are_ignored() -> None:
+    state = worked_example()
+    other = ConfigMapObserved(namespace="default", name="x", observed_at=T0, data={})
+    assert state.apply(other) == set()
+    assert state.problems == [PROBLEM_OTHER_CONFIGMAP]
+
+
+def test_a_config_change_touches_every_node() -> None:
+    state = worked_example()
+    state.apply(node_event("node-b"))
+    assert state.apply(config_event({"enable": True, "cpuReclaimThresholdPercent": 70}, rv="2")) == {NODE, "node-b"}
+    assert decide(state).resources[BATCH_CPU] == 35_000  # margin 30 instead of 40 cores
+
+
+# --- NodeMetricComputed as a snapshot
+
+
+def test_snapshot_from_computed() -> None:
+    snapshot = snapshot_from_computed(metric_event(at=T0 + 1))
+    assert snapshot.update_time == T0 + 1
+    assert snapshot.node_usage == {"cpu": 15_000, "memory": 74 * GI}
+    assert snapshot.system_usage == {"cpu": 3_000, "memory": 10 * GI}
+    assert [(p.key, p.usage, p.priority, p.qos) for p in snapshot.pods] == [
+        ("default/a", {"cpu": 10_000, "memory": 60 * GI}, "koord-prod", "LS"),
+        ("default/c", {"cpu": 2_000, "memory": 4 * GI}, "koord-prod", "LS"),
+    ]
+    assert snapshot.host_applications == () and snapshot.prod_reclaimable is None
+
+
+def test_snapshot_from_computed_keeps_no_data_apart_from_zero() -> None:
+    event = metric_event()
+    empty = msgspec.structs.replace(
+        event.status.node_metric, node_usage=ResourceMap(), system_usage=ResourceMap(resources={"gpu": 1})
+    )
+    snapshot = snapshot_from_computed(
+        msgspec.structs.replace(event, status=msgspec.structs.replace(event.status, node_metric=empty))
+    )
+    assert snapshot.node_usage is None and snapshot.system_usage == {}
