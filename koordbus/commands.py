@@ -1,4 +1,4 @@
-"""The long-running subcommands: `up` (everything in one process), `agent`, `service nodemetric`, `api`.
+"""The long-running subcommands: `up` (everything in one process), `agent`, `service <name>`, `api`.
 
 Each parses its flags into typed settings at the edge, builds the parts with koordbus.runtime,
 and runs until Ctrl-C / SIGTERM, then shuts down in reverse order.
@@ -76,10 +76,19 @@ def add_parsers(sub: Any) -> None:
     agent.add_argument("--publish-interval", type=float, default=None, help="seconds per batch (default 10)")
     agent.set_defaults(run=lambda a: asyncio.run(run_agent(a)))
 
-    service = sub.add_parser("service", help="run one control-plane service against an existing NATS and database")
-    service.add_argument("name", choices=["nodemetric"], help="which service")
+    service = sub.add_parser(
+        "service",
+        help="run one control-plane service against an existing NATS (and database)",
+        description="nodemetric: agent batches → NodeMetric status (needs --database-url). noderesource: cluster "
+        "state + NodeMetrics → batch/mid decisions. k8s: lists and watches Nodes, Pods and the colocation ConfigMap "
+        "and publishes them (needs --kubeconfig or an in-cluster service account).",
+    )
+    service.add_argument("name", choices=["nodemetric", "noderesource", "k8s"], help="which service")
     _add_common(service, embedded=False)
     service.add_argument("--port", type=int, default=9090, help="health and metrics port (default 9090; 0 = off)")
+    service.add_argument(
+        "--kubeconfig", default=None, help="k8s: kubeconfig file (default: in-cluster; or KOORDBUS_KUBECONFIG)"
+    )
     service.set_defaults(run=lambda a: asyncio.run(run_service(a)))
 
     api = sub.add_parser("api", help="run the REST API against an existing NATS and database")
@@ -194,6 +203,59 @@ async def run_agent(args: argparse.Namespace) -> int:
 
 
 async def run_service(args: argparse.Namespace) -> int:
+    match args.name:
+        case "noderesource":
+            return await _run_noderesource(args)
+        case "k8s":
+            return await _run_k8s(args)
+        case _:
+            return await _run_nodemetric(args)
+
+
+async def _run_noderesource(args: argparse.Namespace) -> int:
+    from koordbus import runtime
+    from services.common.metrics import new_registry
+    from services.noderesource.service import NodeResourceService
+    from services.noderesource.settings import NodeResourceSettings
+
+    common = _common(args)
+    runtime.configure_logging(args.log_level or common.log_level)
+    async with AsyncExitStack() as stack:
+        stop = runtime.stop_event_on_signals()
+        bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name="noderesource")
+        service = NodeResourceService(bus, settings_loader.load(NodeResourceSettings), registry=new_registry())
+        await service.start()
+        stack.push_async_callback(service.stop)
+        await stop.wait()
+    return 0
+
+
+async def _run_k8s(args: argparse.Namespace) -> int:
+    from koordbus import runtime
+    from services.common.metrics import new_registry
+    from services.k8s.client import KubeConfigError, api_client
+    from services.k8s.observer import ClusterObserver
+    from services.k8s.settings import K8sSettings
+
+    common = _common(args)
+    runtime.configure_logging(args.log_level or common.log_level)
+    settings = settings_loader.load(K8sSettings, {"kubeconfig": args.kubeconfig})
+    async with AsyncExitStack() as stack:
+        stop = runtime.stop_event_on_signals()
+        bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name="k8s")
+        try:
+            api = await api_client(settings)
+        except KubeConfigError as e:
+            raise SystemExit(f"koordbus service k8s: {e}") from None
+        stack.push_async_callback(api.close)
+        observer = ClusterObserver(bus, api, settings, registry=new_registry())
+        await observer.start()
+        stack.push_async_callback(observer.stop)
+        await stop.wait()
+    return 0
+
+
+async def _run_nodemetric(args: argparse.Namespace) -> int:
     from koordbus import runtime
     from services.api.app import ApiContext, create_app
     from services.api.settings import ApiSettings

@@ -1,0 +1,162 @@
+"""Batch resources end to end through the real processes: `koordbus service k8s` watches a (fake) API server,
+`koordbus service noderesource` decides, both talking to a real nats-server.
+
+The cluster holds the spec's §2.6 worked example (a 100-core / 400 GiB node, two prod pods, colocation enabled by
+the slo-controller-config ConfigMap) and a current NodeMetric is on the bus, so the decision must be Koordinator's
+numbers: batch-cpu 25000, batch-memory 146 GiB. Turning colocation off in the ConfigMap must then remove them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import pytest_asyncio
+
+from bus import streams, subjects
+from bus.jetstream import JetStreamBus
+from bus.server import EmbeddedNatsServer
+from schemas.noderesource import NODERESOURCE_COMPUTED_DECODER, NodeResourceComputed
+from tests.fakes.kube_api import FakeKubeApi
+from tests.unit.test_noderesource_state import GI, NODE, metric_event
+
+pytestmark = pytest.mark.e2e
+
+CONFIGMAP = ("koordinator-system", "slo-controller-config")
+
+
+def _pod(name: str, cpu: str, memory: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}", "labels": {}},
+        "spec": {
+            "nodeName": NODE,
+            "priority": 9500,
+            "containers": [{"name": "main", "resources": {"requests": {"cpu": cpu, "memory": memory}}}],
+        },
+        "status": {"phase": "Running", "qosClass": "Burstable"},
+    }
+
+
+def _configmap(enable: bool) -> dict[str, Any]:
+    namespace, name = CONFIGMAP
+    return {
+        "metadata": {"name": name, "namespace": namespace},
+        "data": {"colocation-config": json.dumps({"enable": enable})},
+    }
+
+
+@pytest_asyncio.fixture
+async def cluster(kube_api: FakeKubeApi) -> FakeKubeApi:
+    kube_api.put(
+        "nodes",
+        {
+            "metadata": {"name": NODE, "labels": {}, "annotations": {}},
+            "status": {
+                "capacity": {"cpu": "100", "memory": "400Gi"},
+                "allocatable": {"cpu": "98", "memory": "392Gi"},
+            },
+        },
+    )
+    kube_api.put("pods", _pod("a", "40", "100Gi"))
+    kube_api.put("pods", _pod("b", "20", "40Gi"))
+    kube_api.put("configmaps", _configmap(enable=True))
+    return kube_api
+
+
+@pytest_asyncio.fixture
+async def nats(tmp_path: Path) -> AsyncIterator[tuple[str, JetStreamBus]]:
+    server = EmbeddedNatsServer(store_dir=tmp_path / "nats")
+    await server.start()
+    bus = await JetStreamBus.connect(server.url, name="e2e")
+    await bus.ensure_streams(streams.all_streams())
+    try:
+        yield server.url, bus
+    finally:
+        await bus.close()
+        await server.stop()
+
+
+@pytest.fixture
+def services(
+    nats: tuple[str, JetStreamBus], cluster: FakeKubeApi, tmp_path: Path
+) -> Iterator[list[subprocess.Popen[str]]]:
+    url, _ = nats
+    kubeconfig = cluster.kubeconfig(tmp_path / "kubeconfig")
+    env = {**os.environ, "KOORDBUS_LOG_LEVEL": "INFO"}
+    commands = [
+        ["service", "k8s", "--nats-url", url, "--kubeconfig", str(kubeconfig), "--port", "0"],
+        ["service", "noderesource", "--nats-url", url, "--port", "0"],
+    ]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "koordbus.cli", *command],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for command in commands
+    ]
+    try:
+        yield processes
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+async def _decision(bus: JetStreamBus, *, timeout: float, want: Any) -> NodeResourceComputed:
+    """The newest decision for the node once `want(decision)` holds."""
+    deadline = time.monotonic() + timeout
+    last: NodeResourceComputed | None = None
+    while time.monotonic() < deadline:
+        delivery = await bus.last_on_subject(streams.KOORD_NODERESOURCE, subjects.noderesource_computed(NODE))
+        if delivery is not None:
+            last = NODERESOURCE_COMPUTED_DECODER.decode(delivery.data)
+            if want(last):
+                return last
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"no matching decision within {timeout} s; last: {last}")
+
+
+async def test_node_gets_koordinators_batch_numbers_and_loses_them_when_colocation_is_disabled(
+    nats: tuple[str, JetStreamBus], cluster: FakeKubeApi, services: list[subprocess.Popen[str]]
+) -> None:
+    _, bus = nats
+    metric = metric_event(at=time.time())
+    await bus.publish(
+        subjects.nodemetric_computed(NODE), msgspec.json.encode(metric), msg_id=f"e2e-nodemetric-{metric.report_time}"
+    )
+
+    decided = await _decision(bus, timeout=60, want=lambda d: d.resources.get("kubernetes.io/batch-cpu") is not None)
+    assert decided.resources["kubernetes.io/batch-cpu"] == 25_000
+    assert decided.resources["kubernetes.io/batch-memory"] == 146 * GI
+    assert decided.write_due
+
+    cluster.put("configmaps", _configmap(enable=False))
+    removed = await _decision(bus, timeout=60, want=lambda d: d.resources.get("kubernetes.io/batch-cpu") is None)
+    assert removed.outcome == "disabled" and removed.resources["kubernetes.io/batch-memory"] is None
+
+    for process in services:
+        assert process.poll() is None, process.communicate()[0]
+        process.send_signal(signal.SIGTERM)
+    for process in services:
+        output, _ = process.communicate(timeout=15)
+        assert process.returncode == 0, output
+        assert "Traceback" not in output, output
