@@ -87,6 +87,9 @@ class NodeResourceComputed(msgspec.Struct, frozen=True, kw_only=True, tag="noder
     """The name of the nodeConfigs entry whose selector matched the node, empty for the cluster strategy."""
     warnings: tuple[str, ...] = ()
     """Node annotations or labels that were ignored, and a ConfigMap content that is not in effect."""
+    smoothing: dict[str, str] = {}
+    """Per resource the opt-in smoothing policy held (services.noderesource.smoothing), what it held it at, from
+    which calculated value and why; empty when smoothing is off or changed nothing."""
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.resources) - set(RESOURCE_NAMES))

@@ -31,6 +31,7 @@ from schemas.nodemetric_json import NodeUsageSnapshot, snapshot_from_computed
 from schemas.noderesource import NodeResourceComputed, Outcome, Trigger
 from services.noderesource import config as colocation
 from services.noderesource import core
+from services.noderesource.smoothing import SmoothingPolicy, smooth
 
 StateEvent = NodeObserved | PodObserved | ConfigMapObserved | NodeMetricComputed
 
@@ -86,7 +87,9 @@ def _newer_version(held: tuple[str, bool] | None, version: str, deleted: bool) -
 class ClusterState:
     """Nodes, pods (with a node → pods index), the latest NodeMetric per node and the colocation config."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, smoothing: SmoothingPolicy | None = None) -> None:
+        self.smoothing = smoothing or SmoothingPolicy()
+        """Opt-in smoothing of decreases (off by default: Koordinator's numbers)."""
         self.nodes: dict[str, kube.Node] = {}
         self.pods: dict[str, kube.Pod] = {}
         self.pod_node: dict[str, str] = {}
@@ -218,7 +221,20 @@ class ClusterState:
             node_object, pods, self.snapshots.get(node), strategy, now, pod_request=self._pod_request
         )
         patch = core.prepare(node_object, result)
-        written = {name: value for name, value in patch.resources.items() if value is not None}
+        outcome, reason = _outcome(result)
+        final: dict[str, int | None] = dict(patch.resources)
+        smoothing_notes: dict[str, str] = {}
+        if self.smoothing.enabled and outcome == "computed":
+            final, smoothing_notes = smooth(
+                patch.resources,
+                capacity=kube.node_capacity(node_object),
+                requested=resources.total(self._pod_request(p) for p in pods if kube.is_running_or_pending(p)),
+                last_written=last_written.resources if last_written else {},
+                last_written_at=last_written.at if last_written else None,
+                now=now,
+                policy=self.smoothing,
+            )
+        written = {name: value for name, value in final.items() if value is not None}
         sync = core.needs_sync(
             last_written.resources if last_written else {},
             written,
@@ -226,7 +242,6 @@ class ClusterState:
             last_synced_at=last_written.at if last_written else None,
             now=now,
         )
-        outcome, reason = _outcome(result)
         warnings = placement.warnings + ((self.config.error,) if self.config.error else ())
         return NodeResourceComputed(
             node=node,
@@ -234,7 +249,7 @@ class ClusterState:
             trigger=tuple(sorted(set(trigger))),
             outcome=outcome,
             reason=reason,
-            resources=dict(patch.resources),
+            resources=final,
             annotations=dict(patch.annotations),
             explanation=dict(result.resources),
             prepare_steps={name: steps for name, steps in patch.steps.items() if steps},
@@ -245,6 +260,7 @@ class ClusterState:
             last_write_resources=dict(last_written.resources) if last_written else {},
             node_config=placement.node_config_name or "",
             warnings=warnings,
+            smoothing=smoothing_notes,
         )
 
     def _pod_request(self, pod: kube.Pod) -> resources.ResourceList:
