@@ -66,6 +66,11 @@ def add_parsers(sub: Any) -> None:
         help="history the synthetic nodes publish at start, so percentiles show at once (default 1800)",
     )
     up.add_argument("--no-agent", action="store_true", help="do not run an agent for this host")
+    up.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="watch this cluster's Nodes, Pods and colocation ConfigMap (default: no cluster; or KOORDBUS_KUBECONFIG)",
+    )
     up.set_defaults(run=lambda a: asyncio.run(run_up(a)))
 
     agent = sub.add_parser("agent", help="run the node agent against an existing NATS")
@@ -121,6 +126,8 @@ async def run_up(args: argparse.Namespace) -> int:
     from services.nodemetric.service import NodeMetricService
     from services.nodemetric.settings import NodeMetricSettings
     from services.nodemetric.store import NodeMetricStore
+    from services.noderesource.service import NodeResourceService
+    from services.noderesource.settings import NodeResourceSettings
 
     common = _common(args)
     runtime.configure_logging(args.log_level or common.log_level)
@@ -140,6 +147,10 @@ async def run_up(args: argparse.Namespace) -> int:
         nodemetric = NodeMetricService(bus, store, nm_settings, registry=registry)
         await nodemetric.start()
         stack.push_async_callback(nodemetric.stop)
+        noderesource = NodeResourceService(bus, settings_loader.load(NodeResourceSettings), registry=registry)
+        await noderesource.start()
+        stack.push_async_callback(noderesource.stop)
+        cluster = await _observe_cluster(stack, bus, args.kubeconfig, registry)
         app = create_app(
             ApiContext(
                 settings=api_settings,
@@ -169,6 +180,7 @@ async def run_up(args: argparse.Namespace) -> int:
             f"  data dir    {data_dir}\n"
             f"  agent       {'off' if args.no_agent else local_node_name()}"
             f"   simulated nodes: {args.simulate_nodes}\n"
+            f"  cluster     {cluster}\n"
             f"NodeMetrics appear after the first report interval ({nm_settings.report_interval_seconds} s of samples)."
             f" Ctrl-C stops.",
             flush=True,
@@ -176,6 +188,26 @@ async def run_up(args: argparse.Namespace) -> int:
         await stop.wait()
         print("koordbus: shutting down …", flush=True)
     return 0
+
+
+async def _observe_cluster(stack: AsyncExitStack, bus: Any, kubeconfig: str | None, registry: Any) -> str:
+    """Start watching the cluster when a kubeconfig is configured; a one-line description for the banner."""
+    from services.k8s.client import KubeConfigError, api_client
+    from services.k8s.observer import ClusterObserver
+    from services.k8s.settings import K8sSettings
+
+    settings = settings_loader.load(K8sSettings, {"kubeconfig": kubeconfig})
+    if not settings.kubeconfig:
+        return "none (pass --kubeconfig to watch a cluster's nodes, pods and colocation config)"
+    try:
+        api = await api_client(settings)
+    except KubeConfigError as e:
+        raise SystemExit(f"koordbus up: {e}") from None
+    stack.push_async_callback(api.close)
+    observer = ClusterObserver(bus, api, settings, registry=registry)
+    await observer.start()
+    stack.push_async_callback(observer.stop)
+    return f"watching via {settings.kubeconfig}"
 
 
 async def run_agent(args: argparse.Namespace) -> int:
