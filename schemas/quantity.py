@@ -9,16 +9,22 @@ String() form. Deliberate differences, all for inputs no real object carries: a 
 ("Gi", "-") is an error rather than zero; mantissas and exponents are limited to 400 digits; values beyond
 the largest suffix are written with that suffix (Go prints a wrong number there); and non-canonical spellings
 such as "+1" or "1E3" come back canonical ("1", "1e3"), where Go's String() may echo the input text.
+
+Speed matters here: the Kubernetes bridge parses every quantity of every pod. Parsed text is memoised in a
+bounded LRU cache (real objects repeat a handful of strings), and the common unsigned forms ("500m", "4Gi",
+"2", "1.5") are parsed with integer arithmetic in nano units; anything else (signs, exponents, ".5",
+whitespace, errors) takes the general Fraction path, which is the reference the fast path is tested against.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from schemas import resources
 
@@ -40,10 +46,22 @@ _LARGEST_BINARY_POWER = 6
 
 _NUMBER = re.compile(r"(?P<sign>[+-]?)(?P<whole>[0-9]*)(?:\.(?P<frac>[0-9]*))?(?P<suffix>.*)", re.DOTALL)
 _EXPONENT = re.compile(r"[eE](?P<exponent>[+-]?[0-9]+)")
+# The forms real objects carry: unsigned digits, an optional fraction, an optional SI suffix. Bounded lengths
+# keep this far from the digit limit; `fullmatch` rejects a trailing newline, which `$` would let through.
+_COMMON_FORM = re.compile(r"([0-9]{1,40})(?:\.([0-9]{1,40}))?(n|u|m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 
 _NANO = Fraction(1, 10**9)
 _BINARY_SI_MAX = 2**63 - 1  # Kubernetes caps BinarySI magnitudes at the largest int64.
 _MAX_DIGITS = 400  # keeps arithmetic and str() of the result bounded for hostile input.
+_NANOS_PER_UNIT = 10**9
+_NANOS_PER_MILLI = 10**6
+_BINARY_SI_MAX_NANOS = _BINARY_SI_MAX * _NANOS_PER_UNIT
+# suffix -> (nanos in one unit of it, format); every decimal exponent is >= -9, so these are whole numbers.
+_NANOS_PER_SUFFIX: dict[str, tuple[int, QuantityFormat]] = {
+    **{suffix: (10 ** (exponent + 9), DECIMAL_SI) for suffix, exponent in _DECIMAL_SUFFIXES.items()},
+    **{suffix: (1024**power * _NANOS_PER_UNIT, BINARY_SI) for suffix, power in _BINARY_SUFFIXES.items()},
+}
+_PARSE_CACHE_SIZE = 4096  # distinct strings kept; a cluster's pods share far fewer.
 
 
 class QuantityError(ValueError):
@@ -60,11 +78,58 @@ class Quantity:
 
 def parse_quantity(text: RawQuantity) -> Quantity:
     """Parse a quantity string, or a bare JSON number as it appears in annotations and `calc` input."""
+    return _parse_source(_source_text(text)).quantity
+
+
+class _ParsedText(NamedTuple):
+    """A parsed quantity with the two roundings `amount` needs, computed once per distinct string."""
+
+    quantity: Quantity
+    whole_units: int  # int_value(quantity)
+    millis: int  # milli_value(quantity)
+
+
+def _source_text(text: RawQuantity) -> str:
+    """The text to parse: the string itself, or the JSON spelling of a bare number."""
     if isinstance(text, bool) or not isinstance(text, str | int | float):
         raise QuantityError(f"cannot parse quantity {text!r}: expected a string or a number")
     if isinstance(text, float) and not math.isfinite(text):
         raise QuantityError(f"cannot parse quantity {text!r}: not a finite number")
-    source = text if isinstance(text, str) else repr(text)
+    return text if isinstance(text, str) else repr(text)
+
+
+@functools.lru_cache(maxsize=_PARSE_CACHE_SIZE)
+def _parse_source(source: str) -> _ParsedText:
+    """Memoised parse; errors are raised, not cached. Results are immutable, so sharing them is safe."""
+    return _parse_common_form(source) or _parse_any_form(source)
+
+
+def _parse_common_form(source: str) -> _ParsedText | None:
+    """Integer-only parse of the common unsigned forms; None for anything else (the general path decides)."""
+    match = _COMMON_FORM.fullmatch(source)
+    if match is None:
+        return None
+    whole, frac, suffix = match.groups("")
+    nanos_per_unit_of_suffix, fmt = _NANOS_PER_SUFFIX[suffix]
+    nanos = int(whole + frac) * nanos_per_unit_of_suffix
+    if frac:
+        nanos = -(-nanos // 10 ** len(frac))  # round up to a whole nano, as the general path does
+    if fmt == BINARY_SI:
+        nanos = min(nanos, _BINARY_SI_MAX_NANOS)
+        if 0 < nanos < _NANOS_PER_UNIT:
+            fmt = DECIMAL_SI
+    return _ParsedText(
+        Quantity(Fraction(nanos, _NANOS_PER_UNIT), fmt), -(-nanos // _NANOS_PER_UNIT), -(-nanos // _NANOS_PER_MILLI)
+    )
+
+
+def _parse_any_form(source: str) -> _ParsedText:
+    """The general, exact parse of any quantity text (the reference for `_parse_common_form`)."""
+    quantity = _parse_exact(source)
+    return _ParsedText(quantity, whole_units=int_value(quantity), millis=milli_value(quantity))
+
+
+def _parse_exact(source: str) -> Quantity:
     match = _NUMBER.fullmatch(source)
     if match is None or not (match["whole"] or match["frac"]):
         raise QuantityError(f"cannot parse quantity {source!r}")
@@ -159,10 +224,10 @@ def _counts_millicores_as_written(resource_name: str) -> bool:
 
 def amount(resource_name: str, value: RawQuantity) -> int:
     """Our integer amount for a quantity of `resource_name`: millicores for CPU resources, else base units."""
-    q = parse_quantity(value)
+    parsed = _parse_source(_source_text(value))
     if _counts_millicores_as_written(resource_name) or not resources.is_milli_resource(resource_name):
-        return int_value(q)
-    return milli_value(q)
+        return parsed.whole_units
+    return parsed.millis
 
 
 def format_amount(resource_name: str, value: int) -> str:
