@@ -85,12 +85,17 @@ def add_parsers(sub: Any) -> None:
         "service",
         help="run one control-plane service against an existing NATS (and database)",
         description="nodemetric: agent batches → NodeMetric status (needs --database-url). noderesource: cluster "
-        "state + NodeMetrics → batch/mid decisions. k8s: lists and watches Nodes, Pods and the colocation ConfigMap "
-        "and publishes them (needs --kubeconfig or an in-cluster service account).",
+        "state + NodeMetrics → batch/mid decisions, projected into --database-url. k8s: lists and watches Nodes, "
+        "Pods and the colocation ConfigMap and publishes them (needs --kubeconfig or an in-cluster service account).",
     )
     service.add_argument("name", choices=["nodemetric", "noderesource", "k8s"], help="which service")
     _add_common(service, embedded=False)
-    service.add_argument("--port", type=int, default=9090, help="health and metrics port (default 9090; 0 = off)")
+    service.add_argument(
+        "--port",
+        type=int,
+        default=9090,
+        help="nodemetric, noderesource: health, metrics and the API's read routes on this port (default 9090; 0 = off)",
+    )
     service.add_argument(
         "--kubeconfig", default=None, help="k8s: kubeconfig file (default: in-cluster; or KOORDBUS_KUBECONFIG)"
     )
@@ -128,6 +133,7 @@ async def run_up(args: argparse.Namespace) -> int:
     from services.nodemetric.store import NodeMetricStore
     from services.noderesource.service import NodeResourceService
     from services.noderesource.settings import NodeResourceSettings
+    from services.noderesource.store import NodeResourceStore
 
     common = _common(args)
     runtime.configure_logging(args.log_level or common.log_level)
@@ -147,7 +153,9 @@ async def run_up(args: argparse.Namespace) -> int:
         nodemetric = NodeMetricService(bus, store, nm_settings, registry=registry)
         await nodemetric.start()
         stack.push_async_callback(nodemetric.stop)
-        noderesource = NodeResourceService(bus, settings_loader.load(NodeResourceSettings), registry=registry)
+        nr_settings = settings_loader.load(NodeResourceSettings)
+        nr_store = NodeResourceStore(engine, history_limit=nr_settings.history_limit)
+        noderesource = NodeResourceService(bus, nr_settings, registry=registry, store=nr_store)
         await noderesource.start()
         stack.push_async_callback(noderesource.stop)
         cluster = await _observe_cluster(stack, bus, args.kubeconfig, registry)
@@ -155,6 +163,7 @@ async def run_up(args: argparse.Namespace) -> int:
             ApiContext(
                 settings=api_settings,
                 nodemetric_store=store,
+                noderesource_store=nr_store,
                 registry=registry,
                 readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
                 before_metrics=(nodemetric.refresh_gauges,),
@@ -246,18 +255,38 @@ async def run_service(args: argparse.Namespace) -> int:
 
 async def _run_noderesource(args: argparse.Namespace) -> int:
     from koordbus import runtime
+    from services.api.app import ApiContext, create_app
+    from services.api.settings import ApiSettings
+    from services.common import observe
     from services.common.metrics import new_registry
+    from services.nodemetric.store import NodeMetricStore
     from services.noderesource.service import NodeResourceService
     from services.noderesource.settings import NodeResourceSettings
+    from services.noderesource.store import NodeResourceStore
 
     common = _common(args)
     runtime.configure_logging(args.log_level or common.log_level)
+    settings = settings_loader.load(NodeResourceSettings)
+    registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
         bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name="noderesource")
-        service = NodeResourceService(bus, settings_loader.load(NodeResourceSettings), registry=new_registry())
+        engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=True)
+        store = NodeResourceStore(engine, history_limit=settings.history_limit)
+        service = NodeResourceService(bus, settings, registry=registry, store=store)
         await service.start()
         stack.push_async_callback(service.stop)
+        if args.port:
+            app = create_app(
+                ApiContext(
+                    settings=settings_loader.load(ApiSettings, {"port": args.port}),
+                    nodemetric_store=NodeMetricStore(engine),
+                    noderesource_store=store,
+                    registry=registry,
+                    readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
+                )
+            )
+            await runtime.serve_http(stack, app, host="0.0.0.0", port=args.port)
         await stop.wait()
     return 0
 
@@ -330,6 +359,7 @@ async def run_api(args: argparse.Namespace) -> int:
     from services.common import observe
     from services.common.metrics import new_registry
     from services.nodemetric.store import NodeMetricStore
+    from services.noderesource.store import NodeResourceStore
 
     common = _common(args)
     runtime.configure_logging(args.log_level or common.log_level)
@@ -343,6 +373,7 @@ async def run_api(args: argparse.Namespace) -> int:
             ApiContext(
                 settings=settings,
                 nodemetric_store=NodeMetricStore(engine),
+                noderesource_store=NodeResourceStore(engine),
                 registry=registry,
                 readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
             )

@@ -12,7 +12,8 @@ import asyncio
 import sqlalchemy as sa
 from alembic import context
 
-import services.nodemetric.store  # noqa: F401  (registers its tables on Base.metadata)
+import services.nodemetric.store
+import services.noderesource.store  # noqa: F401
 from services.common import db
 
 target_metadata = db.Base.metadata

@@ -24,11 +24,12 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.api import nodemetrics
+from services.api import nodemetrics, noderesources
 from services.api.settings import ApiSettings
 from services.common.metrics import CONTENT_TYPE_LATEST, CollectorRegistry, render
 from services.common.observe import ReadinessCheck
 from services.nodemetric.store import NodeMetricStore
+from services.noderesource.store import NodeResourceStore
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ class ApiContext:
     """Wall clock for staleness; tests inject a fixed one."""
     readiness_timeout_seconds: float = READINESS_TIMEOUT_SECONDS
     """A check that has not answered by then counts as failing (a hung database must not hang /readyz)."""
+    noderesource_store: NodeResourceStore | None = None
+    """Batch/mid decisions and the colocation config; None: those routes answer 503."""
 
 
 class ErrorBody(BaseModel):
@@ -152,6 +155,7 @@ def create_app(context: ApiContext) -> FastAPI:
     )
     app.state.context = context
     app.include_router(nodemetrics.router, responses=ERROR_RESPONSES)
+    app.include_router(noderesources.router, responses=ERROR_RESPONSES)
     app.add_middleware(CatchAllMiddleware)
     _add_health_routes(app, context)
     _add_error_handlers(app)

@@ -6,13 +6,18 @@ Consumers (durable pull, all reset at start so their deliver policy applies agai
     republishes a decision identical to the last one (the content-derived msg id also deduplicates it).
   * cluster (KOORD_CLUSTER nodes, pods and the slo-controller-config ConfigMap) and nodemetric (KOORD_NODEMETRIC
     computed): replay the last message per subject, which is the current state, then follow new messages.
+  * projector (KOORD_NODERESOURCE, every decision, only with a store): writes each decision to the store from the
+    database's own offset (one transaction per fetched batch), so a fresh database replays the whole stream.
 Each event goes into services.noderesource.state.ClusterState; after each fetched batch the nodes it touched are
 decided once each and the decisions published on `koord.v1.noderesource.<node>.computed`. Nothing is decided
 until the start-up replay is done (deciding from half a cluster would publish wrong values). A resync tick decides
 every node again with the clock's time, so a NodeMetric that stops arriving degrades its node after
 degradeTimeMinutes and due writes recur after updateTimeThresholdSeconds. Decode errors are dead-lettered by the
 bus loop; events that decode but cannot be used (older versions, pods of unknown nodes, a bad config) are counted
-by reason and skipped. Called by the CLI and the integration tests.
+by reason and skipped. With a store, the service also records the colocation config in effect (and the ConfigMap's
+error) and each node's effective strategy whenever they change, for GET /api/v1/config/colocation; those are
+current state, not a projection, so a failed write is retried after the next batch or tick. Called by the CLI and
+the integration tests.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from services.noderesource.state import (
     last_write_after,
     trigger_of,
 )
+from services.noderesource.store import NodeResourceStore, NodeStrategyRecord
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +61,10 @@ SERVICE = "noderesource"
 CLUSTER_CONSUMER = "noderesource-cluster"
 NODEMETRIC_CONSUMER = "noderesource-nodemetric"
 HISTORY_CONSUMER = "noderesource-history"
+PROJECTOR_CONSUMER = "noderesource-projector"
+PROJECTION_RETRY_DELAY_SECONDS = 1.0
+STRATEGY_TRIGGERS: frozenset[Trigger] = frozenset({"node", "config"})
+"""A node's effective strategy depends only on the config and the node's labels and annotations."""
 SKIP_UNKNOWN_NODE = "unknown_node"
 PUBLISH_RETRY_DELAY_SECONDS = 1.0
 YIELD_EVERY_DECISIONS = 50
@@ -142,6 +152,32 @@ class _HistoryHandler:
         return None
 
 
+class _ProjectorHandler:
+    """Collects a fetched batch of decisions and writes it to the store in one transaction at flush."""
+
+    def __init__(self, store: NodeResourceStore) -> None:
+        self._store = store
+        self._pending: list[tuple[int, NodeResourceComputed, str]] = []
+
+    async def handle(self, delivery: Delivery) -> None:
+        decision = NODERESOURCE_COMPUTED_DECODER.decode(delivery.data)
+        self._pending.append((delivery.stream_seq, decision, delivery.msg_id))
+
+    async def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        try:
+            await self._store.apply_decisions(
+                [(seq, decision) for seq, decision, _ in pending],
+                consumer=PROJECTOR_CONSUMER,
+                stream=streams.KOORD_NODERESOURCE,
+                msg_ids={seq: mid for seq, _, mid in pending if mid},
+            )
+        except Exception as e:  # the batch is redelivered; the store skips what it already has
+            raise TemporaryError(f"noderesource projection failed: {e}", delay=PROJECTION_RETRY_DELAY_SECONDS) from e
+
+
 _NODEMETRIC_DECODER = msgspec.json.Decoder(NodeMetricComputed)
 
 
@@ -155,10 +191,13 @@ class NodeResourceService:
         *,
         registry: CollectorRegistry,
         clock: Callable[[], float] = time.time,
+        store: NodeResourceStore | None = None,
     ) -> None:
+        """`store` None: no projection and no config recording (tests that only look at the stream)."""
         self.bus = bus
         self.settings = settings
-        self.state = ClusterState()
+        self.store = store
+        self.state = ClusterState(smoothing=settings.smoothing())
         self._clock = clock
         self._registry = registry
         self._metrics = _Instruments.create(registry)
@@ -170,6 +209,13 @@ class NodeResourceService:
         self._lock = asyncio.Lock()
         self._consumers: list[Consumer] = []
         self._ticker: asyncio.Task[None] | None = None
+        self._projector: Consumer | None = None
+        self._recorded_config: colocation.ColocationConfigState | None = None
+        """The config state last written to the store (None: not yet)."""
+        self._node_strategies: dict[str, NodeStrategyRecord] = {}
+        """Per known node, its effective strategy as last computed."""
+        self._unrecorded_strategies: set[str] = set()
+        """Nodes whose strategy (or removal) is not yet written to the store."""
 
     # --- lifecycle
 
@@ -177,6 +223,12 @@ class NodeResourceService:
         """Read the last decisions, replay the current cluster state and NodeMetrics, decide every node they
         touched, then follow new events and start the resync tick."""
         timeout = self.settings.startup_timeout_seconds
+        if self.store is not None:
+            projected = await self.store.offset(PROJECTOR_CONSUMER)
+            self._projector = self.bus.consume(
+                self._projector_spec(projected), _ProjectorHandler(self.store), reset=True
+            )
+            observe.watch_consumers(self._registry, service=SERVICE, consumers={PROJECTOR_CONSUMER: self._projector})
         history = self.bus.consume(self._spec(HISTORY_CONSUMER), _HistoryHandler(self), reset=True)
         try:
             if not await history.wait_idle(timeout):
@@ -221,7 +273,23 @@ class NodeResourceService:
         if self._consumers:
             observe.retire_consumers(self._registry, service=SERVICE, names=(CLUSTER_CONSUMER, NODEMETRIC_CONSUMER))
         self._consumers = []
+        if self._projector is not None:
+            await self._projector.stop()
+            observe.retire_consumers(self._registry, service=SERVICE, names=(PROJECTOR_CONSUMER,))
+            self._projector = None
         self._ready = False
+
+    def _projector_spec(self, projected: int) -> ConsumerSpec:
+        return ConsumerSpec(
+            durable=PROJECTOR_CONSUMER,
+            stream=streams.KOORD_NODERESOURCE,
+            filter_subjects=(subjects.NODERESOURCE_COMPUTED_ALL,),
+            service=SERVICE,
+            batch_size=self.settings.batch_size,
+            # The database, not the durable, knows what is projected: a fresh database replays the whole stream.
+            deliver_policy="by_start_sequence",
+            opt_start_seq=projected + 1,
+        )
 
     def _spec(self, durable: str) -> ConsumerSpec:
         stream, filters = {
@@ -247,7 +315,8 @@ class NodeResourceService:
 
     @property
     def consumers(self) -> list[Consumer]:
-        return list(self._consumers)
+        """The cluster and nodemetric consumers, then the projector when there is a store."""
+        return [*self._consumers, *([self._projector] if self._projector is not None else [])]
 
     @property
     def ready(self) -> bool:
@@ -332,6 +401,8 @@ class NodeResourceService:
             if position and not position % YIELD_EVERY_DECISIONS:
                 await asyncio.sleep(0)  # a resync of many nodes must not hold the event loop for seconds
             item = dirty[node]
+            if self.store is not None:
+                self._note_strategy(node, item.triggers)
             previous = self._published.get(node)
             decision = self.state.decide(
                 node,
@@ -347,9 +418,67 @@ class NodeResourceService:
                 self._metrics.repeats.inc()
                 continue
             decisions.append(decision)
-        if decisions:
-            await self._publish(decisions, dirty)
+        try:
+            if decisions:
+                await self._publish(decisions, dirty)
+        finally:
+            await self._record_config()
         self._metrics.degraded_nodes.set(sum(1 for d in self._published.values() if d.outcome == "degraded"))
+
+    # --- recording the config in effect (for the API)
+
+    def _note_strategy(self, node: str, triggers: Iterable[Trigger]) -> None:
+        """Recompute the node's effective strategy when it may have changed; remember it if it did."""
+        node_object = self.state.nodes.get(node)
+        if node_object is None or not self.state.config.available:
+            if node_object is None and node in self._node_strategies:
+                del self._node_strategies[node]
+                self._unrecorded_strategies.add(node)
+            return
+        if node in self._node_strategies and not STRATEGY_TRIGGERS.intersection(triggers):
+            return
+        meta = node_object.metadata
+        placement = colocation.node_strategy(self.state.config.config, meta.labels, meta.annotations)
+        effective = msgspec.structs.replace(placement.strategy, enable=placement.colocation_enabled)
+        record = NodeStrategyRecord(
+            node=node,
+            strategy=colocation.strategy_to_json(effective),
+            node_config=placement.node_config_name or "",
+            warnings=placement.warnings,
+            updated_at=self._clock(),
+        )
+        held = self._node_strategies.get(node)
+        if held is None or (held.strategy, held.node_config, held.warnings) != (
+            record.strategy,
+            record.node_config,
+            record.warnings,
+        ):
+            self._node_strategies[node] = record
+            self._unrecorded_strategies.add(node)
+
+    async def _record_config(self) -> None:
+        """Write the config state and changed node strategies to the store; a failure is retried next time."""
+        if self.store is None:
+            return
+        config_state = self.state.config
+        try:
+            if config_state is not self._recorded_config and config_state != self._recorded_config:
+                await self.store.set_config(
+                    config=colocation.config_to_json(config_state.config),
+                    error=config_state.error,
+                    available=config_state.available,
+                    at=self._clock(),
+                )
+                self._recorded_config = config_state
+            if self._unrecorded_strategies:
+                nodes = sorted(self._unrecorded_strategies)
+                await self.store.set_node_strategies(
+                    [self._node_strategies[n] for n in nodes if n in self._node_strategies],
+                    removed=[n for n in nodes if n not in self._node_strategies],
+                )
+                self._unrecorded_strategies.difference_update(nodes)
+        except Exception as e:
+            log.warning("noderesource: recording the colocation config failed (retried after the next batch): %s", e)
 
     def _forget_if_gone(self, node: str, triggers: Iterable[Trigger]) -> None:
         if node in self.state.nodes:

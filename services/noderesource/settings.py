@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.noderesource.smoothing import SmoothingPolicy
+
 
 @dataclass(frozen=True, kw_only=True)
 class NodeResourceSettings:
@@ -20,6 +22,15 @@ class NodeResourceSettings:
     startup_timeout_seconds: float = 60.0
     """How long start() waits for the replay of the current cluster state, NodeMetrics and last decisions before
     it starts deciding with what it has."""
+    smoothing_max_decrease_percent_per_minute: float = 0.0
+    """Opt-in, beyond Koordinator: batch/mid may fall by at most this share of node capacity per minute since the
+    last write (rises apply at once); 0 keeps Koordinator's numbers. See services.noderesource.smoothing."""
+    smoothing_floor_at_batch_requests: bool = False
+    """Opt-in, beyond Koordinator: batch-cpu/batch-memory never fall below what the node's running and pending pods
+    request of them (removals on disable or stale NodeMetrics still apply)."""
+    history_limit: int = 100
+    """Decisions kept per node in the database for GET /api/v1/nodes/{node}/resources/history (older ones are pruned
+    as new ones are projected); the composition root passes it to NodeResourceStore."""
 
     def __post_init__(self) -> None:
         if self.resync_interval_seconds <= 0:
@@ -28,3 +39,12 @@ class NodeResourceSettings:
             raise ValueError("batch_size must be positive")
         if self.startup_timeout_seconds <= 0:
             raise ValueError("startup_timeout_seconds must be positive")
+        if self.history_limit < 1:
+            raise ValueError("history_limit must be at least 1")
+        self.smoothing()  # validates the smoothing fields
+
+    def smoothing(self) -> SmoothingPolicy:
+        return SmoothingPolicy(
+            max_decrease_percent_per_minute=self.smoothing_max_decrease_percent_per_minute,
+            floor_at_batch_requests=self.smoothing_floor_at_batch_requests,
+        )

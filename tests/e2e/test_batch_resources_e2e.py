@@ -3,7 +3,8 @@
 
 The cluster holds the spec's §2.6 worked example (a 100-core / 400 GiB node, two prod pods, colocation enabled by
 the slo-controller-config ConfigMap) and a current NodeMetric is on the bus, so the decision must be Koordinator's
-numbers: batch-cpu 25000, batch-memory 146 GiB. Turning colocation off in the ConfigMap must then remove them.
+numbers: batch-cpu 25000, batch-memory 146 GiB, also served by the service's API routes. Turning colocation off
+in the ConfigMap must then remove them, and the history must say so.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import msgspec
 import pytest
 import pytest_asyncio
@@ -87,15 +90,31 @@ async def nats(tmp_path: Path) -> AsyncIterator[tuple[str, JetStreamBus]]:
 
 
 @pytest.fixture
+def api_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
 def services(
-    nats: tuple[str, JetStreamBus], cluster: FakeKubeApi, tmp_path: Path
+    nats: tuple[str, JetStreamBus], cluster: FakeKubeApi, tmp_path: Path, api_port: int
 ) -> Iterator[list[subprocess.Popen[str]]]:
     url, _ = nats
     kubeconfig = cluster.kubeconfig(tmp_path / "kubeconfig")
     env = {**os.environ, "KOORDBUS_LOG_LEVEL": "INFO"}
     commands = [
         ["service", "k8s", "--nats-url", url, "--kubeconfig", str(kubeconfig), "--port", "0"],
-        ["service", "noderesource", "--nats-url", url, "--port", "0"],
+        [
+            "service",
+            "noderesource",
+            "--nats-url",
+            url,
+            "--database-url",
+            f"sqlite:///{tmp_path / 'nr.db'}",
+            "--port",
+            str(api_port),
+        ],
     ]
     processes = [
         subprocess.Popen(
@@ -135,8 +154,26 @@ async def _decision(bus: JetStreamBus, *, timeout: float, want: Any) -> NodeReso
     raise AssertionError(f"no matching decision within {timeout} s; last: {last}")
 
 
+async def _api(port: int, path: str, *, want: Any, timeout: float = 30) -> Any:
+    """GET the route until `want(body)` holds (projection is asynchronous)."""
+    deadline = time.monotonic() + timeout
+    body: Any = None
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        while time.monotonic() < deadline:
+            try:
+                response = await client.get(path)
+            except httpx.TransportError:
+                response = None
+            if response is not None and response.status_code == 200:
+                body = response.json()
+                if want(body):
+                    return body
+            await asyncio.sleep(0.2)
+    raise AssertionError(f"GET {path} never matched within {timeout} s; last body: {body}")
+
+
 async def test_node_gets_koordinators_batch_numbers_and_loses_them_when_colocation_is_disabled(
-    nats: tuple[str, JetStreamBus], cluster: FakeKubeApi, services: list[subprocess.Popen[str]]
+    nats: tuple[str, JetStreamBus], cluster: FakeKubeApi, services: list[subprocess.Popen[str]], api_port: int
 ) -> None:
     _, bus = nats
     metric = metric_event(at=time.time())
@@ -148,10 +185,25 @@ async def test_node_gets_koordinators_batch_numbers_and_loses_them_when_colocati
     assert decided.resources["kubernetes.io/batch-cpu"] == 25_000
     assert decided.resources["kubernetes.io/batch-memory"] == 146 * GI
     assert decided.write_due
+    current = await _api(
+        api_port,
+        f"/api/v1/nodes/{NODE}/resources",
+        want=lambda b: b["resources"]["kubernetes.io/batch-cpu"]["value"] == 25_000,
+    )
+    assert current["resources"]["kubernetes.io/batch-memory"]["quantity"] == "146Gi"
 
     cluster.put("configmaps", _configmap(enable=False))
     removed = await _decision(bus, timeout=60, want=lambda d: d.resources.get("kubernetes.io/batch-cpu") is None)
     assert removed.outcome == "disabled" and removed.resources["kubernetes.io/batch-memory"] is None
+    history = await _api(
+        api_port,
+        f"/api/v1/nodes/{NODE}/resources/history",
+        want=lambda b: b["items"] and b["items"][0]["outcome"] == "disabled",
+    )
+    dropped = {c["resource"] for c in history["items"][0]["changes"]}
+    assert {"kubernetes.io/batch-cpu", "kubernetes.io/batch-memory"} <= dropped
+    config = await _api(api_port, "/api/v1/config/colocation", want=lambda b: b["available"])
+    assert config["cluster"]["enable"] is False and not config["error"]
 
     for process in services:
         assert process.poll() is None, process.communicate()[0]

@@ -12,10 +12,21 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-import services.nodemetric.store  # noqa: F401  (registers the nodemetric tables on Base.metadata)
+import services.nodemetric.store
+import services.noderesource.store  # noqa: F401  (registers the noderesource tables on Base.metadata)
 from services.common import db
 
-EXPECTED_TABLES = {"alembic_version", "projection_offsets", "node_metrics", "nodes"}
+EXPECTED_TABLES = {
+    "alembic_version",
+    "projection_offsets",
+    "node_metrics",
+    "nodes",
+    "node_resource_decisions",
+    "node_resources",
+    "colocation_config",
+    "node_colocation_strategies",
+}
+HEAD = "0002"
 
 
 async def _tables(engine: AsyncEngine) -> set[str]:
@@ -35,7 +46,7 @@ async def test_migrations_apply_twice_and_land_on_head(database_url: str) -> Non
     engine = db.create_engine(database_url)
     try:
         assert await _tables(engine) == EXPECTED_TABLES
-        assert await _revision(engine) == "0001"
+        assert await _revision(engine) == HEAD
     finally:
         await engine.dispose()
 
@@ -44,7 +55,7 @@ async def test_concurrent_start_ups_migrate_once_without_errors(database_url: st
     await asyncio.gather(*(db.run_migrations(database_url) for _ in range(3)))
     engine = db.create_engine(database_url)
     try:
-        assert await _revision(engine) == "0001"
+        assert await _revision(engine) == HEAD
     finally:
         await engine.dispose()
 
