@@ -25,6 +25,18 @@ class K8sSettings:
     """Upper bound of the delay between retries of a failing list, watch or publish."""
     publish_batch_size: int = 256
     """Pending observed states published concurrently per round (the bus bounds in-flight publishes too)."""
+    nodemetric_status_interval_seconds: float = 10.0
+    """At most one NodeMetric status write per node this often (koordlet: 0.1 QPS); newer ones coalesce meanwhile."""
+    write_conflict_retries: int = 5
+    """Re-reads and retries of one write answered 409 Conflict before it counts as failed (then backed off)."""
+    write_concurrency: int = 16
+    """Objects written concurrently by the writer."""
+    write_timeout_seconds: float = 30.0
+    """Timeout of one write request (connect and read)."""
+    unhealthy_after_write_failures: int = 5
+    """Consecutive failed writes after which the writer reports unhealthy (/readyz); one success clears it."""
+    recorded_writes_kept: int = 1000
+    """Record-only mode: how many of the latest writes it would have made are kept in its log."""
 
     def __post_init__(self) -> None:
         if not self.configmap_namespace or not self.configmap_name:
@@ -37,3 +49,13 @@ class K8sSettings:
             raise ValueError("backoff bounds must satisfy 0 < backoff_initial_seconds <= backoff_max_seconds")
         if self.publish_batch_size <= 0:
             raise ValueError("publish_batch_size must be positive")
+        if self.nodemetric_status_interval_seconds < 0:
+            raise ValueError("nodemetric_status_interval_seconds must not be negative")
+        if self.write_conflict_retries < 0:
+            raise ValueError("write_conflict_retries must not be negative")
+        if min(self.write_concurrency, self.unhealthy_after_write_failures, self.recorded_writes_kept) <= 0:
+            raise ValueError(
+                "write_concurrency, unhealthy_after_write_failures and recorded_writes_kept must be positive"
+            )
+        if self.write_timeout_seconds <= 0:
+            raise ValueError("write_timeout_seconds must be positive")
