@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import socket
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -158,14 +160,21 @@ async def run_up(args: argparse.Namespace) -> int:
         noderesource = NodeResourceService(bus, nr_settings, registry=registry, store=nr_store)
         await noderesource.start()
         stack.push_async_callback(noderesource.stop)
-        cluster = await _observe_cluster(stack, bus, args.kubeconfig, registry)
+        cluster = await _bridge_cluster(
+            stack, bus, registry, kubeconfig=args.kubeconfig, record_only_without_config=True
+        )
         app = create_app(
             ApiContext(
                 settings=api_settings,
                 nodemetric_store=store,
                 noderesource_store=nr_store,
+                recorded_writes=cluster.recorded_writes,
                 registry=registry,
-                readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
+                readiness=(
+                    ("database", observe.database_ready(engine)),
+                    ("bus", observe.bus_ready(bus)),
+                    *cluster.readiness,
+                ),
                 before_metrics=(nodemetric.refresh_gauges,),
             )
         )
@@ -189,7 +198,7 @@ async def run_up(args: argparse.Namespace) -> int:
             f"  data dir    {data_dir}\n"
             f"  agent       {'off' if args.no_agent else local_node_name()}"
             f"   simulated nodes: {args.simulate_nodes}\n"
-            f"  cluster     {cluster}\n"
+            f"  cluster     {cluster.banner}\n"
             f"NodeMetrics appear after the first report interval ({nm_settings.report_interval_seconds} s of samples)."
             f" Ctrl-C stops.",
             flush=True,
@@ -199,24 +208,56 @@ async def run_up(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _observe_cluster(stack: AsyncExitStack, bus: Any, kubeconfig: str | None, registry: Any) -> str:
-    """Start watching the cluster when a kubeconfig is configured; a one-line description for the banner."""
+@dataclass
+class _Bridge:
+    """What `koordbus up` runs of services.k8s: a banner line, readiness checks, and in record-only mode the
+    recording sink's export for the API."""
+
+    banner: str
+    readiness: list[tuple[str, Any]]
+    recorded_writes: Any = None
+
+
+async def _bridge_cluster(
+    stack: AsyncExitStack, bus: Any, registry: Any, *, kubeconfig: str | None, record_only_without_config: bool
+) -> _Bridge:
+    """With a kubeconfig (or, for `service k8s`, in a pod): watch that cluster and write results back. Without
+    one, `koordbus up` records what would be written; `service k8s` refuses to start."""
     from services.k8s.client import KubeConfigError, api_client
     from services.k8s.observer import ClusterObserver
     from services.k8s.settings import K8sSettings
+    from services.k8s.writer import ClusterWriter, KubeSink, RecordingSink
 
     settings = settings_loader.load(K8sSettings, {"kubeconfig": kubeconfig})
-    if not settings.kubeconfig:
-        return "none (pass --kubeconfig to watch a cluster's nodes, pods and colocation config)"
+    in_cluster = not record_only_without_config and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    if not settings.kubeconfig and not in_cluster:
+        if not record_only_without_config:
+            raise SystemExit("koordbus: no cluster: pass --kubeconfig (or KOORDBUS_KUBECONFIG), or run in a pod")
+        recorder = RecordingSink(keep=settings.recorded_writes_kept)
+        writer = ClusterWriter(bus, recorder, settings=settings, registry=registry)
+        await writer.start()
+        stack.push_async_callback(writer.stop)
+        return _Bridge(
+            banner="none: record-only, see /api/v1/k8s/recorded-writes (--kubeconfig watches and writes a cluster)",
+            readiness=[],
+            recorded_writes=recorder.export,
+        )
     try:
         api = await api_client(settings)
     except KubeConfigError as e:
-        raise SystemExit(f"koordbus up: {e}") from None
+        raise SystemExit(f"koordbus: {e}") from None
     stack.push_async_callback(api.close)
     observer = ClusterObserver(bus, api, settings, registry=registry)
     await observer.start()
     stack.push_async_callback(observer.stop)
-    return f"watching via {settings.kubeconfig}"
+    sink = KubeSink(
+        api, conflict_retries=settings.write_conflict_retries, request_timeout=settings.write_timeout_seconds
+    )
+    writer = ClusterWriter(bus, sink, settings=settings, registry=registry)
+    await writer.start()
+    stack.push_async_callback(writer.stop)
+    source = settings.kubeconfig or "the in-cluster service account"
+    return _Bridge(banner=f"watching and writing via {source}", readiness=[("kubernetes", writer.readiness)])
 
 
 async def run_agent(args: argparse.Namespace) -> int:
@@ -293,25 +334,29 @@ async def _run_noderesource(args: argparse.Namespace) -> int:
 
 async def _run_k8s(args: argparse.Namespace) -> int:
     from koordbus import runtime
+    from services.api.app import ApiContext, create_app
+    from services.api.settings import ApiSettings
+    from services.common import observe
     from services.common.metrics import new_registry
-    from services.k8s.client import KubeConfigError, api_client
-    from services.k8s.observer import ClusterObserver
-    from services.k8s.settings import K8sSettings
 
     common = _common(args)
     runtime.configure_logging(args.log_level or common.log_level)
-    settings = settings_loader.load(K8sSettings, {"kubeconfig": args.kubeconfig})
+    registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
         bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name="k8s")
-        try:
-            api = await api_client(settings)
-        except KubeConfigError as e:
-            raise SystemExit(f"koordbus service k8s: {e}") from None
-        stack.push_async_callback(api.close)
-        observer = ClusterObserver(bus, api, settings, registry=new_registry())
-        await observer.start()
-        stack.push_async_callback(observer.stop)
+        bridge = await _bridge_cluster(
+            stack, bus, registry, kubeconfig=args.kubeconfig, record_only_without_config=False
+        )
+        if args.port:
+            app = create_app(
+                ApiContext(
+                    settings=settings_loader.load(ApiSettings, {"port": args.port}),
+                    registry=registry,
+                    readiness=(("bus", observe.bus_ready(bus)), *bridge.readiness),
+                )
+            )
+            await runtime.serve_http(stack, app, host="0.0.0.0", port=args.port)
         await stop.wait()
     return 0
 

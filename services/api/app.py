@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.api import nodemetrics, noderesources
+from services.api import nodemetrics, noderesources, recorded
 from services.api.settings import ApiSettings
 from services.common.metrics import CONTENT_TYPE_LATEST, CollectorRegistry, render
 from services.common.observe import ReadinessCheck
@@ -42,8 +42,9 @@ class ApiContext:
     """What the routes need, built once by the composition root."""
 
     settings: ApiSettings
-    nodemetric_store: NodeMetricStore
     registry: CollectorRegistry
+    nodemetric_store: NodeMetricStore | None = None
+    """NodeMetric objects and node liveness; None (a process without that database): those routes answer 503."""
     readiness: Sequence[tuple[str, ReadinessCheck]] = ()
     """(dependency name, check) pairs; /readyz names each failing dependency."""
     before_metrics: Sequence[Callable[[], None]] = ()
@@ -54,6 +55,9 @@ class ApiContext:
     """A check that has not answered by then counts as failing (a hung database must not hang /readyz)."""
     noderesource_store: NodeResourceStore | None = None
     """Batch/mid decisions and the colocation config; None: those routes answer 503."""
+    recorded_writes: Callable[[], Any] | None = None
+    """Record-only mode (no Kubernetes configured): what the Kubernetes writer would have written, as JSON; None
+    when writing to a real cluster (the route answers 404)."""
 
 
 class ErrorBody(BaseModel):
@@ -156,6 +160,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.state.context = context
     app.include_router(nodemetrics.router, responses=ERROR_RESPONSES)
     app.include_router(noderesources.router, responses=ERROR_RESPONSES)
+    app.include_router(recorded.router, responses=ERROR_RESPONSES)
     app.add_middleware(CatchAllMiddleware)
     _add_health_routes(app, context)
     _add_error_handlers(app)

@@ -18,7 +18,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from pydantic import BaseModel, Field
 
 from schemas import koordinator
-from services.nodemetric.store import NodeMetricRecord, NodeRecord
+from services.nodemetric.store import NodeMetricRecord, NodeMetricStore, NodeRecord
 
 router = APIRouter(prefix="/api/v1")
 
@@ -32,6 +32,14 @@ Limit = Annotated[
     int | None, Query(ge=1, description="page size: default 500, at most the server's page_limit_max (1000)")
 ]
 After = Annotated[str | None, Query(description="continue after this node name (a page's metadata.continue)")]
+
+
+def nodemetric_store(ctx: Any) -> NodeMetricStore:
+    """The context's NodeMetric store; a process serving the API without one answers 503."""
+    store: NodeMetricStore | None = ctx.nodemetric_store
+    if store is None:
+        raise HTTPException(503, "NodeMetrics are not available: this process runs without the nodemetric database")
+    return store
 
 
 def rfc3339(t: float) -> str:
@@ -77,9 +85,9 @@ def render_nodemetric(
 async def list_nodemetrics(request: Request, limit: Limit = None, after: After = None) -> dict[str, Any]:
     ctx = request.app.state.context
     limit = page_size(limit, ctx.settings.page_limit_max)
-    rows = await ctx.nodemetric_store.list(limit=limit + 1, after=after)
+    rows = await nodemetric_store(ctx).list(limit=limit + 1, after=after)
     records, token = split_page(rows, limit=limit, name=lambda r: r.node)
-    nodes = {n.node: n for n in await ctx.nodemetric_store.nodes_by_name([r.node for r in records])}
+    nodes = {n.node: n for n in await nodemetric_store(ctx).nodes_by_name([r.node for r in records])}
     now, stale_after = ctx.clock(), ctx.settings.stale_after_seconds
     items = [render_nodemetric(r, nodes.get(r.node), now=now, stale_after=stale_after) for r in records]
     metadata = {"continue": token} if token else {}
@@ -89,10 +97,10 @@ async def list_nodemetrics(request: Request, limit: Limit = None, after: After =
 @router.get("/nodemetrics/{node}", tags=["nodemetrics"], summary="One node's NodeMetric object")
 async def get_nodemetric(request: Request, node: str) -> dict[str, Any]:
     ctx = request.app.state.context
-    record = await ctx.nodemetric_store.get(node)
+    record = await nodemetric_store(ctx).get(node)
     if record is None:
         raise HTTPException(404, f"no NodeMetric for node {node!r} (has its agent reported a full report interval?)")
-    found = await ctx.nodemetric_store.nodes_by_name([node])
+    found = await nodemetric_store(ctx).nodes_by_name([node])
     return render_nodemetric(
         record, found[0] if found else None, now=ctx.clock(), stale_after=ctx.settings.stale_after_seconds
     )
@@ -160,7 +168,7 @@ async def list_nodes(
 ) -> NodeLivenessList:
     ctx = request.app.state.context
     limit = page_size(limit, ctx.settings.page_limit_max)
-    rows = await ctx.nodemetric_store.nodes(limit=limit + 1, after=after)
+    rows = await nodemetric_store(ctx).nodes(limit=limit + 1, after=after)
     # Filtering after the page is cut keeps the token on the last *scanned* name, so no node is skipped.
     page, token = split_page(rows, limit=limit, name=lambda n: n.node)
     now, stale_after = ctx.clock(), ctx.settings.stale_after_seconds
@@ -173,7 +181,7 @@ async def list_nodes(
 @router.get("/nodes/{node}", tags=["nodes"], summary="One node's liveness", response_model=NodeLiveness)
 async def get_node(request: Request, node: str) -> NodeLiveness:
     ctx = request.app.state.context
-    found = await ctx.nodemetric_store.nodes_by_name([node])
+    found = await nodemetric_store(ctx).nodes_by_name([node])
     if not found:
         raise HTTPException(404, f"node {node!r} has never reported (no metrics batch or state from its agent)")
     return node_liveness(found[0], now=ctx.clock(), stale_after=ctx.settings.stale_after_seconds)

@@ -154,6 +154,21 @@ async def _decision(bus: JetStreamBus, *, timeout: float, want: Any) -> NodeReso
     raise AssertionError(f"no matching decision within {timeout} s; last: {last}")
 
 
+def _allocatable(cluster: FakeKubeApi) -> dict[str, str]:
+    node = cluster.get("nodes", NODE)
+    assert node is not None
+    return dict(node["status"]["allocatable"])
+
+
+async def _eventually(check: Any, *, timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := check():
+            return result
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"not reached within {timeout} s")
+
+
 async def _api(port: int, path: str, *, want: Any, timeout: float = 30) -> Any:
     """GET the route until `want(body)` holds (projection is asynchronous)."""
     deadline = time.monotonic() + timeout
@@ -191,6 +206,11 @@ async def test_node_gets_koordinators_batch_numbers_and_loses_them_when_colocati
         want=lambda b: b["resources"]["kubernetes.io/batch-cpu"]["value"] == 25_000,
     )
     assert current["resources"]["kubernetes.io/batch-memory"]["quantity"] == "146Gi"
+    # The bridge writes them on the Node (status subresource) and the NodeMetric object passes the CRD schema.
+    await _eventually(lambda: _allocatable(cluster).get("kubernetes.io/batch-cpu") == "25k")
+    written = _allocatable(cluster)
+    assert written["kubernetes.io/batch-memory"] == "146Gi" and written["cpu"] == "98"
+    assert (await _eventually(lambda: cluster.get("nodemetrics", NODE)))["status"]["nodeMetric"]
 
     cluster.put("configmaps", _configmap(enable=False))
     removed = await _decision(bus, timeout=60, want=lambda d: d.resources.get("kubernetes.io/batch-cpu") is None)
@@ -200,6 +220,7 @@ async def test_node_gets_koordinators_batch_numbers_and_loses_them_when_colocati
         f"/api/v1/nodes/{NODE}/resources/history",
         want=lambda b: b["items"] and b["items"][0]["outcome"] == "disabled",
     )
+    await _eventually(lambda: "kubernetes.io/batch-cpu" not in _allocatable(cluster))
     dropped = {c["resource"] for c in history["items"][0]["changes"]}
     assert {"kubernetes.io/batch-cpu", "kubernetes.io/batch-memory"} <= dropped
     config = await _api(api_port, "/api/v1/config/colocation", want=lambda b: b["available"])

@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,6 +51,14 @@ def test_up_serves_nodemetrics_and_stops_on_ctrl_c(tmp_path: Path) -> None:
             time.sleep(0.5)
         assert names == ["sim-node-0001", "sim-node-0002", "sim-node-0003"]
         assert get_json(f"{base}/readyz")["status"] == "ready"
+        # No cluster: record-only. The NodeMetrics that would be written are there, in Koordinator's shape.
+        recorded: dict[str, Any] = {}
+        while time.monotonic() < deadline and len(recorded.get("nodemetrics", [])) < 3:
+            recorded = get_json(f"{base}/api/v1/k8s/recorded-writes")  # type: ignore[assignment]
+            time.sleep(0.5)
+        assert [o["metadata"]["name"] for o in recorded["nodemetrics"]] == names
+        assert all(o["kind"] == "NodeMetric" and o["status"]["nodeMetric"] for o in recorded["nodemetrics"])
+        assert recorded["writes"] and recorded["nodes"] == []
         with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
             assert b"koordbus_nodemetric_batches_total" in response.read()
     finally:
