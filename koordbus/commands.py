@@ -73,6 +73,11 @@ def add_parsers(sub: Any) -> None:
         default=None,
         help="watch this cluster's Nodes, Pods and colocation ConfigMap (default: no cluster; or KOORDBUS_KUBECONFIG)",
     )
+    up.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with --kubeconfig: decide but write nothing to the cluster (see /api/v1/k8s/recorded-writes)",
+    )
     up.set_defaults(run=lambda a: asyncio.run(run_up(a)))
 
     agent = sub.add_parser("agent", help="run the node agent against an existing NATS")
@@ -100,6 +105,11 @@ def add_parsers(sub: Any) -> None:
     )
     service.add_argument(
         "--kubeconfig", default=None, help="k8s: kubeconfig file (default: in-cluster; or KOORDBUS_KUBECONFIG)"
+    )
+    service.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="k8s: watch the cluster but write nothing; what would be written is served at /api/v1/k8s/recorded-writes",
     )
     service.set_defaults(run=lambda a: asyncio.run(run_service(a)))
 
@@ -161,7 +171,7 @@ async def run_up(args: argparse.Namespace) -> int:
         await noderesource.start()
         stack.push_async_callback(noderesource.stop)
         cluster = await _bridge_cluster(
-            stack, bus, registry, kubeconfig=args.kubeconfig, record_only_without_config=True
+            stack, bus, registry, kubeconfig=args.kubeconfig, record_only_without_config=True, dry_run=args.dry_run
         )
         app = create_app(
             ApiContext(
@@ -219,7 +229,13 @@ class _Bridge:
 
 
 async def _bridge_cluster(
-    stack: AsyncExitStack, bus: Any, registry: Any, *, kubeconfig: str | None, record_only_without_config: bool
+    stack: AsyncExitStack,
+    bus: Any,
+    registry: Any,
+    *,
+    kubeconfig: str | None,
+    record_only_without_config: bool,
+    dry_run: bool = False,
 ) -> _Bridge:
     """With a kubeconfig (or, for `service k8s`, in a pod): watch that cluster and write results back. Without
     one, `koordbus up` records what would be written; `service k8s` refuses to start."""
@@ -250,13 +266,23 @@ async def _bridge_cluster(
     observer = ClusterObserver(bus, api, settings, registry=registry)
     await observer.start()
     stack.push_async_callback(observer.stop)
+    source = settings.kubeconfig or "the in-cluster service account"
+    if dry_run:  # watch the real cluster, decide, but only record what would be written
+        recorder = RecordingSink(keep=settings.recorded_writes_kept)
+        writer = ClusterWriter(bus, recorder, settings=settings, registry=registry)
+        await writer.start()
+        stack.push_async_callback(writer.stop)
+        return _Bridge(
+            banner=f"watching via {source}, dry run: see /api/v1/k8s/recorded-writes",
+            readiness=[],
+            recorded_writes=recorder.export,
+        )
     sink = KubeSink(
         api, conflict_retries=settings.write_conflict_retries, request_timeout=settings.write_timeout_seconds
     )
     writer = ClusterWriter(bus, sink, settings=settings, registry=registry)
     await writer.start()
     stack.push_async_callback(writer.stop)
-    source = settings.kubeconfig or "the in-cluster service account"
     return _Bridge(banner=f"watching and writing via {source}", readiness=[("kubernetes", writer.readiness)])
 
 
@@ -346,13 +372,14 @@ async def _run_k8s(args: argparse.Namespace) -> int:
         stop = runtime.stop_event_on_signals()
         bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name="k8s")
         bridge = await _bridge_cluster(
-            stack, bus, registry, kubeconfig=args.kubeconfig, record_only_without_config=False
+            stack, bus, registry, kubeconfig=args.kubeconfig, record_only_without_config=False, dry_run=args.dry_run
         )
         if args.port:
             app = create_app(
                 ApiContext(
                     settings=settings_loader.load(ApiSettings, {"port": args.port}),
                     registry=registry,
+                    recorded_writes=bridge.recorded_writes,
                     readiness=(("bus", observe.bus_ready(bus)), *bridge.readiness),
                 )
             )

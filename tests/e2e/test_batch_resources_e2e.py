@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,48 +96,66 @@ def api_port() -> int:
         return int(s.getsockname()[1])
 
 
+Spawn = Callable[..., list[subprocess.Popen[str]]]
+
+
+@pytest.fixture
+def spawn() -> Iterator[Spawn]:
+    """Start `koordbus …` processes; whatever is still running at the end gets SIGTERM (then SIGKILL)."""
+    started: list[subprocess.Popen[str]] = []
+    env = {**os.environ, "KOORDBUS_LOG_LEVEL": "INFO"}
+
+    def start(*commands: list[str]) -> list[subprocess.Popen[str]]:
+        processes = [
+            subprocess.Popen(
+                [sys.executable, "-m", "koordbus.cli", *command],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+            )
+            for command in commands
+        ]
+        started.extend(processes)
+        return processes
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in started:
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _noderesource(url: str, tmp_path: Path, port: int) -> list[str]:
+    database = f"sqlite:///{tmp_path / 'nr.db'}"
+    return ["service", "noderesource", "--nats-url", url, "--database-url", database, "--port", str(port)]
+
+
 @pytest.fixture
 def services(
-    nats: tuple[str, JetStreamBus], cluster: FakeKubeApi, tmp_path: Path, api_port: int
-) -> Iterator[list[subprocess.Popen[str]]]:
+    nats: tuple[str, JetStreamBus], cluster: FakeKubeApi, tmp_path: Path, api_port: int, spawn: Spawn
+) -> list[subprocess.Popen[str]]:
     url, _ = nats
     kubeconfig = cluster.kubeconfig(tmp_path / "kubeconfig")
-    env = {**os.environ, "KOORDBUS_LOG_LEVEL": "INFO"}
-    commands = [
+    return spawn(
         ["service", "k8s", "--nats-url", url, "--kubeconfig", str(kubeconfig), "--port", "0"],
-        [
-            "service",
-            "noderesource",
-            "--nats-url",
-            url,
-            "--database-url",
-            f"sqlite:///{tmp_path / 'nr.db'}",
-            "--port",
-            str(api_port),
-        ],
-    ]
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-m", "koordbus.cli", *command],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-        for command in commands
-    ]
-    try:
-        yield processes
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        _noderesource(url, tmp_path, api_port),
+    )
+
+
+def _stopped_cleanly(processes: list[subprocess.Popen[str]]) -> None:
+    for process in processes:
+        assert process.poll() is None, process.communicate()[0]
+        process.send_signal(signal.SIGTERM)
+    for process in processes:
+        output, _ = process.communicate(timeout=15)
+        assert process.returncode == 0, output
+        assert "Traceback" not in output, output
 
 
 async def _decision(bus: JetStreamBus, *, timeout: float, want: Any) -> NodeResourceComputed:
@@ -226,10 +244,39 @@ async def test_node_gets_koordinators_batch_numbers_and_loses_them_when_colocati
     config = await _api(api_port, "/api/v1/config/colocation", want=lambda b: b["available"])
     assert config["cluster"]["enable"] is False and not config["error"]
 
-    for process in services:
-        assert process.poll() is None, process.communicate()[0]
-        process.send_signal(signal.SIGTERM)
-    for process in services:
-        output, _ = process.communicate(timeout=15)
-        assert process.returncode == 0, output
-        assert "Traceback" not in output, output
+    _stopped_cleanly(services)
+
+
+@pytest.fixture
+def bridge_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_dry_run_decides_and_records_but_writes_nothing(
+    nats: tuple[str, JetStreamBus], cluster: FakeKubeApi, tmp_path: Path, bridge_port: int, spawn: Spawn
+) -> None:
+    """Only the dry-run bridge and noderesource run here, so any write to the API server would be the dry run's."""
+    url, bus = nats
+    kubeconfig = cluster.kubeconfig(tmp_path / "kubeconfig")
+    processes = spawn(
+        ["service", "k8s", "--nats-url", url, "--kubeconfig", str(kubeconfig), "--dry-run", "--port", str(bridge_port)],
+        _noderesource(url, tmp_path, 0),
+    )
+    metric = metric_event(at=time.time())
+    await bus.publish(
+        subjects.nodemetric_computed(NODE), msgspec.json.encode(metric), msg_id=f"e2e-dry-{metric.report_time}"
+    )
+    await _decision(bus, timeout=60, want=lambda d: d.resources.get("kubernetes.io/batch-cpu") == 25_000)
+    recorded = await _api(
+        bridge_port,
+        "/api/v1/k8s/recorded-writes",
+        want=lambda b: any(n["metadata"]["name"] == NODE for n in b["nodes"]) and b["nodemetrics"],
+    )
+    (node,) = [n for n in recorded["nodes"] if n["metadata"]["name"] == NODE]
+    assert node["status"]["allocatable"]["kubernetes.io/batch-cpu"] == "25k"
+    assert "kubernetes.io/batch-cpu" not in _allocatable(cluster)  # nothing reached the cluster
+    assert cluster.get("nodemetrics", NODE) is None
+    assert not [r for r in cluster.requests if r.verb not in ("get", "list", "watch")]
+    _stopped_cleanly(processes)
