@@ -322,8 +322,6 @@ async def run_service(args: argparse.Namespace) -> int:
 
 async def _run_noderesource(args: argparse.Namespace) -> int:
     from koordbus import runtime
-    from services.api.app import ApiContext, create_app
-    from services.api.settings import ApiSettings
     from services.common import observe
     from services.common.metrics import new_registry
     from services.nodemetric.store import NodeMetricStore
@@ -343,25 +341,32 @@ async def _run_noderesource(args: argparse.Namespace) -> int:
         service = NodeResourceService(bus, settings, registry=registry, store=store)
         await service.start()
         stack.push_async_callback(service.stop)
-        if args.port:
-            app = create_app(
-                ApiContext(
-                    settings=settings_loader.load(ApiSettings, {"port": args.port}),
-                    nodemetric_store=NodeMetricStore(engine),
-                    noderesource_store=store,
-                    registry=registry,
-                    readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
-                )
-            )
-            await runtime.serve_http(stack, app, host="0.0.0.0", port=args.port)
+        await _serve_service_port(
+            stack,
+            args.port,
+            registry,
+            nodemetric_store=NodeMetricStore(engine),
+            noderesource_store=store,
+            readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
+        )
         await stop.wait()
     return 0
 
 
-async def _run_k8s(args: argparse.Namespace) -> int:
+async def _serve_service_port(stack: AsyncExitStack, port: int, registry: Any, **context: Any) -> None:
+    """A service process's HTTP port (0 = none): /healthz, /readyz, /metrics and the read routes of what it holds."""
     from koordbus import runtime
     from services.api.app import ApiContext, create_app
     from services.api.settings import ApiSettings
+
+    if port:
+        settings = settings_loader.load(ApiSettings, {"port": port})
+        app = create_app(ApiContext(settings=settings, registry=registry, **context))
+        await runtime.serve_http(stack, app, host="0.0.0.0", port=port)
+
+
+async def _run_k8s(args: argparse.Namespace) -> int:
+    from koordbus import runtime
     from services.common import observe
     from services.common.metrics import new_registry
 
@@ -374,24 +379,19 @@ async def _run_k8s(args: argparse.Namespace) -> int:
         bridge = await _bridge_cluster(
             stack, bus, registry, kubeconfig=args.kubeconfig, record_only_without_config=False, dry_run=args.dry_run
         )
-        if args.port:
-            app = create_app(
-                ApiContext(
-                    settings=settings_loader.load(ApiSettings, {"port": args.port}),
-                    registry=registry,
-                    recorded_writes=bridge.recorded_writes,
-                    readiness=(("bus", observe.bus_ready(bus)), *bridge.readiness),
-                )
-            )
-            await runtime.serve_http(stack, app, host="0.0.0.0", port=args.port)
+        await _serve_service_port(
+            stack,
+            args.port,
+            registry,
+            recorded_writes=bridge.recorded_writes,
+            readiness=(("bus", observe.bus_ready(bus)), *bridge.readiness),
+        )
         await stop.wait()
     return 0
 
 
 async def _run_nodemetric(args: argparse.Namespace) -> int:
     from koordbus import runtime
-    from services.api.app import ApiContext, create_app
-    from services.api.settings import ApiSettings
     from services.common import observe
     from services.common.metrics import new_registry
     from services.nodemetric.service import NodeMetricService
@@ -409,17 +409,14 @@ async def _run_nodemetric(args: argparse.Namespace) -> int:
         service = NodeMetricService(bus, store, settings_loader.load(NodeMetricSettings), registry=registry)
         await service.start()
         stack.push_async_callback(service.stop)
-        if args.port:
-            app = create_app(
-                ApiContext(
-                    settings=settings_loader.load(ApiSettings, {"port": args.port}),
-                    nodemetric_store=store,
-                    registry=registry,
-                    readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
-                    before_metrics=(service.refresh_gauges,),
-                )
-            )
-            await runtime.serve_http(stack, app, host="0.0.0.0", port=args.port)
+        await _serve_service_port(
+            stack,
+            args.port,
+            registry,
+            nodemetric_store=store,
+            readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
+            before_metrics=(service.refresh_gauges,),
+        )
         await stop.wait()
     return 0
 
