@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -201,6 +202,8 @@ class NodeResourceService:
         self._clock = clock
         self._registry = registry
         self._metrics = _Instruments.create(registry)
+        self._decided_at: dict[str, float] = {}
+        """Per node, the clock's time of its last decision (published or not): what the resync tick skips."""
         self._published: dict[str, NodeResourceComputed] = {}
         """Per node, the last decision published (or found in the stream at start-up)."""
         self._last_written: dict[str, LastWrite] = {}
@@ -376,13 +379,17 @@ class NodeResourceService:
             await self._decide(self._take_dirty())
 
     async def resync(self) -> None:
-        """Decide every known node again at the clock's time (the periodic tick; tests call it directly)."""
+        """Decide again, at the clock's time, every node not decided within the last half resync interval (the
+        periodic tick; tests call it directly). Nodes whose NodeMetrics keep arriving were just decided, so a tick
+        costs only the quiet nodes — the ones it exists for (a NodeMetric gone stale, a write falling due)."""
         if not self._ready:
             return
         async with self._lock:
             now = self._clock()
+            recent = now - self.settings.resync_interval_seconds / 2
             for node in self.state.nodes:
-                self._mark(node, "resync", now)
+                if self._decided_at.get(node, -math.inf) <= recent:
+                    self._mark(node, "resync", now)
             await self._decide(self._take_dirty())
 
     async def _tick(self) -> None:
@@ -413,6 +420,7 @@ class NodeResourceService:
             if decision is None:
                 self._forget_if_gone(node, item.triggers)
                 continue
+            self._decided_at[node] = self._clock()
             self._metrics.recomputations.inc()
             if is_repeat(previous, decision):
                 self._metrics.repeats.inc()
@@ -485,6 +493,7 @@ class NodeResourceService:
             return  # known but not decidable: the config is not available yet
         self._published.pop(node, None)
         self._last_written.pop(node, None)
+        self._decided_at.pop(node, None)
         if "node" not in triggers:  # a pod or NodeMetric of a node never seen (or gone): nothing to decide
             self._metrics.skipped_inputs.labels(reason=SKIP_UNKNOWN_NODE).inc()
 

@@ -175,6 +175,24 @@ async def test_a_stale_nodemetric_degrades_the_node_on_the_resync_tick(memory_bu
         await svc.stop()
 
 
+async def test_the_resync_tick_skips_nodes_decided_within_half_an_interval(memory_bus: MemoryBus) -> None:
+    bus = await memory_bus_with_streams(memory_bus)
+    await worked_example(bus)
+    clock = Clock(T0 + 30)
+    svc = service(bus, clock, resync_interval_seconds=3600)  # the tick never fires by itself here
+    await svc.start()
+    try:
+        decided = metric(svc, "koordbus_noderesource_recomputations_total")
+        assert decided >= 1
+        await svc.resync()  # just decided: nothing to do
+        assert metric(svc, "koordbus_noderesource_recomputations_total") == decided
+        clock.now = T0 + 30 + 1800  # half the interval later: quiet long enough to be decided again
+        await svc.resync()
+        assert metric(svc, "koordbus_noderesource_recomputations_total") == decided + 1
+    finally:
+        await svc.stop()
+
+
 async def test_a_config_change_recomputes_every_node(memory_bus: MemoryBus) -> None:
     bus = await memory_bus_with_streams(memory_bus)
     await worked_example(bus)
