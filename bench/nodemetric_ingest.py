@@ -21,7 +21,6 @@ import multiprocessing
 import os
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -37,7 +36,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script (`python bench/nodemetric_ingest.py`): make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import loadgen, measure
+from bench import loadgen, measure, processes
 from bus import streams
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
@@ -48,7 +47,6 @@ from services.nodemetric.settings import NodeMetricSettings
 log = logging.getLogger("bench")
 
 SERVICE_READY_TIMEOUT_SECONDS = 60.0
-SERVICE_STOP_TIMEOUT_SECONDS = 30.0
 GENERATOR_STOP_TIMEOUT_SECONDS = 20.0
 PROGRESS_EVERY_SECONDS = 10.0
 
@@ -128,62 +126,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def pin_away_from(cpu: int) -> None:
-    """Keep this process and every child it starts from now on (nats-server, generators) off the service's CPU."""
-    others = os.sched_getaffinity(0) - {cpu}
-    if others:
-        os.sched_setaffinity(0, others)
-    else:
-        log.warning("only one CPU: the service shares it with nats-server and the generators")
-
-
-@contextlib.contextmanager
-def service_process(
-    *, nats_url: str, database_url: str, port: int, cpu: int, log_path: Path
-) -> Iterator[subprocess.Popen[bytes]]:
-    """`koordbus service nodemetric` pinned to `cpu`; stopped with SIGTERM (then SIGKILL) on the way out."""
-    command = [sys.executable, "-m", "koordbus.cli", "service", "nodemetric"]
-    command += ["--nats-url", nats_url, "--database-url", database_url, "--port", str(port)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with log_path.open("wb") as out:
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # Ctrl-C reaches us, and we stop it after the generators
-            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
-        )
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=SERVICE_STOP_TIMEOUT_SECONDS)
-            except subprocess.TimeoutExpired:
-                log.warning("service did not stop in %.0f s: killing it", SERVICE_STOP_TIMEOUT_SECONDS)
-                process.kill()
-                process.wait()
-
-
 @contextlib.contextmanager
 def generator_processes(ctx: SpawnContext, configs: list[loadgen.GeneratorConfig]) -> Iterator[list[loadgen.Counters]]:
     """Start one process per config; on exit ask them to stop, wait, and terminate any that hang."""
     stop = ctx.Event()
     counters = [loadgen.Counters(ctx) for _ in configs]
-    processes: list[SpawnProcess] = []
+    generators: list[SpawnProcess] = []
     try:
         for config, tally in zip(configs, counters, strict=True):
             process = ctx.Process(target=loadgen.run_generator, args=(config, tally, stop), name=f"gen-{config.index}")
             process.start()
-            processes.append(process)
+            generators.append(process)
         yield counters
     finally:
         stop.set()
         deadline = time.monotonic() + GENERATOR_STOP_TIMEOUT_SECONDS
-        for process in processes:
+        for process in generators:
             process.join(timeout=max(deadline - time.monotonic(), 0.1))
             if process.is_alive():
                 log.warning("generator %s did not stop: terminating it", process.name)
@@ -200,19 +158,12 @@ async def wait_for_service(port: int, process: subprocess.Popen[bytes], log_path
     deadline = time.monotonic() + SERVICE_READY_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"the service exited during start-up:\n{tail(log_path)}")
+            raise RuntimeError(f"the service exited during start-up:\n{processes.tail(log_path)}")
         with contextlib.suppress(OSError):
             measure.parse_metrics(await asyncio.to_thread(scrape, port))
             return
         await asyncio.sleep(0.2)
     raise RuntimeError(f"the service did not serve /metrics within {SERVICE_READY_TIMEOUT_SECONDS:.0f} s")
-
-
-def tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 async def ingest_backlog(bus: JetStreamBus) -> int:
@@ -339,9 +290,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             node_stream = streams.node_stream(max_bytes=int(args.stream_max_gb * 2**30))
             await bus.ensure_streams([node_stream, streams.nodemetric_stream(), streams.dlq_stream()])
             service_log = workdir / "service.log"
-            with service_process(
-                nats_url=server.url, database_url=database_url, port=port, cpu=args.service_cpu, log_path=service_log
-            ) as service:
+            arguments = ["nodemetric", "--nats-url", server.url, "--database-url", database_url, "--port", str(port)]
+            with processes.pinned_service(arguments, cpu=args.service_cpu, log_path=service_log) as service:
                 await wait_for_service(port, service, service_log)
                 pid = service.pid
                 log.info("service pid %d on CPU %d, /metrics on port %d", pid, args.service_cpu, port)
@@ -364,7 +314,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     first, last = await measured_period(bus, args=args, port=port, pid=pid, counters=counters)
                     load_seconds = last.at - load_started
                 if service.poll() is not None:
-                    raise RuntimeError(f"the service died during the run:\n{tail(service_log)}")
+                    raise RuntimeError(f"the service died during the run:\n{processes.tail(service_log)}")
         finally:
             await bus.close()
     return result(args, first, last, load_seconds=load_seconds)
@@ -373,7 +323,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
-    pin_away_from(args.service_cpu)
+    processes.pin_away_from(args.service_cpu)
     workdir = Path(tempfile.mkdtemp(prefix="koordbus-bench-"))
     try:
         line = asyncio.run(run(args, workdir))

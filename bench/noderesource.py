@@ -27,7 +27,6 @@ import multiprocessing
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -45,8 +44,7 @@ from nats.js.api import DeliverPolicy
 if __package__ in (None, ""):  # run as a script (`python bench/noderesource.py`): make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import cluster_load, measure
-from bench.nodemetric_ingest import pin_away_from, tail
+from bench import cluster_load, measure, processes
 from bus import streams, subjects
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
@@ -56,7 +54,6 @@ log = logging.getLogger("bench")
 
 SEED_CHUNK = 5_000
 STARTUP_TIMEOUT_SECONDS = 900.0
-SERVICE_STOP_TIMEOUT_SECONDS = 30.0
 PUBLISHER_STOP_TIMEOUT_SECONDS = 20.0
 PROGRESS_EVERY_SECONDS = 10.0
 STARTUP_TIMEOUT_WARNING = "start-up replay not finished within"
@@ -160,35 +157,6 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 @contextlib.contextmanager
-def service_process(*, nats_url: str, database_url: str, cpu: int, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """`koordbus service noderesource` pinned to `cpu`; stopped with SIGTERM (then SIGKILL) on the way out."""
-    command = [sys.executable, "-m", "koordbus.cli", "service", "noderesource", "--nats-url", nats_url]
-    command += ["--database-url", database_url, "--port", "0"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with log_path.open("wb") as out:
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # Ctrl-C reaches us, and we stop it after the publisher
-            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
-        )
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=SERVICE_STOP_TIMEOUT_SECONDS)
-            except subprocess.TimeoutExpired:
-                log.warning("service did not stop in %.0f s: killing it", SERVICE_STOP_TIMEOUT_SECONDS)
-                process.kill()
-                process.wait()
-
-
-@contextlib.contextmanager
 def publisher_process(
     ctx: SpawnContext, config: cluster_load.PublisherConfig
 ) -> Iterator[cluster_load.PublisherCounters]:
@@ -241,13 +209,15 @@ async def wait_for_startup(bus: JetStreamBus, process: subprocess.Popen[bytes], 
     deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"the service exited during start-up:\n{tail(log_path)}")
+            raise RuntimeError(f"the service exited during start-up:\n{processes.tail(log_path)}")
         with contextlib.suppress(Exception):  # the stream and the consumers appear once the service made them
             messages, _ = await bus.stream_info(streams.KOORD_NODERESOURCE)
             if messages >= nodes and await replay_left(bus) == 0:
                 return
         await asyncio.sleep(0.2)
-    raise RuntimeError(f"no decision for every node within {STARTUP_TIMEOUT_SECONDS:.0f} s:\n{tail(log_path)}")
+    raise RuntimeError(
+        f"no decision for every node within {STARTUP_TIMEOUT_SECONDS:.0f} s:\n{processes.tail(log_path)}"
+    )
 
 
 async def replay_left(bus: JetStreamBus) -> int:
@@ -439,9 +409,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             service_log = workdir / "service.log"
             spawned = time.monotonic()
             database_url = args.database_url or f"sqlite:///{workdir / 'bench.db'}"
-            with service_process(
-                nats_url=server.url, database_url=database_url, cpu=args.service_cpu, log_path=service_log
-            ) as service:
+            arguments = ["noderesource", "--nats-url", server.url, "--database-url", database_url, "--port", "0"]
+            with processes.pinned_service(arguments, cpu=args.service_cpu, log_path=service_log) as service:
                 await wait_for_startup(bus, service, nodes=args.nodes, log_path=service_log)
                 startup_seconds = time.monotonic() - spawned
                 startup_timed_out = STARTUP_TIMEOUT_WARNING in service_log.read_text(errors="replace")
@@ -465,7 +434,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 finally:
                     await subscription.unsubscribe()
                 if service.poll() is not None:
-                    raise RuntimeError(f"the service died during the run:\n{tail(service_log)}")
+                    raise RuntimeError(f"the service died during the run:\n{processes.tail(service_log)}")
         finally:
             await bus.close()
     return result(
@@ -482,7 +451,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
-    pin_away_from(args.service_cpu)
+    processes.pin_away_from(args.service_cpu)
     workdir = Path(tempfile.mkdtemp(prefix="koordbus-bench-"))
     try:
         line = asyncio.run(run(args, workdir))
