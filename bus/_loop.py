@@ -195,6 +195,8 @@ class LoopConsumer:
                 log.warning("consumer %s: settling a batch failed: %s", self._spec.durable, self._stats.last_error)
             finally:
                 self._in_batch = False
+            if self._spec.linger_seconds > 0 and len(batch) < self._spec.batch_size and not self._stopping:
+                await asyncio.sleep(self._spec.linger_seconds)  # not in a batch: stop() may cancel it here
 
     async def _process(self, batch: list[Fetched]) -> None:
         succeeded: list[Fetched] = []

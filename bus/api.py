@@ -49,6 +49,10 @@ class ConsumerSpec:
     max_ack_pending: int = 20_000
     batch_size: int = 256
     fetch_timeout_seconds: float = 1.0
+    linger_seconds: float = 0.0
+    """After a batch smaller than batch_size, wait this long before fetching again, so that a steady trickle is
+    handled (and flushed: one database transaction per batch in a projector) in fewer, larger batches. 0: fetch at
+    once. Adds up to this much latency."""
     deliver_policy: DeliverPolicy = "all"
     opt_start_time: float | None = None
     """Unix seconds; only with deliver_policy="by_start_time"."""

@@ -170,7 +170,7 @@ def _batch_resource(inp: BatchResourceInput) -> dict[str, Any]:
     if not math.isfinite(now):
         raise InputError(f"$.now: Expected a finite number, got {now!r}")
     snapshot = None if inp.node_metric is None else nodemetric_json.usage_snapshot(inp.node_metric)
-    result = noderesource.calculate(inp.node, inp.pods, snapshot, strategy, now)
+    result = noderesource.calculate(inp.node, [kube.summarize_pod(p) for p in inp.pods], snapshot, strategy, now)
     patch = noderesource.prepare(inp.node, result)
     explained = {
         name: {**msgspec.to_builtins(item), "prepare": patch.steps.get(name, [])}

@@ -247,6 +247,39 @@ def pod_priority_class(pod: Pod) -> str:
     return vocab.priority_class_with_default(pod.metadata.labels, pod.spec.priority, pod_kube_qos(pod))
 
 
+class PodSummary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What the batch/mid calculation reads of a pod, derived once per pod version (`summarize_pod`).
+
+    A node's decision walks all its pods; with these the walk reads fields instead of re-deriving classes and
+    re-parsing quantities, and a million of them stay small and outside the garbage collector's scans (no field
+    can hold a reference cycle: strings, a bool and a str → int dict).
+    """
+
+    key: str
+    """`namespace/name`, as `pod_key`."""
+    node_name: str
+    """spec.nodeName ("" when unscheduled)."""
+    active: bool
+    """Running or Pending (`is_running_or_pending`)."""
+    priority_class: str
+    """`pod_priority_class`."""
+    qos_class: str
+    """`pod_qos_class`."""
+    request: resources.ResourceList
+    """`pod_request`: every resource the pod requests."""
+
+
+def summarize_pod(pod: Pod) -> PodSummary:
+    return PodSummary(
+        key=pod_key(pod),
+        node_name=pod.spec.node_name,
+        active=is_running_or_pending(pod),
+        priority_class=pod_priority_class(pod),
+        qos_class=pod_qos_class(pod),
+        request=pod_request(pod),
+    )
+
+
 def pod_priority_value(pod: Pod) -> int:
     """spec.priority when set and non-zero, else the default value of the pod's priority class (0 for none)."""
     return vocab.priority_value_with_default(pod.metadata.labels, pod.spec.priority, pod_kube_qos(pod))

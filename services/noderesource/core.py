@@ -17,7 +17,7 @@ the kubelet and annotation reservations combine by max, not sum.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Final
 
@@ -40,9 +40,8 @@ REASON_NO_ALLOCATABLE: Final = "node has no status.allocatable, the mid calculat
 
 _CPU, _MEMORY = resources.CPU, resources.MEMORY
 _CPU_AND_MEMORY: Final = (_CPU, _MEMORY)
-
-PodRequestOf = Callable[[kube.Pod], resources.ResourceList]
-"""A pod's effective request: kube.pod_request, or a cache of it."""
+_LOW_PRIORITY: Final = frozenset({vocab.PRIORITY_BATCH, vocab.PRIORITY_FREE})
+_MID_OR_LOWER: Final = frozenset({vocab.PRIORITY_MID, vocab.PRIORITY_BATCH, vocab.PRIORITY_FREE})
 
 
 class NodeResourceResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -168,61 +167,65 @@ class _BatchSums(msgspec.Struct, kw_only=True):
     accounting: PodAccounting
 
 
-def _sum_high_priority_pods(
-    pods: Sequence[kube.Pod], snapshot: NodeUsageSnapshot, pod_request: PodRequestOf
-) -> _BatchSums:
+def _sum_high_priority_pods(pods: Sequence[kube.PodSummary], snapshot: NodeUsageSnapshot) -> _BatchSums:
+    # Plain integer sums per resource: this loop runs over every pod of the node for every decision.
     metrics = {metric.key: metric for metric in snapshot.pods}
     dangling = dict(metrics)
-    request: resources.ResourceList = {}
-    used: resources.ResourceList = {}
-    max_used_request: resources.ResourceList = {}
+    request_cpu = request_memory = used_cpu = used_memory = max_cpu = max_memory = 0
     counts = dict.fromkeys(PodAccounting.__struct_fields__, 0)
     for pod in pods:
-        if not kube.is_running_or_pending(pod):
+        if not pod.active:
             counts["not_running_or_pending_skipped"] += 1
             continue
-        metric = metrics.get(kube.pod_key(pod))
+        metric = metrics.get(pod.key)
         if metric is not None:
-            dangling.pop(metric.key, None)
-        if kube.pod_priority_class(pod) in (vocab.PRIORITY_BATCH, vocab.PRIORITY_FREE):
+            dangling.pop(pod.key, None)
+        if pod.priority_class in _LOW_PRIORITY:
             counts["low_priority_skipped"] += 1
             continue
         counts["high_priority"] += 1
-        requested = resources.mask(pod_request(pod), _CPU_AND_MEMORY)
-        request = resources.add(request, requested)
+        cpu, memory = pod.request.get(_CPU, 0), pod.request.get(_MEMORY, 0)
+        request_cpu += cpu
+        request_memory += memory
         if metric is None:
             counts["high_priority_without_metric"] += 1
-            used = resources.add(used, requested)  # not into max_used_request: Koordinator's asymmetry
-        elif kube.pod_qos_class(pod) == vocab.QOS_LSE:
+            used_cpu += cpu  # into the usage sum but not into max(usage, request): Koordinator's asymmetry
+            used_memory += memory
+            continue
+        usage_cpu, usage_memory = metric.usage.get(_CPU, 0), metric.usage.get(_MEMORY, 0)
+        if pod.qos_class == vocab.QOS_LSE:
             counts["high_priority_lse"] += 1  # LSE pods hold their CPU request whatever they use
-            used = resources.add(used, {_CPU: _get(requested, _CPU), _MEMORY: _get(metric.usage, _MEMORY)})
-            max_used_request = resources.add(max_used_request, resources.max_rl(requested, metric.usage))
+            used_cpu += cpu
         else:
-            used = resources.add(used, metric.usage)
-            max_used_request = resources.add(max_used_request, resources.max_rl(requested, metric.usage))
+            used_cpu += usage_cpu
+        used_memory += usage_memory
+        max_cpu += max(cpu, usage_cpu)
+        max_memory += max(memory, usage_memory)
     for metric in dangling.values():
-        if metric.priority in (vocab.PRIORITY_BATCH, vocab.PRIORITY_FREE):
+        if metric.priority in _LOW_PRIORITY:
             counts["dangling_metrics_skipped"] += 1
             continue
         counts["dangling_metrics_counted"] += 1
-        used = resources.add(used, metric.usage)
-        max_used_request = resources.add(max_used_request, metric.usage)
+        usage_cpu, usage_memory = metric.usage.get(_CPU, 0), metric.usage.get(_MEMORY, 0)
+        used_cpu += usage_cpu
+        used_memory += usage_memory
+        max_cpu += usage_cpu
+        max_memory += usage_memory
     return _BatchSums(
-        request=_cpu_and_memory(request),
-        used=_cpu_and_memory(used),
-        max_used_request=_cpu_and_memory(max_used_request),
+        request={_CPU: request_cpu, _MEMORY: request_memory},
+        used={_CPU: used_cpu, _MEMORY: used_memory},
+        max_used_request={_CPU: max_cpu, _MEMORY: max_memory},
         accounting=PodAccounting(**counts),
     )
 
 
 def _batch(
     node: kube.Node,
-    pods: Sequence[kube.Pod],
+    pods: Sequence[kube.PodSummary],
     snapshot: NodeUsageSnapshot,
     strategy: strategies.ColocationStrategy,
-    pod_request: PodRequestOf,
 ) -> tuple[dict[str, ResourceExplanation], PodAccounting]:
-    sums = _sum_high_priority_pods(pods, snapshot, pod_request)
+    sums = _sum_high_priority_pods(pods, snapshot)
     capacity = _cpu_and_memory(kube.node_capacity(node))
     margin = {
         _CPU: _scale(capacity[_CPU], _percent_ratio(100 - strategy.cpu_reclaim_threshold_percent)),
@@ -314,21 +317,15 @@ def _mid_static(node: kube.Node, strategy: strategies.ColocationStrategy) -> dic
 
 def _mid_by_reclaimable(
     node: kube.Node,
-    pods: Sequence[kube.Pod],
+    pods: Sequence[kube.PodSummary],
     snapshot: NodeUsageSnapshot,
     strategy: strategies.ColocationStrategy,
-    pod_request: PodRequestOf,
 ) -> dict[str, ResourceExplanation]:
     capacity = _cpu_and_memory(kube.node_capacity(node))
     reclaimable = _cpu_and_memory(snapshot.prod_reclaimable or {})
     system_used = resources.add(snapshot.system_usage, host_apps_used_above(snapshot, vocab.PRIORITY_MID))
     reserved = resources.max_rl(node_reserved(node), _cpu_and_memory(system_used))
-    prod_requests = [
-        pod_request(pod)
-        for pod in pods
-        if kube.pod_priority_class(pod) not in (vocab.PRIORITY_MID, vocab.PRIORITY_BATCH, vocab.PRIORITY_FREE)
-        and kube.is_running_or_pending(pod)
-    ]
+    prod_requests = [pod.request for pod in pods if pod.active and pod.priority_class not in _MID_OR_LOWER]
     prod_allocated = _cpu_and_memory(resources.total(prod_requests))
     unallocated = _cpu_and_memory(resources.sub_nonneg(resources.sub(capacity, reserved), prod_allocated))
     usage = snapshot.node_usage
@@ -384,20 +381,18 @@ def _removed(names: Sequence[str], reason: str) -> dict[str, ResourceExplanation
 
 def calculate(
     node: kube.Node,
-    pods: Sequence[kube.Pod],
+    pods: Sequence[kube.PodSummary],
     node_metric: NodeUsageSnapshot | None,
     strategy: strategies.ColocationStrategy,
     now: float,
-    *,
-    pod_request: PodRequestOf = kube.pod_request,
 ) -> NodeResourceResult:
     """Batch and mid resources for one node (§2.3 steps 3–6, §2.4, §2.8).
 
     `strategy` is the node's effective strategy; pass `enable=False` when the cluster strategy is disabled too
-    (Koordinator requires both). `pods` are the node's pods (not filtered by nodeName here). `now` is Unix
-    seconds. Disabled: all four removed. Missing or stale NodeMetric: batch and mid removed (degraded).
-    `pod_request` is kube.pod_request or a cache of it (the service keeps each pod's request while the pod is
-    unchanged: parsing the quantities is most of the cost of a decision).
+    (Koordinator requires both). `pods` are the node's pods as kube.summarize_pod gives them (not filtered by
+    nodeName here; the service keeps one summary per pod version, since deriving classes and parsing quantities
+    is most of the cost of a decision). `now` is Unix seconds. Disabled: all four removed. Missing or stale
+    NodeMetric: batch and mid removed (degraded).
     """
     if not strategy.enable:
         return NodeResourceResult(resources=_removed(ALL_RESOURCES, REASON_DISABLED))
@@ -408,13 +403,13 @@ def calculate(
                 **_removed(MID_RESOURCES, REASON_MID_DEGRADED),
             }
         )
-    batch, accounting = _batch(node, pods, node_metric, strategy, pod_request)
+    batch, accounting = _batch(node, pods, node_metric, strategy)
     if node.status.allocatable is None:
         mid = _removed(MID_RESOURCES, REASON_NO_ALLOCATABLE)
     elif strategy.mid_reclaim_mode == strategies.MID_RECLAIM_STATIC:
         mid = _mid_static(node, strategy)
     else:
-        mid = _mid_by_reclaimable(node, pods, node_metric, strategy, pod_request)
+        mid = _mid_by_reclaimable(node, pods, node_metric, strategy)
     return NodeResourceResult(resources={**batch, **mid}, pods=accounting)
 
 

@@ -207,6 +207,9 @@ class NodeResourceService:
         self._published: dict[str, NodeResourceComputed] = {}
         """Per node, the last decision published (or found in the stream at start-up)."""
         self._last_written: dict[str, LastWrite] = {}
+        self._metrics.degraded_nodes.set_function(
+            lambda: sum(1 for d in self._published.values() if d.outcome == "degraded")  # counted when scraped
+        )
         self._dirty: dict[str, _Dirty] = {}
         self._ready = False
         self._lock = asyncio.Lock()
@@ -289,6 +292,7 @@ class NodeResourceService:
             filter_subjects=(subjects.NODERESOURCE_COMPUTED_ALL,),
             service=SERVICE,
             batch_size=self.settings.batch_size,
+            linger_seconds=self.settings.projection_linger_seconds,
             # The database, not the durable, knows what is projected: a fresh database replays the whole stream.
             deliver_policy="by_start_sequence",
             opt_start_seq=projected + 1,
@@ -313,6 +317,7 @@ class NodeResourceService:
             filter_subjects=filters,
             service=SERVICE,
             batch_size=self.settings.batch_size,
+            linger_seconds=0.0 if durable == HISTORY_CONSUMER else self.settings.decide_linger_seconds,
             deliver_policy="last_per_subject",
         )
 
@@ -431,7 +436,6 @@ class NodeResourceService:
                 await self._publish(decisions, dirty)
         finally:
             await self._record_config()
-        self._metrics.degraded_nodes.set(sum(1 for d in self._published.values() if d.outcome == "degraded"))
 
     # --- recording the config in effect (for the API)
 

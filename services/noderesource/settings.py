@@ -19,6 +19,13 @@ class NodeResourceSettings:
     default 300 s); keep it well below both."""
     batch_size: int = 512
     """Messages fetched per pull; the nodes they touch are decided once per fetched batch."""
+    decide_linger_seconds: float = 0.1
+    """After a fetched batch smaller than batch_size, the cluster and NodeMetric consumers wait this long before the
+    next fetch: events arriving meanwhile are decided and published together (fewer, larger publishes) at the cost
+    of up to this much latency."""
+    projection_linger_seconds: float = 0.5
+    """The same for the projector: decisions are written to the database in fewer, larger transactions (a
+    transaction costs milliseconds of CPU whatever its size)."""
     startup_timeout_seconds: float = 60.0
     """How long start() waits for the replay of the current cluster state, NodeMetrics and last decisions before
     it starts deciding with what it has."""
@@ -39,6 +46,8 @@ class NodeResourceSettings:
             raise ValueError("batch_size must be positive")
         if self.startup_timeout_seconds <= 0:
             raise ValueError("startup_timeout_seconds must be positive")
+        if self.decide_linger_seconds < 0 or self.projection_linger_seconds < 0:
+            raise ValueError("linger seconds must not be negative")
         if self.history_limit < 1:
             raise ValueError("history_limit must be at least 1")
         self.smoothing()  # validates the smoothing fields

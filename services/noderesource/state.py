@@ -19,6 +19,7 @@ be written; a recomputation that changes neither resources, annotations nor outc
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from typing import Final
 
@@ -91,7 +92,8 @@ class ClusterState:
         self.smoothing = smoothing or SmoothingPolicy()
         """Opt-in smoothing of decreases (off by default: Koordinator's numbers)."""
         self.nodes: dict[str, kube.Node] = {}
-        self.pods: dict[str, kube.Pod] = {}
+        self.pods: dict[str, kube.PodSummary] = {}
+        """Pod key → what the calculation reads of it (a summary per pod version, not the whole object)."""
         self.pod_node: dict[str, str] = {}
         """Pod key → the node it is bound to (unscheduled pods are absent)."""
         self.pods_by_node: dict[str, set[str]] = {}
@@ -103,8 +105,6 @@ class ClusterState:
         """Why events were ignored, in order; the service drains it."""
         self._versions: dict[tuple[str, str], tuple[str, bool]] = {}
         """(kind, key) → (resourceVersion, deleted) of the newest event applied, tombstones included."""
-        self._requests: dict[str, tuple[kube.Pod, resources.ResourceList]] = {}
-        """Pod key → (pod, its effective request): parsing quantities is most of a decision's cost."""
 
     # --- applying events
 
@@ -156,12 +156,11 @@ class ClusterState:
                 if not members:
                     del self.pods_by_node[old_node]
         new_node = ""
-        self._requests.pop(key, None)
         if event.deleted or event.pod is None:
             self.pods.pop(key, None)
         else:
-            self.pods[key] = event.pod
-            new_node = event.node_name or event.pod.spec.node_name
+            new_node = sys.intern(event.node_name or event.pod.spec.node_name)  # one string per node, not per pod
+            self.pods[key] = msgspec.structs.replace(kube.summarize_pod(event.pod), key=key, node_name=new_node)
             if new_node:
                 self.pod_node[key] = new_node
                 self.pods_by_node.setdefault(new_node, set()).add(key)
@@ -217,9 +216,7 @@ class ClusterState:
         placement = colocation.node_strategy(self.config.config, meta.labels, meta.annotations)
         strategy = msgspec.structs.replace(placement.strategy, enable=placement.colocation_enabled)
         pods = [self.pods[key] for key in sorted(self.pods_by_node.get(node, ()))]
-        result = core.calculate(
-            node_object, pods, self.snapshots.get(node), strategy, now, pod_request=self._pod_request
-        )
+        result = core.calculate(node_object, pods, self.snapshots.get(node), strategy, now)
         patch = core.prepare(node_object, result)
         outcome, reason = _outcome(result)
         final: dict[str, int | None] = dict(patch.resources)
@@ -228,7 +225,7 @@ class ClusterState:
             final, smoothing_notes = smooth(
                 patch.resources,
                 capacity=kube.node_capacity(node_object),
-                requested=resources.total(self._pod_request(p) for p in pods if kube.is_running_or_pending(p)),
+                requested=resources.total(p.request for p in pods if p.active),
                 last_written=last_written.resources if last_written else {},
                 last_written_at=last_written.at if last_written else None,
                 now=now,
@@ -262,16 +259,6 @@ class ClusterState:
             warnings=warnings,
             smoothing=smoothing_notes,
         )
-
-    def _pod_request(self, pod: kube.Pod) -> resources.ResourceList:
-        """kube.pod_request, kept per pod while the pod object is the same."""
-        key = kube.pod_key(pod)
-        held = self._requests.get(key)
-        if held is not None and held[0] is pod:
-            return held[1]
-        request = kube.pod_request(pod)
-        self._requests[key] = (pod, request)
-        return request
 
 
 def _outcome(result: core.NodeResourceResult) -> tuple[Outcome, str]:

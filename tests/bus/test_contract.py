@@ -391,3 +391,28 @@ async def test_deliver_policies_new_and_last_per_subject(bus: AnyBus, names: Nam
     await only_new.stop()
     assert lasts.committed_data() == [b"y3", b"x4", b"y5"]
     assert fresh.committed_data() == [b"y5"]
+
+
+async def test_linger_gathers_a_trickle_into_few_batches(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+
+    class FlushCounter(Recorder):
+        flushes = 0
+
+        async def flush(self) -> None:
+            if self._batch:
+                self.flushes += 1
+            await super().flush()
+
+    rec = FlushCounter()
+    consumer = bus.consume(names.consumer(linger_seconds=0.3), rec)
+    for i in range(30):  # a steady trickle over ~0.6 s
+        await bus.publish(names.subject("a"), f"m{i}".encode(), msg_id=f"a-{i}")
+        await asyncio.sleep(0.02)
+    await wait_until(lambda: len(rec.committed) == 30)
+    assert rec.committed_data() == [f"m{i}".encode() for i in range(30)]
+    assert rec.flushes <= 5, f"{rec.flushes} flushes for a 0.6 s trickle with a 0.3 s linger"
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await consumer.stop()  # stopping while lingering does not wait the linger out
+    assert loop.time() - started < 0.25

@@ -210,6 +210,7 @@ async def test_the_service_projects_decisions_and_records_the_config(
             config = (await client.get("/api/v1/config/colocation")).json()
             assert config["cluster"]["enable"] is True and "colocation-config" in config["error"]
             assert config["nodes"][NODE]["strategy"]["cpuReclaimThresholdPercent"] == 70
+            await eventually(lambda: _history_length_is(client, 2))  # the projector writes after its linger
             history = (await client.get(f"/api/v1/nodes/{NODE}/resources/history")).json()
             assert history["items"][0]["trigger"] == ["node"]
     finally:
@@ -218,6 +219,10 @@ async def test_the_service_projects_decisions_and_records_the_config(
 
 
 _CPU_RATIO = "node.koordinator.sh/cpu-reclaim-ratio"
+
+
+async def _history_length_is(client: httpx.AsyncClient, length: int) -> bool:
+    return len((await client.get(f"/api/v1/nodes/{NODE}/resources/history")).json()["items"]) == length
 
 
 async def _status_is(client: httpx.AsyncClient, path: str, status: int) -> bool:

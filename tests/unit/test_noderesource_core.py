@@ -68,6 +68,7 @@ def usage(name: str, cpu_cores: float, memory_gi: float, priority: str = "koord-
 
 
 EXAMPLE_PODS = [pod("a", "40", "100Gi"), pod("b", "20", "40Gi")]
+EXAMPLE_SUMMARIES = [kube.summarize_pod(p) for p in EXAMPLE_PODS]
 EXAMPLE_METRICS = (usage("a", 10, 60), usage("c", 2, 4))
 
 
@@ -94,7 +95,7 @@ def run(
 ) -> core.NodeResourceResult:
     return core.calculate(
         the_node or node(),
-        EXAMPLE_PODS if pods is None else pods,
+        [kube.summarize_pod(p) for p in (EXAMPLE_PODS if pods is None else pods)],
         snapshot or metric(),
         strategy(**strategy_changes),
         NOW,
@@ -204,7 +205,7 @@ def test_reclaim_percent_sets_the_safety_margin() -> None:
     ids=["no NodeMetric", "no updateTime", "stale"],
 )
 def test_missing_or_stale_nodemetric_removes_batch_and_mid(snapshot: NodeUsageSnapshot | None) -> None:
-    result = core.calculate(node(), EXAMPLE_PODS, snapshot, strategy(), NOW)
+    result = core.calculate(node(), EXAMPLE_SUMMARIES, snapshot, strategy(), NOW)
     assert result.values() == dict.fromkeys(core.ALL_RESOURCES)
     assert result.resources[BATCH_CPU].reason == core.REASON_BATCH_DEGRADED
     assert result.resources[MID_MEMORY].reason == core.REASON_MID_DEGRADED
@@ -216,7 +217,7 @@ def test_degrade_boundary_and_custom_minutes() -> None:
 
 
 def test_disabled_removes_all_four() -> None:
-    result = core.calculate(node(), EXAMPLE_PODS, metric(), ColocationStrategy(enable=False), NOW)
+    result = core.calculate(node(), EXAMPLE_SUMMARIES, metric(), ColocationStrategy(enable=False), NOW)
     assert result.values() == dict.fromkeys(core.ALL_RESOURCES)
     assert {item.reason for item in result.resources.values()} == {core.REASON_DISABLED}
 
@@ -299,7 +300,11 @@ def test_koordinator_pods_in_multiple_priority_classes() -> None:
     snapshot = NodeUsageSnapshot(update_time=NOW, system_usage={"cpu": 7000, "memory": 12 * gb}, pods=metrics)
     the_node = node(capacity={"cpu": "100", "memory": "120G"}, allocatable={"cpu": "100", "memory": "120G"})
     result = core.calculate(
-        the_node, pods, snapshot, strategy(cpu_reclaim_threshold_percent=65, memory_reclaim_threshold_percent=65), NOW
+        the_node,
+        [kube.summarize_pod(p) for p in pods],
+        snapshot,
+        strategy(cpu_reclaim_threshold_percent=65, memory_reclaim_threshold_percent=65),
+        NOW,
     )
     assert result.values()[BATCH_CPU] == 25_000
     assert result.values()[BATCH_MEMORY] == 33 * gb
@@ -469,7 +474,7 @@ def test_third_party_batch_allocations_are_subtracted_after_the_origin_is_record
 def test_removed_batch_records_zero_origin_and_skips_third_party() -> None:
     annotations = _third_party({"name": "yarn", "priority": "koord-batch", "resources": {BATCH_CPU: "10000"}})
     the_node = node(annotations=annotations)
-    result = core.calculate(the_node, EXAMPLE_PODS, None, strategy(), NOW)
+    result = core.calculate(the_node, EXAMPLE_SUMMARIES, None, strategy(), NOW)
     patch = core.prepare(the_node, result)
     assert patch.resources == dict.fromkeys(core.ALL_RESOURCES)
     assert patch.annotations[koordinator.ANNOTATION_ORIGIN_EXTENDED_ALLOCATABLE] == (
