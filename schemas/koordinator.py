@@ -11,6 +11,7 @@ originExtendedAllocatable; read by services.noderesource.core). Nothing here doe
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import math
 import re
@@ -354,17 +355,24 @@ def third_party_allocated(annotations: Mapping[str, str], priority_class: str) -
     return total
 
 
+@functools.lru_cache(maxsize=1024)
+def _origin_entries(text: str) -> tuple[tuple[str, str], ...]:
+    """The readable entries of an originExtendedAllocatable value, canonical (every decision re-reads the node's
+    annotation, which rarely changes: cached by its text)."""
+    existing = _json_object(text) or {}
+    entries = existing.get("resources") or {}
+    if not isinstance(entries, dict):
+        return ()
+    try:
+        return tuple((str(k), quantity.canonicalize(v)) for k, v in entries.items())
+    except quantity.QuantityError:
+        return ()
+
+
 def origin_extended_allocatable(annotations: Mapping[str, str], amounts: Mapping[str, int]) -> str:
     """The `node.koordinator.sh/originExtendedAllocatable` value after recording `amounts` (negative → 0): the
     annotation's readable entries kept, re-written canonically; keys sorted and compact, as Go marshals it."""
-    existing = _json_object(annotations.get(ANNOTATION_ORIGIN_EXTENDED_ALLOCATABLE, "")) or {}
-    entries = existing.get("resources") or {}
-    merged: dict[str, str] = {}
-    if isinstance(entries, dict):
-        try:
-            merged = {str(k): quantity.canonicalize(v) for k, v in entries.items()}
-        except quantity.QuantityError:
-            merged = {}
+    merged = dict(_origin_entries(annotations.get(ANNOTATION_ORIGIN_EXTENDED_ALLOCATABLE, "")))
     for name, amount in amounts.items():
         merged[name] = quantity.format_amount(name, max(amount, 0))
     return json.dumps({"resources": dict(sorted(merged.items()))}, separators=(",", ":"))

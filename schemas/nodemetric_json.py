@@ -6,7 +6,8 @@ integers, unknown fields ignored) decoded by `NodeMetricObject`, and `usage_snap
 all the manager-side calculations read. `snapshot_from_computed` gives the same view of our own NodeMetricComputed
 event. Callers: `koordbus calc batch-resource`, services.noderesource (batch
 and mid, §2.4/§2.8) and later the load-aware scheduler. A quantity that does not parse fails decoding with its
-JSON path. Nothing here does I/O.
+JSON path. Nothing here does I/O. The snapshot structs are `gc=False` (strings, numbers and containers of those:
+no reference cycles), so the service's snapshot per node stays out of the garbage collector's scans.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class NodeMetricObject(msgspec.Struct, frozen=True, kw_only=True):
 # --- integer view
 
 
-class PodUsage(msgspec.Struct, frozen=True, kw_only=True):
+class PodUsage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One `podsMetric` entry: the pod's usage and the classes koordlet reported for it."""
 
     namespace: str
@@ -88,14 +89,14 @@ class PodUsage(msgspec.Struct, frozen=True, kw_only=True):
         return f"{self.namespace}/{self.name}"
 
 
-class HostApplicationUsage(msgspec.Struct, frozen=True, kw_only=True):
+class HostApplicationUsage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     name: str
     usage: resources.ResourceList
     priority: str = ""
     qos: str = ""
 
 
-class NodeUsageSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+class NodeUsageSnapshot(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A NodeMetric status as integers, cpu and memory only.
 
     `update_time` None means the status was never written (the calculations degrade). `node_usage` and
@@ -157,9 +158,16 @@ def usage_snapshot(obj: NodeMetricObject) -> NodeUsageSnapshot:
 
 def _map_or_none(resource_map: ResourceMap) -> resources.ResourceList | None:
     """None for a map with no data (empty `resources`, as ResourceMap documents), else cpu and memory."""
-    if not resource_map.resources:
+    amounts = resource_map.resources
+    if not amounts:
         return None
-    return resources.mask(resource_map.resources, _CPU_AND_MEMORY)
+    # Runs for every pod of every NodeMetric: the two lookups, not a general mask.
+    out: resources.ResourceList = {}
+    if (cpu := amounts.get(resources.CPU)) is not None:
+        out[resources.CPU] = cpu
+    if (memory := amounts.get(resources.MEMORY)) is not None:
+        out[resources.MEMORY] = memory
+    return out
 
 
 def snapshot_from_computed(event: NodeMetricComputed) -> NodeUsageSnapshot:

@@ -6,6 +6,8 @@ and services.noderesource itself at start-up (the last decision per node seeds i
 structs (`ResourceExplanation`, `PodAccounting`) are defined here because they are part of the wire contract;
 services.noderesource.core builds them. `computed_at` is the time the decision was made *for* (the triggering
 event's time, or the resync tick's), so replaying the same inputs yields the same event and the same msg id.
+The structs are `gc=False`: they hold only strings, numbers and containers of those, so they cannot form
+reference cycles, and the service's per-node copies stay out of the garbage collector's scans.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ Outcome = Literal["computed", "degraded", "disabled"]
 Amount = Annotated[int, msgspec.Meta(ge=0)]
 
 
-class ResourceExplanation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class ResourceExplanation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
     """One resource's value and why: the formula, its terms and the formula with the numbers filled in.
 
     `value` None means the resource is removed from the node; `reason` then says why.
@@ -43,7 +45,7 @@ class ResourceExplanation(msgspec.Struct, frozen=True, kw_only=True, omit_defaul
     reason: str = ""
 
 
-class PodAccounting(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class PodAccounting(msgspec.Struct, frozen=True, kw_only=True, rename="camel", gc=False):
     """How the batch calculation classified the pods and pod metrics it was given."""
 
     high_priority: int = 0
@@ -55,7 +57,7 @@ class PodAccounting(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     dangling_metrics_skipped: int = 0
 
 
-class NodeResourceComputed(msgspec.Struct, frozen=True, kw_only=True, tag="noderesource.computed.v1"):
+class NodeResourceComputed(msgspec.Struct, frozen=True, kw_only=True, tag="noderesource.computed.v1", gc=False):
     """The batch/mid resources decided for one node, as they would be written on it."""
 
     node: NodeName

@@ -23,7 +23,7 @@ from typing import Final
 
 import msgspec
 
-from schemas import koordinator, kube, quantity, resources, vocab
+from schemas import koordinator, kube, resources, vocab
 from schemas.nodemetric_json import NodeUsageSnapshot
 from schemas.noderesource import PodAccounting as PodAccounting
 from schemas.noderesource import ResourceExplanation as ResourceExplanation
@@ -474,9 +474,12 @@ def apply_patch(current: Mapping[str, int], patch: NodeResourcePatch) -> resourc
 # --- sync (§2.3 step 7)
 
 
-def _milli_value(name: str, amount: int) -> int:
-    """The Kubernetes MilliValue() of our integer amount of `name` (batch-cpu 25000 is 25000000 milli)."""
-    return quantity.milli_value(quantity.parse_quantity(quantity.format_amount(name, amount)))
+def milli_value(amount: int) -> int:
+    """The Kubernetes MilliValue() of our integer amount of a batch/mid resource (batch-cpu 25000 is 25000000).
+
+    Every one of the four is written as a whole number (batch-cpu and mid-cpu count millicores, memory is bytes),
+    so the quantity's MilliValue is the amount × 1000; a unit test checks this against the quantity round trip."""
+    return amount * 1000
 
 
 def is_resource_diff(old: Mapping[str, int], new: Mapping[str, int], name: str, threshold: float) -> bool:
@@ -485,7 +488,7 @@ def is_resource_diff(old: Mapping[str, int], new: Mapping[str, int], name: str, 
         return True
     if name not in old:
         return False
-    old_milli, new_milli = _milli_value(name, old[name]), _milli_value(name, new[name])
+    old_milli, new_milli = milli_value(old[name]), milli_value(new[name])
     return abs(float(new_milli - old_milli)) > float(old_milli) * threshold
 
 

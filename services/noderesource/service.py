@@ -41,6 +41,7 @@ from schemas.cluster import CLUSTER_EVENT_DECODER
 from schemas.node import NodeMetricComputed
 from schemas.noderesource import NODERESOURCE_COMPUTED_DECODER, NodeResourceComputed, Trigger
 from services.common import observe
+from services.common.startup import wait_replayed
 from services.noderesource import config as colocation
 from services.noderesource.settings import NodeResourceSettings
 from services.noderesource.state import (
@@ -237,8 +238,8 @@ class NodeResourceService:
             observe.watch_consumers(self._registry, service=SERVICE, consumers={PROJECTOR_CONSUMER: self._projector})
         history = self.bus.consume(self._spec(HISTORY_CONSUMER), _HistoryHandler(self), reset=True)
         try:
-            if not await history.wait_idle(timeout):
-                log.warning("noderesource: last decisions not read within %.0f s, starting without", timeout)
+            if not await wait_replayed(history, what="noderesource: last decisions", stall_seconds=timeout):
+                log.warning("noderesource: last decisions stalled for %.0f s, starting without the rest", timeout)
         finally:
             await history.stop()
         self._consumers = [
@@ -254,9 +255,12 @@ class NodeResourceService:
             service=SERVICE,
             consumers={CLUSTER_CONSUMER: self._consumers[0], NODEMETRIC_CONSUMER: self._consumers[1]},
         )
-        for consumer in self._consumers:
-            if not await consumer.wait_idle(timeout):
-                log.warning("noderesource: start-up replay not finished within %.0f s, deciding anyway", timeout)
+        for consumer, name in zip(self._consumers, (CLUSTER_CONSUMER, NODEMETRIC_CONSUMER), strict=True):
+            if not await wait_replayed(consumer, what=f"noderesource: {name}", stall_seconds=timeout):
+                log.warning(
+                    "noderesource: start-up replay not finished within %.0f s without progress, deciding anyway",
+                    timeout,
+                )
         async with self._lock:
             configmap_time = self._clock()
             for node in self.state.assume_configmap_absent():

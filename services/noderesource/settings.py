@@ -27,8 +27,9 @@ class NodeResourceSettings:
     """The same for the projector: decisions are written to the database in fewer, larger transactions (a
     transaction costs milliseconds of CPU whatever its size)."""
     startup_timeout_seconds: float = 60.0
-    """How long start() waits for the replay of the current cluster state, NodeMetrics and last decisions before
-    it starts deciding with what it has."""
+    """start() waits for the replay of the current cluster state, NodeMetrics and last decisions as long as it
+    makes progress; after this many seconds without a single event replayed it starts deciding with what it has
+    (and logs a warning)."""
     smoothing_max_decrease_percent_per_minute: float = 0.0
     """Opt-in, beyond Koordinator: batch/mid may fall by at most this share of node capacity per minute since the
     last write (rises apply at once); 0 keeps Koordinator's numbers. See services.noderesource.smoothing."""

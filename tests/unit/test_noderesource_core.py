@@ -12,8 +12,10 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from schemas import koordinator, kube, nodemetric_json, vocab
+from schemas import koordinator, kube, nodemetric_json, quantity, vocab
 from schemas.nodemetric_json import HostApplicationUsage, NodeUsageSnapshot, PodUsage
 from services.noderesource import core
 from services.noderesource.strategy import ColocationStrategy
@@ -531,3 +533,12 @@ def test_needs_sync() -> None:
     assert not fresh.needed and fresh.reason == "up to date"
     moved = core.needs_sync(current, {**current, MID_CPU: 1}, strategy=rules, last_synced_at=NOW, now=NOW)
     assert moved.needed and MID_CPU in moved.reason
+
+
+@given(
+    name=st.sampled_from(core.ALL_RESOURCES),
+    amount=st.integers(min_value=0, max_value=2**62) | st.integers(min_value=0, max_value=10**6),
+)
+def test_milli_value_is_the_quantity_round_trip(name: str, amount: int) -> None:
+    written = quantity.parse_quantity(quantity.format_amount(name, amount))
+    assert core.milli_value(amount) == quantity.milli_value(written)
