@@ -189,7 +189,11 @@ def _format_binary(value: int) -> str:
 
 
 def _format_decimal(value: Fraction, fmt: QuantityFormat) -> str:
-    mantissa, exponent = int(value / _NANO), -9
+    return _format_decimal_parts(int(value / _NANO), -9, fmt)
+
+
+def _format_decimal_parts(mantissa: int, exponent: int, fmt: QuantityFormat) -> str:
+    """mantissa × 10^exponent (mantissa ≠ 0) in canonical decimal form."""
     while mantissa % 10 == 0:
         mantissa, exponent = mantissa // 10, exponent + 1
     # Step down to a multiple of three so the exponent matches an SI suffix (1e4 is 10e3, never 0.01e6).
@@ -236,11 +240,17 @@ def format_amount(resource_name: str, value: int) -> str:
     Compare amounts, not strings: a BinarySI value written as plain digits reads back as DecimalSI, so the
     API server stores 25000 bytes as "25k" (canonicalize gives that stored form).
     """
+    # Integer arithmetic only: this runs for every resource of every decision (the Fraction path is the reference,
+    # and a property test holds the two equal).
+    if value == 0:
+        return "0"
     if _counts_millicores_as_written(resource_name):
-        return format_quantity(Quantity(Fraction(value), DECIMAL_SI))
+        return _format_decimal_parts(value, 0, DECIMAL_SI)
     if resources.is_milli_resource(resource_name):
-        return format_quantity(Quantity(Fraction(value, 1000), DECIMAL_SI))
-    return format_quantity(Quantity(Fraction(value), BINARY_SI))
+        return _format_decimal_parts(value, -3, DECIMAL_SI)
+    if abs(value) >= 1024:
+        return _format_binary(value)
+    return _format_decimal_parts(value, 0, DECIMAL_SI)
 
 
 def resource_list(obj: Mapping[str, RawQuantity]) -> resources.ResourceList:

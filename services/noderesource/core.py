@@ -160,6 +160,13 @@ def _capped(
 # --- batch (§2.4)
 
 
+class _NodeFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """The node's cpu/memory capacity and reservation, parsed once per calculation."""
+
+    capacity: resources.ResourceList
+    reserved: resources.ResourceList
+
+
 class _BatchSums(msgspec.Struct, kw_only=True):
     request: resources.ResourceList
     used: resources.ResourceList
@@ -220,18 +227,18 @@ def _sum_high_priority_pods(pods: Sequence[kube.PodSummary], snapshot: NodeUsage
 
 
 def _batch(
-    node: kube.Node,
+    node: _NodeFigures,
     pods: Sequence[kube.PodSummary],
     snapshot: NodeUsageSnapshot,
     strategy: strategies.ColocationStrategy,
 ) -> tuple[dict[str, ResourceExplanation], PodAccounting]:
     sums = _sum_high_priority_pods(pods, snapshot)
-    capacity = _cpu_and_memory(kube.node_capacity(node))
+    capacity = node.capacity
     margin = {
         _CPU: _scale(capacity[_CPU], _percent_ratio(100 - strategy.cpu_reclaim_threshold_percent)),
         _MEMORY: _scale(capacity[_MEMORY], _percent_ratio(100 - strategy.memory_reclaim_threshold_percent)),
     }
-    reserved = node_reserved(node)
+    reserved = node.reserved
     system_used = resources.add(snapshot.system_usage, host_apps_used_above(snapshot, vocab.PRIORITY_BATCH))
     system_used = _cpu_and_memory(system_used)
     system_or_reserved = resources.max_rl(system_used, reserved)
@@ -287,8 +294,8 @@ def _batch(
 # --- mid (§2.8)
 
 
-def _mid_static(node: kube.Node, strategy: strategies.ColocationStrategy) -> dict[str, ResourceExplanation]:
-    capacity = _cpu_and_memory(kube.node_capacity(node))
+def _mid_static(node: _NodeFigures, strategy: strategies.ColocationStrategy) -> dict[str, ResourceExplanation]:
+    capacity = node.capacity
     out: dict[str, ResourceExplanation] = {}
     for name, res, reserved_percent, threshold_percent in (
         (vocab.MID_CPU, _CPU, strategy.mid_static_cpu_reserved_percent, strategy.mid_cpu_threshold_percent),
@@ -316,17 +323,21 @@ def _mid_static(node: kube.Node, strategy: strategies.ColocationStrategy) -> dic
 
 
 def _mid_by_reclaimable(
-    node: kube.Node,
+    node: _NodeFigures,
     pods: Sequence[kube.PodSummary],
     snapshot: NodeUsageSnapshot,
     strategy: strategies.ColocationStrategy,
 ) -> dict[str, ResourceExplanation]:
-    capacity = _cpu_and_memory(kube.node_capacity(node))
+    capacity = node.capacity
     reclaimable = _cpu_and_memory(snapshot.prod_reclaimable or {})
     system_used = resources.add(snapshot.system_usage, host_apps_used_above(snapshot, vocab.PRIORITY_MID))
-    reserved = resources.max_rl(node_reserved(node), _cpu_and_memory(system_used))
-    prod_requests = [pod.request for pod in pods if pod.active and pod.priority_class not in _MID_OR_LOWER]
-    prod_allocated = _cpu_and_memory(resources.total(prod_requests))
+    reserved = resources.max_rl(node.reserved, _cpu_and_memory(system_used))
+    prod_cpu = prod_memory = 0
+    for pod in pods:
+        if pod.active and pod.priority_class not in _MID_OR_LOWER:
+            prod_cpu += pod.request.get(_CPU, 0)
+            prod_memory += pod.request.get(_MEMORY, 0)
+    prod_allocated = {_CPU: prod_cpu, _MEMORY: prod_memory}
     unallocated = _cpu_and_memory(resources.sub_nonneg(resources.sub(capacity, reserved), prod_allocated))
     usage = snapshot.node_usage
     usage_valid = usage is not None and _CPU in usage and _MEMORY in usage
@@ -403,13 +414,14 @@ def calculate(
                 **_removed(MID_RESOURCES, REASON_MID_DEGRADED),
             }
         )
-    batch, accounting = _batch(node, pods, node_metric, strategy)
+    figures = _NodeFigures(capacity=_cpu_and_memory(kube.node_capacity(node)), reserved=node_reserved(node))
+    batch, accounting = _batch(figures, pods, node_metric, strategy)
     if node.status.allocatable is None:
         mid = _removed(MID_RESOURCES, REASON_NO_ALLOCATABLE)
     elif strategy.mid_reclaim_mode == strategies.MID_RECLAIM_STATIC:
-        mid = _mid_static(node, strategy)
+        mid = _mid_static(figures, strategy)
     else:
-        mid = _mid_by_reclaimable(node, pods, node_metric, strategy)
+        mid = _mid_by_reclaimable(figures, pods, node_metric, strategy)
     return NodeResourceResult(resources={**batch, **mid}, pods=accounting)
 
 

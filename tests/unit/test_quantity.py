@@ -411,3 +411,19 @@ def test_cpu_millicores_round_trip(m: int) -> None:
 @given(st.integers(min_value=0, max_value=INT64_MAX))
 def test_memory_bytes_round_trip(b: int) -> None:
     assert amount("memory", format_amount("memory", b)) == b
+
+
+@given(
+    name=st.sampled_from(
+        ["cpu", "memory", "kubernetes.io/batch-cpu", "kubernetes.io/batch-memory", "kubernetes.io/mid-cpu", "pods"]
+    ),
+    value=st.integers(min_value=-(10**20), max_value=10**20) | st.integers(min_value=-3000, max_value=3000),
+)
+def test_format_amount_integer_path_matches_the_fraction_reference(name: str, value: int) -> None:
+    if name.endswith(("batch-cpu", "mid-cpu")):
+        reference = Quantity(Fraction(value), DECIMAL_SI)
+    elif name == "cpu":
+        reference = Quantity(Fraction(value, 1000), DECIMAL_SI)
+    else:
+        reference = Quantity(Fraction(value), BINARY_SI)
+    assert format_amount(name, value) == format_quantity(reference)
