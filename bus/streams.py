@@ -56,7 +56,8 @@ def cluster_stream(*, replicas: int = 1) -> StreamSpec:
 
 
 def noderesource_stream(*, max_age_seconds: float = 7 * 24 * 3600, replicas: int = 1) -> StreamSpec:
-    """Every batch/mid decision with its explanation: the replayable history behind `/resources/history`."""
+    """Every batch/mid decision with its explanation: the replayable history behind `/resources/history`; also
+    the colocation config status (a last-value subject, read with last_per_subject)."""
     return StreamSpec(
         name=KOORD_NODERESOURCE,
         subjects=(subjects.NODERESOURCE_ALL,),

@@ -122,6 +122,11 @@ def noderesource_computed(node: str) -> str:
     return f"{PREFIX}.noderesource.{encode_token(node)}.computed"
 
 
+NODERESOURCE_CONFIG_STATUS = f"{PREFIX}.noderesource.config.status"
+"""ColocationConfigStatus, a last-value subject (consumers read it with last_per_subject); its last token is not
+`computed`, so NODERESOURCE_COMPUTED_ALL never matches it, whatever a node is called."""
+
+
 # --- dead letters (stream KOORD_DLQ)
 
 DLQ_ALL = f"{PREFIX}.dlq.>"

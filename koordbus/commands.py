@@ -242,7 +242,8 @@ async def _bridge_cluster(
     from services.k8s.client import KubeConfigError, api_client
     from services.k8s.observer import ClusterObserver
     from services.k8s.settings import K8sSettings
-    from services.k8s.writer import ClusterWriter, KubeSink, RecordingSink
+    from services.k8s.sinks import KubeSink, RecordingSink
+    from services.k8s.writer import ClusterWriter
 
     settings = settings_loader.load(K8sSettings, {"kubeconfig": kubeconfig})
     in_cluster = not record_only_without_config and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))

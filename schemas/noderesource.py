@@ -1,13 +1,16 @@
 """NodeResourceComputed: one batch/mid decision for one node, with its explanation and whether the write is due.
 
 Published by services.noderesource on `koord.v1.noderesource.<node>.computed` (stream KOORD_NODERESOURCE, JSON),
-read by the k8s writer (which applies `resources` and `annotations` when `write_due`), the API's resource history,
+read by the k8s writer (which applies `resources` and `annotations` when `write_due`, and `nodemetric_spec` to the
+node's NodeMetric on every decision carrying one), the API's resource history,
 and services.noderesource itself at start-up (the last decision per node seeds its hysteresis). The explanation
 structs (`ResourceExplanation`, `PodAccounting`) are defined here because they are part of the wire contract;
 services.noderesource.core builds them. `computed_at` is the time the decision was made *for* (the triggering
 event's time, or the resync tick's), so replaying the same inputs yields the same event and the same msg id.
 The structs are `gc=False`: they hold only strings, numbers and containers of those, so they cannot form
 reference cycles, and the service's per-node copies stay out of the garbage collector's scans.
+`ColocationConfigStatus`, on the same stream, says whether the colocation ConfigMap is in effect (the k8s writer
+turns it into Kubernetes Events).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 
 from schemas import vocab
-from schemas.node import NodeName, UnixSeconds
+from schemas.node import MetricCollectPolicy, NodeName, UnixSeconds
 
 RESOURCE_NAMES: Final = (vocab.BATCH_CPU, vocab.BATCH_MEMORY, vocab.MID_CPU, vocab.MID_MEMORY)
 
@@ -92,6 +95,11 @@ class NodeResourceComputed(msgspec.Struct, frozen=True, kw_only=True, tag="noder
     smoothing: dict[str, str] = {}
     """Per resource the opt-in smoothing policy held (services.noderesource.smoothing), what it held it at, from
     which calculated value and why; empty when smoothing is off or changed nothing."""
+    nodemetric_spec: MetricCollectPolicy | None = None
+    """The node's NodeMetric `.spec.metricCollectPolicy` (spec §1.3): its merged colocation strategy's metric
+    collect policy when that strategy is enabled, else the default spec. None when the ConfigMap is in error status
+    (the NodeMetric keeps whatever spec it has), and in decisions published before this field existed. The k8s
+    writer owns the NodeMetric spec from it."""
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.resources) - set(RESOURCE_NAMES))
@@ -111,3 +119,25 @@ class NodeResourceComputed(msgspec.Struct, frozen=True, kw_only=True, tag="noder
 
 
 NODERESOURCE_COMPUTED_DECODER: msgspec.json.Decoder[NodeResourceComputed] = msgspec.json.Decoder(NodeResourceComputed)
+
+
+class ColocationConfigStatus(msgspec.Struct, frozen=True, kw_only=True, tag="noderesource.config-status.v1"):
+    """Whether the `slo-controller-config` ConfigMap's colocation-config is in effect, published by
+    services.noderesource on `koord.v1.noderesource.config.status` (a last-value subject of KOORD_NODERESOURCE)
+    whenever its error differs from the last status there (none there counts as no error). The k8s writer turns it
+    into a Kubernetes Event on the ConfigMap: a Warning per distinct error, a Normal one on recovery."""
+
+    error: str | None
+    """Why the ConfigMap's current content is not in effect (the previous configuration is kept); None when it is."""
+    previous_error: str | None = None
+    """The error of the status published before this one; None when there was none. A recovery is error None with
+    a previous_error."""
+    resource_version: str = ""
+    """The ConfigMap's resourceVersion when the error changed, empty when not known (no ConfigMap seen)."""
+    at: UnixSeconds
+    """The service clock's time when the change was seen."""
+
+
+COLOCATION_CONFIG_STATUS_DECODER: msgspec.json.Decoder[ColocationConfigStatus] = msgspec.json.Decoder(
+    ColocationConfigStatus
+)

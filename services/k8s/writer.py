@@ -1,238 +1,81 @@
-"""The writing half of the Kubernetes bridge: NodeMetric objects and node batch/mid resources, written as decided.
+"""The writing half of the Kubernetes bridge: NodeMetric objects, node batch/mid resources and the colocation
+ConfigMap's Events, written as decided.
 
-`ClusterWriter` follows NodeMetricComputed (KOORD_NODEMETRIC) and NodeResourceComputed (KOORD_NODERESOURCE) with
-durable consumers reset at start to the last message per subject, so a restart re-applies the latest decision per
-node. It never writes from the consumer: the latest intent per object waits in a pending map (a newer one replaces
-an unwritten older one; a NodeResourceComputed whose write is not due is ignored) and a writer task drains it, with
-at most one NodeMetric status write per node every `nodemetric_status_interval_seconds`. A write that fails is kept
-and retried with exponential backoff until it succeeds or a newer intent replaces it; after
-`unhealthy_after_write_failures` consecutive failures `healthy()` is False (for /readyz) until one succeeds.
+`ClusterWriter` follows NodeMetricComputed (KOORD_NODEMETRIC), NodeResourceComputed and ColocationConfigStatus
+(KOORD_NODERESOURCE) with durable consumers reset at start to the last message per subject, so a restart re-applies
+the latest decision per node. The NodeMetric spec is owned by the NodeResourceComputed decisions (spec §1.3): each
+decision carrying a `nodemetric_spec` (None while the ConfigMap is in error: the object keeps its spec) makes the
+node's NodeMetric exist with that spec, whether or not its resource write is due; the writer skips it when that spec
+was already confirmed on the server for the node. A NodeMetricComputed writes only the status, creating the object
+first if missing (with the node's last decided spec, else the event's own). A ColocationConfigStatus becomes one
+core/v1 Event on the ConfigMap per distinct error (a Warning), or a Normal one on recovery. The Node tombstones the
+observing half leaves on KOORD_CLUSTER (the noderesource service publishes nothing when a node goes) delete the
+node's NodeMetric; until the Node is seen again, NodeMetric writes for it are dropped, so a late report or a
+replayed decision does not bring the object back. It never writes from the consumer: the latest intent per object
+waits in a pending map (a newer one replaces an unwritten older one; a NodeResourceComputed whose write is not due
+is ignored for the Node) and a writer task drains it, with at most one NodeMetric status write per node every
+`nodemetric_status_interval_seconds`. A write that fails is kept and retried with exponential backoff until it
+succeeds or a newer intent replaces it; after `unhealthy_after_write_failures` consecutive failures `healthy()` is
+False (for /readyz) until one succeeds.
 
-Where the writes go is a `WriteSink`: `KubeSink` writes to the API server (idempotently: it reads the object, asks
-services.k8s.writes what to change, and writes nothing when nothing changed; a write answered 409 Conflict, or 404
-because the object went away, is retried at once from a fresh read, a bounded number of times; other failures are
-the writer's to back off from), `RecordingSink` only records what would be written (record-only mode, for
-`koordbus up` without a cluster; its `export()` is for the API). Built by the composition root (koordbus).
+Where the writes go is a services.k8s.sinks.WriteSink (the API server, or a record of the writes in
+record-only mode). Built by the composition root (koordbus).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
-import aiohttp
 import msgspec
-from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from bus import streams, subjects
 from bus.api import Bus, Consumer, ConsumerSpec, Delivery
-from schemas.node import NodeMetricComputed
-from schemas.noderesource import NODERESOURCE_COMPUTED_DECODER, NodeResourceComputed
+from schemas.node import MetricCollectPolicy, NodeMetricComputed
+from schemas.noderesource import (
+    COLOCATION_CONFIG_STATUS_DECODER,
+    NODERESOURCE_COMPUTED_DECODER,
+    ColocationConfigStatus,
+    NodeResourceComputed,
+)
 from services.common import observe
 from services.k8s import core, writes
 from services.k8s.settings import K8sSettings
+from services.k8s.sinks import WriteFailedError, WriteSink
 
 log = logging.getLogger(__name__)
 
 SERVICE: Final = "k8s-writer"
 NODEMETRIC_CONSUMER: Final = "k8s-writer-nodemetric"
 NODERESOURCE_CONSUMER: Final = "k8s-writer-noderesource"
+CONFIG_STATUS_CONSUMER: Final = "k8s-writer-config-status"
+NODES_CONSUMER: Final = "k8s-writer-nodes"
 OBJECT_NODEMETRIC: Final = writes.OBJECT_NODEMETRIC
 OBJECT_NODE: Final = writes.OBJECT_NODE
-MERGE_PATCH: Final = "application/merge-patch+json"
-HTTP_NOT_FOUND: Final = 404
-HTTP_CONFLICT: Final = 409
-HTTP_TOO_MANY_REQUESTS: Final = 429
-RETRY_AT_ONCE: Final = (HTTP_CONFLICT, HTTP_NOT_FOUND)
-"""Answers to a write that a fresh read resolves: the object changed (409) or went away (404) since our read."""
-_NODEMETRICS: Final = (writes.NODEMETRIC_GROUP, writes.NODEMETRIC_VERSION, writes.NODEMETRIC_PLURAL)
+OBJECT_EVENT: Final = writes.OBJECT_EVENT
+KEY_NODEMETRIC_SPEC: Final = "nodemetric-spec"
+"""Pending-map kind of a NodeMetric spec write (counted under the `nodemetric` object label)."""
+KEY_NODEMETRIC_DELETE: Final = "nodemetric-delete"
+"""Pending-map kind of the deletion of a gone node's NodeMetric (counted under `nodemetric` too)."""
 
-Intent = NodeMetricComputed | NodeResourceComputed
+
+class NodeLifecycle(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.node_observed.v1"):
+    """What the writer reads of a schemas.cluster.NodeObserved: whether the Node exists (the object itself is
+    skipped, not decoded)."""
+
+    name: str
+    observed_at: float
+    deleted: bool = False
+
+
+Intent = NodeMetricComputed | NodeResourceComputed | ColocationConfigStatus | NodeLifecycle
 Json = dict[str, Any]
-
-
-class WriteFailedError(Exception):
-    """A write that did not go through. `retry` is False when repeating it cannot help (422 Invalid, 403 …)."""
-
-    def __init__(self, message: str, *, retry: bool = True) -> None:
-        super().__init__(message)
-        self.retry = retry
-
-
-class WriteSink(Protocol):
-    """Where the writer's intents go: the API server, or a record of what would have been written."""
-
-    async def write_nodemetric(self, event: NodeMetricComputed) -> writes.WriteResult:
-        """Create the node's NodeMetric if missing, bring its spec and status to the event's; WriteFailedError."""
-        ...
-
-    async def write_node_resources(self, decision: NodeResourceComputed) -> writes.WriteResult:
-        """Bring the node's batch/mid resources and annotations to the (due) decision's; WriteFailedError."""
-        ...
-
-
-# --- the API server
-
-
-class KubeSink:
-    """Writes to the API server through kubernetes-asyncio, reading and writing raw JSON (no client models)."""
-
-    def __init__(self, api_client: ApiClient, *, conflict_retries: int = 5, request_timeout: float = 30.0) -> None:
-        self._core = CoreV1Api(api_client)
-        self._custom = CustomObjectsApi(api_client)
-        self._attempts = conflict_retries + 1
-        self._timeout = request_timeout
-
-    async def write_nodemetric(self, event: NodeMetricComputed) -> writes.WriteResult:
-        name = event.node
-        changes: list[str] = []
-        for _ in range(self._attempts):
-            current = await self._get_nodemetric(name)
-            if current is None:
-                status, body = await self._request(
-                    self._custom.create_cluster_custom_object(
-                        *_NODEMETRICS,
-                        writes.nodemetric_to_create(event),
-                        **self._options(),
-                    )
-                )
-                if status == HTTP_CONFLICT:  # AlreadyExists: another writer was first; read it and go on
-                    continue
-                current = _parsed(status, body, f"create NodeMetric {name}")
-                changes.append(writes.CREATED)
-            if (spec_update := writes.nodemetric_spec_update(current, event)) is not None:
-                status, body = await self._request(
-                    self._custom.replace_cluster_custom_object(
-                        *_NODEMETRICS,
-                        name,
-                        spec_update,
-                        **self._options(),
-                    )
-                )
-                if status in RETRY_AT_ONCE:
-                    continue
-                current = _parsed(status, body, f"update NodeMetric {name}")
-                changes.append("spec updated")
-            if (status_update := writes.nodemetric_status_update(current, event)) is not None:
-                status, body = await self._request(
-                    self._custom.replace_cluster_custom_object_status(
-                        *_NODEMETRICS,
-                        name,
-                        status_update,
-                        **self._options(),
-                    )
-                )
-                if status in RETRY_AT_ONCE:
-                    continue
-                _parsed(status, body, f"update NodeMetric {name} status")
-                changes.append(f"status updateTime {status_update['status']['updateTime']}")
-            return writes.write_result(OBJECT_NODEMETRIC, name, changes)
-        raise WriteFailedError(f"NodeMetric {name}: still changing under us after {self._attempts} attempts")
-
-    async def write_node_resources(self, decision: NodeResourceComputed) -> writes.WriteResult:
-        name = decision.node
-        if not decision.write_due:
-            return writes.not_due(decision)
-        changes: list[str] = []
-        for _ in range(self._attempts):
-            node = await self._get_node(name)
-            if node is None:
-                return writes.WriteResult(object=f"{OBJECT_NODE}/{name}", action="skipped", changes=("node not found",))
-            if (status_write := writes.node_status_patch(node, decision)) is not None:
-                status, body = await self._request(
-                    self._core.patch_node_status(name, status_write.patch, **self._options(content_type=MERGE_PATCH))
-                )
-                if status in RETRY_AT_ONCE:
-                    continue
-                node = _parsed(status, body, f"patch node {name} status")
-                changes.extend(status_write.changes)
-            if (annotation_write := writes.node_annotation_patch(node, decision)) is not None:
-                status, body = await self._request(
-                    self._core.patch_node(name, annotation_write.patch, **self._options(content_type=MERGE_PATCH))
-                )
-                if status in RETRY_AT_ONCE:
-                    continue
-                _parsed(status, body, f"patch node {name} annotations")
-                changes.extend(annotation_write.changes)
-            return writes.write_result(OBJECT_NODE, name, changes)
-        raise WriteFailedError(f"node {name}: still changing under us after {self._attempts} attempts")
-
-    async def _get_nodemetric(self, name: str) -> Json | None:
-        status, body = await self._request(
-            self._custom.get_cluster_custom_object(*_NODEMETRICS, name, **self._options())
-        )
-        return None if status == HTTP_NOT_FOUND else _parsed(status, body, f"get NodeMetric {name}")
-
-    async def _get_node(self, name: str) -> Json | None:
-        status, body = await self._request(self._core.read_node(name, **self._options()))
-        return None if status == HTTP_NOT_FOUND else _parsed(status, body, f"get node {name}")
-
-    def _options(self, *, content_type: str = "") -> dict[str, Any]:
-        """Raw responses, our timeout, and for patches the media type (the client would pick a strategic merge
-        patch for a dict body on core kinds, and the stubs do not declare `_content_type`)."""
-        options: dict[str, Any] = {"_preload_content": False, "_request_timeout": self._timeout}
-        if content_type:
-            options["_content_type"] = content_type
-        return options
-
-    @staticmethod
-    async def _request(call: Awaitable[object]) -> tuple[int, bytes]:
-        """(HTTP status, body) of one request made with `_preload_content=False`; connection errors are
-        retryable WriteFailedErrors."""
-        try:
-            response = await call
-            if not isinstance(response, aiohttp.ClientResponse):
-                raise TypeError(f"expected a raw aiohttp response, got {type(response).__name__}")
-            async with response:
-                return response.status, await response.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as err:
-            raise WriteFailedError(f"request failed: {type(err).__name__}: {err}") from err
-
-
-def _parsed(status: int, body: bytes, what: str) -> Json:
-    """The JSON object of a successful response; WriteFailedError (retryable for 429 and 5xx) otherwise."""
-    if not 200 <= status <= 299:
-        retry = status == HTTP_TOO_MANY_REQUESTS or status >= 500
-        raise WriteFailedError(f"{what}: HTTP {status}: {core.error_status(body)}", retry=retry)
-    try:
-        parsed = json.loads(body)
-    except ValueError as err:
-        raise WriteFailedError(f"{what}: response is not JSON: {err}") from err
-    if not isinstance(parsed, dict):
-        raise WriteFailedError(f"{what}: response is not a JSON object")
-    return parsed
-
-
-# --- record-only mode
-
-
-class RecordingSink:
-    """Record-only mode: what would be written is kept in a services.k8s.writes.WriteRecorder, never sent."""
-
-    def __init__(self, *, keep: int = 1000, clock: Callable[[], float] = time.time) -> None:
-        self.recorder = writes.WriteRecorder(keep=keep)
-        self._clock = clock
-
-    async def write_nodemetric(self, event: NodeMetricComputed) -> writes.WriteResult:
-        return self.recorder.nodemetric(event, now=self._clock())
-
-    async def write_node_resources(self, decision: NodeResourceComputed) -> writes.WriteResult:
-        return self.recorder.node_resources(decision, now=self._clock())
-
-    @property
-    def log(self) -> Sequence[writes.RecordedWrite]:
-        return self.recorder.log
-
-    def export(self) -> Json:
-        """For the API: the objects as they would be after the writes, and the log of writes (oldest first)."""
-        return self.recorder.export()
 
 
 # --- the writer
@@ -246,10 +89,19 @@ class _Pending:
 
 
 _NODEMETRIC_DECODER: Final = msgspec.json.Decoder(NodeMetricComputed)
+_NODE_LIFECYCLE_DECODER: Final = msgspec.json.Decoder(NodeLifecycle)
 
 
 def _intent_time(intent: Intent) -> float:
-    return intent.report_time if isinstance(intent, NodeMetricComputed) else intent.computed_at
+    match intent:
+        case NodeMetricComputed():
+            return intent.report_time
+        case NodeResourceComputed():
+            return intent.computed_at
+        case ColocationConfigStatus():
+            return intent.at
+        case NodeLifecycle():
+            return intent.observed_at
 
 
 class _IntentHandler:
@@ -282,6 +134,12 @@ class ClusterWriter:
         self.registry = registry
         self._clock = clock
         self._pending: dict[tuple[str, str], _Pending] = {}
+        self._specs: dict[str, NodeResourceComputed] = {}
+        """Per node, its latest decision carrying a NodeMetric spec (kept while the node is gone, for its return)."""
+        self._confirmed_specs: dict[str, MetricCollectPolicy] = {}
+        """Per node, the spec last written or found on its NodeMetric (a decision with the same one writes nothing)."""
+        self._gone: set[str] = set()
+        """Nodes whose last state seen is a tombstone: their NodeMetric is deleted and not written again."""
         self._in_flight = 0
         self._rate_limit = writes.StatusRateLimit(settings.nodemetric_status_interval_seconds)
         self._health = writes.WriteHealth(settings.unhealthy_after_write_failures)
@@ -319,6 +177,16 @@ class ClusterWriter:
             NODERESOURCE_CONSUMER: self.bus.consume(
                 self._spec(NODERESOURCE_CONSUMER, streams.KOORD_NODERESOURCE, subjects.NODERESOURCE_COMPUTED_ALL),
                 _IntentHandler(self, NODERESOURCE_COMPUTED_DECODER.decode),
+                reset=True,
+            ),
+            CONFIG_STATUS_CONSUMER: self.bus.consume(
+                self._spec(CONFIG_STATUS_CONSUMER, streams.KOORD_NODERESOURCE, subjects.NODERESOURCE_CONFIG_STATUS),
+                _IntentHandler(self, COLOCATION_CONFIG_STATUS_DECODER.decode),
+                reset=True,
+            ),
+            NODES_CONSUMER: self.bus.consume(
+                self._spec(NODES_CONSUMER, streams.KOORD_CLUSTER, subjects.CLUSTER_NODES),
+                _IntentHandler(self, _NODE_LIFECYCLE_DECODER.decode),
                 reset=True,
             ),
         }
@@ -379,20 +247,69 @@ class ClusterWriter:
             return False
 
     def offer(self, intent: Intent) -> None:
-        """Take the latest intent for its object; an older one than already pending, or a decision whose write is
-        not due, is ignored."""
-        if isinstance(intent, NodeResourceComputed) and not intent.write_due:
-            self._writes.labels(OBJECT_NODE, "skipped").inc()
-            return
-        kind = OBJECT_NODEMETRIC if isinstance(intent, NodeMetricComputed) else OBJECT_NODE
-        key = (kind, intent.node)
+        """Take the latest intent for its object; an older one than already pending is ignored, and so is a
+        decision whose write is not due (for the Node; its NodeMetric spec is still ensured)."""
         now = self._clock()
+        if isinstance(intent, NodeMetricComputed | NodeResourceComputed) and intent.node in self._gone:
+            if isinstance(intent, NodeResourceComputed):  # may come before the Node's return: written then
+                self._remember_spec(intent)
+            self._writes.labels(OBJECT_NODEMETRIC, "skipped").inc()  # a late report or a replayed decision
+            return
+        match intent:
+            case NodeLifecycle():
+                self._offer_lifecycle(intent, now)
+            case ColocationConfigStatus():
+                event = writes.config_event(
+                    intent, namespace=self.settings.configmap_namespace, name=self.settings.configmap_name
+                )
+                if event is not None:  # one key per Event: distinct errors are not coalesced away
+                    self._queue((OBJECT_EVENT, event["metadata"]["name"]), intent, now)
+            case NodeMetricComputed():
+                self._queue((OBJECT_NODEMETRIC, intent.node), intent, self._rate_limit.earliest(intent.node, now))
+            case NodeResourceComputed():
+                self._offer_spec(intent, now)
+                if not intent.write_due:
+                    self._writes.labels(OBJECT_NODE, "skipped").inc()
+                    return
+                self._queue((OBJECT_NODE, intent.node), intent, now)
+
+    def _offer_lifecycle(self, node: NodeLifecycle, now: float) -> None:
+        name = node.name
+        if not node.deleted:
+            if name in self._gone:  # the Node is back: its NodeMetric is written again
+                self._gone.discard(name)
+                self._pending.pop((KEY_NODEMETRIC_DELETE, name), None)
+                if (decision := self._specs.get(name)) is not None:
+                    self._queue((KEY_NODEMETRIC_SPEC, name), decision, now)
+            return
+        self._gone.add(name)
+        for kind in (OBJECT_NODEMETRIC, KEY_NODEMETRIC_SPEC, OBJECT_NODE):
+            self._pending.pop((kind, name), None)
+        self._confirmed_specs.pop(name, None)
+        self._queue((KEY_NODEMETRIC_DELETE, name), node, now)
+
+    def _remember_spec(self, decision: NodeResourceComputed) -> bool:
+        """Keep the decision as the node's latest spec; False when it carries none or an older one is held."""
+        held = self._specs.get(decision.node)
+        if decision.nodemetric_spec is None or (held is not None and held.computed_at > decision.computed_at):
+            return False
+        self._specs[decision.node] = decision
+        return True
+
+    def _offer_spec(self, decision: NodeResourceComputed, now: float) -> None:
+        if not self._remember_spec(decision):
+            return
+        if self._confirmed_specs.get(decision.node) == decision.nodemetric_spec:
+            self._pending.pop((KEY_NODEMETRIC_SPEC, decision.node), None)  # an older, different one is moot
+            return
+        self._queue((KEY_NODEMETRIC_SPEC, decision.node), decision, now)
+
+    def _queue(self, key: tuple[str, str], intent: Intent, not_before: float) -> None:
         waiting = self._pending.get(key)
         if waiting is not None:
             if _intent_time(intent) >= _intent_time(waiting.intent):
                 waiting.intent = intent
             return
-        not_before = self._rate_limit.earliest(intent.node, now) if kind == OBJECT_NODEMETRIC else now
         self._pending[key] = _Pending(intent=intent, not_before=not_before)
         self._wake.set()
 
@@ -418,10 +335,7 @@ class ClusterWriter:
         waiting = self._pending.pop(key)
         self._in_flight += 1
         try:
-            if isinstance(waiting.intent, NodeMetricComputed):
-                result = await self.sink.write_nodemetric(waiting.intent)
-            else:
-                result = await self.sink.write_node_resources(waiting.intent)
+            result = await self._write_intent(kind, node, waiting.intent)
         except WriteFailedError as err:
             self._failed(key, waiting, str(err), retry=err.retry)
             return
@@ -432,19 +346,48 @@ class ClusterWriter:
         finally:
             self._in_flight -= 1
         self._health.succeeded()
-        self._writes.labels(kind, result.action).inc()
+        self._writes.labels(_object_label(kind), result.action).inc()
         if result.action != "unchanged":
             log.info("k8s writer: %s %s: %s", result.action, result.object, "; ".join(result.changes))
+        if result.action == "created" and kind in (OBJECT_NODEMETRIC, KEY_NODEMETRIC_SPEC) and node in self._gone:
+            self._queue((KEY_NODEMETRIC_DELETE, node), NodeLifecycle(name=node, observed_at=0.0, deleted=True), 0.0)
+            return  # created while the node's tombstone arrived: delete it again
         if kind == OBJECT_NODEMETRIC and result.action in ("created", "updated"):
             now = self._clock()
             self._rate_limit.wrote(node, now)
             if (newer := self._pending.get(key)) is not None:
                 newer.not_before = max(newer.not_before, self._rate_limit.earliest(node, now))
 
+    async def _write_intent(self, kind: str, name: str, intent: Intent) -> writes.WriteResult:
+        match intent:
+            case NodeMetricComputed():
+                held = self._specs.get(name)
+                return await self.sink.write_nodemetric(intent, spec=held.nodemetric_spec if held is not None else None)
+            case NodeResourceComputed() if kind == KEY_NODEMETRIC_SPEC:
+                spec = intent.nodemetric_spec
+                if spec is None:  # not queued so; kept total for the type checker
+                    return writes.WriteResult(object=f"{OBJECT_NODEMETRIC}/{name}", action="skipped")
+                result = await self.sink.write_nodemetric_spec(name, spec)
+                self._confirmed_specs[name] = spec
+                return result
+            case NodeResourceComputed():
+                return await self.sink.write_node_resources(intent)
+            case ColocationConfigStatus():
+                event = writes.config_event(
+                    intent, namespace=self.settings.configmap_namespace, name=self.settings.configmap_name
+                )
+                if event is None:
+                    return writes.WriteResult(object=f"{OBJECT_EVENT}/{name}", action="skipped")
+                return await self.sink.write_event(event)
+            case NodeLifecycle():
+                if name not in self._gone:  # seen again while the deletion waited
+                    return writes.WriteResult(object=f"{OBJECT_NODEMETRIC}/{name}", action="skipped")
+                return await self.sink.delete_nodemetric(name)
+
     def _failed(self, key: tuple[str, str], waiting: _Pending, reason: str, *, retry: bool) -> None:
         kind, node = key
         self._health.failed(reason)
-        self._writes.labels(kind, "failed" if retry else "rejected").inc()
+        self._writes.labels(_object_label(kind), "failed" if retry else "rejected").inc()
         failures = waiting.failures + 1
         delay = core.backoff_delay(
             failures, initial=self.settings.backoff_initial_seconds, maximum=self.settings.backoff_max_seconds
@@ -464,3 +407,8 @@ class ClusterWriter:
         elif retry:
             self._pending[key] = _Pending(intent=waiting.intent, not_before=self._clock() + delay, failures=failures)
             self._wake.set()
+
+
+def _object_label(kind: str) -> str:
+    """The `object` label of the writes counter: spec writes and deletions are NodeMetric writes."""
+    return OBJECT_NODEMETRIC if kind in (KEY_NODEMETRIC_SPEC, KEY_NODEMETRIC_DELETE) else kind

@@ -1,7 +1,13 @@
 """The writing half's pure decisions: what to write to Kubernetes for one decision, or that nothing needs writing.
 
-From a NodeMetricComputed: the NodeMetric to create (spec §1.2–1.3; status cannot be set on create), the spec
-update when an existing object's spec differs, and the object with its new status for the status subresource.
+The NodeMetric spec (§1.3) is owned by the NodeResourceComputed decisions: each one carrying a `nodemetric_spec`
+makes sure the node's NodeMetric exists with that spec (`nodemetric_with_spec` to create it without status,
+`nodemetric_spec_update` when an existing object's spec differs). From a NodeMetricComputed: the object to create
+when it is missing (with the node's last decided spec if there is one, else the event's; status cannot be set on
+create) and the object with its new status for the status subresource; a status write never touches the spec.
+A Node's tombstone deletes its NodeMetric (`nodemetric_deleted` says what that did).
+From a ColocationConfigStatus: the core/v1 Event on the colocation ConfigMap (`config_event`), named after its
+content so that creating it twice is an AlreadyExists, not a second Event.
 From a NodeResourceComputed with `write_due`: the JSON merge patch of the Node's /status that sets or removes the
 batch/mid extended resources in capacity and allocatable (spec §2.5: batch-cpu/mid-cpu as plain millicore counts,
 memory in bytes; amounts compared, not strings, since the server may respell a quantity), guarded by the Node's
@@ -15,17 +21,18 @@ health. No I/O, clock or event loop here.
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from schemas import koordinator, quantity
-from schemas.node import NodeMetricComputed
-from schemas.noderesource import RESOURCE_NAMES, NodeResourceComputed
+from schemas.node import MetricCollectPolicy, NodeMetricComputed
+from schemas.noderesource import RESOURCE_NAMES, ColocationConfigStatus, NodeResourceComputed
 
 Json = dict[str, Any]
-Action = Literal["created", "updated", "unchanged", "skipped"]
+Action = Literal["created", "updated", "deleted", "unchanged", "skipped"]
 
 NODEMETRIC_GROUP, NODEMETRIC_VERSION = koordinator.API_VERSION.split("/")
 NODEMETRIC_PLURAL: Final = "nodemetrics"
@@ -33,7 +40,15 @@ STATUS_LISTS: Final = ("capacity", "allocatable")
 """The node status resource lists Koordinator writes each extended resource to, with the same value."""
 OBJECT_NODEMETRIC: Final = "nodemetric"
 OBJECT_NODE: Final = "node"
+OBJECT_EVENT: Final = "event"
 CREATED: Final = "created"
+EVENT_REASON_INVALID: Final = "InvalidColocationConfig"
+"""Reason of the Warning Event for a colocation ConfigMap whose content is rejected."""
+EVENT_REASON_RECOVERED: Final = "ColocationConfigApplied"
+"""Reason of the Normal Event once the ConfigMap's content is in effect again after an error."""
+EVENT_COMPONENT: Final = "koordbus-noderesource"
+EVENT_MESSAGE_LIMIT: Final = 1024
+"""Event messages are cut to this many characters (the API server limits them; a long error stays readable)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,14 +77,20 @@ def not_due(decision: NodeResourceComputed) -> WriteResult:
 # --- NodeMetric
 
 
-def nodemetric_to_create(event: NodeMetricComputed) -> Json:
-    """The NodeMetric object to create for the event's node, with the event's spec and no status."""
-    return koordinator.nodemetric_object(event.node, event.spec, None)
+def nodemetric_with_spec(node: str, spec: MetricCollectPolicy) -> Json:
+    """The NodeMetric object to create for `node` with `spec` and no status."""
+    return koordinator.nodemetric_object(node, spec, None)
 
 
-def nodemetric_spec_update(current: Json, event: NodeMetricComputed) -> Json | None:
-    """`current` with the event's spec (resourceVersion kept, for the update), or None when the spec is the same."""
-    wanted = nodemetric_to_create(event)["spec"]
+def nodemetric_to_create(event: NodeMetricComputed, spec: MetricCollectPolicy | None = None) -> Json:
+    """The NodeMetric object to create for the event's node when a status write finds none: with `spec` (the node's
+    last decided spec) when given, else the event's, and no status."""
+    return nodemetric_with_spec(event.node, event.spec if spec is None else spec)
+
+
+def nodemetric_spec_update(current: Json, spec: MetricCollectPolicy) -> Json | None:
+    """`current` with `spec` (resourceVersion and status kept, for the update), or None when the spec is the same."""
+    wanted = {"metricCollectPolicy": koordinator.collect_policy_to_json(spec)}
     if current.get("spec") == wanted:
         return None
     updated = copy.deepcopy(current)
@@ -98,6 +119,66 @@ def _stored_update_time(status: object) -> float:
         return koordinator.parse_rfc3339(status["updateTime"])
     except ValueError:
         return float("-inf")
+
+
+def nodemetric_deleted(node: str, *, existed: bool) -> WriteResult:
+    """The result of deleting a gone node's NodeMetric: deleted, or unchanged when there was none."""
+    obj = f"{OBJECT_NODEMETRIC}/{node}"
+    if not existed:
+        return WriteResult(object=obj, action="unchanged")
+    return WriteResult(object=obj, action="deleted", changes=("node gone",))
+
+
+# --- Event
+
+
+def config_event(status: ColocationConfigStatus, *, namespace: str, name: str) -> Json | None:
+    """The core/v1 Event on the ConfigMap `namespace/name` for a config status: Warning with the error, Normal on a
+    recovery (no error, a previous one); None when there is nothing to tell (no error and none before).
+
+    The Event's name is derived from the ConfigMap and the status's error and resourceVersion, so a redelivered or
+    republished status (a restart) names the same Event and its creation is an AlreadyExists, not a duplicate.
+    """
+    if status.error is None and status.previous_error is None:
+        return None
+    if status.error is not None:
+        event_type, reason, message = "Warning", EVENT_REASON_INVALID, status.error
+    else:
+        event_type, reason = "Normal", EVENT_REASON_RECOVERED
+        message = f"the colocation config is in effect again (previous error: {status.previous_error})"
+    if len(message) > EVENT_MESSAGE_LIMIT:
+        message = message[: EVENT_MESSAGE_LIMIT - 1] + "…"
+    identity = "\x1f".join((namespace, name, event_type, status.error or "", status.resource_version))
+    digest = hashlib.blake2b(identity.encode(), digest_size=8).hexdigest()
+    timestamp = koordinator.format_rfc3339(status.at)
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{name}.{digest}", "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "namespace": namespace,
+            "name": name,
+            **({"resourceVersion": status.resource_version} if status.resource_version else {}),
+        },
+        "type": event_type,
+        "reason": reason,
+        "message": message,
+        "source": {"component": EVENT_COMPONENT},
+        "reportingComponent": EVENT_COMPONENT,
+        "firstTimestamp": timestamp,
+        "lastTimestamp": timestamp,
+        "count": 1,
+    }
+
+
+def event_result(event: Json, *, created: bool) -> WriteResult:
+    """The result of creating `event`: created, or unchanged when an Event of that name already existed."""
+    obj = f"{OBJECT_EVENT}/{event['metadata']['namespace']}/{event['metadata']['name']}"
+    if not created:
+        return WriteResult(object=obj, action="unchanged")
+    return WriteResult(object=obj, action="created", changes=(f"{event['type']} {event['reason']}",))
 
 
 # --- Node
@@ -212,27 +293,55 @@ class RecordedWrite:
 
 
 class WriteRecorder:
-    """Keeps, per object, what it would look like after the writes, and a bounded log of the writes themselves.
+    """Keeps, per object (NodeMetric, Node, Event), what it would look like after the writes, and a bounded log of
+    the writes themselves.
 
     It knows nothing of the cluster: a node starts out with no batch/mid resources and no annotations, so the
-    first due decision for a node is always recorded as a write. Used by services.k8s.writer.RecordingSink.
+    first due decision for a node is always recorded as a write. Used by services.k8s.sinks.RecordingSink.
     """
 
     def __init__(self, *, keep: int) -> None:
         self.nodemetrics: dict[str, Json] = {}
         self.nodes: dict[str, Json] = {}
+        self.events: dict[str, Json] = {}
+        """Event name → the Event (Events are only ever created)."""
         self.log: deque[RecordedWrite] = deque(maxlen=keep)
 
-    def nodemetric(self, event: NodeMetricComputed, *, now: float) -> WriteResult:
+    def nodemetric_spec(self, node: str, spec: MetricCollectPolicy, *, reason: str, now: float) -> WriteResult:
+        """The node's NodeMetric created with `spec`, or its spec brought to `spec` (status kept)."""
+        current = self.nodemetrics.get(node)
+        changes: list[str] = []
+        if current is None:
+            current = nodemetric_with_spec(node, spec)
+            changes.append(CREATED)
+        elif (spec_update := nodemetric_spec_update(current, spec)) is not None:
+            current = spec_update
+            changes.append("spec updated")
+        self.nodemetrics[node] = current
+        return self._record(write_result(OBJECT_NODEMETRIC, node, changes), reason=reason, now=now)
+
+    def delete_nodemetric(self, node: str, *, now: float) -> WriteResult:
+        """The gone node's NodeMetric removed."""
+        existed = self.nodemetrics.pop(node, None) is not None
+        return self._record(nodemetric_deleted(node, existed=existed), reason="node deleted", now=now)
+
+    def event(self, event: Json, *, now: float) -> WriteResult:
+        """The Event created unless one of its name was already recorded."""
+        name = event["metadata"]["name"]
+        created = name not in self.events
+        self.events.setdefault(name, event)
+        return self._record(event_result(event, created=created), reason=event["reason"], now=now)
+
+    def nodemetric(
+        self, event: NodeMetricComputed, *, spec: MetricCollectPolicy | None = None, now: float
+    ) -> WriteResult:
+        """The event's status written; the object created first (with `spec`, else the event's) when missing."""
         name = event.node
         current = self.nodemetrics.get(name)
         changes: list[str] = []
         if current is None:
-            current = nodemetric_to_create(event)
+            current = nodemetric_to_create(event, spec)
             changes.append(CREATED)
-        if (spec_update := nodemetric_spec_update(current, event)) is not None:
-            current = spec_update
-            changes.append("spec updated")
         if (status_update := nodemetric_status_update(current, event)) is not None:
             current = status_update
             changes.append(f"status updateTime {status_update['status']['updateTime']}")
@@ -266,6 +375,7 @@ class WriteRecorder:
         return {
             "nodemetrics": [self.nodemetrics[name] for name in sorted(self.nodemetrics)],
             "nodes": [self.nodes[name] for name in sorted(self.nodes)],
+            "events": [self.events[name] for name in sorted(self.events)],
             "writes": [
                 {
                     "at": entry.at,

@@ -39,7 +39,13 @@ from bus.api import Bus, Consumer, ConsumerSpec, Delivery, msg_id
 from bus.errors import TemporaryError
 from schemas.cluster import CLUSTER_EVENT_DECODER
 from schemas.node import NodeMetricComputed
-from schemas.noderesource import NODERESOURCE_COMPUTED_DECODER, NodeResourceComputed, Trigger
+from schemas.noderesource import (
+    COLOCATION_CONFIG_STATUS_DECODER,
+    NODERESOURCE_COMPUTED_DECODER,
+    ColocationConfigStatus,
+    NodeResourceComputed,
+    Trigger,
+)
 from services.common import observe
 from services.common.startup import wait_replayed
 from services.noderesource import config as colocation
@@ -222,6 +228,8 @@ class NodeResourceService:
         self._node_strategies: dict[str, NodeStrategyRecord] = {}
         """Per known node, its effective strategy as last computed."""
         self._unrecorded_strategies: set[str] = set()
+        self._config_status: ColocationConfigStatus | None = None
+        """The last ColocationConfigStatus published (None: not yet read back from the stream after start-up)."""
         """Nodes whose strategy (or removal) is not yet written to the store."""
 
     # --- lifecycle
@@ -440,6 +448,7 @@ class NodeResourceService:
                 await self._publish(decisions, dirty)
         finally:
             await self._record_config()
+            await self._publish_config_status()
 
     # --- recording the config in effect (for the API)
 
@@ -495,6 +504,36 @@ class NodeResourceService:
                 self._unrecorded_strategies.difference_update(nodes)
         except Exception as e:
             log.warning("noderesource: recording the colocation config failed (retried after the next batch): %s", e)
+
+    async def _publish_config_status(self) -> None:
+        """Publish the ConfigMap's error status when it differs from the last one on the subject (read back once
+        after start-up, so a restart republishes nothing and a recovery while down still names the old error), for
+        the k8s writer's Kubernetes Event; without a store too. A failure is retried after the next batch or tick."""
+        error = self.state.config.error
+        try:
+            held = self._config_status
+            if held is None:
+                stored = await self.bus.last_on_subject(streams.KOORD_NODERESOURCE, subjects.NODERESOURCE_CONFIG_STATUS)
+                held = ColocationConfigStatus(error=None, at=self._clock())  # none stored: nothing to tell
+                if stored is not None:
+                    with contextlib.suppress(msgspec.DecodeError):  # an unreadable one counts as none
+                        held = COLOCATION_CONFIG_STATUS_DECODER.decode(stored.data)
+                self._config_status = held
+            if held.error == error:
+                return
+            version = self.state.configmap_version
+            status = ColocationConfigStatus(
+                error=error, previous_error=held.error, resource_version=version, at=self._clock()
+            )
+            await self.bus.publish(
+                subjects.NODERESOURCE_CONFIG_STATUS,
+                msgspec.json.encode(status),
+                msg_id=msg_id("noderesource.config-status", error or "", held.error or "", version),
+            )
+        except Exception as e:
+            log.warning("noderesource: publishing the colocation config status failed (retried next batch): %s", e)
+            return
+        self._config_status = status
 
     def _forget_if_gone(self, node: str, triggers: Iterable[Trigger]) -> None:
         if node in self.state.nodes:

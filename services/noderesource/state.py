@@ -13,8 +13,8 @@ service drains into its skipped-input counter.
 Hysteresis (§2.3 step 7) compares a new decision with the last one whose write was due (`LastWrite`), not with the
 Node's status: the k8s writer applies decisions asynchronously, and the decision log is the record of what was
 asked. Every recomputation that changes something is published, with `write_due` saying whether the node should
-be written; a recomputation that changes neither resources, annotations nor outcome, and is not due, is a repeat
-(`is_repeat`) and not published.
+be written; a recomputation that changes neither resources, annotations, outcome nor NodeMetric spec, and is not
+due, is a repeat (`is_repeat`) and not published.
 """
 
 from __future__ import annotations
@@ -188,6 +188,12 @@ class ClusterState:
         self.snapshots[event.node] = snapshot_from_computed(event)
         return {event.node}
 
+    @property
+    def configmap_version(self) -> str:
+        """The resourceVersion of the slo-controller-config ConfigMap event applied last ("" before any)."""
+        key = ("configmap", f"{colocation.CONFIGMAP_NAMESPACE}/{colocation.CONFIGMAP_NAME}")
+        return self._versions.get(key, ("", False))[0]
+
     def assume_configmap_absent(self) -> set[str]:
         """No ConfigMap was seen by the end of the start-up replay: Koordinator treats NotFound as the defaults
         (colocation disabled). Returns the nodes to recompute; nothing once a ConfigMap was seen."""
@@ -258,6 +264,7 @@ class ClusterState:
             node_config=placement.node_config_name or "",
             warnings=warnings,
             smoothing=smoothing_notes,
+            nodemetric_spec=None if self.config.error else colocation.metric_collect_policy(strategy),
         )
 
 
@@ -281,14 +288,15 @@ def last_write_after(decision: NodeResourceComputed) -> LastWrite | None:
 
 
 def is_repeat(previous: NodeResourceComputed | None, decision: NodeResourceComputed) -> bool:
-    """A decision not worth publishing: no write due, and the same resources, annotations and outcome as the
-    previous published one (the explanation's numbers may have moved within the hysteresis)."""
+    """A decision not worth publishing: no write due, and the same resources, annotations, outcome and NodeMetric
+    spec as the previous published one (the explanation's numbers may have moved within the hysteresis)."""
     return (
         previous is not None
         and not decision.write_due
         and decision.resources == previous.resources
         and decision.annotations == previous.annotations
         and (decision.outcome, decision.reason) == (previous.outcome, previous.reason)
+        and decision.nodemetric_spec == previous.nodemetric_spec
     )
 
 

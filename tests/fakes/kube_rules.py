@@ -238,7 +238,23 @@ def validation_errors(kind: ResourceKind, obj: Json) -> list[tuple[str, str]]:
                     errors.append((f"status.{section}.{resource}", f"Invalid value: {quantity!r}: not a quantity"))
     elif kind.plural == "configmaps" and not all(isinstance(v, str) for v in (obj.get("data") or {}).values()):
         errors.append(("data", "Invalid value: values must be strings"))
+    elif kind.plural == "events":
+        errors += _event_errors(obj)
     return errors
+
+
+def _event_errors(event: Json) -> list[tuple[str, str]]:
+    """The core/v1 Event rules a writer can break (the API server's legacy event validation, without eventTime):
+    the involved object's namespace must be the Event's (or, when empty, the Event's is "" or "default")."""
+    involved = event.get("involvedObject")
+    if not isinstance(involved, dict) or not involved.get("kind") or not involved.get("name"):
+        return [("involvedObject", "Required value: kind and name of the object the event is about")]
+    event_namespace = (event.get("metadata") or {}).get("namespace") or ""
+    involved_namespace = involved.get("namespace") or ""
+    matches = event_namespace == involved_namespace if involved_namespace else event_namespace in ("", "default")
+    if not matches:
+        return [("involvedObject.namespace", f"Invalid value: {involved_namespace!r}: does not match event.namespace")]
+    return []
 
 
 def invalid(kind: ResourceKind, name: str, errors: list[tuple[str, str]]) -> ApiError:

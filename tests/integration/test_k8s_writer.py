@@ -18,13 +18,17 @@ from kubernetes_asyncio.client import ApiClient
 from bus import subjects
 from bus.api import msg_id
 from bus.jetstream import JetStreamBus
-from schemas import koordinator, vocab
-from schemas.node import NodeMetricComputed
-from schemas.noderesource import NodeResourceComputed
+from schemas import koordinator, kube, vocab
+from schemas.cluster import NodeObserved
+from schemas.node import MetricCollectPolicy, NodeMetricComputed
+from schemas.noderesource import ColocationConfigStatus, NodeResourceComputed
 from services.common.metrics import new_registry, render
+from services.k8s import writes
 from services.k8s.settings import K8sSettings
-from services.k8s.writer import ClusterWriter, KubeSink, RecordingSink, WriteSink
+from services.k8s.sinks import KubeSink, RecordingSink, WriteSink
+from services.k8s.writer import ClusterWriter
 from tests.fakes.kube_api import FakeKubeApi
+from tests.support.crd import assert_valid_nodemetric
 from tests.unit.test_noderesource_state import T0, metric_event
 
 GI = 1024**3
@@ -261,3 +265,141 @@ async def test_a_rejected_write_is_counted_and_not_retried(
     assert await writer.wait_idle(5)
     assert requests(kube_api, "patch", "/api/v1/nodes/n1/status") == 1
     assert 'koordbus_k8s_writes_total{object="node",outcome="rejected"} 1.0' in render(writer.registry).decode()
+
+
+# --- the NodeMetric spec owned by decisions, and the colocation ConfigMap's Events
+
+CUSTOM_SPEC = MetricCollectPolicy(aggregate_duration_seconds=120, report_interval_seconds=30)
+
+
+def with_spec(base: NodeResourceComputed, spec: MetricCollectPolicy | None) -> NodeResourceComputed:
+    return msgspec.structs.replace(base, nodemetric_spec=spec)
+
+
+async def publish_config_status(bus: JetStreamBus, status: ColocationConfigStatus) -> None:
+    data = msgspec.json.encode(status)
+    await bus.publish(subjects.NODERESOURCE_CONFIG_STATUS, data, msg_id=msg_id("status", data))
+
+
+async def test_a_decision_not_due_still_creates_the_nodemetric_with_its_spec_and_status_writes_keep_it(
+    koordbus_bus: JetStreamBus, kube_api: FakeKubeApi, start_writer: StartWriter
+) -> None:
+    writer = await start_writer()
+    await publish(koordbus_bus, with_spec(decision("n1", due=False), CUSTOM_SPEC))
+    custom = {"metricCollectPolicy": koordinator.collect_policy_to_json(CUSTOM_SPEC)}
+    await eventually(lambda: (kube_api.get("nodemetrics", "n1") or {}).get("spec") == custom)
+    assert "status" not in (kube_api.get("nodemetrics", "n1") or {})
+    assert kube_api.get("nodes", "n1") is None  # no node write was due (and there is no node)
+
+    await publish(koordbus_bus, metric_event("n1", at=T0))  # carries the default spec
+    await eventually(lambda: "status" in (kube_api.get("nodemetrics", "n1") or {}))
+    assert (kube_api.get("nodemetrics", "n1") or {})["spec"] == custom
+    # The same spec again is not even read; a decision without spec (config in error) changes nothing either.
+    assert await writer.wait_idle(5)
+    reads = requests(kube_api, "get", f"{NODEMETRIC_PATH}/n1")
+    await publish(koordbus_bus, with_spec(decision("n1", at=T0 + 10, due=False), CUSTOM_SPEC))
+    await publish(koordbus_bus, with_spec(decision("n1", at=T0 + 20, due=False), None))
+    assert await writer.wait_idle(5)
+    assert requests(kube_api, "get", f"{NODEMETRIC_PATH}/n1") == reads
+    # A new spec is an update of the spec only.
+    await publish(koordbus_bus, with_spec(decision("n1", at=T0 + 30, due=False), MetricCollectPolicy()))
+    default = {"metricCollectPolicy": koordinator.collect_policy_to_json(MetricCollectPolicy())}
+    await eventually(lambda: (kube_api.get("nodemetrics", "n1") or {}).get("spec") == default)
+    assert await writer.wait_idle(5)
+    assert "status" in (kube_api.get("nodemetrics", "n1") or {})
+    assert requests(kube_api, "create", NODEMETRIC_PATH) == 1
+    assert requests(kube_api, "update", f"{NODEMETRIC_PATH}/n1") == 1
+
+
+async def test_a_status_write_for_a_node_without_nodemetric_uses_the_last_decided_spec(
+    koordbus_bus: JetStreamBus, kube_api: FakeKubeApi, start_writer: StartWriter
+) -> None:
+    writer = await start_writer()
+    await publish(koordbus_bus, with_spec(decision("n1", due=False), CUSTOM_SPEC))
+    await eventually(lambda: kube_api.get("nodemetrics", "n1") is not None)
+    assert await writer.wait_idle(5)
+    kube_api.remove("nodemetrics", "n1")  # deleted behind our back: the next report re-creates it
+    await publish(koordbus_bus, metric_event("n1", at=T0))
+    await eventually(lambda: "status" in (kube_api.get("nodemetrics", "n1") or {}))
+    stored = kube_api.get("nodemetrics", "n1")
+    assert stored is not None
+    assert stored["spec"] == {"metricCollectPolicy": koordinator.collect_policy_to_json(CUSTOM_SPEC)}
+    assert_valid_nodemetric(stored)
+
+
+async def test_each_distinct_config_error_is_one_warning_event_and_a_recovery_a_normal_one(
+    koordbus_bus: JetStreamBus, kube_api: FakeKubeApi, start_writer: StartWriter
+) -> None:
+    writer = await start_writer()
+    await publish_config_status(koordbus_bus, ColocationConfigStatus(error=None, resource_version="1", at=T0))
+    bad = ColocationConfigStatus(error="invalid colocation-config: $.enable", resource_version="2", at=T0 + 1)
+    await publish_config_status(koordbus_bus, bad)
+    await eventually(lambda: len(kube_api.objects("events")) == 1)
+    # The same status republished (a service restart) is the same Event: AlreadyExists, not a second one.
+    await publish_config_status(koordbus_bus, msgspec.structs.replace(bad, at=T0 + 5))
+    assert await writer.wait_idle(5)
+    assert len(kube_api.objects("events")) == 1
+    assert requests(kube_api, "create", "/api/v1/namespaces/koordinator-system/events") == 2
+    worse = ColocationConfigStatus(error="worse", previous_error=bad.error, resource_version="3", at=T0 + 6)
+    fixed = ColocationConfigStatus(error=None, previous_error="worse", resource_version="4", at=T0 + 7)
+    await publish_config_status(koordbus_bus, worse)
+    await publish_config_status(koordbus_bus, fixed)
+    await eventually(lambda: len(kube_api.objects("events")) == 3)
+    assert await writer.wait_idle(5)
+    stored = kube_api.objects("events")
+    assert sorted((e["type"], e["message"]) for e in stored if e["type"] == "Warning") == [
+        ("Warning", bad.error),
+        ("Warning", "worse"),
+    ]
+    assert [e["reason"] for e in stored if e["type"] == "Normal"] == [writes.EVENT_REASON_RECOVERED]
+    assert 'koordbus_k8s_writes_total{object="event",outcome="created"} 3.0' in render(writer.registry).decode()
+
+
+async def test_record_only_mode_records_specs_and_events(koordbus_bus: JetStreamBus, start_writer: StartWriter) -> None:
+    sink = RecordingSink(keep=10, clock=lambda: T0)
+    writer = await start_writer(sink)
+    await publish(koordbus_bus, with_spec(decision("n1", due=False), CUSTOM_SPEC))
+    await publish_config_status(koordbus_bus, ColocationConfigStatus(error="bad", resource_version="2", at=T0))
+    await eventually(lambda: len(sink.log) == 2)
+    assert await writer.wait_idle(5)
+    exported = sink.export()
+    assert exported["nodemetrics"][0]["spec"] == {
+        "metricCollectPolicy": koordinator.collect_policy_to_json(CUSTOM_SPEC)
+    }
+    assert [(e["type"], e["message"]) for e in exported["events"]] == [("Warning", "bad")]
+    assert sorted((w["object"], w["action"]) for w in exported["writes"])[1] == ("nodemetric/n1", "created")
+
+
+async def publish_node(bus: JetStreamBus, name: str, *, deleted: bool, rv: str) -> None:
+    node = None if deleted else msgspec.convert(kube_node(name), kube.Node)
+    observed = NodeObserved(name=name, observed_at=T0, resource_version=rv, deleted=deleted, node=node)
+    data = msgspec.json.encode(observed)
+    await bus.publish(subjects.cluster_node(name), data, msg_id=msg_id(subjects.cluster_node(name), data))
+
+
+async def test_a_node_tombstone_deletes_its_nodemetric_until_the_node_returns(
+    koordbus_bus: JetStreamBus, kube_api: FakeKubeApi, start_writer: StartWriter
+) -> None:
+    writer = await start_writer()
+    await publish_node(koordbus_bus, "n1", deleted=False, rv="1")
+    await publish(koordbus_bus, with_spec(decision("n1", due=False), CUSTOM_SPEC))
+    await eventually(lambda: kube_api.get("nodemetrics", "n1") is not None)
+    await publish_node(koordbus_bus, "n1", deleted=True, rv="2")
+    await eventually(lambda: kube_api.get("nodemetrics", "n1") is None)
+    # Neither a late report nor a (replayed) decision brings it back while the node is gone.
+    await publish(koordbus_bus, metric_event("n1", at=T0 + 60))
+    await publish(koordbus_bus, with_spec(decision("n1", at=T0 + 60, due=False), MetricCollectPolicy()))
+    assert await writer.wait_idle(5)
+    assert kube_api.get("nodemetrics", "n1") is None
+    assert 'koordbus_k8s_writes_total{object="nodemetric",outcome="deleted"} 1.0' in render(writer.registry).decode()
+    # The node's return writes the latest decided spec again.
+    await publish_node(koordbus_bus, "n1", deleted=False, rv="3")
+    default = {"metricCollectPolicy": koordinator.collect_policy_to_json(MetricCollectPolicy())}
+    await eventually(lambda: (kube_api.get("nodemetrics", "n1") or {}).get("spec") == default)
+    # A restart replays the current node (not the tombstone): nothing is deleted.
+    assert await writer.wait_idle(5)
+    await writer.stop()
+    restarted = await start_writer()
+    assert await restarted.wait_idle(5)
+    assert kube_api.get("nodemetrics", "n1") is not None
+    assert requests(kube_api, "delete", f"{NODEMETRIC_PATH}/n1") == 1

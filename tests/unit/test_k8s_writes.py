@@ -55,7 +55,7 @@ def test_the_status_update_keeps_the_resource_version_and_is_none_once_written()
     assert update["metadata"]["resourceVersion"] == "3"
     assert update["status"] == koordinator.nodemetric_status_to_json(event.status, quantities=True)
     assert writes.nodemetric_status_update(update, event) is None
-    assert writes.nodemetric_spec_update(update, event) is None
+    assert writes.nodemetric_spec_update(update, event.spec) is None
 
 
 def test_an_older_status_does_not_overwrite_a_newer_one() -> None:
@@ -69,7 +69,7 @@ def test_a_different_spec_is_updated() -> None:
     event = metric_event("n1")
     stored = writes.nodemetric_to_create(event)
     stored["spec"]["metricCollectPolicy"]["reportIntervalSeconds"] = 30
-    update = writes.nodemetric_spec_update(stored, event)
+    update = writes.nodemetric_spec_update(stored, event.spec)
     assert update is not None
     assert update["spec"] == {"metricCollectPolicy": koordinator.collect_policy_to_json(MetricCollectPolicy())}
 

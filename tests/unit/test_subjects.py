@@ -39,3 +39,22 @@ def test_bad_tokens_are_rejected(bad: str) -> None:
 def test_not_a_node_subject() -> None:
     with pytest.raises(subjects.SubjectError):
         subjects.node_of("koord.v1.quota.x")
+
+
+def _matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard matching: `*` one token, `>` one or more trailing tokens."""
+    want, have = pattern.split("."), subject.split(".")
+    for index, token in enumerate(want):
+        if token == ">":
+            return len(have) > index
+        if index >= len(have) or token not in ("*", have[index]):
+            return False
+    return len(want) == len(have)
+
+
+@given(st.text(min_size=1, max_size=20))
+def test_the_config_status_subject_is_in_the_noderesource_stream_and_never_a_decision(node: str) -> None:
+    assert _matches(subjects.NODERESOURCE_ALL, subjects.NODERESOURCE_CONFIG_STATUS)
+    assert not _matches(subjects.NODERESOURCE_COMPUTED_ALL, subjects.NODERESOURCE_CONFIG_STATUS)
+    assert subjects.noderesource_computed(node) != subjects.NODERESOURCE_CONFIG_STATUS
+    assert _matches(subjects.NODERESOURCE_COMPUTED_ALL, subjects.noderesource_computed(node))
