@@ -18,8 +18,9 @@ Nothing here does I/O.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Iterable, Mapping
-from typing import Final
+from typing import Annotated, Final
 
 import msgspec
 
@@ -247,6 +248,43 @@ def pod_priority_class(pod: Pod) -> str:
     return vocab.priority_class_with_default(pod.metadata.labels, pod.spec.priority, pod_kube_qos(pod))
 
 
+# --- scheduling.koordinator.sh/resource-status
+
+ANNOTATION_RESOURCE_STATUS: Final = "scheduling.koordinator.sh/resource-status"
+
+
+class _NUMANodeResource(msgspec.Struct, frozen=True, kw_only=True):
+    node: Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)] = 0
+    """int32 in Go; absent reads as 0 there."""
+    resources: dict[str, quantity.RawQuantity] | None = None
+
+    def __post_init__(self) -> None:
+        if self.resources:
+            quantity.resource_list(self.resources)
+
+
+class _ResourceStatus(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    cpuset: str = ""
+    numa_node_resources: list[_NUMANodeResource] | None = None
+
+
+def resource_status_numa_nodes(annotations: Mapping[str, str]) -> tuple[int, ...]:
+    """The NUMA node ids of the pod's `resource-status` annotation, in order (duplicates kept: Koordinator counts
+    each entry when it splits the pod across them). Absent, or not JSON Go would decode into the status (a bad
+    quantity, a node id that is not an int32): no allocation, (). Ids outside the node's zones are the caller's
+    to ignore."""
+    text = annotations.get(ANNOTATION_RESOURCE_STATUS)
+    if text is None:
+        return ()
+    try:
+        status = msgspec.convert(json.loads(text), _ResourceStatus | None)
+    except (ValueError, quantity.QuantityError):  # JSONDecodeError and msgspec.ValidationError are ValueErrors
+        return ()
+    if status is None or not status.numa_node_resources:
+        return ()
+    return tuple(entry.node for entry in status.numa_node_resources)
+
+
 class PodSummary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What the batch/mid calculation reads of a pod, derived once per pod version (`summarize_pod`).
 
@@ -267,6 +305,8 @@ class PodSummary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """`pod_qos_class`."""
     request: resources.ResourceList
     """`pod_request`: every resource the pod requests."""
+    numa_nodes: tuple[int, ...] = ()
+    """`resource_status_numa_nodes`: the NUMA nodes the scheduler allocated the pod on (§2.7)."""
 
 
 def summarize_pod(pod: Pod) -> PodSummary:
@@ -277,6 +317,7 @@ def summarize_pod(pod: Pod) -> PodSummary:
         priority_class=pod_priority_class(pod),
         qos_class=pod_qos_class(pod),
         request=pod_request(pod),
+        numa_nodes=resource_status_numa_nodes(pod.metadata.annotations),
     )
 
 

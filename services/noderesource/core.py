@@ -71,7 +71,7 @@ class SyncDecision(msgspec.Struct, frozen=True, kw_only=True):
 # --- small exact helpers
 
 
-def _scale(amount: int, ratio: float) -> int:
+def scale(amount: int, ratio: float) -> int:
     """Go's `int64(float64(amount) * ratio)`: float64 product, truncated toward zero."""
     try:
         return int(float(amount) * ratio)
@@ -146,7 +146,7 @@ def _capped(
     """Apply an optional `capacity × percent/100` cap (Koordinator's batch/mid threshold percents)."""
     if percent is None:
         return value, formula, message, {}
-    cap = _scale(capacity, _percent_ratio(percent))
+    cap = scale(capacity, _percent_ratio(percent))
     capped = min(value, cap)
     body = message.split(" = ", 1)[1]
     return (
@@ -235,8 +235,8 @@ def _batch(
     sums = _sum_high_priority_pods(pods, snapshot)
     capacity = node.capacity
     margin = {
-        _CPU: _scale(capacity[_CPU], _percent_ratio(100 - strategy.cpu_reclaim_threshold_percent)),
-        _MEMORY: _scale(capacity[_MEMORY], _percent_ratio(100 - strategy.memory_reclaim_threshold_percent)),
+        _CPU: scale(capacity[_CPU], _percent_ratio(100 - strategy.cpu_reclaim_threshold_percent)),
+        _MEMORY: scale(capacity[_MEMORY], _percent_ratio(100 - strategy.memory_reclaim_threshold_percent)),
     }
     reserved = node.reserved
     system_used = resources.add(snapshot.system_usage, host_apps_used_above(snapshot, vocab.PRIORITY_BATCH))
@@ -306,8 +306,8 @@ def _mid_static(node: _NodeFigures, strategy: strategies.ColocationStrategy) -> 
             strategy.mid_memory_threshold_percent,
         ),
     ):
-        static = _scale(capacity[res], _percent_ratio(reserved_percent))
-        cap = _scale(capacity[res], _percent_ratio(threshold_percent))
+        static = scale(capacity[res], _percent_ratio(reserved_percent))
+        cap = scale(capacity[res], _percent_ratio(threshold_percent))
         value = min(static, cap)
         out[name] = ResourceExplanation(
             value=value,
@@ -353,8 +353,8 @@ def _mid_by_reclaimable(
     ):
         node_unused = _get(unused, res)
         reclaim = max(min(reclaimable[res], node_unused), 0)
-        from_unallocated = _scale(unallocated[res], _percent_ratio(strategy.mid_unallocated_percent))
-        cap = _scale(capacity[res], _percent_ratio(threshold_percent))
+        from_unallocated = scale(unallocated[res], _percent_ratio(strategy.mid_unallocated_percent))
+        cap = scale(capacity[res], _percent_ratio(threshold_percent))
         value = min(reclaim + from_unallocated, cap)
         out[name] = ResourceExplanation(
             value=value,
@@ -446,7 +446,7 @@ def prepare(
         steps[name] = []
         value = item.value
         if value is not None and name == vocab.BATCH_CPU and ratio is not None and ratio > 1.0:
-            milli = _scale(value * 1000, ratio)
+            milli = scale(value * 1000, ratio)
             scaled = -(-milli // 1000)  # Kubernetes rounds a fractional quantity up
             steps[name].append(f"{value} × cpu-normalization-ratio {ratio} = {milli / 1000} → {scaled}")
             value = scaled
