@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 SHARED = Path(__file__).parents[2] / ".." / "shared"
-VECTOR_KINDS = ("nodemetric-aggregate", "batch-resource")
+VECTOR_KINDS = ("nodemetric-aggregate", "batch-resource", "quota-runtime")
 
 
 def _vector_files() -> list[Path]:
@@ -312,3 +312,81 @@ def test_help_explains_each_kind() -> None:
     for kind in ("nodemetric-aggregate", "nodemetric", "batch-resource"):
         assert kind in result.stdout
     assert result.stdout.count("example:") >= 3
+
+
+# --- quota-runtime
+
+
+def _quota(name: str, minimum: dict[str, Any], maximum: dict[str, Any], **labels: str) -> dict[str, Any]:
+    label_map = {f"quota.scheduling.koordinator.sh/{k.replace('_', '-')}": v for k, v in labels.items()}
+    return {
+        "metadata": {"name": name, "namespace": "team", "labels": label_map},
+        "spec": {"min": minimum, "max": maximum},
+    }
+
+
+def _pod(name: str, cpu: str, *, quota: str = "", node: str = "", namespace: str = "team") -> dict[str, Any]:
+    labels = {"quota.scheduling.koordinator.sh/name": quota} if quota else {}
+    return {
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {"nodeName": node, "containers": [{"resources": {"requests": {"cpu": cpu}}}]},
+        "status": {"phase": "Running" if node else "Pending"},
+    }
+
+
+def test_quota_runtime_two_levels_with_pods_by_hand() -> None:
+    # root 10 cores: parent p (min 6, max 10) over leaves x and y; z beside p. Pods: x asks 8 (3 bound), y 1,
+    # z 5 and a pod of an unknown quota lands in the default quota, whose used (2) comes off the root's total.
+    document = {
+        "total": {"cpu": "12"},
+        "quotas": [
+            _quota("p", {"cpu": "6"}, {"cpu": "10"}, is_parent="true"),
+            _quota("x", {"cpu": "2"}, {"cpu": "10"}, parent="p"),
+            _quota("y", {"cpu": "2"}, {"cpu": "10"}, parent="p"),
+            _quota("z", {"cpu": "4"}, {"cpu": "10"}),
+        ],
+        "pods": [
+            _pod("x1", "3", quota="x", node="n1"),
+            _pod("x2", "5", quota="x"),
+            _pod("y1", "1", quota="y"),
+            _pod("z1", "5", quota="z"),
+            _pod("lost", "2", quota="nope", node="n1"),
+        ],
+    }
+    out = _json_calc("quota-runtime", document)
+    quotas = out["quotas"]
+    # root total 12 − default used 2 = 10: p requests 9 (x 8 + y 1), z 5 — both adjustable over min 6 / 4, pool 0.
+    assert quotas["p"]["runtime"] == {"cpu": 6000} and quotas["z"]["runtime"] == {"cpu": 4000}
+    assert quotas["p"]["request"] == {"cpu": 9000}
+    # p's 6 cores: y lends (request 1 ≤ min 2), x gets 2 + the pool 3 = 5.
+    assert quotas["x"]["runtime"] == {"cpu": 5000} and quotas["y"]["runtime"] == {"cpu": 1000}
+    assert quotas["x"]["used"] == {"cpu": 3000} and quotas["p"]["used"] == {"cpu": 3000}
+    assert quotas["koordinator-default-quota"]["used"] == {"cpu": 2000}
+    assert out["explain"]["rootTotal"] == {"cpu": 10000}
+    assert out["explain"]["pods"]["team/lost"] == "koordinator-default-quota"
+    assert out["explain"]["quotas"]["x"]["resources"]["cpu"]["start"] == "adjustable"
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ('{"quotas": []}', "missing required field `total`"),
+        ('{"total": {"cpu": "1x"}}', "$.total.cpu: cannot parse quantity"),
+        (
+            '{"total": {}, "quotas": [{"metadata": {"name": "a"}, "spec": {"max": {"cpu": "lots"}}}]}',
+            "$.quotas[0].spec.max.cpu: quota a: cannot parse quantity",
+        ),
+        (
+            '{"total": {}, "quotas": [{"metadata": {"name": "a", "annotations": '
+            '{"quota.scheduling.koordinator.sh/shared-weight": "{cpu"}}}]}',
+            "$.quotas[0].metadata.annotations[quota.scheduling.koordinator.sh/shared-weight]: quota a: not valid JSON",
+        ),
+        ('{"total": {}, "quotas": [{"metadata": {"name": "a"}}, {"metadata": {"name": "a"}}]}', "appears twice"),
+        ('{"total": {}, "requests": {"ghost": {"cpu": "1"}}}', "$.requests.ghost: no quota named"),
+    ],
+)
+def test_quota_runtime_malformed_input_exits_2(document: str, message: str) -> None:
+    result = _calc("quota-runtime", document)
+    assert result.returncode == 2, result.stdout
+    assert message in result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
