@@ -1,14 +1,15 @@
 """NUMA-level batch resources (spec §2.7): per NodeResourceTopology zone, batch-cpu and batch-memory; pure.
 
-For the noderesource service, the Kubernetes bridge and the writer. `calculate` (the node's pods as
-kube.PodSummary, whose `numa_nodes` say where each is allocated) splits the node-level batch calculation of
-services.noderesource.core across the N zones of the node's NodeResourceTopology (schemas.topology): each zone's allocatable takes the place of the node capacity, its safety margin is computed from it, the node's
-system usage (system + prod/mid host apps) and reservation are divided by N, and each high-priority pod's request
-and usage go to the zones its `resource-status` annotation allocates it on (the ids below N; divided by the number
-of such entries), or are divided across all N zones. Dangling pod metrics are divided across all N. The same three
-policies as the node (usage, request, maxUsageRequest; cpu `request` is `usage`) and the same threshold caps give
-each zone's result, with its formula and numbers (ResourceExplanation). `zone_entries` turns a result into the
-`resources` lists to write on the NRT's zones, `needs_zone_update` decides whether that write is due.
+For the noderesource service, the Kubernetes bridge and the writer. `calculate` (the node's pods as kube.PodSummary,
+whose `numa_nodes` say where each is allocated) splits the node-level batch calculation of
+services.noderesource.core across the N zones of the node's NodeResourceTopology (schemas.topology): each zone's
+allocatable takes the place of the node capacity, its safety margin is computed from it, the node's system usage
+(system + prod/mid host apps) and reservation are divided by N, and each high-priority pod's request and usage go to
+the zones its `resource-status` annotation allocates it on (the ids below N; divided by the number of such entries),
+or are divided across all N zones. Dangling pod metrics are divided across all N. The same three policies as the
+node (usage, request, maxUsageRequest; cpu `request` is `usage`) and the same threshold caps give each zone's
+result, with its formula and numbers (ResourceExplanation). `zone_entries` turns a result into the `resources` lists
+to write on the NRT's zones, `needs_zone_update` decides whether that write is due.
 
 Koordinator's arithmetic is kept to the unit: every division by N (or by the allocated zone count) rounds up in
 milli units through float64, so a zone's memory can carry fractions of a byte (an NRT quantity such as
