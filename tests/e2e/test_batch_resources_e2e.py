@@ -131,20 +131,25 @@ def spawn() -> Iterator[Spawn]:
             process.wait()
 
 
-def _noderesource(url: str, tmp_path: Path, port: int) -> list[str]:
-    database = f"sqlite:///{tmp_path / 'nr.db'}"
-    return ["service", "noderesource", "--nats-url", url, "--database-url", database, "--port", str(port)]
+def _noderesource(url: str, database_url: str, port: int) -> list[str]:
+    return ["service", "noderesource", "--nats-url", url, "--database-url", database_url, "--port", str(port)]
 
 
 @pytest.fixture
 def services(
-    nats: tuple[str, JetStreamBus], cluster: FakeKubeApi, tmp_path: Path, api_port: int, spawn: Spawn
+    nats: tuple[str, JetStreamBus],
+    cluster: FakeKubeApi,
+    tmp_path: Path,
+    api_port: int,
+    spawn: Spawn,
+    database_url: str,
 ) -> list[subprocess.Popen[str]]:
+    """The bridge and the noderesource service, on SQLite and on PostgreSQL (database_url is parametrized)."""
     url, _ = nats
     kubeconfig = cluster.kubeconfig(tmp_path / "kubeconfig")
     return spawn(
         ["service", "k8s", "--nats-url", url, "--kubeconfig", str(kubeconfig), "--port", "0"],
-        _noderesource(url, tmp_path, api_port),
+        _noderesource(url, database_url, api_port),
     )
 
 
@@ -262,7 +267,7 @@ async def test_dry_run_decides_and_records_but_writes_nothing(
     kubeconfig = cluster.kubeconfig(tmp_path / "kubeconfig")
     processes = spawn(
         ["service", "k8s", "--nats-url", url, "--kubeconfig", str(kubeconfig), "--dry-run", "--port", str(bridge_port)],
-        _noderesource(url, tmp_path, 0),
+        _noderesource(url, f"sqlite:///{tmp_path / 'nr.db'}", 0),
     )
     metric = metric_event(at=time.time())
     await bus.publish(
