@@ -416,3 +416,15 @@ async def test_linger_gathers_a_trickle_into_few_batches(bus: AnyBus, names: Nam
     started = loop.time()
     await consumer.stop()  # stopping while lingering does not wait the linger out
     assert loop.time() - started < 0.25
+
+
+async def test_publish_many_acks_in_order_dedups_and_fails_without_a_stream(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    first = await bus.publish_many([(names.subject("m"), f"m{i}".encode(), f"m-{i}") for i in range(300)])
+    assert [a.seq for a in first] == list(range(1, 301)) and not any(a.duplicate for a in first)
+    again = await bus.publish_many([(names.subject("m"), b"x", "m-7"), (names.subject("m"), b"new", "m-new")])
+    assert [(a.seq, a.duplicate) for a in again] == [(8, True), (301, False)]
+    assert await bus.publish_many([]) == []
+    with pytest.raises(BusUnavailableError):
+        await bus.publish_many([(names.subject("m"), b"ok", "m-ok"), (f"o{names.uid}.nowhere", b"x", "o-1")])
+    assert await bus.stream_info(names.stream) == (302, 302)  # the message with a stream was stored
