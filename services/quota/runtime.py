@@ -206,6 +206,18 @@ class QuotaTree:
         self._refresh_path(path)
         return resources.mask(node.runtime_full, node.spec.max.keys())
 
+    def used(self, name: str) -> Mapping[str, int]:
+        """The quota's used (own pods masked to max, plus its children's), without refreshing anything."""
+        return self._node(name).used
+
+    def non_preemptible_used(self, name: str) -> Mapping[str, int]:
+        return self._node(name).np_used
+
+    def ancestors(self, name: str) -> list[str] | None:
+        """The quota's ancestors from its parent up to the root, or None when it is detached."""
+        self._node(name)
+        return self._path(name)
+
     def state(self, name: str) -> quota.QuotaState:
         node = self._node(name)
         runtime = self.runtime(name)
