@@ -240,15 +240,22 @@ def format_amount(resource_name: str, value: int) -> str:
     Compare amounts, not strings: a BinarySI value written as plain digits reads back as DecimalSI, so the
     API server stores 25000 bytes as "25k" (canonicalize gives that stored form).
     """
-    # Integer arithmetic only: this runs for every resource of every decision (the Fraction path is the reference,
-    # and a property test holds the two equal).
+    if _counts_millicores_as_written(resource_name):
+        return format_integer(value)
+    if resources.is_milli_resource(resource_name):
+        return format_integer(value, milli=True)
+    return format_integer(value, binary=True)
+
+
+def format_integer(value: int, *, milli: bool = False, binary: bool = False) -> str:
+    """`format_quantity` of `value` (thousandths when `milli`) in DecimalSI, or BinarySI when `binary`, with integer
+    arithmetic only: it runs for every resource of every decision (the Fraction path is the reference, and a
+    property test holds the two equal)."""
     if value == 0:
         return "0"
-    if _counts_millicores_as_written(resource_name):
-        return _format_decimal_parts(value, 0, DECIMAL_SI)
-    if resources.is_milli_resource(resource_name):
+    if milli:
         return _format_decimal_parts(value, -3, DECIMAL_SI)
-    if abs(value) >= 1024:
+    if binary and abs(value) >= 1024:
         return _format_binary(value)
     return _format_decimal_parts(value, 0, DECIMAL_SI)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from fractions import Fraction
 from typing import Any, Final, Literal
 
 import msgspec
@@ -389,9 +388,8 @@ class QuotaRuntimeExplanation(msgspec.Struct, frozen=True, kw_only=True, omit_de
 def format_quota_amount(resource_name: str, value: int) -> str:
     """A quantity as koord-scheduler writes it: cpu in millicores (DecimalSI), memory BinarySI, others DecimalSI."""
     if resources.is_milli_resource(resource_name) and not resource_name.endswith(("batch-cpu", "mid-cpu")):
-        return quantity.format_quantity(quantity.Quantity(Fraction(value, 1000), quantity.DECIMAL_SI))
-    fmt = quantity.BINARY_SI if resource_name == resources.MEMORY else quantity.DECIMAL_SI
-    return quantity.format_quantity(quantity.Quantity(Fraction(value), fmt))
+        return quantity.format_integer(value, milli=True)
+    return quantity.format_integer(value, binary=resource_name == resources.MEMORY)
 
 
 def format_quota_resources(rl: Mapping[str, int]) -> dict[str, str]:

@@ -22,6 +22,7 @@ from schemas.quantity import (
     amount,
     canonicalize,
     format_amount,
+    format_integer,
     format_quantity,
     format_resource_list,
     int_value,
@@ -427,3 +428,16 @@ def test_format_amount_integer_path_matches_the_fraction_reference(name: str, va
     else:
         reference = Quantity(Fraction(value), BINARY_SI)
     assert format_amount(name, value) == format_quantity(reference)
+
+
+@given(
+    value=st.integers(min_value=-(10**20), max_value=10**20) | st.integers(min_value=-3000, max_value=3000),
+    milli=st.booleans(),
+    binary=st.booleans(),
+)
+def test_format_integer_matches_the_fraction_reference(value: int, milli: bool, binary: bool) -> None:
+    if milli:
+        reference = Quantity(Fraction(value, 1000), DECIMAL_SI)
+    else:
+        reference = Quantity(Fraction(value), BINARY_SI if binary else DECIMAL_SI)
+    assert format_integer(value, milli=milli, binary=binary and not milli) == format_quantity(reference)
