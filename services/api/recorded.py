@@ -18,8 +18,9 @@ router = APIRouter(prefix="/api/v1")
     "/k8s/recorded-writes",
     tags=["kubernetes"],
     summary="What would have been written to Kubernetes (record-only mode)",
-    description="NodeMetric objects, nodes' batch/mid status and annotations as they would be after the writes, and "
-    "the log of writes (oldest first). Only in record-only mode: with a real cluster this answers 404.",
+    description="NodeMetric objects, nodes' batch/mid status and annotations as they would be after the writes, the "
+    "Kubernetes Events that would be created (`events`, e.g. for a rejected colocation ConfigMap), and the log of "
+    "writes (oldest first). Only in record-only mode: with a real cluster this answers 404.",
 )
 async def recorded_writes(request: Request) -> Any:
     export = request.app.state.context.recorded_writes
