@@ -9,6 +9,7 @@ shared loop in `bus._loop`; nats-py errors are mapped to `bus.errors` here and n
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime
 import itertools
@@ -352,44 +353,85 @@ class _MsgAcker:
 
 
 class _PullSource:
-    """A durable pull subscription, bound lazily on the first fetch (so it retries while the bus is away)."""
+    """A durable pull consumer, bound lazily on the first fetch (so it retries while the bus is away).
+
+    The pull protocol is spoken directly rather than through nats-py's `fetch`, which waits for each message with
+    its own task and timer (most of the cost of consuming a message). Messages of every pull request land through
+    one callback subscription on our own inbox into a buffer. A fetch hands out what is buffered; when the buffer
+    is empty it first asks for a batch with no_wait (the server sends what is available, then a 404 status, which
+    ends the wait) and, if that yields nothing, for a batch that waits up to the fetch timeout (expires),
+    returning as soon as the first message arrives — the rest of that batch keeps arriving into the buffer for the
+    next fetch. Messages still buffered when the source closes are simply not acked: the server redelivers them
+    after ack_wait.
+    """
 
     def __init__(self, nc: Client, js: JetStreamContext, spec: ConsumerSpec, *, reset: bool) -> None:
         self._nc = nc
         self._js = js
         self._spec = spec
         self._reset = reset
-        self._sub: JetStreamContext.PullSubscription | None = None
+        self._inbox: str | None = None
+        self._sub: Any = None
+        self._buffer: collections.deque[Msg] = collections.deque()
+        self._arrived = asyncio.Event()
+        """Set by the callback when the current wait ends: a status (the request is over), a full batch, or — for
+        a waiting request — the first message."""
+        self._wake_on_first = False
+        self._request_subject = f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{spec.durable}"
 
-    async def _subscription(self) -> JetStreamContext.PullSubscription:
-        if self._sub is not None:
-            return self._sub
+    async def _bind(self) -> str:
+        if self._inbox is not None:
+            return self._inbox
         spec = self._spec
         if self._reset:
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await self._js.delete_consumer(spec.stream, spec.durable)
             self._reset = False
-        self._sub = await self._js.pull_subscribe(
-            spec.filter_subjects[0], durable=spec.durable, stream=spec.stream, config=consumer_config(spec)
-        )
-        return self._sub
+        try:
+            await self._js.consumer_info(spec.stream, spec.durable)
+        except nats.js.errors.NotFoundError:
+            await self._js.add_consumer(spec.stream, config=consumer_config(spec))
+        inbox = self._nc.new_inbox()
+        self._sub = await self._nc.subscribe(inbox, cb=self._on_message)
+        self._inbox = inbox
+        return inbox
+
+    async def _on_message(self, msg: Msg) -> None:
+        if (msg.headers or {}).get("Status"):  # 404 no messages, 408 request expired, 409 …: the request ended
+            self._arrived.set()
+            return
+        self._buffer.append(msg)
+        if self._wake_on_first or len(self._buffer) >= self._spec.batch_size:
+            self._arrived.set()
 
     async def fetch(self) -> list[Fetched]:
-        sub = await self._subscription()
-        try:
-            msgs = await sub.fetch(self._spec.batch_size, timeout=self._spec.fetch_timeout_seconds)
-        except TimeoutError:  # nats-py raises both its own and asyncio's: either way, nothing arrived
-            return []
+        inbox = await self._bind()
+        if not self._buffer:
+            await self._pull(inbox, {"batch": self._spec.batch_size, "no_wait": True})
+        if not self._buffer:
+            expires = int(self._spec.fetch_timeout_seconds * 1e9 * 0.9)  # ends before our own wait does
+            await self._pull(inbox, {"batch": self._spec.batch_size, "expires": expires})
+        batch = [self._buffer.popleft() for _ in range(min(len(self._buffer), self._spec.batch_size))]
         # Acks and naks are plain publishes; flushing after the batch is not needed for correctness.
-        return [Fetched(_delivery(m), _MsgAcker(m)) for m in msgs]
+        return [Fetched(_delivery(m), _MsgAcker(m)) for m in batch]
+
+    async def _pull(self, inbox: str, request: dict[str, Any]) -> None:
+        """Ask for a batch and wait until a message or a status ends the wait, or the fetch timeout passes."""
+        self._arrived.clear()
+        self._wake_on_first = not request.get("no_wait")
+        await self._nc.publish(self._request_subject, json.dumps(request).encode(), reply=inbox)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._spec.fetch_timeout_seconds):
+                await self._arrived.wait()
 
     async def outstanding(self) -> int:
-        sub = await self._subscription()
-        info = await sub.consumer_info()
+        await self._bind()
+        info = await self._js.consumer_info(self._spec.stream, self._spec.durable)
         return (info.num_pending or 0) + (info.num_ack_pending or 0)
 
     async def close(self) -> None:
-        sub, self._sub = self._sub, None
+        sub, self._sub, self._inbox = self._sub, None, None
+        self._buffer.clear()
         if sub is None or self._nc.is_closed:
             return
         with contextlib.suppress(*_UNAVAILABLE, nats.errors.BadSubscriptionError):
