@@ -98,6 +98,7 @@ CLUSTER_ALL = f"{PREFIX}.k8s.>"
 CLUSTER_NODES = f"{PREFIX}.k8s.node.*"
 CLUSTER_PODS = f"{PREFIX}.k8s.pod.*.*"
 CLUSTER_CONFIGMAPS = f"{PREFIX}.k8s.configmap.*.*"
+CLUSTER_TOPOLOGIES = f"{PREFIX}.k8s.nrt.*"
 
 
 def cluster_node(name: str) -> str:
@@ -110,6 +111,11 @@ def cluster_pod(namespace: str, name: str) -> str:
 
 def cluster_configmap(namespace: str, name: str) -> str:
     return f"{PREFIX}.k8s.configmap.{encode_token(namespace)}.{encode_token(name)}"
+
+
+def cluster_topology(name: str) -> str:
+    """The NodeResourceTopology of node `name`."""
+    return f"{PREFIX}.k8s.nrt.{encode_token(name)}"
 
 
 # --- noderesource service (stream KOORD_NODERESOURCE)

@@ -5,7 +5,8 @@ subject), so a service that starts reads the current cluster state by replaying 
 subject, then follows changes. A deleted object leaves a tombstone (`deleted=True`, object None) as its last value.
 `resource_version` is the object's resourceVersion when seen; `observed_at` is the bridge's clock (unix seconds).
 
-Published by services.k8s; read by services.noderesource (nodes, pods, the slo-controller-config ConfigMap) and by
+Published by services.k8s; read by services.noderesource (nodes, pods, the slo-controller-config ConfigMap, node
+resource topologies) and by
 the later slo, quota and migration services.
 """
 
@@ -15,7 +16,7 @@ from typing import Annotated
 
 import msgspec
 
-from schemas import kube
+from schemas import kube, topology
 from schemas.node import NodeName, UnixSeconds
 
 ObjectName = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
@@ -56,5 +57,16 @@ class ConfigMapObserved(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.conf
     data: dict[str, str] = {}
 
 
-ClusterEvent = NodeObserved | PodObserved | ConfigMapObserved
+class NodeTopologyObserved(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.nrt_observed.v1"):
+    """A NodeResourceTopology (topology.node.k8s.io/v1alpha1, named after its node) as listed or watched, with its
+    zones, or its tombstone."""
+
+    name: NodeName
+    observed_at: UnixSeconds
+    resource_version: str = ""
+    deleted: bool = False
+    zones: list[topology.Zone] | None = None
+
+
+ClusterEvent = NodeObserved | PodObserved | ConfigMapObserved | NodeTopologyObserved
 CLUSTER_EVENT_DECODER: msgspec.json.Decoder[ClusterEvent] = msgspec.json.Decoder(ClusterEvent)

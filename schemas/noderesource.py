@@ -24,9 +24,9 @@ from schemas.node import MetricCollectPolicy, NodeName, UnixSeconds
 
 RESOURCE_NAMES: Final = (vocab.BATCH_CPU, vocab.BATCH_MEMORY, vocab.MID_CPU, vocab.MID_MEMORY)
 
-Trigger = Literal["node", "pods", "nodemetric", "config", "resync"]
-"""What made the service recompute: the Node, one of its pods, its NodeMetric, the colocation config, or the
-periodic resync."""
+Trigger = Literal["node", "pods", "nodemetric", "config", "resync", "topology"]
+"""What made the service recompute: the Node, one of its pods, its NodeMetric, the colocation config, the periodic
+resync, or the node's NodeResourceTopology."""
 Outcome = Literal["computed", "degraded", "disabled"]
 """computed: batch ran; degraded: NodeMetric missing or stale, batch and mid removed; disabled: colocation off."""
 Amount = Annotated[int, msgspec.Meta(ge=0)]
@@ -100,6 +100,12 @@ class NodeResourceComputed(msgspec.Struct, frozen=True, kw_only=True, tag="noder
     collect policy when that strategy is enabled, else the default spec. None when the ConfigMap is in error status
     (the NodeMetric keeps whatever spec it has), and in decisions published before this field existed. The k8s
     writer owns the NodeMetric spec from it."""
+    zones: dict[str, dict[str, int | None]] = {}
+    """NUMA-level batch resources (spec §2.7), present when the node has a NodeResourceTopology listing cpu or
+    memory and the batch calculation ran: zone name → kubernetes.io/batch-cpu (millicore count) and
+    kubernetes.io/batch-memory (bytes, rounded up from the milli-unit quantity Koordinator writes)."""
+    zone_explanation: dict[str, dict[str, ResourceExplanation]] = {}
+    """Per zone and resource, the formula with its numbers (as `explanation` for the node)."""
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.resources) - set(RESOURCE_NAMES))

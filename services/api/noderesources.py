@@ -54,7 +54,9 @@ class NodeResources(BaseModel):
 
     node: str
     computedAt: str = Field(description="RFC 3339: the time the decision was computed for")
-    trigger: list[str] = Field(description="what made the service recompute (node, pods, nodemetric, config, resync)")
+    trigger: list[str] = Field(
+        description="what made the service recompute (node, pods, nodemetric, config, resync, topology)"
+    )
     outcome: str = Field(description="computed | degraded | disabled")
     degraded: bool = Field(description="NodeMetric missing or stale: batch and mid resources removed")
     disabled: bool = Field(description="co-location disabled for the node: batch and mid resources removed")
@@ -69,6 +71,11 @@ class NodeResources(BaseModel):
     warnings: list[str]
     pods: dict[str, int] = Field(description="how the calculation classified the node's pods and pod metrics")
     streamSeq: int = Field(description="KOORD_NODERESOURCE sequence of this decision")
+    zones: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="NUMA-level batch resources (spec §2.7) when the node has a NodeResourceTopology: zone name → "
+        "resource → {value, explanation}; empty otherwise",
+    )
 
 
 class ResourceChange(ResourceValue):
@@ -183,6 +190,16 @@ def render_resources(record: DecisionRecord) -> NodeResources:
         warnings=list(decision.warnings),
         pods=_plain(decision.pods),
         streamSeq=record.stream_seq,
+        zones={
+            zone: {
+                name: {
+                    "value": value,
+                    "explanation": msgspec.to_builtins(decision.zone_explanation.get(zone, {}).get(name)),
+                }
+                for name, value in values.items()
+            }
+            for zone, values in decision.zones.items()
+        },
     )
 
 

@@ -1,15 +1,17 @@
-"""The observing half of the Kubernetes bridge: Nodes, Pods and the colocation ConfigMap, published as they change.
+"""The observing half of the Kubernetes bridge: Nodes, Pods, the colocation ConfigMap and NodeResourceTopologies.
 
-`ClusterObserver` runs three reflectors (services.k8s.watch): all Nodes, Pods of all namespaces, and the one
-`slo-controller-config` ConfigMap (a fieldSelector on its name). Each change is decoded into schemas.kube here
-and only here (an object that does not decode, e.g. a bad quantity, is logged, counted and skipped) and becomes a
-NodeObserved / PodObserved / ConfigMapObserved on its own last-value subject, with a Nats-Msg-Id derived from kind,
-namespace, name, resourceVersion and deletion, so republishing an unchanged object is deduplicated.
+`ClusterObserver` runs four reflectors (services.k8s.watch): all Nodes, Pods of all namespaces, the one `slo-
+controller-config` ConfigMap (a fieldSelector on its name) and all NodeResourceTopologies (optional: a cluster
+without that CRD keeps the reflector retrying, and readiness does not wait for it). Each change is decoded into
+schemas.kube here and only here (an object that does not decode, e.g. a bad quantity, is logged, counted and
+skipped) and becomes a NodeObserved / PodObserved / ConfigMapObserved / NodeTopologyObserved on its own last-value
+subject, with a Nats-Msg-Id derived from kind, namespace, name, resourceVersion and deletion, so republishing an
+unchanged object is deduplicated.
 
 Publishing never blocks the watches: the latest state per object waits in a pending map (bounded by the number of
 objects, a newer state replaces an unpublished older one) and a publisher task drains it, retrying with backoff
-while the bus is away. `ready` is set once the first list of every kind is published. Started by the composition
-root (koordbus) with an ApiClient from services.k8s.client; read back by services.noderesource.
+while the bus is away. `ready` is set once the first list of every required kind is published. Started by the
+composition root (koordbus) with an ApiClient from services.k8s.client; read back by services.noderesource.
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ from dataclasses import dataclass, field
 from typing import Final
 
 import msgspec
-from kubernetes_asyncio.client import ApiClient, CoreV1Api
+from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from bus import subjects
 from bus.api import Bus, msg_id
-from schemas import cluster, kube
+from schemas import cluster, kube, topology
 from services.k8s import core
 from services.k8s.settings import K8sSettings
 from services.k8s.watch import Collection, KubeCollection, Reflector
@@ -40,7 +42,12 @@ log = logging.getLogger(__name__)
 KIND_NODE: Final = "node"
 KIND_POD: Final = "pod"
 KIND_CONFIGMAP: Final = "configmap"
-KINDS: Final = (KIND_NODE, KIND_POD, KIND_CONFIGMAP)
+KIND_TOPOLOGY: Final = "nrt"
+KINDS: Final = (KIND_NODE, KIND_POD, KIND_CONFIGMAP, KIND_TOPOLOGY)
+OPTIONAL_KINDS: Final = frozenset({KIND_TOPOLOGY})
+"""Kinds whose CRD a cluster may lack: readiness does not wait for their first list (the reflector keeps retrying,
+so installing the CRD later is picked up)."""
+TOPOLOGY_API: Final = {"group": "topology.node.k8s.io", "version": "v1alpha1", "plural": "noderesourcetopologies"}
 
 
 class _ConfigMap(msgspec.Struct, frozen=True):
@@ -50,6 +57,7 @@ class _ConfigMap(msgspec.Struct, frozen=True):
 _NODE_DECODER: Final = msgspec.json.Decoder(kube.Node)
 _POD_DECODER: Final = msgspec.json.Decoder(kube.Pod)
 _CONFIGMAP_DECODER: Final = msgspec.json.Decoder(_ConfigMap)
+_TOPOLOGY_DECODER: Final = msgspec.json.Decoder(topology.NodeResourceTopology)
 
 Outgoing = tuple[str, bytes, str]
 """(subject, data, msg id) of one observed state."""
@@ -97,6 +105,16 @@ def observed_message(kind: str, change: core.Change, *, observed_at: float) -> O
             data=data,
         )
         subject = subjects.cluster_configmap(namespace, name)
+    elif kind == KIND_TOPOLOGY:
+        nrt = None if change.deleted or change.raw is None else _TOPOLOGY_DECODER.decode(change.raw)
+        event = cluster.NodeTopologyObserved(
+            name=name,
+            observed_at=observed_at,
+            resource_version=seen.resource_version,
+            deleted=change.deleted,
+            zones=None if nrt is None else nrt.zones,
+        )
+        subject = subjects.cluster_topology(name)
     else:
         raise ValueError(f"unknown kind {kind!r}")
     identity = msg_id("k8s.observed", kind, namespace, name, seen.resource_version, change.deleted)
@@ -175,6 +193,14 @@ class ClusterObserver:
                 read_grace_seconds=grace,
                 namespace=self.settings.configmap_namespace,
                 field_selector=f"metadata.name={self.settings.configmap_name}",
+            ),
+            KIND_TOPOLOGY: KubeCollection(
+                KIND_TOPOLOGY,
+                CustomObjectsApi(self._api).list_cluster_custom_object,
+                namespaced=False,
+                watch_timeout_seconds=timeout,
+                read_grace_seconds=grace,
+                **TOPOLOGY_API,
             ),
         }
 
@@ -288,8 +314,9 @@ class ClusterObserver:
             await self._sleep(delay)
 
     async def _become_ready(self) -> None:
-        for reflector in self.reflectors.values():
-            await reflector.listed.wait()
+        for kind, reflector in self.reflectors.items():
+            if kind not in OPTIONAL_KINDS:
+                await reflector.listed.wait()
         await self._drained.wait()
         self.ready.set()
         log.info("k8s: first lists of %s published", ", ".join(self.reflectors))

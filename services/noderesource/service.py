@@ -318,6 +318,7 @@ class NodeResourceService:
                 (
                     subjects.CLUSTER_NODES,
                     subjects.CLUSTER_PODS,
+                    subjects.CLUSTER_TOPOLOGIES,
                     subjects.cluster_configmap(colocation.CONFIGMAP_NAMESPACE, colocation.CONFIGMAP_NAME),
                 ),
             ),

@@ -1,11 +1,12 @@
 """The cluster state the noderesource service decides from, kept in memory from events, and the per-node decision.
 
 Pure (no I/O, clock or event loop; `now` is a parameter): services.noderesource.service feeds `ClusterState.apply`
-with NodeObserved / PodObserved / ConfigMapObserved (KOORD_CLUSTER) and NodeMetricComputed (KOORD_NODEMETRIC)
-events, recomputes the nodes it returns with `decide`, and publishes the resulting NodeResourceComputed events.
-Which nodes an event affects follows the §2.3 triggers: a Node → itself; a Pod → its old and its new node; a
-NodeMetric → its node; a change of the effective colocation config → every node. Events older than what is held
-(by resourceVersion when both parse as integers, by report time for NodeMetrics) are ignored, so a relist or a
+with NodeObserved / PodObserved / ConfigMapObserved / NodeTopologyObserved (KOORD_CLUSTER) and NodeMetricComputed
+(KOORD_NODEMETRIC) events, recomputes the nodes it returns with `decide`, and publishes the resulting
+NodeResourceComputed events. Which nodes an event affects follows the §2.3 triggers: a Node → itself; a Pod → its
+old and its new node; a NodeMetric → its node; a NodeResourceTopology → its node (its NUMA zones, §2.7, computed
+when batch is); a change of the effective colocation config → every node. Events older than what is held (by
+resourceVersion when both parse as integers, by report time for NodeMetrics) are ignored, so a relist or a
 redelivery cannot roll state back. Pods of nodes not seen yet are kept (the node may come later) but nothing is
 decided for a node that is not known. What was ignored and why is appended to `ClusterState.problems`, which the
 service drains into its skipped-input counter.
@@ -25,16 +26,16 @@ from typing import Final
 
 import msgspec
 
-from schemas import kube, resources
-from schemas.cluster import ConfigMapObserved, NodeObserved, PodObserved
+from schemas import kube, resources, topology
+from schemas.cluster import ConfigMapObserved, NodeObserved, NodeTopologyObserved, PodObserved
 from schemas.node import NodeMetricComputed
 from schemas.nodemetric_json import NodeUsageSnapshot, snapshot_from_computed
 from schemas.noderesource import NodeResourceComputed, Outcome, Trigger
 from services.noderesource import config as colocation
-from services.noderesource import core
+from services.noderesource import core, numa
 from services.noderesource.smoothing import SmoothingPolicy, smooth
 
-StateEvent = NodeObserved | PodObserved | ConfigMapObserved | NodeMetricComputed
+StateEvent = NodeObserved | PodObserved | ConfigMapObserved | NodeTopologyObserved | NodeMetricComputed
 
 PROBLEM_STALE_VERSION: Final = "stale_resource_version"
 PROBLEM_MISSING_OBJECT: Final = "missing_object"
@@ -60,6 +61,8 @@ def trigger_of(event: StateEvent) -> Trigger:
             return "config"
         case NodeMetricComputed():
             return "nodemetric"
+        case NodeTopologyObserved():
+            return "topology"
 
 
 def event_time(event: StateEvent) -> float:
@@ -98,6 +101,8 @@ class ClusterState:
         """Pod key → the node it is bound to (unscheduled pods are absent)."""
         self.pods_by_node: dict[str, set[str]] = {}
         self.snapshots: dict[str, NodeUsageSnapshot] = {}
+        self.zones: dict[str, tuple[topology.NumaZone, ...]] = {}
+        """Node → the NUMA zones of its NodeResourceTopology (absent: none, or none listing cpu or memory)."""
         self.config = colocation.ColocationConfigState()
         self.config_seen = False
         """Whether any version of the ConfigMap (or its tombstone) was applied."""
@@ -119,6 +124,8 @@ class ClusterState:
                 return self._apply_configmap(event)
             case NodeMetricComputed():
                 return self._apply_nodemetric(event)
+            case NodeTopologyObserved():
+                return self._apply_topology(event)
 
     def _accept(self, kind: str, key: str, version: str, deleted: bool) -> bool:
         verdict = _newer_version(self._versions.get((kind, key)), version, deleted)
@@ -179,6 +186,18 @@ class ClusterState:
             self.problems.append(PROBLEM_CONFIG_ERROR)
         return set(self.nodes) if change.changed else set()
 
+    def _apply_topology(self, event: NodeTopologyObserved) -> set[str]:
+        if not self._accept("nrt", event.name, event.resource_version, event.deleted):
+            return set()
+        zones = () if event.deleted else topology.numa_zones(topology.NodeResourceTopology(zones=event.zones))
+        if zones == self.zones.get(event.name, ()):
+            return set()
+        if zones:
+            self.zones[event.name] = zones
+        else:
+            self.zones.pop(event.name, None)
+        return {event.name}
+
     def _apply_nodemetric(self, event: NodeMetricComputed) -> set[str]:
         held = self.snapshots.get(event.node)
         if held is not None and held.update_time is not None and event.report_time <= held.update_time:
@@ -225,6 +244,10 @@ class ClusterState:
         result = core.calculate(node_object, pods, self.snapshots.get(node), strategy, now)
         patch = core.prepare(node_object, result)
         outcome, reason = _outcome(result)
+        snapshot, zones = self.snapshots.get(node), self.zones.get(node)
+        by_zone = None
+        if zones and snapshot is not None and outcome == "computed":  # §2.7 runs only when batch did
+            by_zone = numa.calculate(node_object, pods, snapshot, strategy, zones)
         final: dict[str, int | None] = dict(patch.resources)
         smoothing_notes: dict[str, str] = {}
         if self.smoothing.enabled and outcome == "computed":
@@ -265,6 +288,8 @@ class ClusterState:
             warnings=warnings,
             smoothing=smoothing_notes,
             nodemetric_spec=None if self.config.error else colocation.metric_collect_policy(strategy),
+            zones=by_zone.values() if by_zone else {},
+            zone_explanation={z.zone: dict(z.resources) for z in by_zone.zones} if by_zone else {},
         )
 
 
@@ -297,6 +322,7 @@ def is_repeat(previous: NodeResourceComputed | None, decision: NodeResourceCompu
         and decision.annotations == previous.annotations
         and (decision.outcome, decision.reason) == (previous.outcome, previous.reason)
         and decision.nodemetric_spec == previous.nodemetric_spec
+        and decision.zones == previous.zones
     )
 
 

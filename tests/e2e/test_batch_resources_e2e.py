@@ -235,6 +235,12 @@ async def test_node_gets_koordinators_batch_numbers_and_loses_them_when_colocati
     assert written["kubernetes.io/batch-memory"] == "146Gi" and written["cpu"] == "98"
     assert (await _eventually(lambda: cluster.get("nodemetrics", NODE)))["status"]["nodeMetric"]
 
+    # A NodeResourceTopology appears: the bridge publishes it and the decision gains NUMA zones (§2.7).
+    cluster.put("noderesourcetopologies", _topology())
+    zoned = await _decision(bus, timeout=60, want=lambda d: bool(d.zones))
+    assert set(zoned.zones) == {"node-0", "node-1"} and "topology" in zoned.trigger
+    assert all(zone["kubernetes.io/batch-cpu"] for zone in zoned.zones.values())
+
     cluster.put("configmaps", _configmap(enable=False))
     removed = await _decision(bus, timeout=60, want=lambda d: d.resources.get("kubernetes.io/batch-cpu") is None)
     assert removed.outcome == "disabled" and removed.resources["kubernetes.io/batch-memory"] is None
@@ -250,6 +256,20 @@ async def test_node_gets_koordinators_batch_numbers_and_loses_them_when_colocati
     assert config["cluster"]["enable"] is False and not config["error"]
 
     _stopped_cleanly(services)
+
+
+def _topology() -> dict[str, Any]:
+    """Two NUMA zones splitting the node's 98 allocatable cores and 392Gi."""
+    resources = [
+        {"name": "cpu", "capacity": "49", "allocatable": "49", "available": "49"},
+        {"name": "memory", "capacity": "196Gi", "allocatable": "196Gi", "available": "196Gi"},
+    ]
+    return {
+        "apiVersion": "topology.node.k8s.io/v1alpha1",
+        "kind": "NodeResourceTopology",
+        "metadata": {"name": NODE},
+        "zones": [{"name": f"node-{i}", "type": "Node", "resources": resources} for i in range(2)],
+    }
 
 
 @pytest.fixture

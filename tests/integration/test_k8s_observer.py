@@ -21,7 +21,7 @@ from bus.jetstream import JetStreamBus
 from schemas import cluster, kube
 from services.common.metrics import new_registry, render
 from services.k8s.client import KubeConfigError, api_client
-from services.k8s.observer import KIND_CONFIGMAP, KIND_NODE, KIND_POD, ClusterObserver
+from services.k8s.observer import KIND_CONFIGMAP, KIND_NODE, KIND_POD, KIND_TOPOLOGY, ClusterObserver
 from services.k8s.settings import K8sSettings
 from tests.fakes.kube_api import FakeKubeApi
 
@@ -80,7 +80,7 @@ async def configmap_event(bus: JetStreamBus, namespace: str, name: str) -> clust
     return event
 
 
-async def watches_open(kube_api: FakeKubeApi, count: int = 3) -> None:
+async def watches_open(kube_api: FakeKubeApi, count: int = 4) -> None:
     """Wait until the reflectors' watches are registered on the server (so drop_watches has something to drop)."""
 
     async def opened() -> bool:
@@ -147,7 +147,7 @@ async def test_initial_list_publishes_one_event_per_object(
     assert kube.pod_request(web.pod)["cpu"] == 500
     config = await configmap_event(koordbus_bus, CM_NAMESPACE, CM_NAME)
     assert config is not None and config.data == {"colocation-config": '{"enable": true}'}
-    assert observer.stats.observed == {KIND_NODE: 2, KIND_POD: 2, KIND_CONFIGMAP: 1}
+    assert observer.stats.observed == {KIND_NODE: 2, KIND_POD: 2, KIND_CONFIGMAP: 1, KIND_TOPOLOGY: 0}
     assert observer.registry is not None
     text = render(observer.registry).decode()
     assert 'koordbus_k8s_objects_observed_total{kind="pod"} 2.0' in text
@@ -240,7 +240,7 @@ async def test_expired_history_relists_with_tombstones(
     config = await configmap_event(koordbus_bus, CM_NAMESPACE, CM_NAME)
     assert config is not None and config.deleted and config.data == {}
     # Unchanged objects are not published again by the relist.
-    assert observer.stats.observed == {KIND_NODE: 2 + 2, KIND_POD: 2 + 1, KIND_CONFIGMAP: 1 + 1}
+    assert observer.stats.observed == {KIND_NODE: 2 + 2, KIND_POD: 2 + 1, KIND_CONFIGMAP: 1 + 1, KIND_TOPOLOGY: 0}
     assert await stream_count(koordbus_bus) == 5
 
 
@@ -373,3 +373,58 @@ async def test_api_client_without_any_config_says_why(tmp_path: Path, monkeypatc
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(KubeConfigError, match="not running in a cluster"):
         await api_client(K8sSettings())
+
+
+def topology_object(name: str, zones: list[tuple[str, str, str]]) -> dict[str, Any]:
+    """A NodeResourceTopology with one zone per (zone name, cpu, memory) allocatable."""
+    return {
+        "apiVersion": "topology.node.k8s.io/v1alpha1",
+        "kind": "NodeResourceTopology",
+        "metadata": {"name": name},
+        "zones": [
+            {
+                "name": zone,
+                "type": "Node",
+                "resources": [
+                    {"name": "cpu", "capacity": cpu, "allocatable": cpu, "available": cpu},
+                    {"name": "memory", "capacity": memory, "allocatable": memory, "available": memory},
+                ],
+            }
+            for zone, cpu, memory in zones
+        ],
+    }
+
+
+async def test_node_resource_topologies_are_published_with_their_zones(
+    kube_api: FakeKubeApi, koordbus_bus: JetStreamBus, start_observer: Callable[[], Any]
+) -> None:
+    kube_api.put("nodes", node("node-a"))
+    kube_api.put("noderesourcetopologies", topology_object("node-a", [("node-0", "4", "8Gi"), ("node-1", "4", "8Gi")]))
+    observer: ClusterObserver = await start_observer()
+    event = await last_event(koordbus_bus, subjects.cluster_topology("node-a"))
+    assert isinstance(event, cluster.NodeTopologyObserved) and not event.deleted
+    assert [zone.name for zone in event.zones or []] == ["node-0", "node-1"]
+    assert observer.stats.observed[KIND_TOPOLOGY] == 1
+    kube_api.remove("noderesourcetopologies", "node-a")
+
+    async def tombstone() -> bool:
+        gone = await last_event(koordbus_bus, subjects.cluster_topology("node-a"))
+        return isinstance(gone, cluster.NodeTopologyObserved) and gone.deleted
+
+    await eventually(tombstone)
+
+
+async def test_a_cluster_without_the_topology_crd_still_becomes_ready(
+    kube_api: FakeKubeApi, koordbus_bus: JetStreamBus, kube_client: ApiClient
+) -> None:
+    kube_api.put("nodes", node("node-a"))
+    kube_api.fail_next("list", "noderesourcetopologies", status=404, times=1000)
+    observer = ClusterObserver(koordbus_bus, kube_client, SETTINGS, registry=new_registry())
+    await observer.start()
+    try:
+        async with asyncio.timeout(10):
+            await observer.ready.wait()
+        assert await node_event(koordbus_bus, "node-a") is not None
+        assert not observer.reflectors[KIND_TOPOLOGY].listed.is_set()
+    finally:
+        await observer.stop()

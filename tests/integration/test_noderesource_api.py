@@ -235,3 +235,22 @@ async def _config_error(client: httpx.AsyncClient) -> bool:
     body = (await client.get("/api/v1/config/colocation")).json()
     strategy = body["nodes"].get(NODE, {}).get("strategy", {})
     return bool(body["error"]) and strategy.get("cpuReclaimThresholdPercent") == 70
+
+
+async def test_numa_zones_are_shown_with_their_explanations(migrated_engine: AsyncEngine) -> None:
+    store = NodeResourceStore(migrated_engine)
+    zoned = decision(
+        T0,
+        batch_memory=146 * GI,
+        trigger=("topology",),
+        zones={"node-0": {vocab.BATCH_CPU: 6_900, vocab.BATCH_MEMORY: 70 * GI}},
+        zone_explanation={"node-0": {vocab.BATCH_CPU: ResourceExplanation(value=6_900, message="zone batch-cpu 6900")}},
+    )
+    await store.apply_decisions([(1, zoned)], consumer=PROJECTOR_CONSUMER, stream=STREAM)
+    async with client_for(migrated_engine, store) as client:
+        body = (await client.get(f"/api/v1/nodes/{NODE}/resources")).json()
+    assert body["trigger"] == ["topology"]
+    zone = body["zones"]["node-0"]
+    assert zone[vocab.BATCH_CPU]["value"] == 6_900
+    assert zone[vocab.BATCH_CPU]["explanation"]["message"] == "zone batch-cpu 6900"
+    assert zone[vocab.BATCH_MEMORY] == {"value": 70 * GI, "explanation": None}

@@ -13,8 +13,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from schemas import koordinator, kube, vocab
-from schemas.cluster import ConfigMapObserved, NodeObserved, PodObserved
+from schemas import koordinator, kube, topology, vocab
+from schemas.cluster import ConfigMapObserved, NodeObserved, NodeTopologyObserved, PodObserved
 from schemas.node import (
     MetricCollectPolicy,
     NodeMetricComputed,
@@ -26,7 +26,7 @@ from schemas.node import (
 from schemas.nodemetric_json import snapshot_from_computed
 from schemas.noderesource import NODERESOURCE_COMPUTED_DECODER, NodeResourceComputed
 from services.noderesource import config as colocation
-from services.noderesource import core
+from services.noderesource import core, numa
 from services.noderesource.state import (
     PROBLEM_CONFIG_ERROR,
     PROBLEM_MISSING_OBJECT,
@@ -41,6 +41,7 @@ from services.noderesource.state import (
     last_write_after,
     trigger_of,
 )
+from services.noderesource.strategy import ColocationStrategy
 
 T0 = 1_767_268_800.0  # 2026-01-01T12:00:00Z
 GI = 1024**3
@@ -465,3 +466,50 @@ def test_snapshot_from_computed_keeps_no_data_apart_from_zero() -> None:
         msgspec.structs.replace(event, status=msgspec.structs.replace(event.status, node_metric=empty))
     )
     assert snapshot.node_usage is None and snapshot.system_usage == {}
+
+
+# --- NUMA zones (§2.7)
+
+
+def topology_event(
+    zones: list[tuple[str, str, str]] | None, *, rv: str = "1", deleted: bool = False
+) -> NodeTopologyObserved:
+    entries = [
+        topology.Zone(
+            name=name,
+            type="Node",
+            resources=[
+                topology.ResourceInfo(name="cpu", capacity=cpu, allocatable=cpu, available=cpu),
+                topology.ResourceInfo(name="memory", capacity=memory, allocatable=memory, available=memory),
+            ],
+        )
+        for name, cpu, memory in zones or []
+    ]
+    return NodeTopologyObserved(name=NODE, observed_at=T0, resource_version=rv, deleted=deleted, zones=entries)
+
+
+def test_a_topology_adds_the_numa_calculation_to_the_decision() -> None:
+    state = worked_example()
+    assert decide(state).zones == {}
+    assert state.apply(topology_event([("node-0", "50", "200Gi"), ("node-1", "50", "200Gi")])) == {NODE}
+    decision = decide(state)
+    pods = [state.pods[key] for key in sorted(state.pods_by_node[NODE])]
+    expected = numa.calculate(
+        state.nodes[NODE], pods, state.snapshots[NODE], ColocationStrategy(enable=True), state.zones[NODE]
+    )
+    assert expected is not None and decision.zones == expected.values()
+    assert set(decision.zones) == {"node-0", "node-1"} and all(v[vocab.BATCH_CPU] for v in decision.zones.values())
+    explained = decision.zone_explanation["node-0"][vocab.BATCH_CPU]
+    assert str(decision.zones["node-0"][vocab.BATCH_CPU]) in explained.message
+    previous = decision
+    assert not is_repeat(previous, msgspec.structs.replace(decision, zones={"node-0": {vocab.BATCH_CPU: 1}}))
+
+
+def test_zones_go_with_a_deleted_topology_an_older_version_or_a_degraded_node() -> None:
+    state = worked_example()
+    state.apply(topology_event([("node-0", "50", "200Gi"), ("node-1", "50", "200Gi")], rv="5"))
+    assert state.apply(topology_event([("node-0", "10", "10Gi")], rv="4")) == set()  # older: ignored
+    assert len(state.zones[NODE]) == 2
+    assert decide(state, now=T0 + 16 * 60).zones == {}  # degraded: batch did not run, neither do zones
+    state.apply(topology_event(None, rv="6", deleted=True))
+    assert NODE not in state.zones and decide(state).zones == {}
