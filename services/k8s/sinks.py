@@ -31,6 +31,7 @@ HTTP_TOO_MANY_REQUESTS: Final = 429
 RETRY_AT_ONCE: Final = (HTTP_CONFLICT, HTTP_NOT_FOUND)
 """Answers to a write that a fresh read resolves: the object changed (409) or went away (404) since our read."""
 _NODEMETRICS: Final = (writes.NODEMETRIC_GROUP, writes.NODEMETRIC_VERSION, writes.NODEMETRIC_PLURAL)
+_TOPOLOGIES: Final = (writes.TOPOLOGY_GROUP, writes.TOPOLOGY_VERSION, writes.TOPOLOGY_PLURAL)
 
 
 class WriteFailedError(Exception):
@@ -65,6 +66,10 @@ class WriteSink(Protocol):
 
     async def delete_nodemetric(self, node: str) -> writes.WriteResult:
         """Delete the gone node's NodeMetric; none there is no error."""
+        ...
+
+    async def write_topology_zones(self, decision: NodeResourceComputed) -> writes.WriteResult:
+        """Set the decision's NUMA zone batch entries on the node's NodeResourceTopology (never creates one)."""
         ...
 
 
@@ -186,6 +191,29 @@ class KubeSink:
             return writes.write_result(writes.OBJECT_NODE, name, changes)
         raise WriteFailedError(f"node {name}: still changing under us after {self._attempts} attempts")
 
+    async def write_topology_zones(self, decision: NodeResourceComputed) -> writes.WriteResult:
+        name = decision.node
+        for _ in range(self._attempts):
+            status, body = await self._request(
+                self._custom.get_cluster_custom_object(*_TOPOLOGIES, name, **self._options())
+            )
+            if status == HTTP_NOT_FOUND:
+                return writes.WriteResult(
+                    object=f"{writes.OBJECT_TOPOLOGY}/{name}", action="skipped", changes=("no NodeResourceTopology",)
+                )
+            current = _parsed(status, body, f"read NodeResourceTopology {name}")
+            updated = writes.topology_with_batch_zones(current, decision.zones)
+            if updated is None:
+                return writes.write_result(writes.OBJECT_TOPOLOGY, name, [])
+            status, body = await self._request(
+                self._custom.replace_cluster_custom_object(*_TOPOLOGIES, name, updated, **self._options())
+            )
+            if status in RETRY_AT_ONCE:
+                continue
+            _parsed(status, body, f"update NodeResourceTopology {name}")
+            return writes.write_result(writes.OBJECT_TOPOLOGY, name, writes.topology_changes(decision.zones))
+        raise WriteFailedError(f"NodeResourceTopology {name}: still changing under us after {self._attempts} attempts")
+
     async def _get_nodemetric(self, name: str) -> Json | None:
         status, body = await self._request(
             self._custom.get_cluster_custom_object(*_NODEMETRICS, name, **self._options())
@@ -258,6 +286,9 @@ class RecordingSink:
 
     async def write_node_resources(self, decision: NodeResourceComputed) -> writes.WriteResult:
         return self.recorder.node_resources(decision, now=self._clock())
+
+    async def write_topology_zones(self, decision: NodeResourceComputed) -> writes.WriteResult:
+        return self.recorder.topology_zones(decision, now=self._clock())
 
     @property
     def log(self) -> Sequence[writes.RecordedWrite]:

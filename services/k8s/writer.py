@@ -1,5 +1,5 @@
-"""The writing half of the Kubernetes bridge: NodeMetric objects, node batch/mid resources and the colocation
-ConfigMap's Events, written as decided.
+"""The writing half of the Kubernetes bridge: NodeMetric objects, node batch/mid resources, NUMA zone batch entries
+on NodeResourceTopologies and the colocation ConfigMap's Events, written as decided.
 
 `ClusterWriter` follows NodeMetricComputed (KOORD_NODEMETRIC), NodeResourceComputed and ColocationConfigStatus
 (KOORD_NODERESOURCE) with durable consumers reset at start to the last message per subject, so a restart re-applies
@@ -8,7 +8,9 @@ decision carrying a `nodemetric_spec` (None while the ConfigMap is in error: the
 node's NodeMetric exist with that spec, whether or not its resource write is due; the writer skips it when that spec
 was already confirmed on the server for the node. A NodeMetricComputed writes only the status, creating the object
 first if missing (with the node's last decided spec, else the event's own). A ColocationConfigStatus becomes one
-core/v1 Event on the ConfigMap per distinct error (a Warning), or a Normal one on recovery. The Node tombstones the
+core/v1 Event on the ConfigMap per distinct error (a Warning), or a Normal one on recovery. A decision with NUMA
+zones (§2.7) sets the zones' batch entries on the node's NodeResourceTopology with its due writes, and at once when
+the node's zones were not written before (an absent object is skipped, never created). The Node tombstones the
 observing half leaves on KOORD_CLUSTER (the noderesource service publishes nothing when a node goes) delete the
 node's NodeMetric; until the Node is seen again, NodeMetric writes for it are dropped, so a late report or a
 replayed decision does not bring the object back. It never writes from the consumer: the latest intent per object
@@ -137,6 +139,8 @@ class ClusterWriter:
         self._specs: dict[str, NodeResourceComputed] = {}
         """Per node, its latest decision carrying a NodeMetric spec (kept while the node is gone, for its return)."""
         self._confirmed_specs: dict[str, MetricCollectPolicy] = {}
+        self._zones_written: dict[str, set[str]] = {}
+        """Per node, the NUMA zone names last queued for its NodeResourceTopology."""
         """Per node, the spec last written or found on its NodeMetric (a decision with the same one writes nothing)."""
         self._gone: set[str] = set()
         """Nodes whose last state seen is a tombstone: their NodeMetric is deleted and not written again."""
@@ -268,6 +272,10 @@ class ClusterWriter:
                 self._queue((OBJECT_NODEMETRIC, intent.node), intent, self._rate_limit.earliest(intent.node, now))
             case NodeResourceComputed():
                 self._offer_spec(intent, now)
+                if intent.zones and (intent.write_due or self._zones_written.get(intent.node) != set(intent.zones)):
+                    # §2.7: zone values go with the node's due writes, and at once for zones not written yet.
+                    self._zones_written[intent.node] = set(intent.zones)
+                    self._queue((writes.OBJECT_TOPOLOGY, intent.node), intent, now)
                 if not intent.write_due:
                     self._writes.labels(OBJECT_NODE, "skipped").inc()
                     return
@@ -283,7 +291,7 @@ class ClusterWriter:
                     self._queue((KEY_NODEMETRIC_SPEC, name), decision, now)
             return
         self._gone.add(name)
-        for kind in (OBJECT_NODEMETRIC, KEY_NODEMETRIC_SPEC, OBJECT_NODE):
+        for kind in (OBJECT_NODEMETRIC, KEY_NODEMETRIC_SPEC, OBJECT_NODE, writes.OBJECT_TOPOLOGY):
             self._pending.pop((kind, name), None)
         self._confirmed_specs.pop(name, None)
         self._queue((KEY_NODEMETRIC_DELETE, name), node, now)
@@ -370,6 +378,8 @@ class ClusterWriter:
                 result = await self.sink.write_nodemetric_spec(name, spec)
                 self._confirmed_specs[name] = spec
                 return result
+            case NodeResourceComputed() if kind == writes.OBJECT_TOPOLOGY:
+                return await self.sink.write_topology_zones(intent)
             case NodeResourceComputed():
                 return await self.sink.write_node_resources(intent)
             case ColocationConfigStatus():

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from schemas import koordinator, quantity
+from schemas import koordinator, quantity, vocab
 from schemas.node import MetricCollectPolicy, NodeMetricComputed
 from schemas.noderesource import RESOURCE_NAMES, ColocationConfigStatus, NodeResourceComputed
 
@@ -41,6 +41,9 @@ STATUS_LISTS: Final = ("capacity", "allocatable")
 OBJECT_NODEMETRIC: Final = "nodemetric"
 OBJECT_NODE: Final = "node"
 OBJECT_EVENT: Final = "event"
+OBJECT_TOPOLOGY: Final = "noderesourcetopology"
+TOPOLOGY_GROUP, TOPOLOGY_VERSION, TOPOLOGY_PLURAL = "topology.node.k8s.io", "v1alpha1", "noderesourcetopologies"
+ZONE_RESOURCES: Final = (vocab.BATCH_CPU, vocab.BATCH_MEMORY)
 CREATED: Final = "created"
 EVENT_REASON_INVALID: Final = "InvalidColocationConfig"
 """Reason of the Warning Event for a colocation ConfigMap whose content is rejected."""
@@ -292,6 +295,35 @@ class RecordedWrite:
     """Why it was due: the decision's write reason, or "NodeMetric report"."""
 
 
+def topology_with_batch_zones(current: Json, zones: Mapping[str, Mapping[str, int | None]]) -> Json | None:
+    """`current` (a NodeResourceTopology) with each zone's kubernetes.io/batch-cpu / batch-memory entries set to the
+    decided values, capacity = allocatable = available (spec §2.7; a zone without a value gets zeros), entries kept
+    sorted by name; None when the object already holds exactly that. batch-cpu is written as its millicore count."""
+    updated = copy.deepcopy(current)
+    for zone in updated.get("zones") or []:
+        values = zones.get(zone.get("name", ""), {})
+        entries = {entry.get("name"): entry for entry in zone.get("resources") or []}
+        for name in ZONE_RESOURCES:
+            amount = values.get(name) or 0
+            text = quantity.format_amount(name, amount)
+            held = entries.get(name)
+            if held is not None and all(
+                quantity.amount(name, held.get(field, "0")) == amount
+                for field in ("capacity", "allocatable", "available")
+            ):
+                continue
+            entries[name] = {"name": name, "capacity": text, "allocatable": text, "available": text}
+        zone["resources"] = [entries[key] for key in sorted(entries, key=str)]
+    return None if updated.get("zones") == current.get("zones") else updated
+
+
+def topology_changes(zones: Mapping[str, Mapping[str, int | None]]) -> list[str]:
+    return [
+        f"zone {zone}: " + ", ".join(f"{name} {values.get(name) or 0}" for name in ZONE_RESOURCES)
+        for zone, values in sorted(zones.items())
+    ]
+
+
 class WriteRecorder:
     """Keeps, per object (NodeMetric, Node, Event), what it would look like after the writes, and a bounded log of
     the writes themselves.
@@ -305,6 +337,8 @@ class WriteRecorder:
         self.nodes: dict[str, Json] = {}
         self.events: dict[str, Json] = {}
         """Event name → the Event (Events are only ever created)."""
+        self.topologies: dict[str, dict[str, dict[str, int | None]]] = {}
+        """Node → the NUMA zone batch values that would be written on its NodeResourceTopology."""
         self.log: deque[RecordedWrite] = deque(maxlen=keep)
 
     def nodemetric_spec(self, node: str, spec: MetricCollectPolicy, *, reason: str, now: float) -> WriteResult:
@@ -319,6 +353,15 @@ class WriteRecorder:
             changes.append("spec updated")
         self.nodemetrics[node] = current
         return self._record(write_result(OBJECT_NODEMETRIC, node, changes), reason=reason, now=now)
+
+    def topology_zones(self, decision: NodeResourceComputed, *, now: float) -> WriteResult:
+        """The decision's zone values written on the node's NodeResourceTopology (recorded, the object unknown)."""
+        zones = {zone: dict(values) for zone, values in decision.zones.items()}
+        changes = [] if self.topologies.get(decision.node) == zones else topology_changes(zones)
+        self.topologies[decision.node] = zones
+        return self._record(
+            write_result(OBJECT_TOPOLOGY, decision.node, changes), reason=decision.write_reason, now=now
+        )
 
     def delete_nodemetric(self, node: str, *, now: float) -> WriteResult:
         """The gone node's NodeMetric removed."""
@@ -376,6 +419,7 @@ class WriteRecorder:
             "nodemetrics": [self.nodemetrics[name] for name in sorted(self.nodemetrics)],
             "nodes": [self.nodes[name] for name in sorted(self.nodes)],
             "events": [self.events[name] for name in sorted(self.events)],
+            "topologies": {node: self.topologies[node] for node in sorted(self.topologies)},
             "writes": [
                 {
                     "at": entry.at,

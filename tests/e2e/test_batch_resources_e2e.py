@@ -29,6 +29,7 @@ import pytest_asyncio
 from bus import streams, subjects
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
+from schemas import quantity
 from schemas.noderesource import NODERESOURCE_COMPUTED_DECODER, NodeResourceComputed
 from tests.fakes.kube_api import FakeKubeApi
 from tests.unit.test_noderesource_state import GI, NODE, metric_event
@@ -240,6 +241,21 @@ async def test_node_gets_koordinators_batch_numbers_and_loses_them_when_colocati
     zoned = await _decision(bus, timeout=60, want=lambda d: bool(d.zones))
     assert set(zoned.zones) == {"node-0", "node-1"} and "topology" in zoned.trigger
     assert all(zone["kubernetes.io/batch-cpu"] for zone in zoned.zones.values())
+
+    def zone_entries() -> dict[str, str]:
+        nrt = cluster.get("noderesourcetopologies", NODE) or {}
+        return {
+            zone["name"]: entry["allocatable"]
+            for zone in nrt.get("zones", [])
+            for entry in zone.get("resources", [])
+            if entry["name"] == "kubernetes.io/batch-cpu"
+        }
+
+    await _eventually(lambda: len(zone_entries()) == 2)
+    assert zone_entries() == {
+        zone: quantity.format_amount("kubernetes.io/batch-cpu", values["kubernetes.io/batch-cpu"] or 0)
+        for zone, values in zoned.zones.items()
+    }
 
     cluster.put("configmaps", _configmap(enable=False))
     removed = await _decision(bus, timeout=60, want=lambda d: d.resources.get("kubernetes.io/batch-cpu") is None)
