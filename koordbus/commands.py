@@ -8,19 +8,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import re
 import socket
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from koordbus.settings import CommonSettings
 from services.common import settings as settings_loader
 
+if TYPE_CHECKING:
+    from services.api.auth import TokenStore
+    from services.api.settings import ApiSettings
+
 # The heavy parts (nats, sqlalchemy, fastapi, numpy) are imported by the subcommand that runs, so `koordbus calc`
 # and `--help` start fast.
+
+log = logging.getLogger(__name__)
+
+API_TOKEN_FILE = "api-token"
+"""`koordbus up` without a token file: the generated admin token, in the data dir (mode 0600)."""
 
 
 def local_node_name() -> str:
@@ -58,6 +68,11 @@ def add_parsers(sub: Any) -> None:
     up.add_argument("--data-dir", help="where the NATS store, logs and SQLite live (default .koordbus)")
     up.add_argument("--host", default="127.0.0.1", help="API bind address (default 127.0.0.1)")
     up.add_argument("--port", type=int, default=8080, help="API port (default 8080)")
+    up.add_argument(
+        "--api-tokens-file",
+        default=None,
+        help="API token file ('token role [name]' per line; default: an admin token generated in the data dir)",
+    )
     up.add_argument("--simulate-nodes", type=int, default=0, metavar="N", help="also run N synthetic nodes")
     up.add_argument("--simulate-pods", type=int, default=20, metavar="P", help="pods per synthetic node (default 20)")
     up.add_argument(
@@ -117,6 +132,12 @@ def add_parsers(sub: Any) -> None:
     _add_common(api, embedded=False)
     api.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     api.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    api.add_argument(
+        "--api-tokens-file", default=None, help="token file, 'token role [name]' per line (required unless --no-auth)"
+    )
+    api.add_argument(
+        "--no-auth", action="store_true", help="INSECURE: serve every route to anyone, without bearer tokens"
+    )
     api.set_defaults(run=lambda a: asyncio.run(run_api(a)))
 
 
@@ -130,6 +151,34 @@ def _require(value: str, what: str) -> str:
     if not value:
         raise SystemExit(f"koordbus: {what} is required (flag or environment variable)")
     return value
+
+
+def api_tokens(settings: ApiSettings, *, command: str, data_dir: Path | None = None) -> TokenStore:
+    """The API's TokenStore: from the token file; else (`up`) the admin token in the data dir, generated on first
+    start; else the command cannot start. With auth disabled every caller is admin, which is logged loudly."""
+    from services.api import auth
+
+    if not settings.auth_enabled:
+        log.warning("API AUTHENTICATION IS DISABLED: anyone who reaches the port can read and change everything")
+        return auth.TokenStore.disabled()
+    if settings.api_tokens_file:
+        try:
+            return auth.load_token_file(settings.api_tokens_file)
+        except auth.TokenFileError as e:
+            raise SystemExit(f"koordbus {command}: {e}") from e
+    if data_dir is None:
+        raise SystemExit(
+            f"koordbus {command}: no API token file: pass --api-tokens-file (or set KOORDBUS_API_TOKENS_FILE) "
+            "with 'token role [name]' lines, or --no-auth to serve without authentication (insecure)"
+        )
+    path = data_dir / API_TOKEN_FILE
+    token, created = auth.ensure_admin_token(path)
+    log.info(
+        "API admin token %s %s (send it as 'Authorization: Bearer <token>')",
+        "written to" if created else "read from",
+        path,
+    )
+    return auth.TokenStore.single(token, name="koordbus-up")
 
 
 async def run_up(args: argparse.Namespace) -> int:
@@ -152,7 +201,10 @@ async def run_up(args: argparse.Namespace) -> int:
     data_dir = prepare_data_dir(common.data_dir)
     if not runtime.port_is_free(args.host, args.port):
         raise SystemExit(f"koordbus up: port {args.port} on {args.host} is in use; pass --port")
-    api_settings = settings_loader.load(ApiSettings, {"host": args.host, "port": args.port})
+    api_settings = settings_loader.load(
+        ApiSettings, {"host": args.host, "port": args.port, "api_tokens_file": args.api_tokens_file}
+    )
+    tokens = api_tokens(api_settings, command="up", data_dir=data_dir)
     nm_settings = settings_loader.load(NodeMetricSettings)
     registry = new_registry()
     async with AsyncExitStack() as stack:
@@ -180,6 +232,7 @@ async def run_up(args: argparse.Namespace) -> int:
                 noderesource_store=nr_store,
                 recorded_writes=cluster.recorded_writes,
                 registry=registry,
+                tokens=tokens,
                 readiness=(
                     ("database", observe.database_ready(engine)),
                     ("bus", observe.bus_ready(bus)),
@@ -200,12 +253,20 @@ async def run_up(args: argparse.Namespace) -> int:
                 name="simulation",
             )
         base = f"http://{api_settings.host}:{api_settings.port}"
+        tokens_where = (
+            api_settings.api_tokens_file
+            if api_settings.api_tokens_file
+            else f"{data_dir / API_TOKEN_FILE} (role admin)"
+            if api_settings.auth_enabled
+            else "NONE: authentication disabled"
+        )
         print(
             f"koordbus is up.\n"
             f"  API         {base}/api/v1/nodemetrics   (docs: {base}/docs, metrics: {base}/metrics)\n"
             f"  NATS        {nats_url}\n"
             f"  database    {database_url}\n"
             f"  data dir    {data_dir}\n"
+            f"  API token   {tokens_where}\n"
             f"  agent       {'off' if args.no_agent else local_node_name()}"
             f"   simulated nodes: {args.simulate_nodes}\n"
             f"  cluster     {cluster.banner}\n"
@@ -357,12 +418,15 @@ async def _run_noderesource(args: argparse.Namespace) -> int:
 async def _serve_service_port(stack: AsyncExitStack, port: int, registry: Any, **context: Any) -> None:
     """A service process's HTTP port (0 = none): /healthz, /readyz, /metrics and the read routes of what it holds."""
     from koordbus import runtime
+    from services.api import auth
     from services.api.app import ApiContext, create_app
     from services.api.settings import ApiSettings
 
     if port:
         settings = settings_loader.load(ApiSettings, {"port": port})
-        app = create_app(ApiContext(settings=settings, registry=registry, **context))
+        # without a token file the read routes accept no token (health and metrics stay open)
+        tokens = auth.load_token_file(settings.api_tokens_file) if settings.api_tokens_file else auth.TokenStore()
+        app = create_app(ApiContext(settings=settings, registry=registry, tokens=tokens, **context))
         await runtime.serve_http(stack, app, host="0.0.0.0", port=port)
 
 
@@ -433,7 +497,16 @@ async def run_api(args: argparse.Namespace) -> int:
 
     common = _common(args)
     runtime.configure_logging(args.log_level or common.log_level)
-    settings = settings_loader.load(ApiSettings, {"host": args.host, "port": args.port})
+    settings = settings_loader.load(
+        ApiSettings,
+        {
+            "host": args.host,
+            "port": args.port,
+            "api_tokens_file": args.api_tokens_file,
+            "auth_enabled": False if args.no_auth else None,
+        },
+    )
+    tokens = api_tokens(settings, command="api")
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
@@ -445,6 +518,7 @@ async def run_api(args: argparse.Namespace) -> int:
                 nodemetric_store=NodeMetricStore(engine),
                 noderesource_store=NodeResourceStore(engine),
                 registry=registry,
+                tokens=tokens,
                 readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
             )
         )

@@ -5,7 +5,8 @@ tests with the store, settings and metrics registry already built; routes reach 
 `request.app.state.context`, so a test builds its own ApiContext (clock included). Every error
 is JSON `{"error": "<one clear sentence>"}`: unknown routes and nodes, bad query parameters,
 wrong methods, failing readiness and unexpected exceptions alike; a stack trace goes to the
-log, never to the client.
+log, never to the client. Every /api/v1 route needs a bearer token with role viewer or higher
+(services.api.auth; writes will need quota-admin); /healthz, /readyz, /metrics and the docs stay open.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.api import nodemetrics, noderesources, recorded
+from services.api import auth, nodemetrics, noderesources, recorded
 from services.api.settings import ApiSettings
 from services.common.metrics import CONTENT_TYPE_LATEST, CollectorRegistry, render
 from services.common.observe import ReadinessCheck
@@ -58,6 +59,8 @@ class ApiContext:
     recorded_writes: Callable[[], Any] | None = None
     """Record-only mode (no Kubernetes configured): what the Kubernetes writer would have written, as JSON; None
     when writing to a real cluster (the route answers 404)."""
+    tokens: auth.TokenStore = field(default_factory=auth.TokenStore)
+    """Accepted bearer tokens; the default accepts none (auth.TokenStore.disabled() only for `--no-auth`)."""
 
 
 class ErrorBody(BaseModel):
@@ -74,6 +77,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "No such object"},
     422: {"model": ErrorBody, "description": "A query parameter is invalid"},
     500: {"model": ErrorBody, "description": "Unexpected server error (details in the server log)"},
+}
+
+AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "Bearer token missing or unknown"},
+    403: {"model": ErrorBody, "description": "The token's role is too low (the message names the role needed)"},
 }
 
 
@@ -158,9 +166,11 @@ def create_app(context: ApiContext) -> FastAPI:
         description="Co-location control plane for Kubernetes: NodeMetric and more, over NATS JetStream.",
     )
     app.state.context = context
-    app.include_router(nodemetrics.router, responses=ERROR_RESPONSES)
-    app.include_router(noderesources.router, responses=ERROR_RESPONSES)
-    app.include_router(recorded.router, responses=ERROR_RESPONSES)
+    viewer = [Depends(auth.require(auth.VIEWER))]
+    responses = {**ERROR_RESPONSES, **AUTH_RESPONSES}
+    app.include_router(nodemetrics.router, responses=responses, dependencies=viewer)
+    app.include_router(noderesources.router, responses=responses, dependencies=viewer)
+    app.include_router(recorded.router, responses=responses, dependencies=viewer)
     app.add_middleware(CatchAllMiddleware)
     _add_health_routes(app, context)
     _add_error_handlers(app)

@@ -15,6 +15,12 @@ class ApiSettings:
     """A node whose newest sample is older than this is reported stale (annotation koordbus.io/stale)."""
     page_limit_max: int = 1000
     """Largest page a list route returns."""
+    auth_enabled: bool = True
+    """Require bearer tokens (services.api.auth); false only with `koordbus api --no-auth` (insecure)."""
+    api_tokens_file: str | None = None
+    """Token file, one `token role [name]` per line (roles viewer, quota-admin, admin); env
+    KOORDBUS_API_TOKENS_FILE. Unset: `koordbus up` generates an admin token in its data dir, `koordbus api`
+    refuses to start."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

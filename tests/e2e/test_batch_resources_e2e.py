@@ -32,6 +32,7 @@ from bus.server import EmbeddedNatsServer
 from schemas import quantity
 from schemas.noderesource import NODERESOURCE_COMPUTED_DECODER, NodeResourceComputed
 from tests.fakes.kube_api import FakeKubeApi
+from tests.support import api_auth
 from tests.unit.test_noderesource_state import GI, NODE, metric_event
 
 pytestmark = pytest.mark.e2e
@@ -101,10 +102,11 @@ Spawn = Callable[..., list[subprocess.Popen[str]]]
 
 
 @pytest.fixture
-def spawn() -> Iterator[Spawn]:
+def spawn(tmp_path: Path) -> Iterator[Spawn]:
     """Start `koordbus …` processes; whatever is still running at the end gets SIGTERM (then SIGKILL)."""
     started: list[subprocess.Popen[str]] = []
-    env = {**os.environ, "KOORDBUS_LOG_LEVEL": "INFO"}
+    tokens = api_auth.write_token_file(tmp_path / "api-tokens")
+    env = {**os.environ, "KOORDBUS_LOG_LEVEL": "INFO", "KOORDBUS_API_TOKENS_FILE": str(tokens)}
 
     def start(*commands: list[str]) -> list[subprocess.Popen[str]]:
         processes = [
@@ -197,7 +199,7 @@ async def _api(port: int, path: str, *, want: Any, timeout: float = 30) -> Any:
     """GET the route until `want(body)` holds (projection is asynchronous)."""
     deadline = time.monotonic() + timeout
     body: Any = None
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=api_auth.headers()) as client:
         while time.monotonic() < deadline:
             try:
                 response = await client.get(path)

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def get_json(url: str) -> dict[str, object]:
-    with urllib.request.urlopen(url, timeout=5) as response:
+def get_json(url: str, token: str | None = None) -> dict[str, object]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(request, timeout=5) as response:
         return dict(json.loads(response.read()))
 
 
@@ -40,11 +42,13 @@ def test_up_serves_nodemetrics_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     base = f"http://127.0.0.1:{port}"
     try:
         names: list[str] = []
+        token = ""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(names) < 3:
             assert process.poll() is None, "koordbus up exited early"
             try:
-                listed = get_json(f"{base}/api/v1/nodemetrics")
+                token = token or (tmp_path / "data" / "api-token").read_text().strip()
+                listed = get_json(f"{base}/api/v1/nodemetrics", token)
                 names = [item["metadata"]["name"] for item in listed["items"]]  # type: ignore[attr-defined,index]
             except OSError:
                 pass
@@ -54,13 +58,20 @@ def test_up_serves_nodemetrics_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         # No cluster: record-only. The NodeMetrics that would be written are there, in Koordinator's shape.
         recorded: dict[str, Any] = {}
         while time.monotonic() < deadline and len(recorded.get("nodemetrics", [])) < 3:
-            recorded = get_json(f"{base}/api/v1/k8s/recorded-writes")  # type: ignore[assignment]
+            recorded = get_json(f"{base}/api/v1/k8s/recorded-writes", token)  # type: ignore[assignment]
             time.sleep(0.5)
         assert [o["metadata"]["name"] for o in recorded["nodemetrics"]] == names
         assert all(o["kind"] == "NodeMetric" and o["status"]["nodeMetric"] for o in recorded["nodemetrics"])
         assert recorded["writes"] and recorded["nodes"] == []
         with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
             assert b"koordbus_nodemetric_batches_total" in response.read()
+        # the API needs the generated token: without it a JSON 401 asking for a bearer token
+        try:
+            get_json(f"{base}/api/v1/nodemetrics")
+            raise AssertionError("the API answered without a token")
+        except urllib.error.HTTPError as e:
+            assert e.code == 401 and e.headers["WWW-Authenticate"] == "Bearer"
+            assert "bearer token" in json.loads(e.read())["error"]
     finally:
         process.send_signal(signal.SIGINT)
         output, _ = process.communicate(timeout=30)

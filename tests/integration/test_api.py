@@ -26,6 +26,7 @@ from schemas.node import (
     PodRef,
     encode_node_event,
 )
+from services.api import auth
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
 from services.common import db, observe
@@ -33,6 +34,7 @@ from services.common.metrics import CollectorRegistry, new_registry, render
 from services.nodemetric.service import INGEST_CONSUMER, PROJECTOR_CONSUMER, NodeMetricService
 from services.nodemetric.settings import NodeMetricSettings
 from services.nodemetric.store import NodeMetricStore, NodeSeen
+from tests.support import api_auth
 from tests.support.crd import assert_valid_nodemetric
 from tests.support.events import nodemetric_record as computed
 
@@ -82,6 +84,7 @@ def make_context(store: NodeMetricStore, **overrides: Any) -> ApiContext:
         "nodemetric_store": store,
         "registry": new_registry(),
         "clock": lambda: NOW,
+        "tokens": api_auth.token_store(),
         **overrides,
     }
     return ApiContext(**values)
@@ -91,7 +94,7 @@ def client_for(context: ApiContext) -> httpx.AsyncClient:
     app = create_app(context)
     # raise_app_exceptions=False: a 500 must come back as a response, exactly as a real client would see it.
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    return httpx.AsyncClient(transport=transport, base_url="http://api")
+    return httpx.AsyncClient(transport=transport, base_url="http://api", headers=api_auth.headers(auth.VIEWER))
 
 
 @pytest_asyncio.fixture

@@ -33,6 +33,7 @@ from services.common.metrics import new_registry
 from services.nodemetric.service import INGEST_CONSUMER, NodeMetricService
 from services.nodemetric.settings import NodeMetricSettings
 from services.nodemetric.store import NodeMetricStore
+from tests.support import api_auth
 from tests.support.crd import assert_valid_nodemetric
 
 NODE = "node-x"
@@ -126,8 +127,12 @@ async def test_poison_messages_are_dead_lettered_with_reasons_and_valid_batches_
 
         await eventually(settled)
         assert await ingest.wait_idle(10)
-        app = create_app(ApiContext(settings=ApiSettings(), nodemetric_store=store, registry=registry))
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
+        app = create_app(
+            ApiContext(settings=ApiSettings(), nodemetric_store=store, registry=registry, tokens=api_auth.token_store())
+        )
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), headers=api_auth.headers(), base_url="http://api"
+        ) as client:
             metrics = (await client.get("/metrics")).text
             nodemetric = (await client.get(f"/api/v1/nodemetrics/{NODE}")).json()
     finally:

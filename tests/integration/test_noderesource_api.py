@@ -17,6 +17,7 @@ from bus import streams, subjects
 from bus.memory import MemoryBus
 from schemas import vocab
 from schemas.noderesource import NodeResourceComputed, ResourceExplanation
+from services.api import auth
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
 from services.common.metrics import new_registry
@@ -26,6 +27,7 @@ from services.noderesource.settings import NodeResourceSettings
 from services.noderesource.store import NodeResourceStore
 from tests.integration.test_noderesource_service import Clock, eventually, memory_bus_with_streams, publish
 from tests.integration.test_noderesource_service import worked_example as publish_worked_example
+from tests.support import api_auth
 from tests.unit.test_noderesource_state import GI, NODE, T0, config_event, node_event
 
 STREAM = streams.KOORD_NODERESOURCE
@@ -56,9 +58,10 @@ def client_for(engine: AsyncEngine, store: NodeResourceStore | None) -> httpx.As
         registry=new_registry(),
         clock=lambda: T0,
         noderesource_store=store,
+        tokens=api_auth.token_store(),
     )
     transport = httpx.ASGITransport(app=create_app(context), raise_app_exceptions=False)
-    return httpx.AsyncClient(transport=transport, base_url="http://api")
+    return httpx.AsyncClient(transport=transport, base_url="http://api", headers=api_auth.headers(auth.VIEWER))
 
 
 @pytest_asyncio.fixture

@@ -27,6 +27,7 @@ from services.nodemetric.service import NodeMetricService
 from services.nodemetric.settings import NodeMetricSettings
 from services.nodemetric.store import NodeMetricStore
 from tests.cgroup_tree import FakeCgroupTree
+from tests.support import api_auth
 from tests.support.crd import assert_valid_nodemetric
 
 NODE = "node-a.example"
@@ -82,8 +83,12 @@ async def test_agent_to_api_on_a_generated_cgroup_tree(
         await eventually(reported_twice)
 
         api_settings = ApiSettings(stale_after_seconds=180)
-        app = create_app(ApiContext(settings=api_settings, nodemetric_store=store, registry=registry))
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        app = create_app(
+            ApiContext(settings=api_settings, nodemetric_store=store, registry=registry, tokens=api_auth.token_store())
+        )
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), headers=api_auth.headers(), base_url="http://t"
+        ) as client:
             one = (await client.get(f"/api/v1/nodemetrics/{NODE}")).json()
             listed = (await client.get("/api/v1/nodemetrics")).json()
             missing = await client.get("/api/v1/nodemetrics/nope")

@@ -1,0 +1,152 @@
+"""Bearer-token authentication with roles for the REST API: viewer < quota-admin < admin.
+
+services.api.app applies `require(role)` to the routers; the composition root (koordbus.commands) builds the
+TokenStore from the token file (`token role [name]` per line, `#` comments) or from the token `koordbus up`
+generates. Only SHA-256 digests of tokens are kept in memory and compared with hmac.compare_digest, so neither
+the token nor its timing leaks. Errors use the API's JSON shape `{"error": ...}`: 401 with
+`WWW-Authenticate: Bearer` for a missing or unknown token, 403 naming the role needed when the role is too low.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+ROLES: tuple[str, ...] = ("viewer", "quota-admin", "admin")
+"""Lowest first: each role implies every role before it."""
+
+VIEWER, QUOTA_ADMIN, ADMIN = ROLES
+
+BEARER = {"WWW-Authenticate": "Bearer"}
+
+
+class TokenFileError(ValueError):
+    """A token file that cannot be used; the message names the file and the line."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Identity:
+    """Who called: the name from the token file (or the token's line) and the role."""
+
+    name: str
+    role: str
+
+    def has(self, role: str) -> bool:
+        return ROLES.index(self.role) >= ROLES.index(role)
+
+
+def digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+class TokenStore:
+    """SHA-256 digests of the accepted tokens with their identity; `disabled()` accepts every caller as admin."""
+
+    def __init__(self, entries: Iterable[tuple[bytes, Identity]] = (), *, enabled: bool = True) -> None:
+        self._entries = list(entries)
+        self.enabled = enabled
+
+    @classmethod
+    def disabled(cls) -> TokenStore:
+        return cls(enabled=False)
+
+    @classmethod
+    def single(cls, token: str, *, role: str = ADMIN, name: str = "admin") -> TokenStore:
+        return cls([(digest(token), Identity(name=name, role=role))])
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, token: str) -> Identity | None:
+        """The identity of `token`; every entry is compared (constant time in the token and its position)."""
+        wanted = digest(token)
+        found: Identity | None = None
+        for entry_digest, identity in self._entries:
+            if hmac.compare_digest(entry_digest, wanted) and found is None:
+                found = identity
+        return found
+
+
+def parse_token_file(text: str, *, source: str = "token file") -> TokenStore:
+    """`token role [name]` per line; blank lines and `#` comments are skipped. Errors name source and line."""
+    entries: list[tuple[bytes, Identity]] = []
+    seen: dict[bytes, int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) not in (2, 3):
+            raise TokenFileError(f"{source} line {number}: expected 'token role [name]', got {len(parts)} fields")
+        token, role = parts[0], parts[1]
+        if role not in ROLES:
+            raise TokenFileError(f"{source} line {number}: unknown role {role!r} (expected one of {', '.join(ROLES)})")
+        key = digest(token)
+        if key in seen:
+            raise TokenFileError(f"{source} line {number}: duplicate token (first on line {seen[key]})")
+        seen[key] = number
+        name = parts[2] if len(parts) == 3 else f"line {number}"
+        entries.append((key, Identity(name=name, role=role)))
+    if not entries:
+        raise TokenFileError(f"{source}: no tokens")
+    return TokenStore(entries)
+
+
+def load_token_file(path: str | Path) -> TokenStore:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise TokenFileError(f"cannot read token file {path}: {e.strerror or e}") from e
+    return parse_token_file(text, source=str(path))
+
+
+def ensure_admin_token(path: Path) -> tuple[str, bool]:
+    """The admin token stored at `path` (mode 0600), generated on first use; (token, created)."""
+    if path.exists():
+        token = path.read_text().strip()
+        if token:
+            path.chmod(0o600)
+            return token, False
+    token = secrets.token_urlsafe(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    with open(path, "x", opener=lambda p, flags: os.open(p, flags, 0o600)) as f:
+        f.write(token + "\n")
+    return token, True
+
+
+bearer_scheme = HTTPBearer(auto_error=False, description="A token from the API token file (role viewer or higher)")
+
+
+def require(role: str) -> Callable[..., Awaitable[Identity]]:
+    """A FastAPI dependency: the caller's Identity when its bearer token has `role` or higher; else 401/403."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r} (expected one of {', '.join(ROLES)})")
+
+    async def dependency(
+        request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
+    ) -> Identity:
+        store: TokenStore = request.app.state.context.tokens
+        if not store.enabled:
+            return Identity(name="anonymous (auth disabled)", role=ADMIN)
+        if credentials is None or not credentials.credentials:
+            raise HTTPException(
+                401, f"missing bearer token: send 'Authorization: Bearer <token>' with role {role} or higher", BEARER
+            )
+        identity = store.lookup(credentials.credentials)
+        if identity is None:
+            raise HTTPException(401, "unknown bearer token", BEARER)
+        if not identity.has(role):
+            raise HTTPException(403, f"role {role} needed; {identity.name} has role {identity.role}")
+        return identity
+
+    return dependency
