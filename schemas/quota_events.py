@@ -1,0 +1,126 @@
+"""Quota commands and events of the event-sourced quota trees (issue 4, part 2). Pure data, no I/O.
+
+Events carry the full resulting Kubernetes object (ElasticQuota or ElasticQuotaProfile), the actor, the time and
+the id of the command that caused them, so a replay needs nothing else. Each has a versioned tag
+("quota.created.v1" …) and `decode_quota_event` decodes the union. Attaching/detaching namespaces is folded into
+`QuotaUpdated` (the resulting object carries the namespaces annotation); the command is kept separate
+(AttachNamespaces / DetachNamespaces) so the API can offer it. Commands are decided by
+services.quota.aggregate.decide.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import msgspec
+
+from schemas.quota import ElasticQuota, ElasticQuotaProfile
+
+
+class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    actor: str
+    time: dt.datetime
+    command_id: str
+
+
+class QuotaCreated(_Event, frozen=True, kw_only=True, tag="quota.created.v1"):
+    quota: ElasticQuota
+
+
+class QuotaUpdated(_Event, frozen=True, kw_only=True, tag="quota.updated.v1"):
+    quota: ElasticQuota
+
+
+class QuotaDeleted(_Event, frozen=True, kw_only=True, tag="quota.deleted.v1"):
+    quota: ElasticQuota
+    """The object as it was when deleted."""
+
+
+class ProfileCreated(_Event, frozen=True, kw_only=True, tag="quota.profile.created.v1"):
+    profile: ElasticQuotaProfile
+
+
+class ProfileUpdated(_Event, frozen=True, kw_only=True, tag="quota.profile.updated.v1"):
+    profile: ElasticQuotaProfile
+
+
+class ProfileDeleted(_Event, frozen=True, kw_only=True, tag="quota.profile.deleted.v1"):
+    profile: ElasticQuotaProfile
+
+
+QuotaEvent = QuotaCreated | QuotaUpdated | QuotaDeleted | ProfileCreated | ProfileUpdated | ProfileDeleted
+
+_DECODER: msgspec.json.Decoder[QuotaEvent] = msgspec.json.Decoder(QuotaEvent)
+
+
+def decode_quota_event(data: bytes) -> QuotaEvent:
+    """One event from its JSON bytes; raises msgspec.DecodeError / ValidationError on a bad one."""
+    return _DECODER.decode(data)
+
+
+def encode_quota_event(event: QuotaEvent) -> bytes:
+    return msgspec.json.encode(event)
+
+
+# --- commands
+
+
+class _Command(msgspec.Struct, frozen=True, kw_only=True):
+    command_id: str
+
+
+class CreateQuota(_Command, frozen=True, kw_only=True):
+    quota: ElasticQuota
+
+
+class UpdateQuota(_Command, frozen=True, kw_only=True):
+    """Full replace of an existing quota's object."""
+
+    quota: ElasticQuota
+
+
+class PatchQuota(_Command, frozen=True, kw_only=True):
+    """A JSON merge patch (RFC 7386) on the Kubernetes object of quota `name`."""
+
+    name: str
+    patch: dict[str, Any]
+
+
+class DeleteQuota(_Command, frozen=True, kw_only=True):
+    name: str
+
+
+class AttachNamespaces(_Command, frozen=True, kw_only=True):
+    name: str
+    namespaces: tuple[str, ...]
+
+
+class DetachNamespaces(_Command, frozen=True, kw_only=True):
+    name: str
+    namespaces: tuple[str, ...]
+
+
+class CreateProfile(_Command, frozen=True, kw_only=True):
+    profile: ElasticQuotaProfile
+
+
+class UpdateProfile(_Command, frozen=True, kw_only=True):
+    profile: ElasticQuotaProfile
+
+
+class DeleteProfile(_Command, frozen=True, kw_only=True):
+    name: str
+
+
+QuotaCommand = (
+    CreateQuota
+    | UpdateQuota
+    | PatchQuota
+    | DeleteQuota
+    | AttachNamespaces
+    | DetachNamespaces
+    | CreateProfile
+    | UpdateProfile
+    | DeleteProfile
+)
