@@ -19,6 +19,8 @@ HEADER_DLQ_REASON = "Koord-Dlq-Reason"
 HEADER_DLQ_SUBJECT = "Koord-Dlq-Subject"
 HEADER_DLQ_STREAM_SEQ = "Koord-Dlq-Stream-Seq"
 HEADER_DLQ_CONSUMER = "Koord-Dlq-Consumer"
+HEADER_RPC_ERROR = "Koord-Rpc-Error"
+"""Set on a reply when the responder's handler raised: the request raises RemoteError with this text."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,6 +137,21 @@ class PublishOptions:
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
+class RequestHandler(Protocol):
+    """Answers one request (core NATS request/reply, no stream): the reply's bytes. Raising makes the request
+    fail with RemoteError naming the exception; handlers should answer their own errors in their reply format."""
+
+    async def __call__(self, data: bytes) -> bytes: ...
+
+
+class Responder(Protocol):
+    """A running request handler subscription."""
+
+    async def stop(self) -> None:
+        """Stop taking requests (requests already taken are answered)."""
+        ...
+
+
 class Bus(Protocol):
     async def ensure_streams(self, specs: Iterable[StreamSpec]) -> None:
         """Create missing streams and bring existing ones to the spec; calling it twice changes nothing."""
@@ -163,6 +180,15 @@ class Bus(Protocol):
 
     async def stream_info(self, stream: str) -> tuple[int, int]:
         """(message count, last sequence) of a stream."""
+        ...
+
+    async def serve(self, subject: str, handler: RequestHandler, *, queue: str) -> Responder:
+        """Answer requests on `subject`; responders sharing `queue` split the requests (one answers each)."""
+        ...
+
+    async def request(self, subject: str, data: bytes, *, timeout: float) -> bytes:
+        """Send a request and return the reply's bytes. BusUnavailableError when nobody serves the subject or
+        no answer comes within `timeout`; RemoteError when the responder's handler raised."""
         ...
 
     async def close(self) -> None: ...

@@ -32,5 +32,9 @@ class ConflictError(BusError):
         self.expected = expected
 
 
+class RemoteError(BusError):
+    """A request's responder failed while handling it (its handler raised); the message is its reason."""
+
+
 class BusUnavailableError(BusError):
     """The bus could not be reached (or did not answer in time)."""

@@ -28,8 +28,19 @@ from nats.js import api as js_api
 from nats.js.client import JetStreamContext
 
 from bus._loop import Fetched, LoopConsumer
-from bus.api import HEADER_MSG_ID, Bus, ConsumerSpec, Delivery, Handler, PublishAck, PublishOptions, StreamSpec
-from bus.errors import BusError, BusUnavailableError, ConflictError
+from bus.api import (
+    HEADER_MSG_ID,
+    HEADER_RPC_ERROR,
+    Bus,
+    ConsumerSpec,
+    Delivery,
+    Handler,
+    PublishAck,
+    PublishOptions,
+    RequestHandler,
+    StreamSpec,
+)
+from bus.errors import BusError, BusUnavailableError, ConflictError, RemoteError
 
 log = logging.getLogger(__name__)
 
@@ -315,6 +326,43 @@ class JetStreamBus:
         self._consumers.append(consumer)
         return consumer
 
+    # --- request / reply (core NATS, no stream)
+
+    async def serve(self, subject: str, handler: RequestHandler, *, queue: str) -> _Responder:
+        async def on_request(msg: Msg) -> None:
+            if not msg.reply:
+                return
+            try:
+                reply = await handler(msg.data)
+                headers = None
+            except Exception as e:
+                log.exception("request handler on %s failed", subject)
+                reply, headers = b"", {HEADER_RPC_ERROR: f"{type(e).__name__}: {e}"[:1000]}
+            try:
+                await self._nc.publish(msg.reply, reply, headers=headers)
+            except _UNAVAILABLE as e:
+                log.warning("reply on %s not sent: %s", subject, e)
+
+        try:
+            sub = await self._nc.subscribe(subject, queue=queue, cb=on_request)
+        except _UNAVAILABLE as e:
+            raise BusUnavailableError(f"serve {subject}: {e}") from e
+        return _Responder(sub)
+
+    async def request(self, subject: str, data: bytes, *, timeout: float) -> bytes:
+        try:
+            reply = await self._nc.request(subject, data, timeout=timeout)
+        except nats.errors.NoRespondersError as e:
+            raise BusUnavailableError(f"request {subject}: nobody serves this subject") from e
+        except (nats.errors.TimeoutError, TimeoutError) as e:
+            raise BusUnavailableError(f"request {subject}: no answer within {timeout:g} s") from e
+        except _UNAVAILABLE as e:
+            raise BusUnavailableError(f"request {subject}: {type(e).__name__} {e}") from e
+        error = (reply.headers or {}).get(HEADER_RPC_ERROR)
+        if error is not None:
+            raise RemoteError(f"{subject}: {error}")
+        return bytes(reply.data)
+
     async def close(self) -> None:
         consumers, self._consumers = self._consumers, []
         for consumer in consumers:
@@ -322,6 +370,15 @@ class JetStreamBus:
         if self._nc.is_closed:
             return
         await self._nc.close()
+
+
+class _Responder:
+    def __init__(self, sub: Any) -> None:
+        self._sub = sub
+
+    async def stop(self) -> None:
+        with contextlib.suppress(*_UNAVAILABLE, nats.errors.BadSubscriptionError):
+            await self._sub.drain()
 
 
 def _publish_ack(reply: Msg, subject: str) -> PublishAck:

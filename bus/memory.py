@@ -18,8 +18,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bus._loop import Fetched, LoopConsumer
-from bus.api import HEADER_MSG_ID, Bus, ConsumerSpec, Delivery, Handler, PublishAck, PublishOptions, StreamSpec
-from bus.errors import BusError, BusUnavailableError, ConflictError
+from bus.api import (
+    HEADER_MSG_ID,
+    Bus,
+    ConsumerSpec,
+    Delivery,
+    Handler,
+    PublishAck,
+    PublishOptions,
+    RequestHandler,
+    StreamSpec,
+)
+from bus.errors import BusError, BusUnavailableError, ConflictError, RemoteError
 
 Clock = Callable[[], float]
 WAKE_INTERVAL_SECONDS = 0.02
@@ -138,6 +148,8 @@ class MemoryBus:
         self.in_flight_peak = 0
         """Most publishes outstanding at once: instrumentation for the in-flight bound."""
         self._changed = asyncio.Event()
+        self._responders: dict[str, list[_MemoryResponder]] = {}
+        self._turn = 0
 
     # --- streams
 
@@ -321,10 +333,46 @@ class MemoryBus:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(changed.wait(), timeout=min(timeout, WAKE_INTERVAL_SECONDS))
 
+    # --- request / reply
+
+    async def serve(self, subject: str, handler: RequestHandler, *, queue: str) -> _MemoryResponder:
+        responder = _MemoryResponder(self, subject, handler)
+        self._responders.setdefault(subject, []).append(responder)
+        return responder
+
+    async def request(self, subject: str, data: bytes, *, timeout: float) -> bytes:
+        candidates = self._responders.get(subject)
+        if not candidates:
+            raise BusUnavailableError(f"request {subject}: nobody serves this subject")
+        self._turn += 1
+        responder = candidates[self._turn % len(candidates)]
+        try:
+            return await asyncio.wait_for(responder.handler(bytes(data)), timeout)
+        except TimeoutError:
+            raise BusUnavailableError(f"request {subject}: no answer within {timeout:g} s") from None
+        except Exception as e:
+            raise RemoteError(f"{subject}: {type(e).__name__}: {e}") from e
+
+    def _unserve(self, responder: _MemoryResponder) -> None:
+        held = self._responders.get(responder.subject, [])
+        if responder in held:
+            held.remove(responder)
+
     async def close(self) -> None:
         consumers, self._consumers = self._consumers, []
         for consumer in consumers:
             await consumer.stop()
+        self._responders.clear()
+
+
+class _MemoryResponder:
+    def __init__(self, bus: MemoryBus, subject: str, handler: RequestHandler) -> None:
+        self._bus = bus
+        self.subject = subject
+        self.handler = handler
+
+    async def stop(self) -> None:
+        self._bus._unserve(self)
 
 
 def _delivery(stored: _Stored, *, num_delivered: int) -> Delivery:

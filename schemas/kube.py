@@ -80,6 +80,7 @@ class ObjectMeta(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     owner_references: list[OwnerReference] = []
     creation_timestamp: dt.datetime | None = None
     deletion_timestamp: dt.datetime | None = None
+    deletion_grace_period_seconds: int | None = None
 
 
 # --- Node

@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 
 from bus import api, subjects
-from bus.errors import BusUnavailableError, ConflictError, PermanentError, TemporaryError
+from bus.errors import BusUnavailableError, ConflictError, PermanentError, RemoteError, TemporaryError
 from bus.jetstream import JetStreamBus
 from bus.memory import MemoryBus
 from tests.bus import Names, Recorder, wait_until
@@ -428,3 +428,51 @@ async def test_publish_many_acks_in_order_dedups_and_fails_without_a_stream(bus:
     with pytest.raises(BusUnavailableError):
         await bus.publish_many([(names.subject("m"), b"ok", "m-ok"), (f"o{names.uid}.nowhere", b"x", "o-1")])
     assert await bus.stream_info(names.stream) == (302, 302)  # the message with a stream was stored
+
+
+async def test_request_reply(bus: AnyBus, names: Names) -> None:
+    subject = names.subject("rpc", "echo")
+
+    async def echo(data: bytes) -> bytes:
+        return b"echo:" + data
+
+    responder = await bus.serve(subject, echo, queue="echo")
+    try:
+        assert await bus.request(subject, b"hi", timeout=5) == b"echo:hi"
+        replies = await asyncio.gather(*(bus.request(subject, str(i).encode(), timeout=5) for i in range(20)))
+        assert replies == [f"echo:{i}".encode() for i in range(20)]
+    finally:
+        await responder.stop()
+    with pytest.raises(BusUnavailableError):
+        await bus.request(subject, b"nobody", timeout=2)
+
+
+async def test_request_to_a_failing_handler_is_a_remote_error(bus: AnyBus, names: Names) -> None:
+    subject = names.subject("rpc", "broken")
+
+    async def broken(data: bytes) -> bytes:
+        raise ValueError(f"cannot take {data!r}")
+
+    responder = await bus.serve(subject, broken, queue="broken")
+    try:
+        with pytest.raises(RemoteError, match="ValueError: cannot take"):
+            await bus.request(subject, b"x", timeout=5)
+    finally:
+        await responder.stop()
+
+
+async def test_request_times_out_when_the_handler_hangs(bus: AnyBus, names: Names) -> None:
+    subject = names.subject("rpc", "slow")
+    release = asyncio.Event()
+
+    async def slow(data: bytes) -> bytes:
+        await release.wait()
+        return data
+
+    responder = await bus.serve(subject, slow, queue="slow")
+    try:
+        with pytest.raises(BusUnavailableError, match="no answer"):
+            await bus.request(subject, b"x", timeout=0.3)
+    finally:
+        release.set()
+        await responder.stop()
