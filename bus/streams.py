@@ -14,6 +14,8 @@ KOORD_NODEMETRIC = "KOORD_NODEMETRIC"
 KOORD_DLQ = "KOORD_DLQ"
 KOORD_CLUSTER = "KOORD_CLUSTER"
 KOORD_NODERESOURCE = "KOORD_NODERESOURCE"
+KOORD_QUOTA = "KOORD_QUOTA"
+KOORD_QUOTA_STATUS = "KOORD_QUOTA_STATUS"
 
 # Consumers ack within 30 s and try 5 times: dedup must outlive 150 s of redeliveries.
 DUPLICATE_WINDOW_SECONDS = 300.0
@@ -67,6 +69,30 @@ def noderesource_stream(*, max_age_seconds: float = 7 * 24 * 3600, replicas: int
     )
 
 
+def quota_stream(*, replicas: int = 1) -> StreamSpec:
+    """The quota trees' event log, one subject per tree: the source of truth, kept forever."""
+    return StreamSpec(
+        name=KOORD_QUOTA,
+        subjects=(subjects.QUOTA_EVENTS_ALL,),
+        max_age_seconds=0,
+        duplicate_window_seconds=DUPLICATE_WINDOW_SECONDS,
+        replicas=replicas,
+    )
+
+
+def quota_status_stream(*, replicas: int = 1) -> StreamSpec:
+    """Each quota's and each tree's latest computed status (runtime, request, used, explanation): last values,
+    rebuilt by the quota service from KOORD_QUOTA and the cluster whenever needed."""
+    return StreamSpec(
+        name=KOORD_QUOTA_STATUS,
+        subjects=(subjects.QUOTA_STATUS_ALL, subjects.QUOTA_TREES_ALL),
+        max_age_seconds=0,
+        max_msgs_per_subject=1,
+        duplicate_window_seconds=DUPLICATE_WINDOW_SECONDS,
+        replicas=replicas,
+    )
+
+
 def dlq_stream(*, max_age_seconds: float = 7 * 24 * 3600, replicas: int = 1) -> StreamSpec:
     return StreamSpec(
         name=KOORD_DLQ,
@@ -83,5 +109,7 @@ def all_streams(*, replicas: int = 1) -> list[StreamSpec]:
         nodemetric_stream(replicas=replicas),
         cluster_stream(replicas=replicas),
         noderesource_stream(replicas=replicas),
+        quota_stream(replicas=replicas),
+        quota_status_stream(replicas=replicas),
         dlq_stream(replicas=replicas),
     ]

@@ -133,6 +133,38 @@ NODERESOURCE_CONFIG_STATUS = f"{PREFIX}.noderesource.config.status"
 `computed`, so NODERESOURCE_COMPUTED_ALL never matches it, whatever a node is called."""
 
 
+# --- quota service: the event log (stream KOORD_QUOTA), computed status (KOORD_QUOTA_STATUS), requests (no stream)
+
+QUOTA_EVENTS_ALL = f"{PREFIX}.quota.events.*"
+QUOTA_STATUS_ALL = f"{PREFIX}.quota.status.*"
+QUOTA_TREES_ALL = f"{PREFIX}.quota.trees.*"
+QUOTA_RPC_COMMAND = f"{PREFIX}.rpc.quota.command"
+QUOTA_RPC_CHECK = f"{PREFIX}.rpc.quota.check"
+QUOTA_RPC_WHAT_IF = f"{PREFIX}.rpc.quota.what-if"
+
+
+def quota_events(tree: str) -> str:
+    """The event log of one quota tree: commands on a tree append here with optimistic concurrency."""
+    return f"{PREFIX}.quota.events.{encode_token(tree)}"
+
+
+def tree_of_quota_events(subject: str) -> str:
+    parts = subject.split(".")
+    if len(parts) != 5 or ".".join(parts[:4]) != f"{PREFIX}.quota.events":
+        raise SubjectError(f"not a quota event subject: {subject!r}")
+    return decode_token(parts[4])
+
+
+def quota_status(name: str) -> str:
+    """One quota's latest computed status (a last-value subject; quota names are unique across trees)."""
+    return f"{PREFIX}.quota.status.{encode_token(name)}"
+
+
+def quota_tree_status(tree: str) -> str:
+    """One tree's latest summary: total, problems (a last-value subject)."""
+    return f"{PREFIX}.quota.trees.{encode_token(tree)}"
+
+
 # --- dead letters (stream KOORD_DLQ)
 
 DLQ_ALL = f"{PREFIX}.dlq.>"

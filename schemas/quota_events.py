@@ -63,53 +63,62 @@ def encode_quota_event(event: QuotaEvent) -> bytes:
     return msgspec.json.encode(event)
 
 
-# --- commands
+class Violation(msgspec.Struct, frozen=True, kw_only=True):
+    """One broken rule: the quota, the field, a rule id and a plain-words message (services.quota.validation)."""
+
+    quota: str
+    field: str
+    rule: str
+    message: str
 
 
-class _Command(msgspec.Struct, frozen=True, kw_only=True):
+# --- commands (tagged, so a request can carry any of them)
+
+
+class _Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="command"):
     command_id: str
 
 
-class CreateQuota(_Command, frozen=True, kw_only=True):
+class CreateQuota(_Command, frozen=True, kw_only=True, tag="create-quota"):
     quota: ElasticQuota
 
 
-class UpdateQuota(_Command, frozen=True, kw_only=True):
+class UpdateQuota(_Command, frozen=True, kw_only=True, tag="update-quota"):
     """Full replace of an existing quota's object."""
 
     quota: ElasticQuota
 
 
-class PatchQuota(_Command, frozen=True, kw_only=True):
+class PatchQuota(_Command, frozen=True, kw_only=True, tag="patch-quota"):
     """A JSON merge patch (RFC 7386) on the Kubernetes object of quota `name`."""
 
     name: str
     patch: dict[str, Any]
 
 
-class DeleteQuota(_Command, frozen=True, kw_only=True):
+class DeleteQuota(_Command, frozen=True, kw_only=True, tag="delete-quota"):
     name: str
 
 
-class AttachNamespaces(_Command, frozen=True, kw_only=True):
-    name: str
-    namespaces: tuple[str, ...]
-
-
-class DetachNamespaces(_Command, frozen=True, kw_only=True):
+class AttachNamespaces(_Command, frozen=True, kw_only=True, tag="attach-namespaces"):
     name: str
     namespaces: tuple[str, ...]
 
 
-class CreateProfile(_Command, frozen=True, kw_only=True):
+class DetachNamespaces(_Command, frozen=True, kw_only=True, tag="detach-namespaces"):
+    name: str
+    namespaces: tuple[str, ...]
+
+
+class CreateProfile(_Command, frozen=True, kw_only=True, tag="create-profile"):
     profile: ElasticQuotaProfile
 
 
-class UpdateProfile(_Command, frozen=True, kw_only=True):
+class UpdateProfile(_Command, frozen=True, kw_only=True, tag="update-profile"):
     profile: ElasticQuotaProfile
 
 
-class DeleteProfile(_Command, frozen=True, kw_only=True):
+class DeleteProfile(_Command, frozen=True, kw_only=True, tag="delete-profile"):
     name: str
 
 

@@ -58,8 +58,16 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     """The quota's used before this pod (including pods admitted earlier in the same check)."""
 
 
+TreeLookup = QuotaTree | Callable[[str], QuotaTree]
+"""One tree, or the tree a quota name belongs to (the quota service holds one tree per tree id)."""
+
+
+def _tree(trees: TreeLookup, name: str) -> QuotaTree:
+    return trees if isinstance(trees, QuotaTree) else trees(name)
+
+
 def check_pod(
-    tree: QuotaTree,
+    trees: TreeLookup,
     index: QuotaIndex,
     pod: kube.Pod,
     *,
@@ -69,7 +77,8 @@ def check_pod(
     """The verdict for one pod; `reserved` adds per-quota used on top of the tree's (pods admitted just before)."""
     key = kube.pod_key(pod)
     name = index.resolve_pod(pod, disable_default_quota=options.disable_default_quota)
-    if name is None or name not in tree:
+    tree = None if name is None else _tree(trees, name)
+    if name is None or tree is None or name not in tree:
         return Verdict(pod=key, quota=None, fits=True, reasons=("no quota: the check does not apply",))
     spec = tree.spec(name)
     if spec.is_parent and not options.support_parent_quota_submit_pod:
@@ -101,17 +110,17 @@ def check_pod(
 
 
 def check_pods(
-    tree: QuotaTree, index: QuotaIndex, pods: Iterable[kube.Pod], *, options: CheckOptions = DEFAULT_OPTIONS
+    trees: TreeLookup, index: QuotaIndex, pods: Iterable[kube.Pod], *, options: CheckOptions = DEFAULT_OPTIONS
 ) -> list[Verdict]:
     """Verdicts in order, each fitting pod reserved (request added to used on its path) before the next."""
     reserved: dict[str, resources.ResourceList] = {}
     verdicts: list[Verdict] = []
     for pod in pods:
-        verdict = check_pod(tree, index, pod, options=options, reserved=reserved)
+        verdict = check_pod(trees, index, pod, options=options, reserved=reserved)
         verdicts.append(verdict)
         if not verdict.fits or verdict.quota is None:
             continue
-        for name in (verdict.quota, *(tree.ancestors(verdict.quota) or ())):
+        for name in (verdict.quota, *(_tree(trees, verdict.quota).ancestors(verdict.quota) or ())):
             reserved[name] = resources.add(reserved.get(name, {}), verdict.request)
         if is_non_preemptible(pod):
             reserved[_np(verdict.quota)] = resources.add(reserved.get(_np(verdict.quota), {}), verdict.request)

@@ -25,8 +25,8 @@ import msgspec
 from schemas import kube, quota
 from schemas import quota_events as ev
 from schemas.quota import DEFAULT_QUOTA, QUOTA_NAMESPACE, ROOT_QUOTA, SYSTEM_QUOTA, ElasticQuota, QuotaSpec
+from schemas.quota_events import Violation
 from services.quota import validation
-from services.quota.validation import Violation
 
 DEFAULT_TREE: Final = "default"
 

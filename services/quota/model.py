@@ -29,8 +29,9 @@ import msgspec
 
 from schemas import kube, quota, resources
 from schemas import quota_events as ev
-from services.quota import aggregate
-from services.quota.aggregate import DEFAULT_TREE, QuotaTreeState
+from schemas.quota_events import Violation
+from services.quota import admission, aggregate
+from services.quota.aggregate import DEFAULT_TREE, QuotaTreeState, Rejected
 from services.quota.pods import EMPTY_LOAD, QuotaIndex, QuotaLoad, pod_load
 from services.quota.runtime import QuotaTree
 
@@ -355,3 +356,129 @@ class QuotaModel:
     def decide(self, command: ev.QuotaCommand, *, now: dt.datetime, actor: str) -> list[ev.QuotaEvent]:
         """The events a command produces (services.quota.aggregate.decide with the pods counted here)."""
         return aggregate.decide(self.state, command, now=now, actor=actor, pods_by_quota=self.pods_by_quota())
+
+    def check(self, pods: Iterable[kube.Pod], *, options: admission.CheckOptions) -> list[admission.Verdict]:
+        """§3.8 for pods in order, each fitting one reserved before the next (services.quota.admission). Pods the
+        model does not know yet count in their quotas' request while they are checked, as a pending pod does by the
+        time koord-scheduler checks it, so the runtime they are checked against includes their own request."""
+        self.refresh()
+        pods = list(pods)
+        index = self.index()
+        undo: list[tuple[QuotaTree, str, QuotaLoad]] = []
+        for pod in pods:
+            target = index.resolve_pod(pod, disable_default_quota=self.options.disable_default_quota)
+            if kube.pod_key(pod) in self._pods or target is None or target not in self._tree_of:
+                continue
+            tree = self._tree_for(target)
+            held = tree.load(target)
+            undo.append((tree, target, held))
+            request = pod_load(pod, ignore_overhead=self.options.ignore_overhead).request
+            tree.set_load(target, held.plus(QuotaLoad(request=request)))
+        try:
+            return admission.check_pods(self._tree_for, index, pods, options=options)
+        finally:
+            for tree, target, held in reversed(undo):
+                tree.set_load(target, held)
+
+    def _tree_for(self, name: str) -> QuotaTree:
+        return self.trees[self._tree_of.get(name, DEFAULT_TREE)]
+
+    def what_if(
+        self,
+        commands: Iterable[ev.QuotaCommand],
+        pods: Iterable[tuple[kube.Pod, int, bool]],
+        *,
+        now: dt.datetime,
+        actor: str,
+    ) -> WhatIf:
+        """The computed states that would change if `commands` were accepted and `pods` ((pod, count, assigned)
+        batches) added, without changing anything: the changes are applied to the live trees, read, and undone
+        (the trees are exact under any order of changes, so undoing restores every figure). Rejected commands are
+        reported and left out. Pods already counted are not re-resolved against hypothetical quotas; the trees'
+        totals stay as they are."""
+        self.refresh()
+        state = self.state
+        violations: list[Violation] = []
+        for command in commands:
+            try:
+                events = aggregate.decide(state, command, now=now, actor=actor, pods_by_quota=self.pods_by_quota())
+            except Rejected as rejected:
+                violations.extend(rejected.violations)
+                continue
+            for event in events:
+                state = state.apply(event)
+        undo: list[tuple[QuotaTree, str, quota.QuotaSpec | QuotaLoad | None]] = []
+        touched: dict[str, set[str]] = {}
+        old_specs, new_specs = self.state.specs(), state.specs()
+        for name in sorted(set(old_specs) | set(new_specs)):
+            old, new = old_specs.get(name), new_specs.get(name)
+            if old == new:
+                continue
+            either = new if new is not None else old
+            assert either is not None
+            key = DEFAULT_TREE if name in quota.SPECIAL_QUOTAS else tree_key(either)
+            tree = self.tree(key)
+            undo.append((tree, name, old if name in tree else None))
+            if new is not None:
+                tree.set_quota(new)
+            elif name not in quota.SPECIAL_QUOTAS:
+                tree.remove(name)
+            touched.setdefault(key, set()).add(name)
+        index = QuotaIndex.build(new_specs.values())
+        for pod, count, assigned in pods:
+            target = index.resolve_pod(pod, disable_default_quota=self.options.disable_default_quota)
+            if target is None:
+                continue
+            key = DEFAULT_TREE if target in quota.SPECIAL_QUOTAS else tree_key(new_specs[target])
+            tree = self.tree(key)
+            one = pod_load(pod, ignore_overhead=self.options.ignore_overhead)
+            extra = QuotaLoad(request={k: v * count for k, v in one.request.items()})
+            if assigned:
+                extra = QuotaLoad(request=extra.request, used=dict(extra.request))
+            held = tree.load(target)
+            undo.append((tree, target, held))
+            tree.set_load(target, held.plus(extra))
+            touched.setdefault(key, set()).add(target)
+        after = self._read_changed(touched)
+        for tree, name, previous in reversed(undo):
+            if isinstance(previous, QuotaLoad):
+                tree.set_load(name, previous)
+            elif previous is not None:
+                tree.set_quota(previous)
+            elif name in tree and name not in quota.SPECIAL_QUOTAS:
+                tree.remove(name)
+        before = {key: self._read(key, states) for key, states in after.items()}
+        changes: list[tuple[str, quota.QuotaState | None, quota.QuotaState | None]] = []
+        for key, states in after.items():
+            for changed in sorted(states):
+                was, will_be = before[key].get(changed), states[changed]
+                if was != will_be:
+                    changes.append((changed, was, will_be))
+        return WhatIf(changes=changes, violations=violations)
+
+    def _read_changed(self, touched: Mapping[str, set[str]]) -> dict[str, dict[str, quota.QuotaState | None]]:
+        out: dict[str, dict[str, quota.QuotaState | None]] = {}
+        for key, names in touched.items():
+            tree = self.trees[key]
+            affected = set(tree.refresh())
+            for name in names:
+                affected.add(name)
+                if name in tree:
+                    affected.update(tree.ancestors(name) or ())
+            out[key] = self._read(key, affected)
+        for key, tree in self.trees.items():
+            if key not in out and tree.dirty():
+                out[key] = self._read(key, set(tree.refresh()))
+        return out
+
+    def _read(self, key: str, names: Iterable[str]) -> dict[str, quota.QuotaState | None]:
+        tree = self.trees[key]
+        tree.refresh()
+        return {name: tree.state(name) if name in tree else None for name in names}
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIf:
+    changes: list[tuple[str, quota.QuotaState | None, quota.QuotaState | None]]
+    """(quota, state now, state after) for every quota whose computed state would change."""
+    violations: list[Violation]

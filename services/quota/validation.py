@@ -21,18 +21,12 @@ import msgspec
 
 from schemas import quota, resources
 from schemas.quota import ROOT_QUOTA, SYSTEM_QUOTA, QuotaSpec
+from schemas.quota_events import Violation
 
 ANNOTATION_LENDING_LIMIT: Final = "quota.koordbus.io/lending-limit"
 ANNOTATION_BORROWING_LIMIT: Final = "quota.koordbus.io/borrowing-limit"
 ANNOTATION_FAIR_SHARING: Final = "quota.koordbus.io/fair-sharing"
 IMMUTABLE_QUOTAS: Final = frozenset({ROOT_QUOTA, SYSTEM_QUOTA})
-
-
-class Violation(msgspec.Struct, frozen=True, kw_only=True):
-    quota: str
-    field: str
-    rule: str
-    message: str
 
 
 def violation(name: str, field: str, rule: str, text: str) -> Violation:

@@ -11,6 +11,7 @@ import pytest
 
 from schemas import kube, quota
 from schemas import quota_events as ev
+from services.quota.admission import CheckOptions
 from services.quota.aggregate import DEFAULT_TREE, Rejected
 from services.quota.model import ModelOptions, QuotaModel
 from tests.unit.test_quota_validation import eq
@@ -200,3 +201,67 @@ def test_an_unreadable_event_changes_nothing_but_its_sequence_is_seen() -> None:
     assert model.state is before
     assert model.tree_seq[DEFAULT_TREE] == 7
     assert state(model, "a").min == {"cpu": 15_000}
+
+
+def test_what_if_reports_the_runtime_diff_and_changes_nothing() -> None:
+    model = team_model()
+    model.set_pod("apps/p1", pod("p1", "30", quota_name="a"), now=T)
+    model.set_pod("apps/p2", pod("p2", "30", quota_name="b"), now=T)
+    model.refresh()
+    before = {n: state(model, n) for n in ("org", "a", "b")}
+    assert before["a"].runtime == {"cpu": 20_000} and before["b"].runtime == {"cpu": 20_000}
+    result = model.what_if(
+        [
+            ev.PatchQuota(command_id="w1", name="a", patch={"spec": {"min": {"cpu": "25"}}}),  # Σ min 40 > org 30
+            ev.PatchQuota(command_id="w2", name="b", patch={"spec": {"min": {"cpu": "5"}}}),
+        ],
+        [(pod("more", "10", quota_name="a"), 2, False)],
+        now=NOW,
+        actor="alice",
+    )
+    assert [v.rule for v in result.violations] == ["min-sum"]
+    changes = {name: (was, after) for name, was, after in result.changes}
+    assert set(changes) >= {"a", "b"}
+    was_a, after_a = changes["a"]
+    assert was_a == before["a"] and after_a is not None
+    assert after_a.request == {"cpu": 50_000}
+    # b's min 5 and a asking 50: a keeps its min 15 + the larger share of the 20-core pool
+    assert after_a.runtime["cpu"] + changes["b"][1].runtime["cpu"] == 40_000  # type: ignore[union-attr]
+    assert after_a.runtime["cpu"] > 20_000
+    assert {n: state(model, n) for n in ("org", "a", "b")} == before
+    assert model.state.quotas["b"].spec.min == {"cpu": "15"}
+
+
+def test_what_if_a_new_quota_and_its_pods() -> None:
+    model = team_model()
+    result = model.what_if(
+        [ev.CreateQuota(command_id="c", quota=eq("c", max={"cpu": "8"}))],
+        [(pod("x", "6", quota_name="c"), 1, True)],
+        now=NOW,
+        actor="alice",
+    )
+    changes = {name: (was, after) for name, was, after in result.changes}
+    was_c, after_c = changes["c"]
+    assert was_c is None and after_c is not None
+    assert after_c.used == {"cpu": 6_000} and after_c.runtime == {"cpu": 6_000}
+    assert "c" not in model.tree(DEFAULT_TREE)
+    assert model.what_if([], [], now=NOW, actor="alice").changes == []
+
+
+def test_check_resolves_each_pod_in_its_own_tree_and_reserves_in_order() -> None:
+    model = team_model()
+    gpu_root = eq(
+        "gpu-root",
+        tree="gpu",
+        min={"cpu": "4"},
+        max={"cpu": "4"},
+        labels={quota.LABEL_IS_ROOT: "true"},
+        annotations={quota.ANNOTATION_TOTAL_RESOURCE: '{"cpu":"4"}'},
+    )
+    run(model, ev.CreateQuota(command_id="g", quota=gpu_root))
+    verdicts = model.check(
+        [pod("g1", "3", quota_name="gpu-root"), pod("g2", "3", quota_name="gpu-root"), pod("a1", "3", quota_name="a")],
+        options=CheckOptions(),
+    )
+    assert [v.fits for v in verdicts] == [True, False, True]
+    assert "exceeds runtime 4" in verdicts[1].reasons[0]
