@@ -1,0 +1,466 @@
+"""The quota service shell: the quota event log and the cluster in, computed status out, commands and checks answered.
+
+Consumers (durable pull, reset at start: the model lives in memory and is rebuilt every start):
+  * events (KOORD_QUOTA, every event from the first): folded into services.quota.model.QuotaModel. An event that
+    cannot be decoded or read is dead-lettered by the bus loop; its tree keeps its last valid state and is flagged
+    (QuotaTreeComputed.problems, the koordbus_quota_unusable_events counter).
+  * cluster (KOORD_CLUSTER pods and nodes, last value per subject, then new ones): pods' loads and the nodes' total.
+Start-up replays the log first, then the cluster, so pods are resolved once against the whole set of quotas.
+After each fetched batch (and on a tick, which also drops terminating pods past their grace period) the model is
+refreshed and every quota whose status changed is published on `koord.v1.quota.status.<quota>`, every changed tree
+on `koord.v1.quota.trees.<tree>` (both last-value subjects in KOORD_QUOTA_STATUS).
+
+Requests (core NATS request/reply on `koord.v1.rpc.quota.*`, queue group "quota", so replicas share them):
+  * command: decided against the model, appended to the tree's subject with `Nats-Expected-Last-Subject-Sequence`
+    = the last sequence on that subject. Before deciding, the service waits until it has applied that sequence, so
+    a lost race means another writer (a replica, another koordbus) appended in between: the reply is "conflict" and
+    the caller retries on fresh state. The reply comes after the service applied its own event, so a read after a
+    write sees it. An `expected_resource_version` adds Kubernetes-style optimistic concurrency on the object.
+  * check: the §3.8 admission check for pods in order; what-if: the computed states that would change.
+Called by the CLI (`koordbus service quota`, `koordbus up`) and the integration tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+
+import msgspec
+from prometheus_client import CollectorRegistry, Counter
+
+from bus import streams, subjects
+from bus.api import Bus, Consumer, ConsumerSpec, DeliverPolicy, Delivery, PublishOptions, Responder, msg_id
+from bus.errors import ConflictError, PermanentError, TemporaryError
+from schemas import quota
+from schemas import quota_events as ev
+from schemas.cluster import CLUSTER_EVENT_DECODER, NodeObserved, PodObserved
+from schemas.quota_service import (
+    CheckReply,
+    CheckRequest,
+    CommandReply,
+    CommandRequest,
+    QuotaChange,
+    QuotaStatusComputed,
+    QuotaTreeComputed,
+    WhatIfReply,
+    WhatIfRequest,
+)
+from services.common import observe
+from services.common.startup import wait_replayed
+from services.quota import aggregate
+from services.quota.model import QuotaModel
+from services.quota.settings import QuotaSettings
+
+log = logging.getLogger(__name__)
+
+SERVICE = "quota"
+EVENTS_CONSUMER = "quota-events"
+CLUSTER_CONSUMER = "quota-cluster"
+RPC_QUEUE = "quota"
+PUBLISH_RETRY_DELAY_SECONDS = 1.0
+
+_COMMAND_DECODER = msgspec.json.Decoder(CommandRequest)
+_CHECK_DECODER = msgspec.json.Decoder(CheckRequest)
+_WHAT_IF_DECODER = msgspec.json.Decoder(WhatIfRequest)
+
+
+class _Instruments:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.commands = Counter(
+            "koordbus_quota_commands", "Quota commands answered, by outcome", ["outcome"], registry=registry
+        )
+        self.unusable_events = Counter(
+            "koordbus_quota_unusable_events",
+            "Quota events skipped because they could not be decoded or read (dead-lettered)",
+            registry=registry,
+        )
+        self.status_published = Counter(
+            "koordbus_quota_status_published", "Quota and tree statuses published", registry=registry
+        )
+        self.checks = Counter("koordbus_quota_checks", "Pods checked by the admission check", registry=registry)
+
+
+class _EventsHandler:
+    def __init__(self, owner: QuotaService) -> None:
+        self._owner = owner
+
+    async def handle(self, delivery: Delivery) -> None:
+        self._owner.apply_event(delivery)
+
+    async def flush(self) -> None:
+        await self._owner.publish_changes()
+
+
+class _ClusterHandler:
+    def __init__(self, owner: QuotaService) -> None:
+        self._owner = owner
+
+    async def handle(self, delivery: Delivery) -> None:
+        self._owner.apply_cluster(delivery.data)
+
+    async def flush(self) -> None:
+        await self._owner.publish_changes()
+
+
+class QuotaService:
+    """Owns the model, the consumers, the request responders and the tick."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        settings: QuotaSettings,
+        *,
+        registry: CollectorRegistry,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.bus = bus
+        self.settings = settings
+        self.model = QuotaModel(settings.model_options())
+        self._clock = clock
+        self._registry = registry
+        self._metrics = _Instruments(registry)
+        self._command_lock = asyncio.Lock()
+        """One command at a time per service: it waits for its tree's latest event, decides, appends."""
+        self._publish_lock = asyncio.Lock()
+        """One status publication at a time (both consumers' batches and the tick publish). Never held while
+        waiting for a consumer, so a command waiting for its event cannot block the consumer that delivers it."""
+        self._progress = asyncio.Event()
+        """Set whenever the model sees a quota event (commands wait on it)."""
+        self._consumers: list[Consumer] = []
+        self._responders: list[Responder] = []
+        self._ticker: asyncio.Task[None] | None = None
+        self._published: dict[str, bytes] = {}
+        """Quota or tree subject → the content last published (without its timestamps)."""
+        self._ready = False
+
+    # --- lifecycle
+
+    async def start(self) -> None:
+        timeout = self.settings.startup_timeout_seconds
+        events = self.bus.consume(self._spec(EVENTS_CONSUMER), _EventsHandler(self), reset=True)
+        self._consumers.append(events)
+        if not await wait_replayed(events, what="quota: event log", stall_seconds=timeout):
+            log.warning("quota: the event log replay stalled for %.0f s; starting with what was read", timeout)
+        cluster = self.bus.consume(self._spec(CLUSTER_CONSUMER), _ClusterHandler(self), reset=True)
+        self._consumers.append(cluster)
+        if not await wait_replayed(cluster, what="quota: cluster state", stall_seconds=timeout):
+            log.warning("quota: the cluster state replay stalled for %.0f s; starting with what was read", timeout)
+        observe.watch_consumers(
+            self._registry, service=SERVICE, consumers={EVENTS_CONSUMER: events, CLUSTER_CONSUMER: cluster}
+        )
+        self._ready = True
+        await self.publish_changes()
+        for subject, handler in (
+            (subjects.QUOTA_RPC_COMMAND, self._on_command),
+            (subjects.QUOTA_RPC_CHECK, self._on_check),
+            (subjects.QUOTA_RPC_WHAT_IF, self._on_what_if),
+        ):
+            self._responders.append(await self.bus.serve(subject, handler, queue=RPC_QUEUE))
+        self._ticker = asyncio.create_task(self._tick(), name="quota-tick")
+
+    async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+            self._ticker = None
+        for responder in self._responders:
+            await responder.stop()
+        self._responders = []
+        for consumer in self._consumers:
+            await consumer.stop()
+        if self._consumers:
+            observe.retire_consumers(self._registry, service=SERVICE, names=(EVENTS_CONSUMER, CLUSTER_CONSUMER))
+        self._consumers = []
+        self._ready = False
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    @property
+    def consumers(self) -> list[Consumer]:
+        return list(self._consumers)
+
+    def _spec(self, durable: str) -> ConsumerSpec:
+        policy: DeliverPolicy
+        filters: tuple[str, ...]
+        if durable == EVENTS_CONSUMER:
+            stream, filters, policy = streams.KOORD_QUOTA, (subjects.QUOTA_EVENTS_ALL,), "all"
+        else:
+            stream, filters, policy = (
+                streams.KOORD_CLUSTER,
+                (subjects.CLUSTER_NODES, subjects.CLUSTER_PODS),
+                "last_per_subject",
+            )
+        return ConsumerSpec(
+            durable=f"{durable}-{self.settings.instance}" if self.settings.instance else durable,
+            stream=stream,
+            filter_subjects=filters,
+            service=SERVICE,
+            batch_size=self.settings.batch_size,
+            linger_seconds=self.settings.linger_seconds,
+            deliver_policy=policy,
+        )
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.tick_seconds)
+            try:
+                self.model.tick(self._clock())
+                await self.publish_changes()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("quota: tick failed (the next one retries): %s", e)
+
+    # --- inputs
+
+    def apply_event(self, delivery: Delivery) -> None:
+        tree = subjects.tree_of_quota_events(delivery.subject)
+        try:
+            event = ev.decode_quota_event(delivery.data)
+            self.model.apply_event(event, seq=delivery.stream_seq, tree=tree)
+        except (msgspec.DecodeError, msgspec.ValidationError, quota.QuotaFormatError) as e:
+            self.model.note_seq(tree, delivery.stream_seq)
+            reason = f"event {delivery.stream_seq} skipped: {e}"
+            self.model.corrupt[tree] = reason
+            self._metrics.unusable_events.inc()
+            log.error("quota: tree %s: %s (the tree stays at its last valid state)", tree, reason)
+            self._progress.set()
+            raise PermanentError(reason) from e
+        self._progress.set()
+
+    def apply_cluster(self, data: bytes) -> None:
+        match CLUSTER_EVENT_DECODER.decode(data):
+            case PodObserved(namespace=namespace, name=name, pod=pod, deleted=deleted):
+                self.model.set_pod(f"{namespace}/{name}", None if deleted else pod, now=self._clock())
+            case NodeObserved(name=name, node=node, deleted=deleted):
+                self.model.set_node(name, None if deleted else node)
+            case _:
+                pass
+
+    async def _caught_up(self, tree: str, seq: int) -> bool:
+        """Wait until the model has seen sequence `seq` on the tree's subject; False on timeout."""
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.command_timeout_seconds
+        while self.model.tree_seq.get(tree, 0) < seq:
+            self._progress.clear()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), remaining)
+        return True
+
+    # --- publishing computed status
+
+    async def publish_changes(self) -> None:
+        if not self._ready:
+            return
+        async with self._publish_lock:
+            changed = self.model.refresh()
+            now = self._clock()
+            messages: list[tuple[str, bytes, str]] = []
+            published: dict[str, bytes] = {}
+            for name in sorted(set().union(*changed.values())):
+                self._status_message(name, now, messages, published)
+            for tree in sorted({*changed, *self.model.corrupt}):
+                self._tree_message(tree, now, messages, published)
+            if not messages:
+                return
+            try:
+                await self.bus.publish_many(messages)
+            except Exception as e:
+                raise TemporaryError(f"publishing quota status failed: {e}", delay=PUBLISH_RETRY_DELAY_SECONDS) from e
+            self._published.update(published)
+            self._metrics.status_published.inc(len(messages))
+
+    def _status_message(
+        self, name: str, now: float, messages: list[tuple[str, bytes, str]], published: dict[str, bytes]
+    ) -> None:
+        subject = subjects.quota_status(name)
+        tree = self.model.tree_of_quota(name)
+        if tree is None:
+            content = QuotaStatusComputed(quota=name, tree="", computed_at=0.0, events_seq=0, deleted=True)
+        else:
+            content = QuotaStatusComputed(
+                quota=name,
+                tree=tree,
+                computed_at=0.0,
+                events_seq=0,
+                object=self.model.state.quotas.get(name),
+                state=self.model.state_of(name),
+                pods=self.model.pod_count(name),
+                explanation=self.model.explain(name),
+            )
+        self._queue(subject, content, now, messages, published)
+
+    def _tree_message(
+        self, tree: str, now: float, messages: list[tuple[str, bytes, str]], published: dict[str, bytes]
+    ) -> None:
+        runtime_tree = self.model.tree(tree)
+        problems = [self.model.corrupt[tree]] if tree in self.model.corrupt else []
+        content = QuotaTreeComputed(
+            tree=tree,
+            computed_at=0.0,
+            events_seq=0,
+            total=runtime_tree.total,
+            quotas=len(runtime_tree.names()),
+            problems=problems,
+        )
+        self._queue(subjects.quota_tree_status(tree), content, now, messages, published)
+
+    def _queue(
+        self,
+        subject: str,
+        content: QuotaStatusComputed | QuotaTreeComputed,
+        now: float,
+        messages: list[tuple[str, bytes, str]],
+        published: dict[str, bytes],
+    ) -> None:
+        """Queue `content` (timestamps filled in) unless it equals what was last published on the subject."""
+        key = msgspec.json.encode(content)
+        if self._published.get(subject) == key:
+            return
+        if isinstance(content, QuotaTreeComputed):
+            events_seq = self.model.tree_seq.get(content.tree, 0)
+        else:
+            events_seq = self.model.events_seq
+        stamped = msgspec.structs.replace(content, computed_at=now, events_seq=events_seq)
+        digest = hashlib.blake2b(key, digest_size=16).hexdigest()
+        messages.append((subject, msgspec.json.encode(stamped), msg_id("quota.status", subject, digest)))
+        published[subject] = key
+
+    # --- requests
+
+    async def _on_command(self, data: bytes) -> bytes:
+        reply = await self.execute(_COMMAND_DECODER.decode(data))
+        self._metrics.commands.labels(outcome=reply.outcome).inc()
+        return msgspec.json.encode(reply)
+
+    async def _on_check(self, data: bytes) -> bytes:
+        request = _CHECK_DECODER.decode(data)
+        options = self.settings.check_options(enable_check_parent_quota=request.enable_check_parent_quota)
+        verdicts = self.model.check(request.pods, options=options)  # synchronous: nothing interleaves
+        self._metrics.checks.inc(len(verdicts))
+        reply = CheckReply(verdicts=[msgspec.to_builtins(v) for v in verdicts], fits=all(v.fits for v in verdicts))
+        return msgspec.json.encode(reply)
+
+    async def _on_what_if(self, data: bytes) -> bytes:
+        request = _WHAT_IF_DECODER.decode(data)
+        result = self.model.what_if(  # synchronous: the live trees are restored before anything else runs
+            request.commands,
+            [(batch.pod, batch.count, batch.assigned) for batch in request.pods],
+            now=self._now(),
+            actor="what-if",
+        )
+        notes = []
+        if any(isinstance(c, ev.CreateQuota | ev.UpdateQuota) for c in request.commands) and request.pods:
+            notes.append("pods already running are not re-resolved against hypothetical quotas")
+        reply = WhatIfReply(
+            changes=[QuotaChange(quota=name, before=was, after=after) for name, was, after in result.changes],
+            violations=result.violations,
+            notes=notes,
+        )
+        return msgspec.json.encode(reply)
+
+    def _now(self) -> dt.datetime:
+        return dt.datetime.fromtimestamp(self._clock(), dt.UTC)
+
+    async def execute(self, request: CommandRequest) -> CommandReply:
+        """Decide and append one command (see the module docstring)."""
+        command = request.command
+        async with self._command_lock:
+            tree = aggregate.tree_of(self.model.state, command)
+            subject = subjects.quota_events(tree)
+            last = await self.bus.last_on_subject(streams.KOORD_QUOTA, subject)
+            expected = 0 if last is None else last.stream_seq
+            if not await self._caught_up(tree, expected):
+                return CommandReply(
+                    outcome="unavailable",
+                    tree=tree,
+                    message=f"the quota service has not yet applied event {expected} of tree {tree}; try again",
+                )
+            conflict = self._object_conflict(request)
+            if conflict:
+                return CommandReply(outcome="conflict", tree=tree, message=conflict)
+            try:
+                events = self.model.decide(command, now=self._now(), actor=request.actor)
+            except aggregate.Rejected as rejected:
+                return CommandReply(
+                    outcome="rejected", tree=tree, violations=rejected.violations, message=str(rejected)
+                )
+            seq, duplicate = expected, False
+            for position, event in enumerate(events):
+                try:
+                    ack = await self.bus.publish(
+                        subject,
+                        ev.encode_quota_event(event),
+                        msg_id=msg_id("quota.command", command.command_id, position),
+                        options=PublishOptions(expected_last_subject_seq=seq),
+                    )
+                except ConflictError:
+                    return CommandReply(
+                        outcome="conflict",
+                        tree=tree,
+                        message=f"tree {tree} changed while this command was decided (another writer won the "
+                        "race); read it again and retry",
+                    )
+                seq, duplicate = ack.seq, duplicate or ack.duplicate
+            await self._caught_up(tree, seq)
+            return self._applied_reply(events, tree=tree, seq=seq, duplicate=duplicate)
+
+    def _object_conflict(self, request: CommandRequest) -> str:
+        wanted = request.expected_resource_version
+        if not wanted:
+            return ""
+        command = request.command
+        match command:
+            case ev.CreateQuota() | ev.CreateProfile():
+                return ""
+            case ev.UpdateQuota(quota=obj):
+                name, current = obj.metadata.name, self.model.state.quotas.get(obj.metadata.name)
+            case ev.PatchQuota(name=name) | ev.DeleteQuota(name=name):
+                current = self.model.state.quotas.get(name)
+            case ev.AttachNamespaces(name=name) | ev.DetachNamespaces(name=name):
+                current = self.model.state.quotas.get(name)
+            case ev.UpdateProfile(profile=p):
+                name = p.metadata.name
+                held = self.model.state.profiles.get(name)
+                version = "" if held is None else held.metadata.resource_version
+                return _version_conflict(f"profile {name}", version, wanted)
+            case ev.DeleteProfile(name=name):
+                held = self.model.state.profiles.get(name)
+                version = "" if held is None else held.metadata.resource_version
+                return _version_conflict(f"profile {name}", version, wanted)
+        version = "" if current is None else current.metadata.resource_version
+        return _version_conflict(f"quota {name}", version, wanted)
+
+    def _applied_reply(self, events: list[ev.QuotaEvent], *, tree: str, seq: int, duplicate: bool) -> CommandReply:
+        last = events[-1]
+        match last:
+            case ev.QuotaCreated(quota=obj) | ev.QuotaUpdated(quota=obj):
+                current = self.model.state.quotas.get(obj.metadata.name, obj)
+                return CommandReply(outcome="applied", tree=tree, seq=seq, duplicate=duplicate, quota=current)
+            case ev.QuotaDeleted(quota=obj):
+                return CommandReply(outcome="applied", tree=tree, seq=seq, duplicate=duplicate, quota=obj)
+            case ev.ProfileCreated(profile=p) | ev.ProfileUpdated(profile=p) | ev.ProfileDeleted(profile=p):
+                profile = self.model.state.profiles.get(p.metadata.name, p)
+                return CommandReply(outcome="applied", tree=tree, seq=seq, duplicate=duplicate, profile=profile)
+        raise TypeError(f"not a quota event: {last!r}")
+
+
+def _version_conflict(what: str, current: str, wanted: str) -> str:
+    if current == wanted:
+        return ""
+    return (
+        f"{what} has resourceVersion {current or '(none: it does not exist)'}, not {wanted}: it changed since it "
+        "was read; read it again and retry"
+    )

@@ -1,0 +1,276 @@
+"""The quota service on a real nats-server: commands over request/reply with optimistic concurrency, statuses on
+last-value subjects, pods from the cluster stream, restart and replay, and an unusable event in the log."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest_asyncio
+
+from bus import streams, subjects
+from bus.api import PublishOptions
+from bus.jetstream import JetStreamBus
+from bus.server import EmbeddedNatsServer
+from schemas import kube
+from schemas import quota_events as ev
+from schemas.cluster import NodeObserved, PodObserved
+from schemas.quota_service import (
+    QUOTA_STATUS_DECODER,
+    CheckReply,
+    CheckRequest,
+    CommandReply,
+    CommandRequest,
+    QuotaStatusComputed,
+    QuotaTreeComputed,
+    WhatIfReply,
+    WhatIfRequest,
+)
+from services.common.metrics import new_registry
+from services.quota.aggregate import DEFAULT_TREE
+from services.quota.service import QuotaService
+from services.quota.settings import QuotaSettings
+from tests.integration.test_noderesource_service import eventually
+from tests.unit.test_quota_model import node, pod
+from tests.unit.test_quota_validation import eq
+
+SETTINGS = QuotaSettings(tick_seconds=0.2, linger_seconds=0.0, startup_timeout_seconds=10)
+
+
+@pytest_asyncio.fixture
+async def nats_url(tmp_path: Path) -> AsyncIterator[str]:
+    """A private nats-server with koordbus's streams (the service uses its real stream and consumer names)."""
+    server = EmbeddedNatsServer(store_dir=tmp_path / "nats")
+    await server.start()
+    bus = await JetStreamBus.connect(server.url, name="setup")
+    await bus.ensure_streams(streams.all_streams())
+    await bus.close()
+    try:
+        yield server.url
+    finally:
+        await server.stop()
+
+
+@pytest_asyncio.fixture
+async def bus(nats_url: str) -> AsyncIterator[JetStreamBus]:
+    connection = await JetStreamBus.connect(nats_url, name="test")
+    try:
+        yield connection
+    finally:
+        await connection.close()
+
+
+async def started(bus: JetStreamBus) -> QuotaService:
+    service = QuotaService(bus, SETTINGS, registry=new_registry())
+    await service.start()
+    return service
+
+
+async def command(bus: JetStreamBus, cmd: ev.QuotaCommand, *, version: str = "") -> CommandReply:
+    request = CommandRequest(actor="alice", command=cmd, expected_resource_version=version)
+    data = await bus.request(subjects.QUOTA_RPC_COMMAND, msgspec.json.encode(request), timeout=10)
+    return msgspec.json.decode(data, type=CommandReply)
+
+
+def cid() -> str:
+    return uuid.uuid4().hex
+
+
+async def status(bus: JetStreamBus, name: str) -> QuotaStatusComputed | None:
+    stored = await bus.last_on_subject(streams.KOORD_QUOTA_STATUS, subjects.quota_status(name))
+    if stored is None:
+        return None
+    decoded = QUOTA_STATUS_DECODER.decode(stored.data)
+    assert isinstance(decoded, QuotaStatusComputed)
+    return decoded
+
+
+async def tree_status(bus: JetStreamBus, tree: str = DEFAULT_TREE) -> QuotaTreeComputed | None:
+    stored = await bus.last_on_subject(streams.KOORD_QUOTA_STATUS, subjects.quota_tree_status(tree))
+    if stored is None:
+        return None
+    decoded = QUOTA_STATUS_DECODER.decode(stored.data)
+    assert isinstance(decoded, QuotaTreeComputed)
+    return decoded
+
+
+async def observe(bus: JetStreamBus, *objects: Any) -> None:
+    for obj in objects:
+        if isinstance(obj, kube.Node):
+            event: Any = NodeObserved(name=obj.metadata.name, observed_at=1.0, node=obj)
+            subject = subjects.cluster_node(obj.metadata.name)
+        else:
+            event = PodObserved(namespace=obj.metadata.namespace, name=obj.metadata.name, observed_at=1.0, pod=obj)
+            subject = subjects.cluster_pod(obj.metadata.namespace, obj.metadata.name)
+        await bus.publish(subject, msgspec.json.encode(event), msg_id=cid())
+
+
+async def build_team(bus: JetStreamBus) -> None:
+    for cmd in (
+        ev.CreateQuota(command_id=cid(), quota=eq("org", is_parent=True, min={"cpu": "30"}, max={"cpu": "40"})),
+        ev.CreateQuota(command_id=cid(), quota=eq("a", parent="org", min={"cpu": "15"}, max={"cpu": "40"})),
+        ev.CreateQuota(command_id=cid(), quota=eq("b", parent="org", min={"cpu": "10"}, max={"cpu": "40"})),
+    ):
+        reply = await command(bus, cmd)
+        assert reply.outcome == "applied", reply
+
+
+async def test_commands_append_events_and_statuses_follow(bus: JetStreamBus) -> None:
+    await observe(bus, node("n1", "40"))
+    service = await started(bus)
+    try:
+        await build_team(bus)
+        await observe(bus, pod("p1", "30", quota_name="a", node_name="n1"), pod("p2", "5", quota_name="b"))
+
+        async def a_runtime_is_30() -> bool:
+            held = await status(bus, "a")
+            return held is not None and held.state is not None and held.state.runtime == {"cpu": 30_000}
+
+        await eventually(a_runtime_is_30)
+        a = await status(bus, "a")
+        assert a is not None and a.state is not None and a.object is not None and a.explanation is not None
+        assert a.state.used == {"cpu": 30_000} and a.pods == 1 and a.tree == DEFAULT_TREE
+        assert a.object.metadata.resource_version == "2"
+        assert a.explanation.resources["cpu"].runtime == 30_000
+        tree = await tree_status(bus)
+        assert tree is not None and tree.total["cpu"] == 40_000 and not tree.problems
+
+        rejected = await command(bus, ev.DeleteQuota(command_id=cid(), name="a"))
+        assert rejected.outcome == "rejected" and [v.rule for v in rejected.violations] == ["delete-with-pods"]
+        too_much = await command(bus, ev.PatchQuota(command_id=cid(), name="b", patch={"spec": {"min": {"cpu": "20"}}}))
+        assert too_much.outcome == "rejected" and "min-sum" in {v.rule for v in too_much.violations}
+        count, _ = await bus.stream_info(streams.KOORD_QUOTA)
+        assert count == 3  # nothing appended for rejected commands
+
+        check = CheckRequest(pods=[pod("q1", "10", quota_name="a"), pod("q2", "4", quota_name="b")])
+        raw = await bus.request(subjects.QUOTA_RPC_CHECK, msgspec.json.encode(check), timeout=10)
+        verdicts = msgspec.json.decode(raw, type=CheckReply)
+        assert [v["fits"] for v in verdicts.verdicts] == [False, True] and not verdicts.fits
+        what_if = WhatIfRequest(
+            commands=[ev.PatchQuota(command_id="w", name="b", patch={"spec": {"min": {"cpu": "5"}}})]
+        )
+        raw = await bus.request(subjects.QUOTA_RPC_WHAT_IF, msgspec.json.encode(what_if), timeout=10)
+        changes = {c.quota: c for c in msgspec.json.decode(raw, type=WhatIfReply).changes}
+        assert changes["b"].after is not None and changes["b"].after.min == {"cpu": 5_000}
+        assert service.model.state.quotas["b"].spec.min == {"cpu": "10"}
+    finally:
+        await service.stop()
+
+
+async def test_an_object_version_guards_updates(bus: JetStreamBus) -> None:
+    service = await started(bus)
+    try:
+        await build_team(bus)
+        patch = {"spec": {"min": {"cpu": "12"}}}
+        stale = await command(bus, ev.PatchQuota(command_id=cid(), name="b", patch=patch), version="1")
+        assert stale.outcome == "conflict" and "resourceVersion 3, not 1" in stale.message
+        fresh = await command(bus, ev.PatchQuota(command_id=cid(), name="b", patch=patch), version="3")
+        assert fresh.outcome == "applied" and fresh.quota is not None
+        assert fresh.quota.metadata.resource_version == "4" and fresh.quota.spec.min == {"cpu": "12"}
+    finally:
+        await service.stop()
+
+
+async def test_two_replicas_racing_on_one_tree_cannot_both_win(nats_url: str) -> None:
+    """Two services (as two replicas) decide conflicting commands on the same state at the same moment: each
+    raises b's or a's min so that Σ min stays ≤ org's min 30 alone but not together. Exactly one is appended."""
+    buses = [await JetStreamBus.connect(nats_url, name=f"replica-{i}") for i in range(2)]
+    services = [
+        QuotaService(b, replace(SETTINGS, instance=f"r{i}"), registry=new_registry()) for i, b in enumerate(buses)
+    ]
+    try:
+        for service in services:
+            await service.start()
+        await build_team(buses[0])
+        await eventually(lambda: all(s.model.tree_seq.get(DEFAULT_TREE) == 3 for s in services))
+        requests = [
+            services[0].execute(
+                CommandRequest(
+                    actor="alice",
+                    command=ev.PatchQuota(command_id=cid(), name="a", patch={"spec": {"min": {"cpu": "20"}}}),
+                )
+            ),
+            services[1].execute(
+                CommandRequest(
+                    actor="bob",
+                    command=ev.PatchQuota(command_id=cid(), name="b", patch={"spec": {"min": {"cpu": "15"}}}),
+                )
+            ),
+        ]
+        replies = await asyncio.gather(*requests)
+        outcomes = sorted(r.outcome for r in replies)
+        assert outcomes in (["applied", "conflict"], ["applied", "rejected"]), replies
+        count, _ = await buses[0].stream_info(streams.KOORD_QUOTA)
+        assert count == 4
+        await eventually(lambda: all(s.model.tree_seq.get(DEFAULT_TREE) == 4 for s in services))
+        mins = [services[0].model.state.specs()[n].min["cpu"] for n in ("a", "b")]
+        assert sum(mins) <= 30_000  # the invariant the race would have broken
+        assert services[0].model.state == services[1].model.state
+    finally:
+        for service in services:
+            await service.stop()
+        for b in buses:
+            await b.close()
+
+
+async def test_the_loser_of_a_stale_append_gets_a_conflict(bus: JetStreamBus) -> None:
+    """An event appended behind the service's back (as by another writer) after the service read the tree's last
+    sequence makes the service's own append fail: the expected-sequence check is on the NATS server."""
+    service = await started(bus)
+    try:
+        await build_team(bus)
+        real_last = bus.last_on_subject
+
+        async def stale_then_sneak(stream: str, subject: str) -> Any:
+            seen = await real_last(stream, subject)
+            sneak = ev.QuotaUpdated(
+                quota=service.model.state.quotas["b"], actor="other", time=service._now(), command_id="sneak"
+            )
+            await bus.publish(
+                subject,
+                ev.encode_quota_event(sneak),
+                msg_id="sneak",
+                options=PublishOptions(expected_last_subject_seq=3),
+            )
+            await eventually(lambda: service.model.tree_seq.get(DEFAULT_TREE) == 4)
+            return seen
+
+        bus.last_on_subject = stale_then_sneak  # type: ignore[method-assign]
+        reply = await service.execute(
+            CommandRequest(actor="alice", command=ev.PatchQuota(command_id=cid(), name="a", patch={"spec": {}}))
+        )
+        assert reply.outcome == "conflict" and "another writer won the race" in reply.message
+    finally:
+        await service.stop()
+
+
+async def test_restart_replays_the_log_and_an_unusable_event_flags_its_tree(bus: JetStreamBus) -> None:
+    await observe(bus, node("n1", "40"), pod("p1", "8", quota_name="a", node_name="n1"))
+    service = await started(bus)
+    await build_team(bus)
+    await eventually(lambda: service.model.pod_count("a") == 1)
+    before = service.model.state
+    await service.stop()
+    await bus.publish(subjects.quota_events(DEFAULT_TREE), b'{"type": "quota.updated.v1", "nonsense": 1}', msg_id="bad")
+    again = await started(bus)
+    try:
+        assert again.model.state == before
+        assert again.model.pod_count("a") == 1 and again.model.tree_seq[DEFAULT_TREE] == 4
+        assert "event 4 skipped" in again.model.corrupt[DEFAULT_TREE]
+
+        async def flagged() -> bool:
+            tree = await tree_status(bus)
+            return tree is not None and bool(tree.problems)
+
+        await eventually(flagged)
+        dead, _ = await bus.stream_info(streams.KOORD_DLQ)
+        assert dead == 1
+        reply = await command(bus, ev.PatchQuota(command_id=cid(), name="b", patch={"spec": {"min": {"cpu": "5"}}}))
+        assert reply.outcome == "applied" and reply.seq == 5
+    finally:
+        await again.stop()
