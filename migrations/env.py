@@ -13,7 +13,8 @@ import sqlalchemy as sa
 from alembic import context
 
 import services.nodemetric.store
-import services.noderesource.store  # noqa: F401
+import services.noderesource.store
+import services.quota.store  # noqa: F401
 from services.common import db
 
 target_metadata = db.Base.metadata

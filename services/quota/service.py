@@ -40,12 +40,14 @@ from schemas import quota
 from schemas import quota_events as ev
 from schemas.cluster import CLUSTER_EVENT_DECODER, NodeObserved, PodObserved
 from schemas.quota_service import (
+    QUOTA_STATUS_DECODER,
     CheckReply,
     CheckRequest,
     CommandReply,
     CommandRequest,
     QuotaChange,
     QuotaStatusComputed,
+    QuotaStatusEvent,
     QuotaTreeComputed,
     WhatIfReply,
     WhatIfRequest,
@@ -55,12 +57,16 @@ from services.common.startup import wait_replayed
 from services.quota import aggregate
 from services.quota.model import QuotaModel
 from services.quota.settings import QuotaSettings
+from services.quota.store import LoggedEvent, QuotaStore
 
 log = logging.getLogger(__name__)
 
 SERVICE = "quota"
 EVENTS_CONSUMER = "quota-events"
 CLUSTER_CONSUMER = "quota-cluster"
+HISTORY_PROJECTOR = "quota-history-projector"
+STATUS_PROJECTOR = "quota-status-projector"
+PROJECTION_RETRY_DELAY_SECONDS = 1.0
 RPC_QUEUE = "quota"
 PUBLISH_RETRY_DELAY_SECONDS = 1.0
 
@@ -107,6 +113,51 @@ class _ClusterHandler:
         await self._owner.publish_changes()
 
 
+class _HistoryProjector:
+    """Collects a fetched batch of the log and writes it to the store in one transaction at flush."""
+
+    def __init__(self, store: QuotaStore) -> None:
+        self._store = store
+        self._pending: list[LoggedEvent] = []
+
+    async def handle(self, delivery: Delivery) -> None:
+        try:
+            event: ev.QuotaEvent | None = ev.decode_quota_event(delivery.data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            event = None  # kept as an "unreadable" history row; the events consumer dead-letters it
+        tree = subjects.tree_of_quota_events(delivery.subject)
+        self._pending.append(LoggedEvent(stream_seq=delivery.stream_seq, tree=tree, data=delivery.data, event=event))
+
+    async def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending:
+            try:
+                await self._store.apply_events(pending, consumer=HISTORY_PROJECTOR, stream=streams.KOORD_QUOTA)
+            except Exception as e:
+                raise TemporaryError(
+                    f"quota history projection failed: {e}", delay=PROJECTION_RETRY_DELAY_SECONDS
+                ) from e
+
+
+class _StatusProjector:
+    def __init__(self, store: QuotaStore) -> None:
+        self._store = store
+        self._pending: list[tuple[int, QuotaStatusEvent]] = []
+
+    async def handle(self, delivery: Delivery) -> None:
+        self._pending.append((delivery.stream_seq, QUOTA_STATUS_DECODER.decode(delivery.data)))
+
+    async def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending:
+            try:
+                await self._store.apply_statuses(pending, consumer=STATUS_PROJECTOR, stream=streams.KOORD_QUOTA_STATUS)
+            except Exception as e:
+                raise TemporaryError(
+                    f"quota status projection failed: {e}", delay=PROJECTION_RETRY_DELAY_SECONDS
+                ) from e
+
+
 class QuotaService:
     """Owns the model, the consumers, the request responders and the tick."""
 
@@ -117,8 +168,11 @@ class QuotaService:
         *,
         registry: CollectorRegistry,
         clock: Callable[[], float] = time.time,
+        store: QuotaStore | None = None,
     ) -> None:
+        """`store` None: no projections (tests that only look at the streams)."""
         self.bus = bus
+        self.store = store
         self.settings = settings
         self.model = QuotaModel(settings.model_options())
         self._clock = clock
@@ -132,6 +186,7 @@ class QuotaService:
         self._progress = asyncio.Event()
         """Set whenever the model sees a quota event (commands wait on it)."""
         self._consumers: list[Consumer] = []
+        self._projectors: list[Consumer] = []
         self._responders: list[Responder] = []
         self._ticker: asyncio.Task[None] | None = None
         self._published: dict[str, bytes] = {}
@@ -142,6 +197,29 @@ class QuotaService:
 
     async def start(self) -> None:
         timeout = self.settings.startup_timeout_seconds
+        if self.store is not None:
+            for name, stream, filters, handler in (
+                (HISTORY_PROJECTOR, streams.KOORD_QUOTA, (subjects.QUOTA_EVENTS_ALL,), _HistoryProjector(self.store)),
+                (
+                    STATUS_PROJECTOR,
+                    streams.KOORD_QUOTA_STATUS,
+                    (subjects.QUOTA_STATUS_ALL, subjects.QUOTA_TREES_ALL),
+                    _StatusProjector(self.store),
+                ),
+            ):
+                projected = await self.store.offset(name)
+                spec = ConsumerSpec(
+                    durable=self._durable(name),
+                    stream=stream,
+                    filter_subjects=filters,
+                    service=SERVICE,
+                    batch_size=self.settings.batch_size,
+                    linger_seconds=self.settings.linger_seconds,
+                    # The database knows what is projected: a fresh database replays the whole stream.
+                    deliver_policy="by_start_sequence",
+                    opt_start_seq=projected + 1,
+                )
+                self._projectors.append(self.bus.consume(spec, handler, reset=True))
         events = self.bus.consume(self._spec(EVENTS_CONSUMER), _EventsHandler(self), reset=True)
         self._consumers.append(events)
         if not await wait_replayed(events, what="quota: event log", stall_seconds=timeout):
@@ -155,12 +233,12 @@ class QuotaService:
         )
         self._ready = True
         await self.publish_changes()
-        for subject, handler in (
+        for subject, answer in (
             (subjects.QUOTA_RPC_COMMAND, self._on_command),
             (subjects.QUOTA_RPC_CHECK, self._on_check),
             (subjects.QUOTA_RPC_WHAT_IF, self._on_what_if),
         ):
-            self._responders.append(await self.bus.serve(subject, handler, queue=RPC_QUEUE))
+            self._responders.append(await self.bus.serve(subject, answer, queue=RPC_QUEUE))
         self._ticker = asyncio.create_task(self._tick(), name="quota-tick")
 
     async def stop(self) -> None:
@@ -172,8 +250,9 @@ class QuotaService:
         for responder in self._responders:
             await responder.stop()
         self._responders = []
-        for consumer in self._consumers:
+        for consumer in [*self._consumers, *self._projectors]:
             await consumer.stop()
+        self._projectors = []
         if self._consumers:
             observe.retire_consumers(self._registry, service=SERVICE, names=(EVENTS_CONSUMER, CLUSTER_CONSUMER))
         self._consumers = []
@@ -185,7 +264,11 @@ class QuotaService:
 
     @property
     def consumers(self) -> list[Consumer]:
-        return list(self._consumers)
+        """The events and cluster consumers, then the projectors when there is a store."""
+        return [*self._consumers, *self._projectors]
+
+    def _durable(self, name: str) -> str:
+        return f"{name}-{self.settings.instance}" if self.settings.instance else name
 
     def _spec(self, durable: str) -> ConsumerSpec:
         policy: DeliverPolicy
@@ -199,7 +282,7 @@ class QuotaService:
                 "last_per_subject",
             )
         return ConsumerSpec(
-            durable=f"{durable}-{self.settings.instance}" if self.settings.instance else durable,
+            durable=self._durable(durable),
             stream=stream,
             filter_subjects=filters,
             service=SERVICE,

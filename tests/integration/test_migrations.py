@@ -25,8 +25,12 @@ EXPECTED_TABLES = {
     "node_resources",
     "colocation_config",
     "node_colocation_strategies",
+    "quota_events",
+    "quota_profiles",
+    "quota_status",
+    "quota_trees",
 }
-HEAD = "0002"
+HEAD = "0003"
 
 
 async def _tables(engine: AsyncEngine) -> set[str]:

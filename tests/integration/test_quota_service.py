@@ -12,12 +12,13 @@ from typing import Any
 
 import msgspec
 import pytest_asyncio
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bus import streams, subjects
 from bus.api import PublishOptions
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
-from schemas import kube
+from schemas import kube, quota
 from schemas import quota_events as ev
 from schemas.cluster import NodeObserved, PodObserved
 from schemas.quota_service import (
@@ -35,6 +36,7 @@ from services.common.metrics import new_registry
 from services.quota.aggregate import DEFAULT_TREE
 from services.quota.service import QuotaService
 from services.quota.settings import QuotaSettings
+from services.quota.store import QuotaStore
 from tests.integration.test_noderesource_service import eventually
 from tests.unit.test_quota_model import node, pod
 from tests.unit.test_quota_validation import eq
@@ -274,3 +276,40 @@ async def test_restart_replays_the_log_and_an_unusable_event_flags_its_tree(bus:
         assert reply.outcome == "applied" and reply.seq == 5
     finally:
         await again.stop()
+
+
+async def test_projections_hold_statuses_history_and_profiles(bus: JetStreamBus, migrated_engine: AsyncEngine) -> None:
+    store = QuotaStore(migrated_engine)
+    service = QuotaService(bus, SETTINGS, registry=new_registry(), store=store)
+    await service.start()
+    try:
+        await observe(bus, node("n1", "40"))
+        await build_team(bus)
+        profile = quota.ElasticQuotaProfile(
+            metadata=kube.ObjectMeta(name="gpu", namespace="ns"),
+            spec=quota.ElasticQuotaProfileSpec(quota_name="gpu-root", node_selector=quota.LabelSelector()),
+        )
+        assert (await command(bus, ev.CreateProfile(command_id=cid(), profile=profile))).outcome == "applied"
+        await command(bus, ev.PatchQuota(command_id=cid(), name="b", patch={"spec": {"min": {"cpu": "12"}}}))
+
+        async def projected() -> bool:
+            b = await store.quota("b")
+            return b is not None and b.state is not None and b.state.min == {"cpu": 12_000}
+
+        await eventually(projected)
+        names = [s.quota for s in await store.quotas(tree=DEFAULT_TREE)]
+        assert {"org", "a", "b", quota.ROOT_QUOTA} <= set(names)
+        history = await store.history("b", limit=10)
+        assert [h.type for h in history] == ["quota.updated.v1", "quota.created.v1"]
+        assert history[0].actor == "alice" and history[0].event["quota"]["spec"]["min"] == {"cpu": "12"}
+        assert [p["metadata"]["name"] for p in await store.profiles()] == ["gpu"]
+        tree = await store.tree(DEFAULT_TREE)
+        assert tree is not None and tree.total["cpu"] == 40_000
+        assert (await command(bus, ev.DeleteQuota(command_id=cid(), name="b"))).outcome == "applied"
+
+        async def gone() -> bool:
+            return await store.quota("b") is None
+
+        await eventually(gone)
+    finally:
+        await service.stop()
