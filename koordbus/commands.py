@@ -107,16 +107,20 @@ def add_parsers(sub: Any) -> None:
         "service",
         help="run one control-plane service against an existing NATS (and database)",
         description="nodemetric: agent batches → NodeMetric status (needs --database-url). noderesource: cluster "
-        "state + NodeMetrics → batch/mid decisions, projected into --database-url. k8s: lists and watches Nodes, "
-        "Pods and the colocation ConfigMap and publishes them (needs --kubeconfig or an in-cluster service account).",
+        "state + NodeMetrics → batch/mid decisions, projected into --database-url. quota: the elastic quota trees "
+        "from their event log and the cluster's pods (commands, checks and what-ifs over NATS request/reply; "
+        "statuses and history projected into --database-url; replicas need distinct KOORDBUS_INSTANCE names). k8s: "
+        "lists and watches Nodes, Pods and the colocation ConfigMap and publishes them (needs --kubeconfig or an "
+        "in-cluster service account).",
     )
-    service.add_argument("name", choices=["nodemetric", "noderesource", "k8s"], help="which service")
+    service.add_argument("name", choices=["nodemetric", "noderesource", "quota", "k8s"], help="which service")
     _add_common(service, embedded=False)
     service.add_argument(
         "--port",
         type=int,
         default=9090,
-        help="nodemetric, noderesource: health, metrics and the API's read routes on this port (default 9090; 0 = off)",
+        help="nodemetric, noderesource, quota: health, metrics and the API's read routes on this port (default 9090; "
+        "0 = off)",
     )
     service.add_argument(
         "--kubeconfig", default=None, help="k8s: kubeconfig file (default: in-cluster; or KOORDBUS_KUBECONFIG)"
@@ -195,6 +199,7 @@ async def run_up(args: argparse.Namespace) -> int:
     from services.noderesource.service import NodeResourceService
     from services.noderesource.settings import NodeResourceSettings
     from services.noderesource.store import NodeResourceStore
+    from services.quota.client import QuotaClient
 
     common = _common(args)
     runtime.configure_logging(args.log_level or common.log_level)
@@ -222,6 +227,7 @@ async def run_up(args: argparse.Namespace) -> int:
         noderesource = NodeResourceService(bus, nr_settings, registry=registry, store=nr_store)
         await noderesource.start()
         stack.push_async_callback(noderesource.stop)
+        _, quota_store = await start_quota(stack, bus, engine, registry)
         cluster = await _bridge_cluster(
             stack, bus, registry, kubeconfig=args.kubeconfig, record_only_without_config=True, dry_run=args.dry_run
         )
@@ -230,6 +236,8 @@ async def run_up(args: argparse.Namespace) -> int:
                 settings=api_settings,
                 nodemetric_store=store,
                 noderesource_store=nr_store,
+                quota_store=quota_store,
+                quota_client=QuotaClient(bus),
                 recorded_writes=cluster.recorded_writes,
                 registry=registry,
                 tokens=tokens,
@@ -378,6 +386,8 @@ async def run_service(args: argparse.Namespace) -> int:
             return await _run_noderesource(args)
         case "k8s":
             return await _run_k8s(args)
+        case "quota":
+            return await _run_quota(args)
         case _:
             return await _run_nodemetric(args)
 
@@ -409,6 +419,45 @@ async def _run_noderesource(args: argparse.Namespace) -> int:
             registry,
             nodemetric_store=NodeMetricStore(engine),
             noderesource_store=store,
+            readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
+        )
+        await stop.wait()
+    return 0
+
+
+async def start_quota(stack: AsyncExitStack, bus: Any, engine: Any, registry: Any) -> tuple[Any, Any]:
+    """The quota service (settings from KOORDBUS_* variables) with its projections; returns (service, store)."""
+    from services.quota.service import QuotaService
+    from services.quota.settings import QuotaSettings
+    from services.quota.store import QuotaStore
+
+    store = QuotaStore(engine)
+    service = QuotaService(bus, settings_loader.load(QuotaSettings), registry=registry, store=store)
+    await service.start()
+    stack.push_async_callback(service.stop)
+    return service, store
+
+
+async def _run_quota(args: argparse.Namespace) -> int:
+    from koordbus import runtime
+    from services.common import observe
+    from services.common.metrics import new_registry
+    from services.quota.client import QuotaClient
+
+    common = _common(args)
+    runtime.configure_logging(args.log_level or common.log_level)
+    registry = new_registry()
+    async with AsyncExitStack() as stack:
+        stop = runtime.stop_event_on_signals()
+        bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name="quota")
+        engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=True)
+        _, store = await start_quota(stack, bus, engine, registry)
+        await _serve_service_port(
+            stack,
+            args.port,
+            registry,
+            quota_store=store,
+            quota_client=QuotaClient(bus),
             readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
         )
         await stop.wait()
@@ -494,6 +543,8 @@ async def run_api(args: argparse.Namespace) -> int:
     from services.common.metrics import new_registry
     from services.nodemetric.store import NodeMetricStore
     from services.noderesource.store import NodeResourceStore
+    from services.quota.client import QuotaClient
+    from services.quota.store import QuotaStore
 
     common = _common(args)
     runtime.configure_logging(args.log_level or common.log_level)
@@ -517,6 +568,8 @@ async def run_api(args: argparse.Namespace) -> int:
                 settings=settings,
                 nodemetric_store=NodeMetricStore(engine),
                 noderesource_store=NodeResourceStore(engine),
+                quota_store=QuotaStore(engine),
+                quota_client=QuotaClient(bus),
                 registry=registry,
                 tokens=tokens,
                 readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),

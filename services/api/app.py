@@ -6,7 +6,7 @@ tests with the store, settings and metrics registry already built; routes reach 
 is JSON `{"error": "<one clear sentence>"}`: unknown routes and nodes, bad query parameters,
 wrong methods, failing readiness and unexpected exceptions alike; a stack trace goes to the
 log, never to the client. Every /api/v1 route needs a bearer token with role viewer or higher
-(services.api.auth; writes will need quota-admin); /healthz, /readyz, /metrics and the docs stay open.
+(services.api.auth); quota writes need quota-admin; /healthz, /readyz, /metrics and the docs stay open.
 """
 
 from __future__ import annotations
@@ -25,12 +25,14 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.api import auth, nodemetrics, noderesources, recorded
+from services.api import auth, nodemetrics, noderesources, quotas, recorded
 from services.api.settings import ApiSettings
 from services.common.metrics import CONTENT_TYPE_LATEST, CollectorRegistry, render
 from services.common.observe import ReadinessCheck
 from services.nodemetric.store import NodeMetricStore
 from services.noderesource.store import NodeResourceStore
+from services.quota.client import QuotaClient
+from services.quota.store import QuotaStore
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,10 @@ class ApiContext:
     recorded_writes: Callable[[], Any] | None = None
     """Record-only mode (no Kubernetes configured): what the Kubernetes writer would have written, as JSON; None
     when writing to a real cluster (the route answers 404)."""
+    quota_store: QuotaStore | None = None
+    """The quota projections (reads); None: the quota read routes answer 503."""
+    quota_client: QuotaClient | None = None
+    """Requests to the quota service (writes, checks, what-ifs); None: those routes answer 503."""
     tokens: auth.TokenStore = field(default_factory=auth.TokenStore)
     """Accepted bearer tokens; the default accepts none (auth.TokenStore.disabled() only for `--no-auth`)."""
 
@@ -171,6 +177,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(nodemetrics.router, responses=responses, dependencies=viewer)
     app.include_router(noderesources.router, responses=responses, dependencies=viewer)
     app.include_router(recorded.router, responses=responses, dependencies=viewer)
+    app.include_router(quotas.router, responses=responses, dependencies=viewer)
     app.add_middleware(CatchAllMiddleware)
     _add_health_routes(app, context)
     _add_error_handlers(app)
