@@ -1,4 +1,4 @@
-"""The `koordbus` command line (composition root): `up`, `agent`, `service`, `api`, `calc`.
+"""The `koordbus` command line (composition root): `up`, `agent`, `service`, `api`, `quota`, `calc`.
 
 Each subcommand builds its settings at the edge, wires the bus, stores and services, and
 runs until interrupted. Nothing below `koordbus` knows which subcommand started it.
@@ -17,9 +17,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    from koordbus import calc, commands
+    from koordbus import calc, commands, quota
 
     commands.add_parsers(sub)
+    quota.add_parser(sub)
     calc.add_parser(sub)
     return parser
 

@@ -15,18 +15,14 @@ import pytest
 import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bus.jetstream import JetStreamBus
 from services.api import auth
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
 from services.common.metrics import new_registry
-from services.quota.client import QuotaClient
-from services.quota.service import QuotaService
-from services.quota.store import QuotaStore
 from tests.integration.test_noderesource_service import eventually
-from tests.integration.test_quota_service import SETTINGS, node, observe
 from tests.support import api_auth
 from tests.support.crd import crd_errors, crd_validator
+from tests.support.quota_stack import quota_stack
 
 ORG = {
     "apiVersion": "scheduling.sigs.k8s.io/v1alpha1",
@@ -77,35 +73,12 @@ def team(name: str, min_cpu: str) -> dict[str, Any]:
 
 @pytest_asyncio.fixture
 async def api(tmp_path: Path, migrated_engine: AsyncEngine) -> AsyncIterator[httpx.AsyncClient]:
-    from bus import streams
-    from bus.server import EmbeddedNatsServer
-
-    server = EmbeddedNatsServer(store_dir=tmp_path / "nats")
-    await server.start()
-    bus = await JetStreamBus.connect(server.url, name="api-test")
-    await bus.ensure_streams(streams.all_streams())
-    store = QuotaStore(migrated_engine)
-    service = QuotaService(bus, SETTINGS, registry=new_registry(), store=store)
-    await service.start()
-    await observe(bus, node("n1", "40", "40Gi"))
-    context = ApiContext(
-        settings=ApiSettings(),
-        registry=new_registry(),
-        tokens=api_auth.token_store(),
-        quota_store=store,
-        quota_client=QuotaClient(bus),
-    )
-    transport = httpx.ASGITransport(app=create_app(context), raise_app_exceptions=False)
-    client = httpx.AsyncClient(
-        transport=transport, base_url="http://api", headers=api_auth.headers(auth.QUOTA_ADMIN), timeout=30
-    )
-    try:
-        yield client
-    finally:
-        await client.aclose()
-        await service.stop()
-        await bus.close()
-        await server.stop()
+    async with quota_stack(tmp_path, migrated_engine) as stack:
+        transport = httpx.ASGITransport(app=stack.app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://api", headers=api_auth.headers(auth.QUOTA_ADMIN), timeout=30
+        ) as client:
+            yield client
 
 
 async def until(check: Callable[[], Awaitable[bool]]) -> None:
