@@ -342,6 +342,46 @@ def cmd_what_if(api: Api, args: argparse.Namespace) -> int:
     return 1 if result["violations"] else 0
 
 
+def cmd_import(api: Api, args: argparse.Namespace) -> int:
+    if bool(args.filename) == bool(args.kubeconfig):
+        raise CliError("pass either -f FILE (ElasticQuotas exported as YAML/JSON) or --kubeconfig FILE (a cluster)")
+    if args.filename:
+        source = ", ".join(args.filename)
+        documents = [d for d in load_documents(args.filename) if d.get("kind", QUOTA_KIND) == QUOTA_KIND]
+    else:
+        source = f"the cluster of {args.kubeconfig}"
+        documents = _cluster_quotas(args.kubeconfig, args.context)
+    if not documents:
+        raise CliError(f"no ElasticQuota found in {source}", code=1)
+    path = "/api/v1/quotas/import" + ("?dryRun=true" if args.dry_run else "")
+    response = api.call("POST", path, body={"items": documents}, ok=(200, 404, 409, 422))
+    if response.status_code != 200:
+        sys.stderr.write(f"import refused, nothing was changed: {_error_text(response)}\n")
+        return 1
+    result = response.json()
+    verb = "would change" if args.dry_run else "imported"
+    sys.stdout.write(
+        f"{len(documents)} ElasticQuotas read from {source}: {verb} {len(result['changed'])}, "
+        f"unchanged {len(result['unchanged'])}\n"
+    )
+    for name in result["changed"]:
+        sys.stdout.write(f"  elasticquota/{name}\n")
+    return 0
+
+
+def _cluster_quotas(kubeconfig: str, context: str | None) -> list[dict[str, Any]]:
+    import asyncio
+
+    from services.k8s.client import KubeConfigError
+    from services.k8s.quotas import ListError, list_elastic_quotas
+    from services.k8s.settings import K8sSettings
+
+    try:
+        return asyncio.run(list_elastic_quotas(K8sSettings(kubeconfig=kubeconfig, kube_context=context or "")))
+    except (KubeConfigError, ListError) as e:
+        raise CliError(str(e)) from None
+
+
 # --- wiring
 
 
@@ -402,6 +442,19 @@ def add_parser(sub: Any) -> None:
     what_if.add_argument("--min", action="append", metavar="QUOTA:RES=QTY[,…]", help="a changed min, e.g. a:cpu=10")
     output(what_if)
     what_if.set_defaults(verb_run=cmd_what_if)
+
+    imp = verbs.add_parser(
+        "import",
+        help="adopt existing ElasticQuotas (a file or a cluster) as one batch validated as trees",
+        description="Read ElasticQuota objects from files (e.g. `kubectl get elasticquota -A -o yaml`) or straight "
+        "from a cluster, and append them as one validated batch: each is created, or replaces the quota of that "
+        "name. One invalid quota refuses the whole import; every violation is listed.",
+    )
+    imp.add_argument("-f", "--filename", action="append", help="YAML/JSON file ('-' for stdin)")
+    imp.add_argument("--kubeconfig", help="read the ElasticQuotas of this kubeconfig's cluster")
+    imp.add_argument("--context", help="kubeconfig context (default: its current one)")
+    imp.add_argument("--dry-run", action="store_true", help="validate and report; change nothing")
+    imp.set_defaults(verb_run=cmd_import)
 
     quota.set_defaults(run=run)
 

@@ -37,6 +37,13 @@ class QuotaDeleted(_Event, frozen=True, kw_only=True, tag="quota.deleted.v1"):
     """The object as it was when deleted."""
 
 
+class QuotasImported(_Event, frozen=True, kw_only=True, tag="quota.imported.v1"):
+    """Existing ElasticQuota objects adopted as one batch (`koordbus quota import`), validated together; all of one
+    tree, parents before children. Each is created, or replaces the quota of that name."""
+
+    quotas: list[ElasticQuota]
+
+
 class ProfileCreated(_Event, frozen=True, kw_only=True, tag="quota.profile.created.v1"):
     profile: ElasticQuotaProfile
 
@@ -49,7 +56,9 @@ class ProfileDeleted(_Event, frozen=True, kw_only=True, tag="quota.profile.delet
     profile: ElasticQuotaProfile
 
 
-QuotaEvent = QuotaCreated | QuotaUpdated | QuotaDeleted | ProfileCreated | ProfileUpdated | ProfileDeleted
+QuotaEvent = (
+    QuotaCreated | QuotaUpdated | QuotaDeleted | QuotasImported | ProfileCreated | ProfileUpdated | ProfileDeleted
+)
 
 _DECODER: msgspec.json.Decoder[QuotaEvent] = msgspec.json.Decoder(QuotaEvent)
 
@@ -110,6 +119,13 @@ class DetachNamespaces(_Command, frozen=True, kw_only=True, tag="detach-namespac
     namespaces: tuple[str, ...]
 
 
+class ImportQuotas(_Command, frozen=True, kw_only=True, tag="import-quotas"):
+    """Adopt a set of ElasticQuota objects at once: validated as a tree (in any order: parents are placed first), all
+    or nothing per tree; every violation is reported."""
+
+    quotas: tuple[ElasticQuota, ...]
+
+
 class CreateProfile(_Command, frozen=True, kw_only=True, tag="create-profile"):
     profile: ElasticQuotaProfile
 
@@ -129,6 +145,7 @@ QuotaCommand = (
     | DeleteQuota
     | AttachNamespaces
     | DetachNamespaces
+    | ImportQuotas
     | CreateProfile
     | UpdateProfile
     | DeleteProfile

@@ -63,9 +63,11 @@ class CommandRequest(msgspec.Struct, frozen=True, kw_only=True):
     expected_resource_version: str = ""
     """Optimistic concurrency on the object: when set, the command fails with outcome "conflict" unless the
     quota's (or profile's) current resourceVersion is this."""
+    dry_run: bool = False
+    """Validate only: the reply is "valid" (with the objects as they would be) or "rejected"; nothing is appended."""
 
 
-Outcome = Literal["applied", "rejected", "conflict", "unavailable"]
+Outcome = Literal["applied", "valid", "rejected", "conflict", "unavailable"]
 
 
 class CommandReply(msgspec.Struct, frozen=True, kw_only=True):
@@ -80,6 +82,8 @@ class CommandReply(msgspec.Struct, frozen=True, kw_only=True):
     quota: ElasticQuota | None = None
     """The quota after the command (or as deleted)."""
     profile: ElasticQuotaProfile | None = None
+    quotas: list[ElasticQuota] = []
+    """Every quota the command created or changed (an import has many), in order."""
 
 
 class CheckRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -29,7 +29,7 @@ def upgrade() -> None:
         sa.Column("time", sa.Double(), nullable=False),
         sa.Column("command_id", sa.String(200), nullable=False),
         sa.Column("event", sa.Text(), nullable=False),
-        sa.PrimaryKeyConstraint("stream_seq", name=op.f("pk_quota_events")),
+        sa.PrimaryKeyConstraint("stream_seq", "name", name=op.f("pk_quota_events")),
     )
     op.create_index("ix_quota_events_name_seq", "quota_events", ["name", "stream_seq"])
     op.create_table(

@@ -130,17 +130,17 @@ def _clean_profile(profile: quota.ElasticQuotaProfile) -> tuple[quota.ElasticQuo
 
 
 async def _run(
-    request: Request, identity: auth.Identity, command: ev.QuotaCommand, *, version: str = ""
+    request: Request, identity: auth.Identity, command: ev.QuotaCommand, *, version: str = "", dry_run: bool = False
 ) -> CommandReply:
     try:
         reply = await _client(request).command(
-            CommandRequest(actor=identity.name, command=command, expected_resource_version=version)
+            CommandRequest(actor=identity.name, command=command, expected_resource_version=version, dry_run=dry_run)
         )
     except BusUnavailableError as e:
         raise HTTPException(503, f"the quota service does not answer: {e}") from None
     except RemoteError as e:
         raise HTTPException(502, f"the quota service failed: {e}") from None
-    if reply.outcome == "applied":
+    if reply.outcome in ("applied", "valid"):
         return reply
     if reply.outcome == "rejected":
         rules = {v.rule for v in reply.violations}
@@ -249,11 +249,18 @@ async def quota_history(
                 "time": e.time,
                 "commandId": e.command_id,
                 "tree": e.tree,
-                "object": e.event.get("quota") or e.event.get("profile"),
+                "object": _history_object(e.event, name),
             }
             for e in events
         ],
     }
+
+
+def _history_object(event: Mapping[str, Any], name: str) -> Any:
+    for obj in event.get("quotas") or ():  # an import: the row's own quota
+        if isinstance(obj, dict) and (obj.get("metadata") or {}).get("name") == name:
+            return obj
+    return event.get("quota") or event.get("profile")
 
 
 @router.post("/quotas", status_code=201, summary="Create an ElasticQuota", responses=WRITE_RESPONSES)
@@ -265,6 +272,39 @@ async def create_quota(request: Request, identity: Writer) -> Any:
         return answer.response
     assert reply.quota is not None
     return JSONResponse(_render_object(reply.quota), status_code=201)
+
+
+@router.post("/quotas/import", summary="Adopt existing ElasticQuotas as one validated batch", responses=WRITE_RESPONSES)
+async def import_quotas(
+    request: Request,
+    identity: Writer,
+    dry_run: Annotated[bool, Query(alias="dryRun", description="validate only; append nothing")] = False,
+) -> Any:
+    """Body: an ElasticQuotaList (`kubectl get elasticquota -A -o yaml`), a JSON array or `{"items": [...]}`. The
+    quotas are validated together as trees (any order: parents are placed first), each created or, when a quota of
+    that name exists, replaced; one invalid quota refuses the whole import and the 422 lists every violation."""
+    try:
+        document = await _document(request)
+        items = (
+            document if isinstance(document, list) else document.get("items") if isinstance(document, dict) else None
+        )
+        if not isinstance(items, list) or not items:
+            raise HTTPException(422, "the body must be a non-empty list of ElasticQuota objects (a List's items)")
+        quotas = tuple(
+            _clean_quota(_convert(item, quota.KIND, quota.ElasticQuota, where=f"item {i}"))[0]
+            for i, item in enumerate(items)
+        )
+        command = ev.ImportQuotas(command_id=_command_id(request), quotas=quotas)
+        reply = await _run(request, identity, command, dry_run=dry_run)
+    except _Answer as answer:
+        return answer.response
+    names = [q.metadata.name for q in reply.quotas]
+    return {
+        "dryRun": dry_run,
+        "changed": names,
+        "unchanged": sorted({q.metadata.name for q in quotas} - set(names)),
+        "seq": reply.seq,
+    }
 
 
 @router.put("/quotas/{name}", summary="Replace an ElasticQuota", responses=WRITE_RESPONSES)

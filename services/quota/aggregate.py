@@ -98,6 +98,8 @@ class QuotaTreeState:
                 quotas = {**quotas, obj.metadata.name: obj}
             case ev.QuotaDeleted(quota=obj):
                 quotas = {k: v for k, v in quotas.items() if k != obj.metadata.name}
+            case ev.QuotasImported(quotas=objs):
+                quotas = {**quotas, **{obj.metadata.name: obj for obj in objs}}
             case ev.ProfileCreated(profile=p) | ev.ProfileUpdated(profile=p):
                 profiles = {**profiles, p.metadata.name: p}
             case ev.ProfileDeleted(profile=p):
@@ -145,12 +147,32 @@ def tree_of(state: QuotaTreeState, command: ev.QuotaCommand) -> str:
         ):
             spec = state.specs().get(name)
             return _tree_of_spec(spec) if spec is not None else DEFAULT_TREE
+        case ev.ImportQuotas(quotas=objs):
+            trees = sorted({tree_of(state, ev.CreateQuota(command_id="", quota=obj)) for obj in objs})
+            return trees[0] if trees else DEFAULT_TREE
         case ev.CreateProfile(profile=p) | ev.UpdateProfile(profile=p):
             return _profile_tree(p)
         case ev.DeleteProfile(name=name):
             existing = state.profiles.get(name)
             return _profile_tree(existing) if existing is not None else name
     raise TypeError(f"not a quota command: {command!r}")
+
+
+def quota_tree(obj: ElasticQuota) -> str:
+    """The tree a stored quota belongs to: its tree-id label (set on create from the parent), else the default."""
+    return obj.metadata.labels.get(quota.LABEL_TREE_ID) or DEFAULT_TREE
+
+
+def event_tree(event: ev.QuotaEvent) -> str:
+    """The tree whose subject an event is appended to."""
+    match event:
+        case ev.QuotaCreated(quota=obj) | ev.QuotaUpdated(quota=obj) | ev.QuotaDeleted(quota=obj):
+            return quota_tree(obj)
+        case ev.QuotasImported(quotas=objs):
+            return quota_tree(objs[0]) if objs else DEFAULT_TREE
+        case ev.ProfileCreated(profile=p) | ev.ProfileUpdated(profile=p) | ev.ProfileDeleted(profile=p):
+            return _profile_tree(p)
+    raise TypeError(f"not a quota event: {event!r}")
 
 
 def _profile_tree(profile: quota.ElasticQuotaProfile) -> str:
@@ -218,6 +240,8 @@ def decide(
             meta = msgspec.structs.replace(current.metadata, annotations=annotations)
             obj = msgspec.structs.replace(current, metadata=meta)
             return [ev.QuotaUpdated(quota=_checked_update(state, obj), **common)]
+        case ev.ImportQuotas(quotas=objs):
+            return _import(state, objs, common)
         case ev.CreateProfile(profile=p) | ev.UpdateProfile(profile=p):
             name = p.metadata.name
             creating = isinstance(command, ev.CreateProfile)
@@ -244,6 +268,94 @@ def decide(
                 raise Rejected([validation.violation(name, "metadata.name", "exists", "profile does not exist")])
             return [ev.ProfileDeleted(profile=state.profiles[name], **common)]
     raise TypeError(f"not a quota command: {command!r}")
+
+
+def _import(state: QuotaTreeState, objs: Iterable[ElasticQuota], common: _Common) -> list[ev.QuotaEvent]:
+    """One QuotasImported per tree touched, or Rejected with every violation of the whole batch."""
+    objs = list(objs)
+    violations: list[Violation] = []
+    seen: set[str] = set()
+    for obj in objs:
+        if obj.metadata.name in seen:
+            violations.append(
+                validation.violation(obj.metadata.name, "metadata.name", "name-unique", "appears twice in the import")
+            )
+        seen.add(obj.metadata.name)
+    on_cycle = _cycles(state, objs, violations)
+    work = state
+    by_tree: dict[str, list[ElasticQuota]] = {}
+    for obj in _parents_first(objs):
+        name = obj.metadata.name
+        if name in on_cycle:
+            continue
+        try:
+            if name in work.quotas:
+                if _same_quota(work.quotas[name], obj):
+                    continue
+                new = _checked_update(work, obj)
+                event: ev.QuotaEvent = ev.QuotaUpdated(quota=new, **common)
+            else:
+                new = validation.default_quota(obj, work.specs())
+                _check(work.specs(), new, None)
+                event = ev.QuotaCreated(quota=new, **common)
+        except Rejected as rejected:
+            violations.extend(rejected.violations)
+            continue
+        work = work.apply(event)
+        by_tree.setdefault(quota_tree(new), []).append(new)
+    if violations:
+        raise Rejected(violations)
+    return [ev.QuotasImported(quotas=batch, **common) for _, batch in sorted(by_tree.items())]
+
+
+def _cycles(state: QuotaTreeState, objs: list[ElasticQuota], violations: list[Violation]) -> set[str]:
+    """The batch's quotas whose parent chain (through the batch and the state) loops; one violation each."""
+    world = dict(state.specs())
+    for obj in objs:
+        try:
+            world[obj.metadata.name] = quota.quota_spec(obj)
+        except quota.QuotaFormatError:
+            continue  # reported by the quota's own check
+    out: set[str] = set()
+    for obj in objs:
+        cycle = validation.find_cycle(world, obj.metadata.name)
+        if cycle is not None and obj.metadata.name in cycle:
+            out.add(obj.metadata.name)
+            text = f"parent chain forms a cycle ({' -> '.join(cycle)})"
+            violations.append(
+                validation.violation(obj.metadata.name, f"metadata.labels[{quota.LABEL_PARENT}]", "no-cycle", text)
+            )
+    return out
+
+
+def _parents_first(objs: list[ElasticQuota]) -> list[ElasticQuota]:
+    """Each quota after its parent when the parent is in the batch; quotas on a cycle keep their order (the
+    validation then reports the cycle)."""
+    by_name = {obj.metadata.name: obj for obj in objs}
+    out: list[ElasticQuota] = []
+    placed: set[str] = set()
+    for obj in objs:
+        chain: list[ElasticQuota] = []
+        current: ElasticQuota | None = obj
+        while current is not None and current.metadata.name not in placed and current not in chain:
+            chain.append(current)
+            current = by_name.get(current.metadata.labels.get(quota.LABEL_PARENT, ""))
+        for item in reversed(chain):
+            if item.metadata.name not in placed:
+                placed.add(item.metadata.name)
+                out.append(item)
+    return out
+
+
+def _same_quota(held: ElasticQuota, wanted: ElasticQuota) -> bool:
+    """Whether `wanted` would change nothing of `held` that a quota's meaning depends on."""
+    try:
+        have, want = quota.quota_spec(held), quota.quota_spec(wanted)
+    except quota.QuotaFormatError:
+        return False
+    keep = {"resource_version", "uid", "used", "labels", "annotations"}
+    fields = [f for f in have.__struct_fields__ if f not in keep]
+    return all(getattr(have, f) == getattr(want, f) for f in fields)
 
 
 def _existing(state: QuotaTreeState, name: str) -> ElasticQuota:

@@ -99,6 +99,12 @@ def stamp(event: ev.QuotaEvent, seq: int) -> ev.QuotaEvent:
         case ev.QuotaCreated(quota=obj) | ev.QuotaUpdated(quota=obj):
             meta = msgspec.structs.replace(obj.metadata, resource_version=str(seq))
             return msgspec.structs.replace(event, quota=msgspec.structs.replace(obj, metadata=meta))
+        case ev.QuotasImported(quotas=objs):
+            stamped = [
+                msgspec.structs.replace(obj, metadata=msgspec.structs.replace(obj.metadata, resource_version=str(seq)))
+                for obj in objs
+            ]
+            return msgspec.structs.replace(event, quotas=stamped)
         case ev.ProfileCreated(profile=p) | ev.ProfileUpdated(profile=p):
             meta = msgspec.structs.replace(p.metadata, resource_version=str(seq))
             return msgspec.structs.replace(event, profile=msgspec.structs.replace(p, metadata=meta))
@@ -189,6 +195,13 @@ class QuotaModel:
             case ev.QuotaDeleted(quota=obj):
                 self.state = self.state.apply(event)
                 self._drop_spec(obj.metadata.name)
+            case ev.QuotasImported(quotas=objs):
+                specs = [quota.quota_spec(obj) for obj in objs]  # all readable, or nothing changes
+                olds = [self.state.specs().get(spec.name) for spec in specs]
+                self.state = self.state.apply(event)
+                for spec, old in zip(specs, olds, strict=True):
+                    changed = old is None or _resolution_key(old) != _resolution_key(spec)
+                    self._set_spec(spec, resolution_changed=changed)
             case _:
                 self.state = self.state.apply(event)
 

@@ -45,6 +45,7 @@ from schemas.quota_service import (
     CheckRequest,
     CommandReply,
     CommandRequest,
+    Outcome,
     QuotaChange,
     QuotaStatusComputed,
     QuotaStatusEvent,
@@ -328,12 +329,11 @@ class QuotaService:
             case _:
                 pass
 
-    async def _caught_up(self, tree: str, seq: int) -> bool:
-        """Wait until the model has seen sequence `seq` on the tree's subject; False on timeout."""
-
+    async def _caught_up(self, seq: int) -> bool:
+        """Wait until the model has seen the quota log up to sequence `seq`; False on timeout."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.command_timeout_seconds
-        while self.model.tree_seq.get(tree, 0) < seq:
+        while self.model.events_seq < seq:
             self._progress.clear()
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -458,18 +458,17 @@ class QuotaService:
         return dt.datetime.fromtimestamp(self._clock(), dt.UTC)
 
     async def execute(self, request: CommandRequest) -> CommandReply:
-        """Decide and append one command (see the module docstring)."""
+        """Decide and append one command (see the module docstring). The service first applies everything the log
+        holds, so each event's expected sequence is the last one on its tree's subject as the service saw it."""
         command = request.command
         async with self._command_lock:
             tree = aggregate.tree_of(self.model.state, command)
-            subject = subjects.quota_events(tree)
-            last = await self.bus.last_on_subject(streams.KOORD_QUOTA, subject)
-            expected = 0 if last is None else last.stream_seq
-            if not await self._caught_up(tree, expected):
+            _, last = await self.bus.stream_info(streams.KOORD_QUOTA)
+            if not await self._caught_up(last):
                 return CommandReply(
                     outcome="unavailable",
                     tree=tree,
-                    message=f"the quota service has not yet applied event {expected} of tree {tree}; try again",
+                    message=f"the quota service has not yet applied the quota log up to event {last}; try again",
                 )
             conflict = self._object_conflict(request)
             if conflict:
@@ -480,25 +479,29 @@ class QuotaService:
                 return CommandReply(
                     outcome="rejected", tree=tree, violations=rejected.violations, message=str(rejected)
                 )
-            seq, duplicate = expected, False
+            if request.dry_run or not events:
+                return self._reply(events, outcome="valid" if request.dry_run else "applied", tree=tree)
+            seq, duplicate = 0, False
             for position, event in enumerate(events):
+                tree = aggregate.event_tree(event)
                 try:
                     ack = await self.bus.publish(
-                        subject,
+                        subjects.quota_events(tree),
                         ev.encode_quota_event(event),
                         msg_id=msg_id("quota.command", command.command_id, position),
-                        options=PublishOptions(expected_last_subject_seq=seq),
+                        options=PublishOptions(expected_last_subject_seq=self.model.tree_seq.get(tree, 0)),
                     )
                 except ConflictError:
+                    done = f" ({position} of {len(events)} events were appended)" if position else ""
                     return CommandReply(
                         outcome="conflict",
                         tree=tree,
                         message=f"tree {tree} changed while this command was decided (another writer won the "
-                        "race); read it again and retry",
+                        f"race){done}; read it again and retry",
                     )
                 seq, duplicate = ack.seq, duplicate or ack.duplicate
-            await self._caught_up(tree, seq)
-            return self._applied_reply(events, tree=tree, seq=seq, duplicate=duplicate)
+                await self._caught_up(seq)
+            return self._reply(events, outcome="applied", tree=tree, seq=seq, duplicate=duplicate)
 
     def _object_conflict(self, request: CommandRequest) -> str:
         wanted = request.expected_resource_version
@@ -526,18 +529,26 @@ class QuotaService:
         version = "" if current is None else current.metadata.resource_version
         return _version_conflict(f"quota {name}", version, wanted)
 
-    def _applied_reply(self, events: list[ev.QuotaEvent], *, tree: str, seq: int, duplicate: bool) -> CommandReply:
-        last = events[-1]
-        match last:
-            case ev.QuotaCreated(quota=obj) | ev.QuotaUpdated(quota=obj):
-                current = self.model.state.quotas.get(obj.metadata.name, obj)
-                return CommandReply(outcome="applied", tree=tree, seq=seq, duplicate=duplicate, quota=current)
-            case ev.QuotaDeleted(quota=obj):
-                return CommandReply(outcome="applied", tree=tree, seq=seq, duplicate=duplicate, quota=obj)
-            case ev.ProfileCreated(profile=p) | ev.ProfileUpdated(profile=p) | ev.ProfileDeleted(profile=p):
-                profile = self.model.state.profiles.get(p.metadata.name, p)
-                return CommandReply(outcome="applied", tree=tree, seq=seq, duplicate=duplicate, profile=profile)
-        raise TypeError(f"not a quota event: {last!r}")
+    def _reply(
+        self, events: list[ev.QuotaEvent], *, outcome: Outcome, tree: str, seq: int = 0, duplicate: bool = False
+    ) -> CommandReply:
+        """The reply to a decided command: the objects as they are now (after its events) or would be (dry run)."""
+        reply = CommandReply(outcome=outcome, tree=tree, seq=seq, duplicate=duplicate)
+        quotas: list[quota.ElasticQuota] = []
+        for event in events:
+            match event:
+                case ev.QuotaCreated(quota=obj) | ev.QuotaUpdated(quota=obj):
+                    quotas.append(self.model.state.quotas.get(obj.metadata.name, obj) if seq else obj)
+                case ev.QuotaDeleted(quota=obj):
+                    quotas.append(obj)
+                case ev.QuotasImported(quotas=objs):
+                    quotas.extend(self.model.state.quotas.get(o.metadata.name, o) if seq else o for o in objs)
+                case ev.ProfileCreated(profile=p) | ev.ProfileUpdated(profile=p) | ev.ProfileDeleted(profile=p):
+                    profile = self.model.state.profiles.get(p.metadata.name, p) if seq else p
+                    reply = msgspec.structs.replace(reply, profile=profile)
+        if quotas:
+            reply = msgspec.structs.replace(reply, quota=quotas[-1], quotas=quotas)
+        return reply
 
 
 def _version_conflict(what: str, current: str, wanted: str) -> str:

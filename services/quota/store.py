@@ -30,9 +30,9 @@ class QuotaEventRow(db.Base):
     __table_args__ = (sa.Index("ix_quota_events_name_seq", "name", "stream_seq"),)
 
     stream_seq: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(253), primary_key=True)
+    """The quota's (or profile's) name; empty for an unreadable event. An import has a row per quota."""
     tree: Mapped[str] = mapped_column(sa.String(253))
-    name: Mapped[str] = mapped_column(sa.String(253))
-    """The quota's (or profile's) name; empty for an unreadable event."""
     type: Mapped[str] = mapped_column(sa.String(64))
     actor: Mapped[str] = mapped_column(sa.String(253))
     time: Mapped[float] = mapped_column(sa.Double)
@@ -101,24 +101,27 @@ class LoggedEvent:
     event: ev.QuotaEvent | None
 
 
-def _event_row(item: LoggedEvent) -> dict[str, Any]:
+def _event_rows(item: LoggedEvent) -> list[dict[str, Any]]:
+    """One history row per object the event carries (an import carries many; an unreadable event gets one)."""
     event = item.event
-    name, kind, actor, at, command_id = "", "unreadable", "", 0.0, ""
-    if event is not None:
-        obj = event.quota if isinstance(event, ev.QuotaCreated | ev.QuotaUpdated | ev.QuotaDeleted) else event.profile
-        name, kind = obj.metadata.name, str(event.__struct_config__.tag)
-        actor, at, command_id = event.actor, event.time.timestamp(), event.command_id
     text = item.data.decode("utf-8", errors="replace")
-    return {
-        "stream_seq": item.stream_seq,
-        "tree": item.tree,
-        "name": name,
-        "type": kind,
-        "actor": actor,
-        "time": at,
-        "command_id": command_id,
-        "event": text,
+    base = {"stream_seq": item.stream_seq, "tree": item.tree, "event": text}
+    if event is None:
+        return [{**base, "name": "", "type": "unreadable", "actor": "", "time": 0.0, "command_id": ""}]
+    match event:
+        case ev.QuotaCreated(quota=obj) | ev.QuotaUpdated(quota=obj) | ev.QuotaDeleted(quota=obj):
+            names = [obj.metadata.name]
+        case ev.QuotasImported(quotas=objs):
+            names = [obj.metadata.name for obj in objs]
+        case ev.ProfileCreated(profile=p) | ev.ProfileUpdated(profile=p) | ev.ProfileDeleted(profile=p):
+            names = [p.metadata.name]
+    common = {
+        "type": str(event.__struct_config__.tag),
+        "actor": event.actor,
+        "time": event.time.timestamp(),
+        "command_id": event.command_id,
     }
+    return [{**base, **common, "name": name} for name in names]
 
 
 class QuotaStore:
@@ -140,7 +143,7 @@ class QuotaStore:
             fresh = sorted((i for i in items if i.stream_seq > offset), key=lambda i: i.stream_seq)
             if not fresh:
                 return 0
-            await connection.execute(sa.insert(_EVENTS), [_event_row(i) for i in fresh])
+            await connection.execute(sa.insert(_EVENTS), [row for i in fresh for row in _event_rows(i)])
             upsert = db.upsert(
                 _PROFILES, dialect_name=connection.dialect.name, key=["name"], update=["tree", "profile", "stream_seq"]
             )

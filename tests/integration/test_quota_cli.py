@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+import yaml
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from koordbus import cli, runtime
 from services.api import auth
+from tests.fakes.kube_api import FakeKubeApi
 from tests.integration.test_noderesource_service import eventually
 from tests.support import api_auth
 from tests.support.quota_stack import quota_stack
@@ -139,3 +141,62 @@ async def test_errors_are_clear(api_url: str, tmp_path: Path, capsys: pytest.Cap
     assert code == 2 and "is not valid YAML or JSON" in err
     code, _, err = await koordbus(capsys, f"http://127.0.0.1:{free_port()}", "tree")
     assert code == 2 and "cannot reach the koordbus API" in err
+
+
+IMPORT_YAML = """\
+apiVersion: v1
+kind: List
+items:
+- kind: ElasticQuota
+  metadata: {name: dev, namespace: teams, labels: {quota.scheduling.koordinator.sh/parent: eng},
+             resourceVersion: "77", uid: 0f0f}
+  spec: {min: {cpu: "10"}, max: {cpu: "40"}}
+  status: {used: {cpu: "2"}}
+- kind: ElasticQuota
+  metadata: {name: ops, namespace: teams, labels: {quota.scheduling.koordinator.sh/parent: eng}}
+  spec: {min: {cpu: "25"}, max: {cpu: "40"}}
+- kind: ElasticQuota
+  metadata: {name: eng, namespace: teams, labels: {quota.scheduling.koordinator.sh/is-parent: "true"}}
+  spec: {min: {cpu: "30"}, max: {cpu: "40"}}
+"""
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_import_refuses_an_invalid_tree_then_adopts_a_valid_one(
+    api_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    exported = tmp_path / "export.yaml"
+    exported.write_text(IMPORT_YAML)
+    code, out, err = await koordbus(capsys, api_url, "import", "-f", str(exported))
+    assert code == 1 and "import refused, nothing was changed" in err
+    assert "min-sum" in err or "exceeds" in err  # dev 10 + ops 25 > eng 30
+    code, out, _ = await koordbus(capsys, api_url, "tree")
+    assert " eng " not in out  # nothing appended
+
+    exported.write_text(IMPORT_YAML.replace('min: {cpu: "25"}', 'min: {cpu: "20"}'))
+    code, out, err = await koordbus(capsys, api_url, "import", "-f", str(exported), "--dry-run")
+    assert code == 0 and "would change 3" in out, err
+    code, out, err = await koordbus(capsys, api_url, "import", "-f", str(exported))
+    assert code == 0 and "imported 3, unchanged 0" in out, err
+    assert out.splitlines()[1:] == ["  elasticquota/eng", "  elasticquota/dev", "  elasticquota/ops"]
+    code, out, err = await koordbus(capsys, api_url, "import", "-f", str(exported))
+    assert code == 0 and "imported 0, unchanged 3" in out, err
+
+    async def dev_is_projected_at_the_import_sequence() -> bool:
+        code, out, _ = await koordbus(capsys, api_url, "get", "dev", "-o", "json")
+        return code == 0 and '"resourceVersion": "1"' in out
+
+    await eventually(dev_is_projected_at_the_import_sequence, timeout=15)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_import_reads_a_cluster(
+    api_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], kube_api: FakeKubeApi
+) -> None:
+    for item in yaml.safe_load(IMPORT_YAML.replace('min: {cpu: "25"}', 'min: {cpu: "20"}'))["items"]:
+        kube_api.put("ElasticQuota", {"apiVersion": "scheduling.sigs.k8s.io/v1alpha1", **item})
+    kubeconfig = kube_api.kubeconfig(tmp_path / "kubeconfig")
+    code, out, err = await koordbus(capsys, api_url, "import", "--kubeconfig", str(kubeconfig))
+    assert code == 0 and "3 ElasticQuotas read from the cluster" in out and "imported 3" in out, err
+    code, _, err = await koordbus(capsys, api_url, "import", "--kubeconfig", str(tmp_path / "nope"))
+    assert code == 2 and "does not exist" in err

@@ -15,7 +15,6 @@ import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bus import streams, subjects
-from bus.api import PublishOptions
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
 from schemas import kube, quota
@@ -221,32 +220,33 @@ async def test_two_replicas_racing_on_one_tree_cannot_both_win(nats_url: str) ->
 
 
 async def test_the_loser_of_a_stale_append_gets_a_conflict(bus: JetStreamBus) -> None:
-    """An event appended behind the service's back (as by another writer) after the service read the tree's last
-    sequence makes the service's own append fail: the expected-sequence check is on the NATS server."""
+    """Another writer appends to the tree after the service decided and before its own append lands: the
+    expected-sequence check on the NATS server refuses the service's event and the reply is a conflict."""
     service = await started(bus)
     try:
         await build_team(bus)
-        real_last = bus.last_on_subject
+        real_publish = bus.publish
 
-        async def stale_then_sneak(stream: str, subject: str) -> Any:
-            seen = await real_last(stream, subject)
-            sneak = ev.QuotaUpdated(
-                quota=service.model.state.quotas["b"], actor="other", time=service._now(), command_id="sneak"
-            )
-            await bus.publish(
-                subject,
-                ev.encode_quota_event(sneak),
-                msg_id="sneak",
-                options=PublishOptions(expected_last_subject_seq=3),
-            )
-            await eventually(lambda: service.model.tree_seq.get(DEFAULT_TREE) == 4)
-            return seen
+        async def another_writer_first(subject: str, data: bytes, *, msg_id: str, options: Any = None) -> Any:
+            if subject == subjects.quota_events(DEFAULT_TREE) and msg_id != "sneak":
+                sneak = ev.QuotaUpdated(
+                    quota=service.model.state.quotas["b"], actor="other", time=service._now(), command_id="sneak"
+                )
+                await real_publish(subject, ev.encode_quota_event(sneak), msg_id="sneak", options=options)
+            return await real_publish(subject, data, msg_id=msg_id, options=options)
 
-        bus.last_on_subject = stale_then_sneak  # type: ignore[method-assign]
+        bus.publish = another_writer_first  # type: ignore[method-assign]
         reply = await service.execute(
             CommandRequest(actor="alice", command=ev.PatchQuota(command_id=cid(), name="a", patch={"spec": {}}))
         )
         assert reply.outcome == "conflict" and "another writer won the race" in reply.message
+        bus.publish = real_publish  # type: ignore[method-assign]
+        count, _ = await bus.stream_info(streams.KOORD_QUOTA)
+        assert count == 4  # the other writer's event only
+        retry = await service.execute(
+            CommandRequest(actor="alice", command=ev.PatchQuota(command_id=cid(), name="a", patch={"spec": {}}))
+        )
+        assert retry.outcome == "applied" and retry.seq == 5  # on fresh state, the retry wins
     finally:
         await service.stop()
 

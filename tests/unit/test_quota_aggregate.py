@@ -11,6 +11,7 @@ from schemas import quota, resources
 from schemas import quota_events as ev
 from services.quota import validation
 from services.quota.aggregate import DEFAULT_TREE, QuotaTreeState, Rejected, decide, replay, tree_of
+from services.quota.aggregate import event_tree as tree_of_event
 from tests.unit.test_quota_validation import eq
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -157,3 +158,42 @@ def test_fold_equals_incremental_state_and_invariants_hold(cmds: list[ev.QuotaCo
     assert replay(log) == state
     if accepted:  # every prefix of the log rebuilds a valid state too
         _check_invariants(replay(log[: len(log) // 2]))
+
+
+def test_an_import_places_parents_first_and_yields_one_event_per_tree() -> None:
+    batch = (
+        eq("a", parent="org", min={"cpu": "2"}),
+        eq("gpu-a", parent="gpu", tree="gpu"),
+        eq("org", is_parent=True, min={"cpu": "4"}),
+        eq("gpu", is_parent=True, tree="gpu", labels={quota.LABEL_IS_ROOT: "true"}),
+    )
+    events = decide(
+        QuotaTreeState(), ev.ImportQuotas(command_id="i", quotas=batch), now=NOW, actor="x", pods_by_quota={}
+    )
+    assert [type(e) for e in events] == [ev.QuotasImported, ev.QuotasImported]
+    by_tree = {tree_of_event(e): [q.metadata.name for q in e.quotas] for e in events}  # type: ignore[union-attr]
+    assert by_tree == {DEFAULT_TREE: ["org", "a"], "gpu": ["gpu", "gpu-a"]}
+    state = replay(events)
+    assert state.specs()["a"].parent == "org" and state.specs()["gpu-a"].tree_id == "gpu"
+    again = decide(state, ev.ImportQuotas(command_id="j", quotas=batch), now=NOW, actor="x", pods_by_quota={})
+    assert again == []  # nothing changed: nothing to append
+
+
+def test_an_import_reports_every_violation_and_appends_nothing() -> None:
+    batch = (
+        eq("org", is_parent=True, min={"cpu": "4"}),
+        eq("a", parent="org", min={"cpu": "3"}),
+        eq("b", parent="org", min={"cpu": "3"}),  # Σ min 6 > org's 4
+        eq("c", parent="missing"),
+        eq("x", parent="y", is_parent=True),
+        eq("y", parent="x", is_parent=True),  # a cycle
+        eq("a", parent="org"),  # twice
+    )
+    try:
+        decide(QuotaTreeState(), ev.ImportQuotas(command_id="i", quotas=batch), now=NOW, actor="x", pods_by_quota={})
+    except Rejected as rejected:
+        rules = sorted({(v.quota, v.rule) for v in rejected.violations})
+    else:
+        raise AssertionError("the import was accepted")
+    assert ("a", "name-unique") in rules and ("b", "min-sum") in rules
+    assert any(q == "c" for q, _ in rules) and {("x", "no-cycle"), ("y", "no-cycle")} <= set(rules)
