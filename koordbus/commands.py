@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import socket
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -310,6 +311,7 @@ async def _bridge_cluster(
     one, `koordbus up` records what would be written; `service k8s` refuses to start."""
     from services.k8s.client import KubeConfigError, api_client
     from services.k8s.observer import ClusterObserver
+    from services.k8s.quota_mirror import KubeQuotaSink, QuotaMirror
     from services.k8s.settings import K8sSettings
     from services.k8s.sinks import KubeSink, RecordingSink
     from services.k8s.writer import ClusterWriter
@@ -326,7 +328,7 @@ async def _bridge_cluster(
         return _Bridge(
             banner="none: record-only, see /api/v1/k8s/recorded-writes (--kubeconfig watches and writes a cluster)",
             readiness=[],
-            recorded_writes=recorder.export,
+            recorded_writes=await _record_quotas(stack, bus, registry, settings, recorder.export),
         )
     try:
         api = await api_client(settings)
@@ -345,7 +347,7 @@ async def _bridge_cluster(
         return _Bridge(
             banner=f"watching via {source}, dry run: see /api/v1/k8s/recorded-writes",
             readiness=[],
-            recorded_writes=recorder.export,
+            recorded_writes=await _record_quotas(stack, bus, registry, settings, recorder.export),
         )
     sink = KubeSink(
         api, conflict_retries=settings.write_conflict_retries, request_timeout=settings.write_timeout_seconds
@@ -353,7 +355,35 @@ async def _bridge_cluster(
     writer = ClusterWriter(bus, sink, settings=settings, registry=registry)
     await writer.start()
     stack.push_async_callback(writer.stop)
-    return _Bridge(banner=f"watching and writing via {source}", readiness=[("kubernetes", writer.readiness)])
+    readiness: list[tuple[str, Any]] = [("kubernetes", writer.readiness)]
+    if settings.mirror_quotas:
+        quota_sink = KubeQuotaSink(
+            api, conflict_retries=settings.write_conflict_retries, request_timeout=settings.write_timeout_seconds
+        )
+        mirror = QuotaMirror(bus, quota_sink, settings=settings, registry=registry)
+        await mirror.start()
+        stack.push_async_callback(mirror.stop)
+        readiness.append(("kubernetes-quotas", mirror.readiness))
+    return _Bridge(banner=f"watching and writing via {source}", readiness=readiness)
+
+
+async def _record_quotas(
+    stack: AsyncExitStack, bus: Any, registry: Any, settings: Any, nodes_export: Any
+) -> Callable[[], Any]:
+    """Record-only mode for the quota mirror too: what the recorded-writes route shows, ElasticQuotas included."""
+    from services.k8s.quota_mirror import QuotaMirror, RecordingQuotaSink
+
+    if not settings.mirror_quotas:
+        return nodes_export  # type: ignore[no-any-return]
+    quota_sink = RecordingQuotaSink(keep=settings.recorded_writes_kept)
+    mirror = QuotaMirror(bus, quota_sink, settings=settings, registry=registry)
+    await mirror.start()
+    stack.push_async_callback(mirror.stop)
+
+    def export() -> Any:
+        return {**nodes_export(), "quotas": quota_sink.export()}
+
+    return export
 
 
 async def run_agent(args: argparse.Namespace) -> int:

@@ -28,7 +28,8 @@ class QuotaStatusComputed(msgspec.Struct, frozen=True, kw_only=True, tag="quota.
     """The last KOORD_QUOTA sequence the service had applied."""
     deleted: bool = False
     object: ElasticQuota | None = None
-    """The quota as stored (resourceVersion = the sequence of the event that last changed it); None when deleted."""
+    """The quota as stored (resourceVersion = the sequence of the event that last changed it); when deleted, the
+    object as it was (so a reader knows its namespace), if the service knows it."""
     state: QuotaState | None = None
     pods: int = 0
     """Pods resolved to this quota (pending and assigned)."""

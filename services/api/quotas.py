@@ -209,7 +209,7 @@ async def list_quotas(
 @router.get("/quotas/{name}", summary="One ElasticQuota with its computed annotations and status.used")
 async def get_quota(request: Request, name: str) -> dict[str, Any]:
     status = await _store(request).quota(name)
-    if status is None or status.object is None:
+    if status is None or status.object is None or status.deleted:
         raise HTTPException(404, f"no quota named {name!r}")
     return render(status)
 

@@ -35,6 +35,12 @@ class K8sSettings:
     """Timeout of one write request (connect and read)."""
     unhealthy_after_write_failures: int = 5
     """Consecutive failed writes after which the writer reports unhealthy (/readyz); one success clears it."""
+    quota_write_interval_seconds: float = 1.0
+    """At most one ElasticQuota write per quota this often (koord-scheduler writes its status back every second);
+    newer statuses coalesce meanwhile."""
+    mirror_quotas: bool = True
+    """Mirror koordbus's quota trees to ElasticQuota objects (so koord-scheduler consumes them); false leaves the
+    cluster's ElasticQuotas alone."""
     recorded_writes_kept: int = 1000
     """Record-only mode: how many of the latest writes it would have made are kept in its log."""
 
@@ -57,5 +63,7 @@ class K8sSettings:
             raise ValueError(
                 "write_concurrency, unhealthy_after_write_failures and recorded_writes_kept must be positive"
             )
+        if self.quota_write_interval_seconds < 0:
+            raise ValueError("quota_write_interval_seconds must not be negative")
         if self.write_timeout_seconds <= 0:
             raise ValueError("write_timeout_seconds must be positive")

@@ -132,6 +132,9 @@ class QuotaModel:
         self.corrupt: dict[str, str] = {}
         """Tree → why its last unusable event was skipped (the tree stays at its last valid state)."""
         self.events_seq = 0
+        self.deleted: dict[str, quota.ElasticQuota] = {}
+        """Quotas deleted (as they were), until a quota of that name is created again: their tombstones say where
+        they lived."""
         self._pods: dict[str, _PodEntry] = {}
         self._loads = _Loads()
         self._nodes: dict[str, resources.ResourceList] = {}
@@ -194,6 +197,7 @@ class QuotaModel:
                 self._set_spec(spec, resolution_changed=old is None or _resolution_key(old) != _resolution_key(spec))
             case ev.QuotaDeleted(quota=obj):
                 self.state = self.state.apply(event)
+                self.deleted[obj.metadata.name] = obj
                 self._drop_spec(obj.metadata.name)
             case ev.QuotasImported(quotas=objs):
                 specs = [quota.quota_spec(obj) for obj in objs]  # all readable, or nothing changes
@@ -211,6 +215,7 @@ class QuotaModel:
 
     def _set_spec(self, spec: quota.QuotaSpec, *, resolution_changed: bool) -> None:
         name = spec.name
+        self.deleted.pop(name, None)
         old_tree = self._tree_of.get(name)
         if old_tree is not None and old_tree != tree_key(spec) and name not in quota.SPECIAL_QUOTAS:
             self.trees[old_tree].remove(name)

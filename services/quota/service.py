@@ -371,7 +371,9 @@ class QuotaService:
         subject = subjects.quota_status(name)
         tree = self.model.tree_of_quota(name)
         if tree is None:
-            content = QuotaStatusComputed(quota=name, tree="", computed_at=0.0, events_seq=0, deleted=True)
+            content = QuotaStatusComputed(
+                quota=name, tree="", computed_at=0.0, events_seq=0, deleted=True, object=self.model.deleted.get(name)
+            )
         else:
             content = QuotaStatusComputed(
                 quota=name,

@@ -1,0 +1,277 @@
+"""The quota mirror: koordbus's quota trees written to the cluster as ElasticQuota objects, for koord-scheduler.
+
+`QuotaMirror` follows every quota's latest status (KOORD_QUOTA_STATUS, last value per subject, the durable reset at
+start so a restart re-applies the latest state of every quota) and writes each quota's ElasticQuota: created when
+missing, replaced when its spec, koordbus's labels and annotations, the write-back annotations or status.used differ
+(services.k8s.quota_writes decides; nothing is written when the object already holds the values), deleted when
+the quota is. It never writes from the consumer: the latest status per quota waits in a pending map (a newer one
+replaces an unwritten older one) and a writer task drains it, at most once per quota every
+`quota_write_interval_seconds`. A failed write is retried with exponential backoff until it succeeds or a newer
+status replaces it; after `unhealthy_after_write_failures` consecutive failures `healthy()` is False (/readyz).
+Where the writes go is a QuotaSink: the API server (`KubeQuotaSink`, a PUT guarded by the object's resourceVersion,
+re-read and retried on 409) or, in record-only mode, a `RecordingQuotaSink`. Built by the composition root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Protocol
+
+import aiohttp
+from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
+from prometheus_client import CollectorRegistry, Counter
+
+from bus import streams, subjects
+from bus.api import Bus, Consumer, ConsumerSpec, Delivery
+from schemas.quota_service import QUOTA_STATUS_DECODER, QuotaStatusComputed
+from services.k8s import quota_writes
+from services.k8s.settings import K8sSettings
+from services.k8s.sinks import WriteFailedError
+from services.k8s.writes import WriteHealth
+
+log = logging.getLogger(__name__)
+
+SERVICE: Final = "k8s-quota-mirror"
+CONSUMER: Final = "k8s-quota-mirror"
+HTTP_NOT_FOUND, HTTP_CONFLICT = 404, 409
+MAX_BACKOFF_SECONDS: Final = 30.0
+
+Json = dict[str, Any]
+
+
+class QuotaSink(Protocol):
+    async def write(self, desired: Json) -> str:
+        """Make the object as desired; returns created / updated / unchanged."""
+        ...
+
+    async def delete(self, namespace: str, name: str) -> str:
+        """Remove it; returns deleted / unchanged (it was not there)."""
+        ...
+
+
+class KubeQuotaSink:
+    def __init__(self, api_client: ApiClient, *, conflict_retries: int = 5, request_timeout: float = 30.0) -> None:
+        self._custom = CustomObjectsApi(api_client)
+        self._attempts = conflict_retries + 1
+        self._timeout = request_timeout
+
+    async def write(self, desired: Json) -> str:
+        meta = desired["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        where = (quota_writes.GROUP, quota_writes.VERSION, namespace, quota_writes.PLURAL)
+        for _ in range(self._attempts):
+            status, body = await self._request(self._custom.get_namespaced_custom_object(*where, name, **self._opts()))
+            if status == HTTP_NOT_FOUND:
+                status, body = await self._request(
+                    self._custom.create_namespaced_custom_object(*where, desired, **self._opts())
+                )
+                if status == HTTP_CONFLICT:
+                    continue  # created meanwhile: read it and compare
+                _check(status, body, f"create ElasticQuota {namespace}/{name}")
+                return "created"
+            current = _check(status, body, f"get ElasticQuota {namespace}/{name}")
+            update = quota_writes.quota_update(current, desired)
+            if update is None:
+                return "unchanged"
+            status, body = await self._request(
+                self._custom.replace_namespaced_custom_object(*where, name, update[0], **self._opts())
+            )
+            if status == HTTP_CONFLICT:
+                continue
+            _check(status, body, f"replace ElasticQuota {namespace}/{name}")
+            return "updated"
+        raise WriteFailedError(f"ElasticQuota {namespace}/{name}: still changing under us after {self._attempts} tries")
+
+    async def delete(self, namespace: str, name: str) -> str:
+        where = (quota_writes.GROUP, quota_writes.VERSION, namespace, quota_writes.PLURAL)
+        status, body = await self._request(self._custom.delete_namespaced_custom_object(*where, name, **self._opts()))
+        if status == HTTP_NOT_FOUND:
+            return "unchanged"
+        _check(status, body, f"delete ElasticQuota {namespace}/{name}")
+        return "deleted"
+
+    def _opts(self) -> dict[str, Any]:
+        return {"_preload_content": False, "_request_timeout": self._timeout}
+
+    @staticmethod
+    async def _request(call: Awaitable[object]) -> tuple[int, bytes]:
+        try:
+            response = await call
+            if not isinstance(response, aiohttp.ClientResponse):
+                raise TypeError(f"expected a raw aiohttp response, got {type(response).__name__}")
+            async with response:
+                return response.status, await response.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as err:
+            raise WriteFailedError(f"request failed: {type(err).__name__}: {err}") from err
+
+
+def _check(status: int, body: bytes, what: str) -> Json:
+    if not 200 <= status <= 299:
+        raise WriteFailedError(f"{what}: HTTP {status}: {body[:300].decode(errors='replace')}", retry=status != 422)
+    parsed = json.loads(body)
+    if not isinstance(parsed, dict):
+        raise WriteFailedError(f"{what}: the response is not a JSON object")
+    return parsed
+
+
+class RecordingQuotaSink:
+    """Record-only mode: keeps what would be written (services.k8s.quota_writes.QuotaRecorder)."""
+
+    def __init__(self, *, keep: int = 1000, clock: Callable[[], float] = time.time) -> None:
+        self.recorder = quota_writes.QuotaRecorder(keep=keep)
+        self._clock = clock
+
+    async def write(self, desired: Json) -> str:
+        return self.recorder.write(desired, now=self._clock())
+
+    async def delete(self, namespace: str, name: str) -> str:
+        return self.recorder.delete(namespace, name, now=self._clock())
+
+    def export(self) -> Json:
+        return self.recorder.export()
+
+
+class _Handler:
+    def __init__(self, mirror: QuotaMirror) -> None:
+        self._mirror = mirror
+
+    async def handle(self, delivery: Delivery) -> None:
+        status = QUOTA_STATUS_DECODER.decode(delivery.data)
+        if isinstance(status, QuotaStatusComputed):
+            self._mirror.offer(status)
+
+    async def flush(self) -> None:
+        return None
+
+
+class QuotaMirror:
+    def __init__(
+        self,
+        bus: Bus,
+        sink: QuotaSink,
+        *,
+        settings: K8sSettings,
+        registry: CollectorRegistry,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.bus = bus
+        self.sink = sink
+        self.settings = settings
+        self._clock = clock
+        self._pending: dict[str, QuotaStatusComputed] = {}
+        self._not_before: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
+        self._last_write: dict[str, float] = {}
+        self._wake = asyncio.Event()
+        self._health = WriteHealth(settings.unhealthy_after_write_failures)
+        self._consumer: Consumer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._writes = Counter(
+            "koordbus_k8s_quota_writes", "ElasticQuota writes by outcome", ["action"], registry=registry
+        )
+
+    async def start(self) -> None:
+        spec = ConsumerSpec(
+            durable=CONSUMER,
+            stream=streams.KOORD_QUOTA_STATUS,
+            filter_subjects=(subjects.QUOTA_STATUS_ALL,),
+            service=SERVICE,
+            deliver_policy="last_per_subject",
+        )
+        self._consumer = self.bus.consume(spec, _Handler(self), reset=True)
+        self._task = asyncio.create_task(self._run(), name="quota-mirror")
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def healthy(self) -> bool:
+        return self._health.healthy
+
+    async def readiness(self) -> str | None:
+        if self._health.healthy:
+            return None
+        return f"ElasticQuota writes failing: {self._health.last_error}"
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """True once the consumer is drained and nothing waits to be written (tests)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        if self._consumer is not None and not await self._consumer.wait_idle(timeout):
+            return False
+        while self._pending:
+            if loop.time() > deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    def offer(self, status: QuotaStatusComputed) -> None:
+        self._pending[status.quota] = status
+        self._failures.pop(status.quota, None)
+        last = self._last_write.get(status.quota)
+        interval = self.settings.quota_write_interval_seconds
+        self._not_before[status.quota] = self._clock() if last is None else max(self._clock(), last + interval)
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            now = self._clock()
+            due = [name for name, at in self._not_before.items() if at <= now and name in self._pending]
+            for name in sorted(due):
+                await self._write(name)
+            waits = [at - self._clock() for name, at in self._not_before.items() if name in self._pending]
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.0, min(waits)) if waits else None)
+
+    async def _write(self, name: str) -> None:
+        status = self._pending.pop(name)
+        try:
+            desired = quota_writes.desired_quota(status)
+            if desired is not None:
+                action = await self.sink.write(desired)
+            elif status.object is not None:
+                action = await self.sink.delete(status.object.metadata.namespace, name)
+            else:
+                action = "skipped"  # a tombstone whose namespace nobody knows any more
+        except WriteFailedError as e:
+            self._failed(name, status, str(e), retry=e.retry)
+            return
+        except Exception as e:  # a bug or a malformed status must not stop the mirror
+            log.exception("quota mirror: writing %s failed", name)
+            self._failed(name, status, f"{type(e).__name__}: {e}", retry=False)
+            return
+        self._health.succeeded()
+        self._failures.pop(name, None)
+        self._last_write[name] = self._clock()
+        self._writes.labels(action=action).inc()
+        if action != "unchanged":
+            log.info("quota mirror: elasticquota %s %s", name, action)
+
+    def _failed(self, name: str, status: QuotaStatusComputed, reason: str, *, retry: bool) -> None:
+        self._health.failed(reason)
+        self._writes.labels(action="failed").inc()
+        log.warning("quota mirror: elasticquota %s: %s%s", name, reason, "" if retry else " (not retried)")
+        if not retry or name in self._pending:  # a newer status replaces this one
+            return
+        failures = self._failures.get(name, 0) + 1
+        self._failures[name] = failures
+        self._pending[name] = status
+        self._not_before[name] = self._clock() + min(
+            MAX_BACKOFF_SECONDS, self.settings.backoff_initial_seconds * 2 ** (failures - 1)
+        )
