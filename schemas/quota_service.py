@@ -34,6 +34,8 @@ class QuotaStatusComputed(msgspec.Struct, frozen=True, kw_only=True, tag="quota.
     pods: int = 0
     """Pods resolved to this quota (pending and assigned)."""
     explanation: QuotaRuntimeExplanation | None = None
+    problems: list[str] = []
+    """Invariants this quota breaks now (used above max, its children's runtimes above its own)."""
 
 
 class QuotaTreeComputed(msgspec.Struct, frozen=True, kw_only=True, tag="quota.tree.v1"):

@@ -434,6 +434,7 @@ async def get_tree(request: Request, tree: str) -> dict[str, Any]:
             "children": sorted(children.get(s.quota, [])),
             "attached": s.state.attached if s.state is not None else False,
             "pods": s.pods,
+            "problems": list(s.problems),
             **figures(s.state),
         }
         for s in statuses

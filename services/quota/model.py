@@ -129,6 +129,9 @@ class QuotaModel:
         self.trees: dict[str, QuotaTree] = {}
         self.tree_seq: dict[str, int] = {}
         """Tree → the last stream sequence seen on its subject (applied or not)."""
+        self.problems: dict[str, list[str]] = {}
+        """Quota → the invariants it breaks right now (used above max; children's runtimes above its runtime),
+        checked for every quota whose state may have changed."""
         self.corrupt: dict[str, str] = {}
         """Tree → why its last unusable event was skipped (the tree stays at its last valid state)."""
         self.events_seq = 0
@@ -344,7 +347,25 @@ class QuotaModel:
             self._set_totals()
         for key, tree in self.trees.items():
             note(key, tree.refresh())
-        return {k: v for k, v in changed.items() if v}
+        changed = {k: v for k, v in changed.items() if v}
+        for key, names in changed.items():
+            self._check_invariants(key, names)
+        return changed
+
+    def _check_invariants(self, key: str, names: set[str]) -> None:
+        """Re-check the invariants of `names` and of their parents (a child's runtime is in its parent's sum)."""
+        tree = self.trees[key]
+        parents = {tree.spec(n).parent for n in names if n in tree and tree.is_attached(n)}
+        for name in names | parents:
+            if name not in tree or name in quota.SPECIAL_QUOTAS - {quota.ROOT_QUOTA} or self._tree_of.get(name) != key:
+                if self._tree_of.get(name) is None:
+                    self.problems.pop(name, None)
+                continue
+            found = _invariant_problems(tree, name)
+            if found:
+                self.problems[name] = found
+            else:
+                self.problems.pop(name, None)
 
     def _set_totals(self) -> None:
         self._totals_dirty = False
@@ -493,6 +514,33 @@ class QuotaModel:
         tree = self.trees[key]
         tree.refresh()
         return {name: tree.state(name) if name in tree else None for name in names}
+
+
+def _invariant_problems(tree: QuotaTree, name: str) -> list[str]:
+    """What `name` breaks of: used ≤ max on every key of max; Σ children's runtimes ≤ its runtime on every key."""
+    out: list[str] = []
+    spec, used = tree.spec(name), tree.used(name)
+    for key, limit in sorted(spec.max.items()):
+        if used.get(key, 0) > limit:
+            out.append(
+                f"quota {name}: used {key} {quota.format_quota_amount(key, used[key])} exceeds max "
+                f"{quota.format_quota_amount(key, limit)}"
+            )
+    children = [c for c in tree.children(name) if c not in quota.SPECIAL_QUOTAS]
+    if children and (name == quota.ROOT_QUOTA or tree.is_attached(name)):
+        runtime = tree.runtime(name)
+        sums: dict[str, int] = {}
+        for child in children:
+            for key, value in tree.runtime(child).items():
+                sums[key] = sums.get(key, 0) + value
+        for key, value in sorted(sums.items()):
+            if key in runtime and value > runtime[key]:
+                out.append(
+                    f"quota {name}: its children's runtimes sum to {key} {quota.format_quota_amount(key, value)}, "
+                    f"above its runtime {quota.format_quota_amount(key, runtime[key])} (Σ min above the total, "
+                    "with min scaling off?)"
+                )
+    return out
 
 
 @dataclass(frozen=True, slots=True)

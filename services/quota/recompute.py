@@ -13,9 +13,19 @@ from collections.abc import Iterable, Mapping
 import msgspec
 
 from schemas import quota, resources
-from services.quota import distribute
+from services.quota import distribute, validation
 from services.quota.pods import EMPTY_LOAD, QuotaLoad
-from services.quota.runtime import OUTSIDE, ROOT, implicit_spec, limited_request, make_state, masked_load, strip_zeros
+from services.quota.runtime import (
+    OUTSIDE,
+    ROOT,
+    implicit_spec,
+    limited_request,
+    make_state,
+    masked_load,
+    quota_request,
+    request_cap,
+    strip_zeros,
+)
 
 
 class _Figures:
@@ -66,11 +76,9 @@ def compute_states(
         own = masked_load(loads.get(name, EMPTY_LOAD), spec.max)
         kids = [figures[c] for c in children[name]] if name in attached else []
         fig.child_request = strip_zeros(resources.add(own.request, resources.total(k.limited for k in kids)))
-        lends = spec.allow_lent_resource and not guarantee_usage
-        fig.request = (
-            fig.child_request if name == ROOT or lends else strip_zeros(resources.max_rl(fig.child_request, spec.min))
-        )
-        fig.limited = strip_zeros(limited_request(fig.request, spec.max))
+        limits = validation.sharing_limits(spec)
+        fig.request = quota_request(spec, limits, fig.child_request, guarantee_usage=guarantee_usage)
+        fig.limited = strip_zeros(limited_request(fig.request, request_cap(spec, limits)))
         fig.used = strip_zeros(resources.add(own.used, resources.total(k.used for k in kids)))
         fig.np_request = strip_zeros(
             resources.add(own.non_preemptible_request, resources.total(k.np_request for k in kids))
@@ -86,7 +94,10 @@ def compute_states(
     all_keys = sorted({k for s in by_name.values() if s.name not in quota.SPECIAL_QUOTAS for k in s.max})
     runtime_full: dict[str, resources.ResourceList] = {ROOT: root_total}
     scaled_by_name: dict[str, resources.ResourceList] = {}
+    strict: dict[str, bool] = {}  # fair sharing off at or above the quota
     for name in order:
+        above = strict.get(by_name[name].parent, False) if name != ROOT else False
+        strict[name] = above or not validation.sharing_limits(by_name[name]).fair_sharing
         parent_total = runtime_full[name]
         kid_names = children[name]
         if not kid_names:
@@ -101,7 +112,11 @@ def compute_states(
             claims = [
                 distribute.Claim(
                     name=kid,
-                    request=figures[kid].limited.get(key, 0),
+                    request=(
+                        min(figures[kid].limited.get(key, 0), scaled[kid].get(key, 0))
+                        if strict[name]
+                        else figures[kid].limited.get(key, 0)
+                    ),
                     min=scaled[kid].get(key, 0),
                     weight=by_name[kid].shared_weight.get(key, 0),
                     allow_lent=by_name[kid].allow_lent_resource and not guarantee_usage,

@@ -30,7 +30,7 @@ from typing import Final, Protocol
 import msgspec
 
 from schemas import quota, resources
-from services.quota import distribute
+from services.quota import distribute, validation
 from services.quota.pods import EMPTY_LOAD, QuotaLoad
 
 ROOT: Final = quota.ROOT_QUOTA
@@ -52,6 +52,35 @@ def limited_request(request: Mapping[str, int], max_rl: Mapping[str, int]) -> re
     return {k: min(v, max_rl[k]) if k in max_rl else v for k, v in request.items()}
 
 
+def quota_request(
+    spec: quota.QuotaSpec,
+    limits: validation.SharingLimits,
+    child_request: resources.ResourceList,
+    *,
+    guarantee_usage: bool,
+) -> resources.ResourceList:
+    """The quota's request (§3.5): its own and its children's, raised to min when it may not lend; with a
+    lending limit (beyond Koordinator, Kueue's lendingLimit) raised to min − lendingLimit, the part it never lends."""
+    if spec.name != ROOT and not (spec.allow_lent_resource and not guarantee_usage):
+        return strip_zeros(resources.max_rl(child_request, spec.min))
+    if limits.lending is None or spec.name == ROOT:
+        return child_request
+    kept = {k: max(spec.min.get(k, 0) - v, 0) for k, v in limits.lending.items()}
+    return strip_zeros(resources.max_rl(child_request, kept))
+
+
+def request_cap(spec: quota.QuotaSpec, limits: validation.SharingLimits) -> Mapping[str, int]:
+    """What caps the request the parent sees: max, and with a borrowing limit (Kueue's borrowingLimit) min +
+    borrowingLimit, so the runtime never goes beyond it."""
+    if limits.borrowing is None:
+        return spec.max
+    cap = dict(spec.max)
+    for key, value in limits.borrowing.items():
+        ceiling = spec.min.get(key, 0) + value
+        cap[key] = min(cap.get(key, ceiling), ceiling)
+    return cap
+
+
 def implicit_spec(name: str, *, max_rl: Mapping[str, int] | None = None) -> quota.QuotaSpec:
     """The root, system or default quota as koord-scheduler creates it when no object exists."""
     if name == ROOT:
@@ -60,6 +89,20 @@ def implicit_spec(name: str, *, max_rl: Mapping[str, int] | None = None) -> quot
         )
     limit = dict(max_rl if max_rl is not None else quota.DEFAULT_GROUP_MAX)
     return quota.QuotaSpec(name=name, namespace=quota.QUOTA_NAMESPACE, max=limit, shared_weight=dict(limit))
+
+
+def sharing_note(limits: validation.SharingLimits, *, strict: bool) -> str:
+    """What koordbus's sharing controls did to a quota's claim, in words (empty when none applies)."""
+    notes = []
+    if strict:
+        notes.append(
+            "fair sharing is off above this quota (quota.koordbus.io/fair-sharing=false): it asks for at most its min"
+        )
+    if limits.lending is not None:
+        notes.append(f"lending limit {dict(limits.lending)}: it keeps min − lending limit even when idle")
+    if limits.borrowing is not None:
+        notes.append(f"borrowing limit {dict(limits.borrowing)}: its runtime stays within min + borrowing limit")
+    return "; ".join(notes)
 
 
 class _Node:
@@ -72,6 +115,7 @@ class _Node:
         "dists",
         "guaranteed",
         "limited",
+        "limits",
         "link",
         "load",
         "min_scaled",
@@ -92,6 +136,7 @@ class _Node:
 
     def __init__(self, spec: quota.QuotaSpec, load: QuotaLoad) -> None:
         self.spec = spec
+        self.limits = validation.sharing_limits(spec)
         self.load = load
         self.link: str | None = None
         self.children: dict[str, None] = {}
@@ -259,9 +304,13 @@ class QuotaTree:
         parent = self._nodes[path[0]]
         out: dict[str, quota.ResourceRuntimeExplanation] = {}
         for key, dist in sorted(parent.dists.items()):
-            out[key] = distribute.explain(key, dist, self._claim(node, key))
+            out[key] = distribute.explain(key, dist, self._claim(node, key, strict=self._strict(path[0])))
         return quota.QuotaRuntimeExplanation(
-            quota=name, parent=path[0], min_scaled=list(parent.min_scaled), resources=out
+            quota=name,
+            parent=path[0],
+            min_scaled=list(parent.min_scaled),
+            resources=out,
+            note=sharing_note(node.limits, strict=self._strict(path[0])),
         )
 
     # --- changing
@@ -282,6 +331,7 @@ class QuotaTree:
         if node is not None and name in OUTSIDE:
             before = node.used
             node.spec = spec
+            node.limits = validation.sharing_limits(spec)
             self._recount(node)
             if node.used != before:
                 self._dirty.add(ROOT)
@@ -298,11 +348,15 @@ class QuotaTree:
             return
         self._detach(name)
         old_keys = node.spec.max.keys()
+        old_fair = node.limits.fair_sharing
         self._count_keys(node.spec, -1)
         node.spec = spec
+        node.limits = validation.sharing_limits(spec)
         self._count_keys(spec, +1)
         if node.children and spec.max.keys() != old_keys:
             self._dirty.add(name)
+        if node.limits.fair_sharing != old_fair:
+            self._mark_subtree_dirty(name)
         self._recount(node)
         self._link(name)
         self._retry_pending()
@@ -398,11 +452,8 @@ class QuotaTree:
         own = masked_load(node.load, spec.max)
         node.own = own
         node.child_request = strip_zeros(resources.add(own.request, node.sub_request))
-        if spec.name == ROOT or (spec.allow_lent_resource and not self.guarantee_usage):
-            node.request = node.child_request
-        else:
-            node.request = strip_zeros(resources.max_rl(node.child_request, spec.min))
-        node.limited = strip_zeros(limited_request(node.request, spec.max))
+        node.request = quota_request(spec, node.limits, node.child_request, guarantee_usage=self.guarantee_usage)
+        node.limited = strip_zeros(limited_request(node.request, request_cap(spec, node.limits)))
         node.used = strip_zeros(resources.add(own.used, node.sub_used))
         node.np_request = strip_zeros(resources.add(own.non_preemptible_request, node.sub_np_request))
         node.np_used = strip_zeros(resources.add(own.non_preemptible_used, node.sub_np_used))
@@ -467,6 +518,25 @@ class QuotaTree:
         self._dirty.add(parent)
         self._propagate(parent, _deltas(self._contribution(node), ({}, {}, {}, {}, {})))
 
+    def _strict(self, name: str) -> bool:
+        """Whether fair sharing is off for `name`'s children: it or an ancestor says fair-sharing "false"."""
+        current: str | None = name
+        while current is not None:
+            node = self._nodes[current]
+            if not node.limits.fair_sharing:
+                return True
+            current = node.link
+        return False
+
+    def _mark_subtree_dirty(self, name: str) -> None:
+        """Every parent in `name`'s subtree distributes again (its fair-sharing setting changed)."""
+        stack = [name]
+        while stack:
+            node = self._nodes[stack.pop()]
+            if node.children:
+                self._dirty.add(node.spec.name)
+                stack.extend(node.children)
+
     def _closes_cycle(self, name: str, parent: str) -> bool:
         current: str | None = parent
         while current is not None:
@@ -475,11 +545,15 @@ class QuotaTree:
             current = self._nodes[current].link
         return False
 
-    def _claim(self, node: _Node, key: str) -> distribute.Claim:
+    def _claim(self, node: _Node, key: str, *, strict: bool = False) -> distribute.Claim:
+        """One child's claim; `strict` (fair sharing off above it): it asks for no more than its own min."""
         spec = node.spec
+        request = node.limited.get(key, 0)
+        if strict:
+            request = min(request, node.scaled_min.get(key, 0))
         return distribute.Claim(
             name=spec.name,
-            request=node.limited.get(key, 0),
+            request=request,
             min=node.scaled_min.get(key, 0),
             weight=spec.shared_weight.get(key, 0),
             allow_lent=spec.allow_lent_resource and not self.guarantee_usage,
@@ -502,8 +576,10 @@ class QuotaTree:
         )
         for child in children:
             child.scaled_min = scaled[child.spec.name]
+        strict = self._strict(name)
         parent.dists = {
-            key: distribute.distribute(total.get(key, 0), [self._claim(c, key) for c in children]) for key in keys
+            key: distribute.distribute(total.get(key, 0), [self._claim(c, key, strict=strict) for c in children])
+            for key in keys
         }
         changed: list[str] = []
         for child in children:

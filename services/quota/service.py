@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 
 import msgspec
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from bus import streams, subjects
 from bus.api import Bus, Consumer, ConsumerSpec, DeliverPolicy, Delivery, PublishOptions, Responder, msg_id
@@ -70,6 +70,7 @@ STATUS_PROJECTOR = "quota-status-projector"
 PROJECTION_RETRY_DELAY_SECONDS = 1.0
 RPC_QUEUE = "quota"
 PUBLISH_RETRY_DELAY_SECONDS = 1.0
+MAX_TREE_PROBLEMS = 20
 
 _COMMAND_DECODER = msgspec.json.Decoder(CommandRequest)
 _CHECK_DECODER = msgspec.json.Decoder(CheckRequest)
@@ -90,6 +91,11 @@ class _Instruments:
             "koordbus_quota_status_published", "Quota and tree statuses published", registry=registry
         )
         self.checks = Counter("koordbus_quota_checks", "Pods checked by the admission check", registry=registry)
+        self.invariants = Gauge(
+            "koordbus_quota_invariant_violations",
+            "Quotas breaking an invariant now (used above max, children's runtimes above their parent's)",
+            registry=registry,
+        )
 
 
 class _EventsHandler:
@@ -179,6 +185,7 @@ class QuotaService:
         self._clock = clock
         self._registry = registry
         self._metrics = _Instruments(registry)
+        self._metrics.invariants.set_function(lambda: len(self.model.problems))
         self._command_lock = asyncio.Lock()
         """One command at a time per service: it waits for its tree's latest event, decides, appends."""
         self._publish_lock = asyncio.Lock()
@@ -354,7 +361,7 @@ class QuotaService:
             published: dict[str, bytes] = {}
             for name in sorted(set().union(*changed.values())):
                 self._status_message(name, now, messages, published)
-            for tree in sorted({*changed, *self.model.corrupt}):
+            for tree in sorted({*changed, *self.model.corrupt}):  # problems only change with a tree's quotas
                 self._tree_message(tree, now, messages, published)
             if not messages:
                 return
@@ -384,6 +391,7 @@ class QuotaService:
                 state=self.model.state_of(name),
                 pods=self.model.pod_count(name),
                 explanation=self.model.explain(name),
+                problems=self.model.problems.get(name, []),
             )
         self._queue(subject, content, now, messages, published)
 
@@ -392,6 +400,15 @@ class QuotaService:
     ) -> None:
         runtime_tree = self.model.tree(tree)
         problems = [self.model.corrupt[tree]] if tree in self.model.corrupt else []
+        broken = [
+            p
+            for name, found in sorted(self.model.problems.items())
+            if self.model.tree_of_quota(name) == tree
+            for p in found
+        ]
+        problems += broken[:MAX_TREE_PROBLEMS]
+        if len(broken) > MAX_TREE_PROBLEMS:
+            problems.append(f"… and {len(broken) - MAX_TREE_PROBLEMS} more (see each quota's problems)")
         content = QuotaTreeComputed(
             tree=tree,
             computed_at=0.0,

@@ -8,7 +8,7 @@ delete. A `Violation` names the quota, the field, a rule id and a plain-words me
 
 Beyond Koordinator (issue 4 point 8): `quota.koordbus.io/lending-limit` and `quota.koordbus.io/borrowing-limit`
 (JSON ResourceLists, Kueue semantics) and `quota.koordbus.io/fair-sharing: "false"` are parsed and validated here
-(non-negative, keys ⊆ max); the runtime does not use them yet.
+(non-negative, keys ⊆ max); `sharing_limits` reads them for services.quota.runtime.
 """
 
 from __future__ import annotations
@@ -74,6 +74,43 @@ def find_cycle(quotas: Mapping[str, QuotaSpec], name: str) -> list[str] | None:
         parent = quotas[current].parent
         current = parent if parent and current != ROOT_QUOTA else None
     return None
+
+
+class SharingLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """koordbus's optional sharing controls of one quota (beyond Koordinator, user asks #9–#13)."""
+
+    lending: resources.ResourceList | None = None
+    """Kueue's lendingLimit: at most this much of its min may be lent to others (it keeps min − lending)."""
+    borrowing: resources.ResourceList | None = None
+    """Kueue's borrowingLimit: its runtime stays within min + borrowing."""
+    fair_sharing: bool = True
+    """False: below this quota, children get at most their own min (no lending to or borrowing from siblings)."""
+
+
+NO_LIMITS: Final = SharingLimits()
+
+
+def sharing_limits(spec: QuotaSpec) -> SharingLimits:
+    """The quota's sharing annotations as numbers; an unreadable one counts as absent (validation refuses such a
+    quota before it is stored, so this only matters for objects imported around it)."""
+    annotations = spec.annotations
+    if not any(
+        k in annotations for k in (ANNOTATION_LENDING_LIMIT, ANNOTATION_BORROWING_LIMIT, ANNOTATION_FAIR_SHARING)
+    ):
+        return NO_LIMITS
+
+    def limit(key: str) -> resources.ResourceList | None:
+        try:
+            rl = quota._annotation_resources(spec.name, annotations, key)
+        except quota.QuotaFormatError:
+            return None
+        return None if rl is None else {k: max(v, 0) for k, v in rl.items()}
+
+    return SharingLimits(
+        lending=limit(ANNOTATION_LENDING_LIMIT),
+        borrowing=limit(ANNOTATION_BORROWING_LIMIT),
+        fair_sharing=annotations.get(ANNOTATION_FAIR_SHARING) != "false",
+    )
 
 
 def _limit_annotation(spec: QuotaSpec, key: str, out: list[Violation]) -> None:

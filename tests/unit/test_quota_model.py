@@ -265,3 +265,22 @@ def test_check_resolves_each_pod_in_its_own_tree_and_reserves_in_order() -> None
     )
     assert [v.fits for v in verdicts] == [True, False, True]
     assert "exceeds runtime 4" in verdicts[1].reasons[0]
+
+
+def test_invariants_are_checked_after_every_change() -> None:
+    """Lowering a's max below what its running pods use breaks used ≤ max (a and its parent org); raising it back
+    clears both. Min scaling off with Σ min above the total breaks the children's-runtime sum at the root."""
+    model = team_model()
+    model.set_pod("apps/p", pod("p", "30", quota_name="a", node_name="n1"), now=T)
+    model.refresh()
+    assert model.problems == {}
+    run(model, ev.PatchQuota(command_id="m", name="a", patch={"spec": {"max": {"cpu": "20"}}}))
+    assert model.problems == {"a": ["quota a: used cpu 30 exceeds max 20"]}
+    run(model, ev.PatchQuota(command_id="n", name="a", patch={"spec": {"max": {"cpu": "40"}}}))
+    assert model.problems == {}
+
+    unscaled = team_model(enable_min_quota_scale=False)
+    unscaled.set_node("n1", node("n1", "20"))  # total 20 < org's min 30
+    unscaled.set_pod("apps/q", pod("q", "30", quota_name="a"), now=T)
+    unscaled.refresh()
+    assert any("children's runtimes sum to cpu 30" in p for p in unscaled.problems[quota.ROOT_QUOTA])

@@ -3,6 +3,7 @@ incremental bookkeeping checked against the from-scratch `compute_states`."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from schemas import quota as q
 from services.quota import distribute as d
-from services.quota import pods, recompute
+from services.quota import pods, recompute, validation
 from services.quota import runtime as rt
 
 ROOT = q.ROOT_QUOTA
@@ -341,6 +342,13 @@ def quota_specs(draw: st.DrawFn, names: tuple[str, ...] = NAMES) -> q.QuotaSpec:
     mx = {"cpu": draw(amounts), "memory": draw(amounts)}
     mn = {k: draw(st.integers(0, v)) for k, v in mx.items()}
     weight = {k: draw(st.integers(0, 5)) for k in mx}
+    annotations: dict[str, str] = {}  # koordbus's sharing controls, so both calculations must agree on them too
+    if draw(st.integers(0, 3)) == 0:
+        annotations[validation.ANNOTATION_LENDING_LIMIT] = json.dumps({"cpu": f"{draw(amounts)}m"})
+    if draw(st.integers(0, 3)) == 0:
+        annotations[validation.ANNOTATION_BORROWING_LIMIT] = json.dumps({"memory": str(draw(amounts))})
+    if draw(st.integers(0, 5)) == 0:
+        annotations[validation.ANNOTATION_FAIR_SHARING] = "false"
     return q.QuotaSpec(
         name=name,
         parent=parent,
@@ -349,6 +357,7 @@ def quota_specs(draw: st.DrawFn, names: tuple[str, ...] = NAMES) -> q.QuotaSpec:
         min=mn,
         max=mx,
         shared_weight=weight if any(weight.values()) else mx,
+        annotations=annotations,
     )
 
 
@@ -514,3 +523,59 @@ def test_koordinator_scaled_min_and_remainder_units() -> None:
     tree.set_total(_cpu_mem(600_000, 600 * gib))
     assert [tree.runtime(n) for n in "abc"] == [_cpu_mem(200_000, 200 * gib)] * 3
     assert tree.state("a").scaled_min == _cpu_mem(100_000, 100 * gib)
+
+
+# --- koordbus's sharing controls (beyond Koordinator)
+
+
+def annotated(base: q.QuotaSpec, **annotations: str) -> q.QuotaSpec:
+    keys = {
+        "lending": validation.ANNOTATION_LENDING_LIMIT,
+        "borrowing": validation.ANNOTATION_BORROWING_LIMIT,
+        "fair": validation.ANNOTATION_FAIR_SHARING,
+    }
+    return msgspec.structs.replace(base, annotations={keys[k]: v for k, v in annotations.items()})
+
+
+def two_teams(a: q.QuotaSpec, b: q.QuotaSpec, *, a_request: int, b_request: int) -> rt.QuotaTree:
+    tree = rt.QuotaTree({"cpu": 100_000})
+    tree.set_quota(a)
+    tree.set_quota(b)
+    tree.set_request(a.name, {"cpu": a_request})
+    tree.set_request(b.name, {"cpu": b_request})
+    return tree
+
+
+def test_a_lending_limit_keeps_part_of_an_idle_min() -> None:
+    """b (min 40) is idle; without a limit it lends all 40 and a (asking 100) gets 100. With lendingLimit 10 it
+    keeps 30, so a gets 70."""
+    a = spec("a", 40_000, weight=1)
+    assert two_teams(a, spec("b", 40_000, weight=1), a_request=100_000, b_request=0).runtime("a") == {"cpu": 100_000}
+    b = annotated(spec("b", 40_000, weight=1), lending='{"cpu":"10"}')
+    tree = two_teams(a, b, a_request=100_000, b_request=0)
+    assert tree.runtime("a") == {"cpu": 70_000} and tree.runtime("b") == {"cpu": 30_000}
+    assert tree.state("b").request == {"cpu": 30_000}
+    assert "lending limit" in tree.explain("b").note
+
+
+def test_a_borrowing_limit_caps_the_runtime_at_min_plus_the_limit() -> None:
+    a = annotated(spec("a", 40_000, weight=1), borrowing='{"cpu":"15"}')
+    tree = two_teams(a, spec("b", 40_000, weight=1), a_request=100_000, b_request=0)
+    assert tree.runtime("a") == {"cpu": 55_000}
+    assert tree.state("a").limited_request == {"cpu": 55_000}
+    assert "borrowing limit" in tree.explain("a").note
+
+
+def test_fair_sharing_off_gives_each_child_at_most_its_min_in_the_whole_subtree() -> None:
+    tree = rt.QuotaTree({"cpu": 100_000})
+    tree.set_quota(annotated(spec("org", 80_000, is_parent=True), fair="false"))
+    tree.set_quota(spec("team", 60_000, parent="org", is_parent=True))
+    tree.set_quota(spec("a", 30_000, parent="team"))
+    tree.set_quota(spec("b", 30_000, parent="team"))
+    tree.set_request("a", {"cpu": 90_000})
+    assert tree.runtime("a") == {"cpu": 30_000}  # b's idle min is not lent: strict below org
+    assert "fair sharing is off" in tree.explain("a").note
+    tree.set_quota(spec("org", 80_000, is_parent=True))  # fair sharing back on: the subtree redistributes
+    assert tree.runtime("a") == {"cpu": 90_000}  # its whole request
+    states = tree.states()
+    assert states == recompute.compute_states(tree.specs(), tree.loads(), tree.total)
