@@ -21,6 +21,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from schemas import kube, quantity, resources
+from schemas.selectors import LabelSelector
 
 API_VERSION: Final = "scheduling.sigs.k8s.io/v1alpha1"
 KIND: Final = "ElasticQuota"
@@ -113,17 +114,6 @@ class ElasticQuota(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     status: ElasticQuotaStatus = ElasticQuotaStatus()
 
 
-class LabelSelectorRequirement(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    key: str
-    operator: str
-    values: list[str] | None = None
-
-
-class LabelSelector(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, rename="camel"):
-    match_labels: dict[str, str] | None = None
-    match_expressions: list[LabelSelectorRequirement] | None = None
-
-
 class ElasticQuotaProfileSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, rename="camel"):
     quota_name: str
     node_selector: LabelSelector
@@ -148,7 +138,7 @@ def profile_to_json(profile: ElasticQuotaProfile) -> dict[str, Any]:
         "apiVersion": profile.api_version,
         "kind": profile.kind,
         "metadata": _metadata_json(profile.metadata, profile.metadata.labels, profile.metadata.annotations),
-        "spec": msgspec.to_builtins(profile.spec),
+        "spec": msgspec.json.decode(msgspec.json.encode(profile.spec)),
         **({"status": profile.status} if profile.status else {}),
     }
 
