@@ -30,7 +30,7 @@ import msgspec
 from schemas import kube, quota, resources
 from schemas import quota_events as ev
 from schemas.quota_events import Violation
-from services.quota import admission, aggregate
+from services.quota import admission, aggregate, profiles
 from services.quota.aggregate import DEFAULT_TREE, QuotaTreeState, Rejected
 from services.quota.pods import EMPTY_LOAD, QuotaIndex, QuotaLoad, pod_load
 from services.quota.runtime import QuotaTree
@@ -141,6 +141,7 @@ class QuotaModel:
         self._pods: dict[str, _PodEntry] = {}
         self._loads = _Loads()
         self._nodes: dict[str, resources.ResourceList] = {}
+        self._node_labels: dict[str, dict[str, str]] = {}
         self._node_total: resources.ResourceList = {}
         self._index: QuotaIndex | None = None
         self._reresolve = False
@@ -180,6 +181,21 @@ class QuotaModel:
         if self._index is None:
             self._index = QuotaIndex.build(self.state.specs().values())
         return self._index
+
+    def nodes(self) -> list[tuple[Mapping[str, str], Mapping[str, int]]]:
+        """(labels, allocatable) of every node observed."""
+        return [(self._node_labels.get(name, {}), allocatable) for name, allocatable in self._nodes.items()]
+
+    def profile_roots(self) -> list[tuple[quota.ElasticQuotaProfile, quota.ElasticQuota]]:
+        """Each profile whose root quota differs from what its nodes make it (§3.10), with the root to write."""
+        out = []
+        for name in sorted(self.state.profiles):
+            profile = self.state.profiles[name]
+            desired = profiles.desired_root(profile, self.nodes())
+            current = self.state.quotas.get(profile.spec.quota_name)
+            if profiles.needs_write(current, desired):
+                out.append((profile, profiles.merged(current, desired)))
+        return out
 
     @property
     def node_total(self) -> resources.ResourceList:
@@ -267,11 +283,13 @@ class QuotaModel:
 
     def set_node(self, name: str, node: kube.Node | None) -> None:
         held = self._nodes.pop(name, None)
+        self._node_labels.pop(name, None)
         if held is not None:
             self._node_total = resources.sub(self._node_total, held)
         if node is not None:
             allocatable = kube.node_allocatable(node)
             self._nodes[name] = allocatable
+            self._node_labels[name] = dict(node.metadata.labels)
             self._node_total = resources.add(self._node_total, allocatable)
         if held != self._nodes.get(name):
             self._totals_dirty = True

@@ -55,7 +55,7 @@ from schemas.quota_service import (
 )
 from services.common import observe
 from services.common.startup import wait_replayed
-from services.quota import aggregate
+from services.quota import aggregate, profiles
 from services.quota.model import QuotaModel
 from services.quota.settings import QuotaSettings
 from services.quota.store import LoggedEvent, QuotaStore
@@ -200,6 +200,8 @@ class QuotaService:
         self._published: dict[str, bytes] = {}
         """Quota or tree subject → the content last published (without its timestamps)."""
         self._ready = False
+        self.profile_errors: dict[str, str] = {}
+        """Profile → why its root quota could not be written (shown with the profile's tree)."""
 
     # --- lifecycle
 
@@ -300,15 +302,36 @@ class QuotaService:
         )
 
     async def _tick(self) -> None:
+        next_profiles = 0.0
         while True:
             await asyncio.sleep(self.settings.tick_seconds)
             try:
                 self.model.tick(self._clock())
                 await self.publish_changes()
+                if self._clock() >= next_profiles:
+                    next_profiles = self._clock() + self.settings.profile_interval_seconds
+                    await self.reconcile_profiles()
             except asyncio.CancelledError:
                 raise
             except Exception as e:
                 log.warning("quota: tick failed (the next one retries): %s", e)
+
+    async def reconcile_profiles(self) -> None:
+        """Bring every profile's root quota to what its nodes make it (services.quota.profiles), as commands."""
+        for profile, root in self.model.profile_roots():
+            name = profile.metadata.name
+            make = ev.UpdateQuota if root.metadata.name in self.model.state.quotas else ev.CreateQuota
+            digest = hashlib.blake2b(msgspec.json.encode(root), digest_size=16).hexdigest()
+            command = make(command_id=msg_id("quota.profile", name, digest), quota=root)
+            reply = await self.execute(CommandRequest(actor=f"profile-controller/{name}", command=command))
+            if reply.outcome == "applied":
+                self.profile_errors.pop(name, None)
+                log.info("quota: profile %s: root quota %s brought to its nodes", name, root.metadata.name)
+            else:
+                self.profile_errors[name] = (
+                    f"profile {name}: root quota {root.metadata.name} not written: {reply.message}"
+                )
+                log.warning("quota: %s", self.profile_errors[name])
 
     # --- inputs
 
@@ -400,6 +423,11 @@ class QuotaService:
     ) -> None:
         runtime_tree = self.model.tree(tree)
         problems = [self.model.corrupt[tree]] if tree in self.model.corrupt else []
+        problems += [
+            error
+            for name, error in sorted(self.profile_errors.items())
+            if name in self.model.state.profiles and profiles.tree_id(self.model.state.profiles[name]) == tree
+        ]
         broken = [
             p
             for name, found in sorted(self.model.problems.items())

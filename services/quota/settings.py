@@ -37,6 +37,9 @@ class QuotaSettings:
     running at once need distinct instance names (a Deployment passes the pod name); empty for a single one."""
     tick_seconds: float = 1.0
     """How often terminating pods past their grace period are dropped and changed statuses published."""
+    profile_interval_seconds: float = 10.0
+    """How often each ElasticQuotaProfile's root quota is brought to its nodes' allocatable (koord-manager: 10 s);
+    a change is appended as an ordinary quota command by actor `profile-controller/<profile>`."""
     batch_size: int = 512
     linger_seconds: float = 0.1
     """After a fetched batch smaller than batch_size, wait this long before the next fetch, so a burst of pod
@@ -51,7 +54,7 @@ class QuotaSettings:
     def __post_init__(self) -> None:
         if self.terminating_pods not in get_args(Terminating):
             raise ValueError(f"terminating_pods must be one of {', '.join(get_args(Terminating))}")
-        for name in ("tick_seconds", "startup_timeout_seconds", "command_timeout_seconds"):
+        for name in ("tick_seconds", "startup_timeout_seconds", "command_timeout_seconds", "profile_interval_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.batch_size <= 0 or self.linger_seconds < 0:

@@ -313,3 +313,48 @@ async def test_projections_hold_statuses_history_and_profiles(bus: JetStreamBus,
         await eventually(gone)
     finally:
         await service.stop()
+
+
+async def test_a_profile_roots_its_own_tree_sized_by_its_nodes(bus: JetStreamBus) -> None:
+    gpu_node = msgspec.convert(
+        {
+            "metadata": {"name": "g1", "labels": {"pool": "gpu"}},
+            "status": {"allocatable": {"cpu": "32", "memory": "64Gi"}},
+        },
+        kube.Node,
+    )
+    await observe(bus, node("n1", "40"), gpu_node)
+    service = await started(bus)
+    try:
+        profile = msgspec.convert(
+            {
+                "metadata": {"name": "gpu", "namespace": "teams"},
+                "spec": {
+                    "quotaName": "gpu-root",
+                    "nodeSelector": {"matchLabels": {"pool": "gpu"}},
+                    "quotaLabels": {quota.LABEL_TREE_ID: "gpu"},
+                },
+            },
+            quota.ElasticQuotaProfile,
+        )
+        assert (await command(bus, ev.CreateProfile(command_id=cid(), profile=profile))).outcome == "applied"
+        await service.reconcile_profiles()
+        root = service.model.state.specs()["gpu-root"]
+        assert root.is_root and root.tree_id == "gpu" and root.min == {"cpu": 32_000, "memory": 64 * 2**30}
+        assert service.model.tree("gpu").total["cpu"] == 32_000
+        assert service.model.tree(DEFAULT_TREE).total["cpu"] == 40_000  # 72 − the gpu tree's 32
+        child = eq("ml", parent="gpu-root", min={"cpu": "8"}, max={"cpu": "32"})
+        created = await command(bus, ev.CreateQuota(command_id=cid(), quota=child))
+        assert created.outcome == "applied" and created.tree == "gpu"
+        assert created.quota is not None and created.quota.metadata.labels[quota.LABEL_TREE_ID] == "gpu"
+        await service.reconcile_profiles()
+        count, _ = await bus.stream_info(streams.KOORD_QUOTA)
+        assert count == 3  # nothing changed: no new root event
+        bigger = msgspec.structs.replace(gpu_node, metadata=kube.ObjectMeta(name="g2", labels={"pool": "gpu"}))
+        await observe(bus, bigger)
+        await eventually(lambda: len(service.model.nodes()) == 3)
+        await service.reconcile_profiles()
+        assert service.model.state.specs()["gpu-root"].min["cpu"] == 64_000
+        assert service.profile_errors == {}
+    finally:
+        await service.stop()
