@@ -299,6 +299,11 @@ async def test_projections_hold_statuses_history_and_profiles(bus: JetStreamBus,
         await eventually(projected)
         names = [s.quota for s in await store.quotas(tree=DEFAULT_TREE)]
         assert {"org", "a", "b", quota.ROOT_QUOTA} <= set(names)
+
+        async def history_projected() -> bool:  # its own projector: it may trail the status one
+            return len(await store.history("b", limit=10)) == 2
+
+        await eventually(history_projected)
         history = await store.history("b", limit=10)
         assert [h.type for h in history] == ["quota.updated.v1", "quota.created.v1"]
         assert history[0].actor == "alice" and history[0].event["quota"]["spec"]["min"] == {"cpu": "12"}
