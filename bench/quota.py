@@ -6,19 +6,24 @@ of parents whose min is the sum of their children's min (so every tree is valid)
 100m–2 cores and 256Mi–4Gi spread evenly over the leaves, a cluster total 20% above the top level's min. Then, on
 one core (this process; pin it with `taskset` for a clean figure):
 
-* tree_build_s: build the tree from nothing (every quota set, every leaf's pod load set) and compute every
-  runtime — the calculation part of a start-up (replaying and decoding the event log comes on top);
-* leaf_change p50/p99: one pod added to or removed from a random leaf, then the runtimes recomputed (`refresh`,
-  which touches only the dirty path and the siblings it affects) — the time from the change to new runtimes;
+* rebuild_from_events_s: what the quota service does at start-up, from bytes as the streams hold them — decode
+  and fold every QuotaCreated event (one per quota, parents first) into services.quota.model.QuotaModel, decode
+  and account every PodObserved, then compute every runtime; with its three parts (events_s, pods_s, refresh_s);
+* event_leaf_change p50/p99: one PodObserved (a pod added to a random leaf, or one of the bench's pods deleted)
+  decoded, accounted by the model and the runtimes recomputed (`refresh`: the dirty path and the siblings it
+  affects, then the invariant checks of what changed) — the time from the event to new runtimes;
+* tree_build_s and leaf_change p50/p99: the same on the bare QuotaTree (no decoding, no pod bookkeeping);
 * checks_per_s: services.quota.admission.check_pod for random pods against random leaves, for --check-seconds.
 
-Exactly one JSON line goes to stdout (with the targets of the issue: leaf change p99 < 5 ms, ≥ 20,000 checks/s);
+Exactly one JSON line goes to stdout (with the targets of the issue, judged on the event-level figure: leaf change
+p99 < 5 ms, ≥ 20,000 checks/s);
 progress goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import logging
 import random
@@ -36,7 +41,11 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from schemas import kube
 from schemas import quota as q
+from schemas import quota_events as ev
+from schemas.cluster import CLUSTER_EVENT_DECODER, PodObserved
 from services.quota import admission
+from services.quota.aggregate import DEFAULT_TREE
+from services.quota.model import QuotaModel
 from services.quota.pods import QuotaIndex, QuotaLoad, pod_load
 from services.quota.runtime import QuotaTree
 
@@ -133,16 +142,75 @@ def make_pod(name: str, quota_name: str, rng: random.Random, *, assigned: bool) 
     )
 
 
-def leaf_loads(shape: Shape, pods: int, rng: random.Random) -> tuple[dict[str, QuotaLoad], list[kube.Pod]]:
+def leaf_pods(shape: Shape, pods: int, rng: random.Random) -> list[kube.Pod]:
+    return [
+        make_pod(f"p{index}", shape.leaves[index % len(shape.leaves)], rng, assigned=rng.random() < 0.8)
+        for index in range(pods)
+    ]
+
+
+def leaf_loads(shape: Shape, pods: list[kube.Pod]) -> dict[str, QuotaLoad]:
     loads: dict[str, QuotaLoad] = {}
-    sample: list[kube.Pod] = []
-    for index in range(pods):
-        leaf = shape.leaves[index % len(shape.leaves)]
-        pod = make_pod(f"p{index}", leaf, rng, assigned=rng.random() < 0.8)
+    for pod in pods:
+        leaf = pod.metadata.labels[q.LABEL_QUOTA_NAME]
         loads[leaf] = loads.get(leaf, QuotaLoad()).plus(pod_load(pod))
-        if len(sample) < 1000:
-            sample.append(pod)
-    return loads, sample
+    return loads
+
+
+def quota_event_log(shape: Shape) -> list[bytes]:
+    """One QuotaCreated per quota, parents first, as the KOORD_QUOTA stream holds them."""
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    out = []
+    for index, spec in enumerate(shape.specs):
+        obj = msgspec.convert(q.render_elastic_quota(spec), q.ElasticQuota)
+        event = ev.QuotaCreated(quota=obj, actor="bench", time=at, command_id=f"c{index}")
+        out.append(ev.encode_quota_event(event))
+    return out
+
+
+def pod_event(pod: kube.Pod, *, deleted: bool = False) -> bytes:
+    meta = pod.metadata
+    observed = PodObserved(
+        namespace=meta.namespace, name=meta.name, observed_at=1.0, deleted=deleted, pod=None if deleted else pod
+    )
+    return msgspec.json.encode(observed)
+
+
+def apply_pod_event(model: QuotaModel, data: bytes) -> None:
+    event = CLUSTER_EVENT_DECODER.decode(data)
+    assert isinstance(event, PodObserved)
+    model.set_pod(f"{event.namespace}/{event.name}", None if event.deleted else event.pod, now=1.0)
+
+
+def rebuild_from_events(
+    shape: Shape, quota_log: list[bytes], pod_log: list[bytes]
+) -> tuple[QuotaModel, dict[str, float]]:
+    model = QuotaModel()
+    model.set_node(
+        "node-1",
+        msgspec.convert(
+            {
+                "metadata": {"name": "node-1"},
+                "status": {"allocatable": {"cpu": f"{shape.total['cpu']}m", "memory": str(shape.total["memory"])}},
+            },
+            kube.Node,
+        ),
+    )
+    started = time.perf_counter()
+    for seq, data in enumerate(quota_log, start=1):
+        model.apply_event(ev.decode_quota_event(data), seq=seq, tree=DEFAULT_TREE)
+    events_done = time.perf_counter()
+    for data in pod_log:
+        apply_pod_event(model, data)
+    pods_done = time.perf_counter()
+    model.refresh()
+    done = time.perf_counter()
+    return model, {
+        "events_s": round(events_done - started, 3),
+        "pods_s": round(pods_done - events_done, 3),
+        "refresh_s": round(done - pods_done, 3),
+        "total_s": round(done - started, 3),
+    }
 
 
 def build_tree(shape: Shape, loads: dict[str, QuotaLoad]) -> QuotaTree:
@@ -179,7 +247,24 @@ def main(argv: list[str] | None = None) -> int:
 
     shape = build_shape(args.quotas, args.depth, args.seed)
     log.info("tree: %d quotas, %d leaves; generating %d pods", len(shape.specs), len(shape.leaves), args.pods)
-    loads, sample = leaf_loads(shape, args.pods, rng)
+    pods = leaf_pods(shape, args.pods, rng)
+    loads, sample = leaf_loads(shape, pods), pods[:1000]
+    quota_log, pod_log = quota_event_log(shape), [pod_event(pod) for pod in pods]
+    log.info("event log: %d quota events, %d pod events; rebuilding", len(quota_log), len(pod_log))
+    model, rebuild = rebuild_from_events(shape, quota_log, pod_log)
+    log.info("rebuilt from events in %.2f s %s", rebuild["total_s"], rebuild)
+    event_latencies: list[float] = []
+    for number in range(args.changes):
+        if rng.random() < 0.5 or not pods:
+            data = pod_event(make_pod(f"x{number}", rng.choice(shape.leaves), rng, assigned=True))
+        else:
+            data = pod_event(pods.pop(rng.randrange(len(pods))), deleted=True)
+        begun = time.perf_counter()
+        apply_pod_event(model, data)
+        model.refresh()
+        event_latencies.append(time.perf_counter() - begun)
+    log.info("%d pod events timed through the model", args.changes)
+    del model
 
     started = time.perf_counter()
     tree = build_tree(shape, loads)
@@ -210,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             break
     checks_per_s = checks / (time.perf_counter() - check_started)
 
-    p99 = _quantile(latencies, 0.99)
+    p99 = _quantile(event_latencies, 0.99)
     misses = []
     if p99 >= LEAF_CHANGE_P99_TARGET_S:
         misses.append(f"leaf change p99 {p99 * 1000:.2f} ms >= {LEAF_CHANGE_P99_TARGET_S * 1000:.0f} ms")
@@ -227,9 +312,14 @@ def main(argv: list[str] | None = None) -> int:
                 "leaves": len(shape.leaves),
                 "depth": args.depth,
                 "pods": args.pods,
+                "rebuild_from_events_s": rebuild["total_s"],
+                "rebuild_parts": rebuild,
+                "event_leaf_change_p50_ms": round(statistics.median(event_latencies) * 1000, 3),
+                "event_leaf_change_p99_ms": round(p99 * 1000, 3),
+                "event_leaf_change_max_ms": round(max(event_latencies) * 1000, 3),
                 "tree_build_s": round(rebuild_s, 3),
                 "leaf_change_p50_ms": round(statistics.median(latencies) * 1000, 3),
-                "leaf_change_p99_ms": round(p99 * 1000, 3),
+                "leaf_change_p99_ms": round(_quantile(latencies, 0.99) * 1000, 3),
                 "leaf_change_max_ms": round(max(latencies) * 1000, 3),
                 "checks_per_s": round(checks_per_s),
                 "target_held": not misses,

@@ -17,8 +17,10 @@ pytestmark = pytest.mark.e2e
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "quota.py"
 KEYS = {
-    "bench", "quotas", "leaves", "depth", "pods", "tree_build_s", "leaf_change_p50_ms", "leaf_change_p99_ms",
-    "leaf_change_max_ms", "checks_per_s", "target_held", "target_misses", "command",
+    "bench", "quotas", "leaves", "depth", "pods", "rebuild_from_events_s", "rebuild_parts",
+    "event_leaf_change_p50_ms", "event_leaf_change_p99_ms", "event_leaf_change_max_ms", "tree_build_s",
+    "leaf_change_p50_ms", "leaf_change_p99_ms", "leaf_change_max_ms", "checks_per_s", "target_held",
+    "target_misses", "command",
 }  # fmt: skip
 
 
@@ -36,6 +38,10 @@ def test_prints_one_json_line_with_sane_figures() -> None:
     assert 0 < result["leaves"] < 120
     assert 0 < result["leaf_change_p50_ms"] <= result["leaf_change_p99_ms"] <= result["leaf_change_max_ms"]
     assert result["checks_per_s"] > 0 and result["tree_build_s"] > 0
+    assert 0 < result["event_leaf_change_p50_ms"] <= result["event_leaf_change_p99_ms"]
+    parts = result["rebuild_parts"]
+    assert result["rebuild_from_events_s"] == parts["total_s"] > 0
+    assert parts["total_s"] >= parts["events_s"] and parts["total_s"] >= parts["pods_s"]
     assert result["target_held"] == (not result["target_misses"])
 
 
