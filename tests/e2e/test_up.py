@@ -32,6 +32,17 @@ def get_json(url: str, token: str | None = None) -> dict[str, object]:
         return dict(json.loads(response.read()))
 
 
+QUOTAS = """\
+kind: ElasticQuota
+metadata: {name: team-a, namespace: teams, labels: {quota.scheduling.koordinator.sh/parent: org}}
+spec: {min: {cpu: "2"}, max: {cpu: "8"}}
+---
+kind: ElasticQuota
+metadata: {name: org, namespace: teams, labels: {quota.scheduling.koordinator.sh/is-parent: "true"}}
+spec: {min: {cpu: "4"}, max: {cpu: "8"}}
+"""
+
+
 def test_up_serves_nodemetrics_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     port = free_port()
     command = [
@@ -65,6 +76,30 @@ def test_up_serves_nodemetrics_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         assert recorded["writes"] and recorded["nodes"] == []
         with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
             assert b"koordbus_nodemetric_batches_total" in response.read()
+        # elastic quotas through the real CLI: applied, shown in the tree, mirrored (recorded) as ElasticQuotas
+        quotas = tmp_path / "quotas.yaml"
+        quotas.write_text(QUOTAS)
+        cli = [
+            sys.executable,
+            "-m",
+            "koordbus.cli",
+            "quota",
+            "--api",
+            base,
+            "--token-file",
+            str(tmp_path / "data" / "api-token"),
+        ]
+        applied = subprocess.run([*cli, "apply", "-f", str(quotas)], capture_output=True, text=True, timeout=60)
+        assert applied.returncode == 0, applied.stderr
+        assert applied.stdout.splitlines() == ["elasticquota/org created", "elasticquota/team-a created"]
+        mirrored: list[str] = []
+        while time.monotonic() < deadline + 30 and "team-a" not in mirrored:
+            recorded = get_json(f"{base}/api/v1/k8s/recorded-writes", token)  # type: ignore[assignment]
+            mirrored = [o["metadata"]["name"] for o in recorded["quotas"]["elasticquotas"]]
+            time.sleep(0.5)
+        assert {"org", "team-a"} <= set(mirrored)
+        tree = subprocess.run([*cli, "tree"], capture_output=True, text=True, timeout=60)
+        assert tree.returncode == 0 and "    team-a " in tree.stdout, tree.stdout + tree.stderr
         # the API needs the generated token: without it a JSON 401 asking for a bearer token
         try:
             get_json(f"{base}/api/v1/nodemetrics")
