@@ -57,6 +57,35 @@ WRITE_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+def body(description: str, example: Any) -> dict[str, Any]:
+    """OpenAPI for a route that reads its body itself (JSON or YAML, Kubernetes-shaped)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "description": description,
+            "content": {
+                "application/json": {"schema": {"type": "object"}, "example": example},
+                "application/yaml": {"schema": {"type": "string"}},
+            },
+        }
+    }
+
+
+EXAMPLE_QUOTA: Final = {
+    "apiVersion": quota.API_VERSION,
+    "kind": quota.KIND,
+    "metadata": {"name": "team-a", "namespace": "teams", "labels": {quota.LABEL_PARENT: "org"}},
+    "spec": {"min": {"cpu": "10", "memory": "20Gi"}, "max": {"cpu": "40", "memory": "80Gi"}},
+}
+EXAMPLE_POD: Final = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "train-0", "namespace": "ml", "labels": {quota.LABEL_QUOTA_NAME: "team-a"}},
+    "spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "4", "memory": "8Gi"}}}]},
+}
+QUOTA_BODY: Final = body("An ElasticQuota (scheduling.sigs.k8s.io/v1alpha1), as kubectl prints it", EXAMPLE_QUOTA)
+
+
 # --- plumbing
 
 
@@ -263,7 +292,9 @@ def _history_object(event: Mapping[str, Any], name: str) -> Any:
     return event.get("quota") or event.get("profile")
 
 
-@router.post("/quotas", status_code=201, summary="Create an ElasticQuota", responses=WRITE_RESPONSES)
+@router.post(
+    "/quotas", status_code=201, summary="Create an ElasticQuota", responses=WRITE_RESPONSES, openapi_extra=QUOTA_BODY
+)
 async def create_quota(request: Request, identity: Writer) -> Any:
     try:
         obj, _ = _clean_quota(_convert(await _document(request), quota.KIND, quota.ElasticQuota))
@@ -274,7 +305,12 @@ async def create_quota(request: Request, identity: Writer) -> Any:
     return JSONResponse(_render_object(reply.quota), status_code=201)
 
 
-@router.post("/quotas/import", summary="Adopt existing ElasticQuotas as one validated batch", responses=WRITE_RESPONSES)
+@router.post(
+    "/quotas/import",
+    summary="Adopt existing ElasticQuotas as one validated batch",
+    responses=WRITE_RESPONSES,
+    openapi_extra=body("An ElasticQuotaList, a JSON array or {items: [...]}", {"items": [EXAMPLE_QUOTA]}),
+)
 async def import_quotas(
     request: Request,
     identity: Writer,
@@ -307,7 +343,7 @@ async def import_quotas(
     }
 
 
-@router.put("/quotas/{name}", summary="Replace an ElasticQuota", responses=WRITE_RESPONSES)
+@router.put("/quotas/{name}", summary="Replace an ElasticQuota", responses=WRITE_RESPONSES, openapi_extra=QUOTA_BODY)
 async def replace_quota(request: Request, name: str, identity: Writer) -> Any:
     try:
         obj, version = _clean_quota(_convert(await _document(request), quota.KIND, quota.ElasticQuota))
@@ -323,7 +359,12 @@ async def replace_quota(request: Request, name: str, identity: Writer) -> Any:
     return _render_object(reply.quota)
 
 
-@router.patch("/quotas/{name}", summary="Change an ElasticQuota with a JSON merge patch", responses=WRITE_RESPONSES)
+@router.patch(
+    "/quotas/{name}",
+    summary="Change an ElasticQuota with a JSON merge patch",
+    responses=WRITE_RESPONSES,
+    openapi_extra=body("A JSON merge patch (RFC 7386) of the ElasticQuota", {"spec": {"min": {"cpu": "12"}}}),
+)
 async def patch_quota(request: Request, name: str, identity: Writer) -> Any:
     try:
         patch = await _document(request)
@@ -369,7 +410,12 @@ async def delete_quota(
     return {"kind": "Status", "status": "Success", "details": {"name": name, "seq": reply.seq}}
 
 
-@router.post("/quotas/{name}/namespaces", summary="Attach and/or detach namespaces", responses=WRITE_RESPONSES)
+@router.post(
+    "/quotas/{name}/namespaces",
+    summary="Attach and/or detach namespaces",
+    responses=WRITE_RESPONSES,
+    openapi_extra=body("Namespaces to attach and to detach", {"attach": ["ml"], "detach": []}),
+)
 async def change_namespaces(request: Request, name: str, identity: Writer) -> Any:
     """Body `{"attach": ["ns1"], "detach": ["ns2"]}`: pods in attached namespaces resolve to this quota (§3.4)."""
     try:
@@ -465,7 +511,13 @@ async def get_profile(request: Request, name: str) -> dict[str, Any]:
     raise HTTPException(404, f"no quota profile named {name!r}")
 
 
-@router.post("/quota-profiles", status_code=201, summary="Create an ElasticQuotaProfile", responses=WRITE_RESPONSES)
+@router.post(
+    "/quota-profiles",
+    status_code=201,
+    summary="Create an ElasticQuotaProfile",
+    responses=WRITE_RESPONSES,
+    openapi_extra=body("An ElasticQuotaProfile (quota.koordinator.sh/v1alpha1)", {}),
+)
 async def create_profile(request: Request, identity: Writer) -> Any:
     try:
         document = await _document(request)
@@ -477,7 +529,12 @@ async def create_profile(request: Request, identity: Writer) -> Any:
     return JSONResponse(quota.profile_to_json(reply.profile), status_code=201)
 
 
-@router.put("/quota-profiles/{name}", summary="Replace an ElasticQuotaProfile", responses=WRITE_RESPONSES)
+@router.put(
+    "/quota-profiles/{name}",
+    summary="Replace an ElasticQuotaProfile",
+    responses=WRITE_RESPONSES,
+    openapi_extra=body("An ElasticQuotaProfile (quota.koordinator.sh/v1alpha1)", {}),
+)
 async def replace_profile(request: Request, name: str, identity: Writer) -> Any:
     try:
         document = await _document(request)
@@ -516,7 +573,11 @@ def _pods(document: Any) -> list[kube.Pod]:
     return [_convert(item, "Pod", kube.Pod, where=f"pod {i}") for i, item in enumerate(items)]
 
 
-@router.post("/quotas/check", summary="Would these pods fit their quotas (§3.8)? In order, each fitting one reserved")
+@router.post(
+    "/quotas/check",
+    summary="Would these pods fit their quotas (§3.8)? In order, each fitting one reserved",
+    openapi_extra=body("A Pod, a PodList or {pods: [...]}", EXAMPLE_POD),
+)
 async def check_pods(
     request: Request,
     parents: Annotated[bool | None, Query(description="also check ancestors (enableCheckParentQuota)")] = None,
@@ -534,7 +595,12 @@ async def check_pods(
 
 
 @router.post(
-    "/quotas/what-if", summary="How runtimes would change: hypothetical quotas, mins, pods; nothing is written"
+    "/quotas/what-if",
+    summary="How runtimes would change: hypothetical quotas, mins, pods; nothing is written",
+    openapi_extra=body(
+        "{create, update: [ElasticQuota], patch: {name: mergePatch}, delete: [name], pods: [{pod, count, assigned}]}",
+        {"patch": {"team-a": {"spec": {"min": {"cpu": "20"}}}}, "pods": [{"pod": EXAMPLE_POD, "count": 10}]},
+    ),
 )
 async def what_if(request: Request) -> Any:
     """Body: `{"create": [ElasticQuota], "update": [ElasticQuota], "patch": {"name": mergePatch}, "delete": [name],

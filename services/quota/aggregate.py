@@ -392,10 +392,11 @@ def _existing(state: QuotaTreeState, name: str) -> ElasticQuota:
 
 
 def _checked_update(state: QuotaTreeState, obj: ElasticQuota) -> ElasticQuota:
+    """The changed object, checked; its resourceVersion cleared (the event's stream sequence becomes it)."""
     name = obj.metadata.name
     _existing(state, name)
     _check(state.specs(), obj, state.specs()[name])
-    return obj
+    return msgspec.structs.replace(obj, metadata=msgspec.structs.replace(obj.metadata, resource_version=""))
 
 
 def _check(specs: Mapping[str, QuotaSpec], obj: ElasticQuota, old: QuotaSpec | None) -> None:
