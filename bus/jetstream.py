@@ -427,6 +427,7 @@ class _PullSource:
         self._js = js
         self._spec = spec
         self._reset = reset
+        self._bind_lock = asyncio.Lock()
         self._inbox: str | None = None
         self._sub: Any = None
         self._buffer: collections.deque[Msg] = collections.deque()
@@ -437,21 +438,25 @@ class _PullSource:
         self._request_subject = f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{spec.durable}"
 
     async def _bind(self) -> str:
-        if self._inbox is not None:
-            return self._inbox
-        spec = self._spec
-        if self._reset:
-            with contextlib.suppress(nats.js.errors.NotFoundError):
-                await self._js.delete_consumer(spec.stream, spec.durable)
-            self._reset = False
-        try:
-            await self._js.consumer_info(spec.stream, spec.durable)
-        except nats.js.errors.NotFoundError:
-            await self._js.add_consumer(spec.stream, config=consumer_config(spec))
-        inbox = self._nc.new_inbox()
-        self._sub = await self._nc.subscribe(inbox, cb=self._on_message)
-        self._inbox = inbox
-        return inbox
+        # One bind at a time: the loop's first fetch and a wait_idle() may both get here first, and a second
+        # reset interleaved with the first (delete, create, delete) would drop the durable the loop pulls from
+        # and let wait_idle() read a consumer that is not the one being replayed.
+        async with self._bind_lock:
+            if self._inbox is not None:
+                return self._inbox
+            spec = self._spec
+            if self._reset:
+                with contextlib.suppress(nats.js.errors.NotFoundError):
+                    await self._js.delete_consumer(spec.stream, spec.durable)
+                self._reset = False
+            try:
+                await self._js.consumer_info(spec.stream, spec.durable)
+            except nats.js.errors.NotFoundError:
+                await self._js.add_consumer(spec.stream, config=consumer_config(spec))
+            inbox = self._nc.new_inbox()
+            self._sub = await self._nc.subscribe(inbox, cb=self._on_message)
+            self._inbox = inbox
+            return inbox
 
     async def _on_message(self, msg: Msg) -> None:
         if (msg.headers or {}).get("Status"):  # 404 no messages, 408 request expired, 409 …: the request ended

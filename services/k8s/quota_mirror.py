@@ -16,20 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
-import aiohttp
 from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 from prometheus_client import CollectorRegistry, Counter
 
 from bus import streams, subjects
 from bus.api import Bus, Consumer, ConsumerSpec, Delivery
 from schemas.quota_service import QUOTA_STATUS_DECODER, QuotaStatusComputed
-from services.k8s import quota_writes
+from services.k8s import quota_writes, sinks
 from services.k8s.settings import K8sSettings
 from services.k8s.sinks import WriteFailedError
 from services.k8s.writes import WriteHealth
@@ -72,9 +70,9 @@ class KubeQuotaSink:
                 )
                 if status == HTTP_CONFLICT:
                     continue  # created meanwhile: read it and compare
-                _check(status, body, f"create ElasticQuota {namespace}/{name}")
+                sinks.parsed(status, body, f"create ElasticQuota {namespace}/{name}")
                 return "created"
-            current = _check(status, body, f"get ElasticQuota {namespace}/{name}")
+            current = sinks.parsed(status, body, f"get ElasticQuota {namespace}/{name}")
             update = quota_writes.quota_update(current, desired)
             if update is None:
                 return "unchanged"
@@ -83,7 +81,7 @@ class KubeQuotaSink:
             )
             if status == HTTP_CONFLICT:
                 continue
-            _check(status, body, f"replace ElasticQuota {namespace}/{name}")
+            sinks.parsed(status, body, f"replace ElasticQuota {namespace}/{name}")
             return "updated"
         raise WriteFailedError(f"ElasticQuota {namespace}/{name}: still changing under us after {self._attempts} tries")
 
@@ -92,7 +90,7 @@ class KubeQuotaSink:
         status, body = await self._request(self._custom.delete_namespaced_custom_object(*where, name, **self._opts()))
         if status == HTTP_NOT_FOUND:
             return "unchanged"
-        _check(status, body, f"delete ElasticQuota {namespace}/{name}")
+        sinks.parsed(status, body, f"delete ElasticQuota {namespace}/{name}")
         return "deleted"
 
     def _opts(self) -> dict[str, Any]:
@@ -100,23 +98,7 @@ class KubeQuotaSink:
 
     @staticmethod
     async def _request(call: Awaitable[object]) -> tuple[int, bytes]:
-        try:
-            response = await call
-            if not isinstance(response, aiohttp.ClientResponse):
-                raise TypeError(f"expected a raw aiohttp response, got {type(response).__name__}")
-            async with response:
-                return response.status, await response.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as err:
-            raise WriteFailedError(f"request failed: {type(err).__name__}: {err}") from err
-
-
-def _check(status: int, body: bytes, what: str) -> Json:
-    if not 200 <= status <= 299:
-        raise WriteFailedError(f"{what}: HTTP {status}: {body[:300].decode(errors='replace')}", retry=status != 422)
-    parsed = json.loads(body)
-    if not isinstance(parsed, dict):
-        raise WriteFailedError(f"{what}: the response is not a JSON object")
-    return parsed
+        return await sinks.raw_request(call)
 
 
 class RecordingQuotaSink:

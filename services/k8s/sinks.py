@@ -108,7 +108,7 @@ class KubeSink:
                 )
                 if status in RETRY_AT_ONCE:
                     continue
-                _parsed(status, body, f"update NodeMetric {name} status")
+                parsed(status, body, f"update NodeMetric {name} status")
                 changes.append(f"status updateTime {status_update['status']['updateTime']}")
             return writes.write_result(writes.OBJECT_NODEMETRIC, name, changes)
         raise WriteFailedError(f"NodeMetric {name}: still changing under us after {self._attempts} attempts")
@@ -127,7 +127,7 @@ class KubeSink:
                 )
                 if status in RETRY_AT_ONCE:
                     continue
-                _parsed(status, body, f"update NodeMetric {node} spec")
+                parsed(status, body, f"update NodeMetric {node} spec")
                 changes.append("spec updated")
             return writes.write_result(writes.OBJECT_NODEMETRIC, node, changes)
         raise WriteFailedError(f"NodeMetric {node}: still changing under us after {self._attempts} attempts")
@@ -139,7 +139,7 @@ class KubeSink:
         )
         if status == HTTP_CONFLICT:
             return None
-        return _parsed(status, body, f"create NodeMetric {name}")
+        return parsed(status, body, f"create NodeMetric {name}")
 
     async def delete_nodemetric(self, node: str) -> writes.WriteResult:
         status, body = await self._request(
@@ -147,7 +147,7 @@ class KubeSink:
         )
         if status == HTTP_NOT_FOUND:
             return writes.nodemetric_deleted(node, existed=False)
-        _parsed(status, body, f"delete NodeMetric {node}")
+        parsed(status, body, f"delete NodeMetric {node}")
         return writes.nodemetric_deleted(node, existed=True)
 
     async def write_event(self, event: Json) -> writes.WriteResult:
@@ -158,7 +158,7 @@ class KubeSink:
         )
         if status == HTTP_CONFLICT:  # AlreadyExists: this status was told before (a redelivery or a restart)
             return writes.event_result(event, created=False)
-        _parsed(status, body, f"create Event {metadata['namespace']}/{metadata['name']}")
+        parsed(status, body, f"create Event {metadata['namespace']}/{metadata['name']}")
         return writes.event_result(event, created=True)
 
     async def write_node_resources(self, decision: NodeResourceComputed) -> writes.WriteResult:
@@ -178,7 +178,7 @@ class KubeSink:
                 )
                 if status in RETRY_AT_ONCE:
                     continue
-                node = _parsed(status, body, f"patch node {name} status")
+                node = parsed(status, body, f"patch node {name} status")
                 changes.extend(status_write.changes)
             if (annotation_write := writes.node_annotation_patch(node, decision)) is not None:
                 status, body = await self._request(
@@ -186,7 +186,7 @@ class KubeSink:
                 )
                 if status in RETRY_AT_ONCE:
                     continue
-                _parsed(status, body, f"patch node {name} annotations")
+                parsed(status, body, f"patch node {name} annotations")
                 changes.extend(annotation_write.changes)
             return writes.write_result(writes.OBJECT_NODE, name, changes)
         raise WriteFailedError(f"node {name}: still changing under us after {self._attempts} attempts")
@@ -201,7 +201,7 @@ class KubeSink:
                 return writes.WriteResult(
                     object=f"{writes.OBJECT_TOPOLOGY}/{name}", action="skipped", changes=("no NodeResourceTopology",)
                 )
-            current = _parsed(status, body, f"read NodeResourceTopology {name}")
+            current = parsed(status, body, f"read NodeResourceTopology {name}")
             updated = writes.topology_with_batch_zones(current, decision.zones)
             if updated is None:
                 return writes.write_result(writes.OBJECT_TOPOLOGY, name, [])
@@ -210,7 +210,7 @@ class KubeSink:
             )
             if status in RETRY_AT_ONCE:
                 continue
-            _parsed(status, body, f"update NodeResourceTopology {name}")
+            parsed(status, body, f"update NodeResourceTopology {name}")
             return writes.write_result(writes.OBJECT_TOPOLOGY, name, writes.topology_changes(decision.zones))
         raise WriteFailedError(f"NodeResourceTopology {name}: still changing under us after {self._attempts} attempts")
 
@@ -218,11 +218,11 @@ class KubeSink:
         status, body = await self._request(
             self._custom.get_cluster_custom_object(*_NODEMETRICS, name, **self._options())
         )
-        return None if status == HTTP_NOT_FOUND else _parsed(status, body, f"get NodeMetric {name}")
+        return None if status == HTTP_NOT_FOUND else parsed(status, body, f"get NodeMetric {name}")
 
     async def _get_node(self, name: str) -> Json | None:
         status, body = await self._request(self._core.read_node(name, **self._options()))
-        return None if status == HTTP_NOT_FOUND else _parsed(status, body, f"get node {name}")
+        return None if status == HTTP_NOT_FOUND else parsed(status, body, f"get node {name}")
 
     def _options(self, *, content_type: str = "") -> dict[str, Any]:
         """Raw responses, our timeout, and for patches the media type (the client would pick a strategic merge
@@ -234,30 +234,34 @@ class KubeSink:
 
     @staticmethod
     async def _request(call: Awaitable[object]) -> tuple[int, bytes]:
-        """(HTTP status, body) of one request made with `_preload_content=False`; connection errors are
-        retryable WriteFailedErrors."""
-        try:
-            response = await call
-            if not isinstance(response, aiohttp.ClientResponse):
-                raise TypeError(f"expected a raw aiohttp response, got {type(response).__name__}")
-            async with response:
-                return response.status, await response.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as err:
-            raise WriteFailedError(f"request failed: {type(err).__name__}: {err}") from err
+        return await raw_request(call)
 
 
-def _parsed(status: int, body: bytes, what: str) -> Json:
+async def raw_request(call: Awaitable[object]) -> tuple[int, bytes]:
+    """(HTTP status, body) of one kubernetes-asyncio request made with `_preload_content=False`; connection errors
+    are retryable WriteFailedErrors."""
+    try:
+        response = await call
+        if not isinstance(response, aiohttp.ClientResponse):
+            raise TypeError(f"expected a raw aiohttp response, got {type(response).__name__}")
+        async with response:
+            return response.status, await response.read()
+    except (aiohttp.ClientError, TimeoutError, OSError) as err:
+        raise WriteFailedError(f"request failed: {type(err).__name__}: {err}") from err
+
+
+def parsed(status: int, body: bytes, what: str) -> Json:
     """The JSON object of a successful response; WriteFailedError (retryable for 429 and 5xx) otherwise."""
     if not 200 <= status <= 299:
         retry = status == HTTP_TOO_MANY_REQUESTS or status >= 500
         raise WriteFailedError(f"{what}: HTTP {status}: {core.error_status(body)}", retry=retry)
     try:
-        parsed = json.loads(body)
+        document = json.loads(body)
     except ValueError as err:
         raise WriteFailedError(f"{what}: response is not JSON: {err}") from err
-    if not isinstance(parsed, dict):
+    if not isinstance(document, dict):
         raise WriteFailedError(f"{what}: response is not a JSON object")
-    return parsed
+    return document
 
 
 # --- record-only mode

@@ -261,8 +261,8 @@ async def test_restart_replays_the_log_and_an_unusable_event_flags_its_tree(bus:
     await bus.publish(subjects.quota_events(DEFAULT_TREE), b'{"type": "quota.updated.v1", "nonsense": 1}', msg_id="bad")
     again = await started(bus)
     try:
-        assert again.model.state == before
-        assert again.model.pod_count("a") == 1 and again.model.tree_seq[DEFAULT_TREE] == 4
+        assert again.model.state == before and again.model.tree_seq[DEFAULT_TREE] == 4
+        await eventually(lambda: again.model.pod_count("a") == 1)  # pods may trail the log: they count when they come
         assert "event 4 skipped" in again.model.corrupt[DEFAULT_TREE]
 
         async def flagged() -> bool:
