@@ -332,3 +332,32 @@ async def test_restart_replays_the_log_and_a_fresh_database_is_rebuilt(
                 await rebuilding.stop()
         finally:
             await fresh_engine.dispose()
+
+
+async def test_profiles_in_kubernetes_shape(api: httpx.AsyncClient) -> None:
+    profile = {
+        "apiVersion": "quota.koordinator.sh/v1alpha1",
+        "kind": "ElasticQuotaProfile",
+        "metadata": {"name": "gpu", "namespace": "teams"},
+        "spec": {"quotaName": "gpu-root", "nodeSelector": {"matchLabels": {"pool": "gpu"}}, "resourceRatio": "0.9"},
+    }
+    created = await api.post("/api/v1/quota-profiles", json=profile)
+    assert created.status_code == 201, created.text
+    assert crd_errors(crd_validator("quota.koordinator.sh_elasticquotaprofiles.yaml"), created.json()) == []
+    again = await api.post("/api/v1/quota-profiles", json=profile)
+    assert again.status_code == 409 and "already exists" in again.json()["error"]
+    missing = {**profile, "spec": {"nodeSelector": {}}}
+    refused = await api.put("/api/v1/quota-profiles/gpu", json=missing)
+    assert refused.status_code == 422 and "quotaName" in refused.json()["error"]
+
+    async def listed() -> bool:
+        items = (await api.get("/api/v1/quota-profiles")).json()["items"]
+        return [p["metadata"]["name"] for p in items] == ["gpu"]
+
+    await until(listed)
+    got = (await api.get("/api/v1/quota-profiles/gpu")).json()
+    assert got["spec"]["resourceRatio"] == "0.9"
+    changed = {**profile, "spec": {**profile["spec"], "resourceRatio": "0.5"}}
+    assert (await api.put("/api/v1/quota-profiles/gpu", json=changed)).status_code == 200
+    assert (await api.delete("/api/v1/quota-profiles/gpu")).status_code == 200
+    assert (await api.delete("/api/v1/quota-profiles/gpu")).status_code == 404
