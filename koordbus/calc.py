@@ -22,6 +22,8 @@ from typing import Any
 import msgspec
 import yaml
 
+from koordbus import calc_migration
+from koordbus.calc_errors import InputError
 from schemas import koordinator, kube, nodemetric_json, quantity
 from schemas import quota as quota_schema
 from services.nodemetric import aggregate, core
@@ -29,10 +31,6 @@ from services.noderesource import config as colocation_config
 from services.noderesource import core as noderesource
 from services.quota import pods as quota_pods
 from services.quota import runtime as quota_runtime
-
-
-class InputError(ValueError):
-    """Malformed input; the message starts with the JSON path of the offending field."""
 
 
 @dataclass(frozen=True)
@@ -302,6 +300,19 @@ CALCULATORS: Mapping[str, Calculator] = {
         '                         "allocatable": {"cpu": "98", "memory": "392Gi"}}},\n'
         '     "pods": [], "nodeMetric": {"status": {"updateTime": "2026-01-01T11:59:00Z",\n'
         '       "nodeMetric": {"systemUsage": {"resources": {"cpu": "3", "memory": "10Gi"}}}}}}',
+    ),
+    "arbitrate": Calculator(
+        calc_migration.ArbitrateInput,
+        calc_migration.arbitrate,
+        "one arbitration round of PodMigrationJobs: passed / failed / waiting, with the filter and why (spec §4.4)",
+        '{"args": {"maxMigratingPerNode": 1}, "jobs": [{"metadata": {"name": "j"},\n'
+        '     "spec": {"podRef": {"namespace": "default", "name": "p"}}}], "pods": [], "workloads": []}',
+    ),
+    "arbitrate-math": Calculator(
+        calc_migration.ArbitrateMathInput,
+        calc_migration.arbitrate_math,
+        "GetMaxUnavailable / GetMaxMigrating for a workload (spec §4.3)",
+        '{"op": "getMaxUnavailable", "replicas": 10, "value": "50%"}',
     ),
     "quota-runtime": Calculator(
         QuotaRuntimeInput,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 
 import msgspec
 
@@ -129,6 +129,15 @@ class Container(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """Only init containers carry one; "Always" makes the init container a sidecar."""
 
 
+class Volume(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """What the descheduler's evictability checks read of a pod volume: which kind of source it is."""
+
+    name: str = ""
+    persistent_volume_claim: dict[str, Any] | None = None
+    empty_dir: dict[str, Any] | None = None
+    host_path: dict[str, Any] | None = None
+
+
 class PodSpec(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     node_name: str = ""
     scheduler_name: str = ""
@@ -140,14 +149,31 @@ class PodSpec(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     overhead: RawResourceList | None = None
     resources: ResourceRequirements | None = None
     """Pod-level resources (Kubernetes PodLevelResources)."""
+    volumes: list[Volume] | None = None
 
     def __post_init__(self) -> None:
         require_quantities("overhead", self.overhead)
 
 
+class PodCondition(msgspec.Struct, frozen=True, kw_only=True):
+    type: str = ""
+    status: str = ""
+
+
 class PodStatus(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     phase: str = ""
     qos_class: str = ""
+    conditions: list[PodCondition] | None = None
+
+
+def pod_ready(pod: Pod) -> bool:
+    """The pod's Ready condition is True."""
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or ())
+
+
+def controller_of(meta: ObjectMeta) -> OwnerReference | None:
+    """The owner reference marked controller=true, if any."""
+    return next((ref for ref in meta.owner_references if ref.controller), None)
 
 
 class Pod(msgspec.Struct, frozen=True, kw_only=True):

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 SHARED = Path(__file__).parents[2] / ".." / "shared"
-VECTOR_KINDS = ("nodemetric-aggregate", "batch-resource", "quota-runtime")
+VECTOR_KINDS = ("nodemetric-aggregate", "batch-resource", "quota-runtime", "arbitrate", "arbitrate-math")
 
 
 def _vector_files() -> list[Path]:
@@ -390,3 +390,31 @@ def test_quota_runtime_malformed_input_exits_2(document: str, message: str) -> N
     assert result.returncode == 2, result.stdout
     assert message in result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+# --- arbitrate
+
+
+def test_arbitrate_explains_each_decision_and_refuses_bad_args() -> None:
+    document = {
+        "args": {"maxMigratingGlobally": 1},
+        "jobs": [
+            {"metadata": {"name": "a"}, "spec": {"podRef": {"namespace": "d", "name": "pa"}}},
+            {"metadata": {"name": "b"}, "spec": {"podRef": {"namespace": "d", "name": "pb"}}},
+        ],
+        "pods": [
+            {"metadata": {"name": n, "namespace": "d", "ownerReferences": []}, "spec": {"nodeName": "n1"}}
+            for n in ("pa", "pb")
+        ],
+    }
+    out = _json_calc("arbitrate", document)  # bare pods are not evictable by default
+    assert sorted(out["failed"]) == ["a", "b"]
+    assert {d["filter"] for d in out["decisions"]} == {"BarePods"}
+    document["args"] = {"maxMigratingGlobally": 1, "evictAllBarePods": True}
+    out = _json_calc("arbitrate", document)
+    assert len(out["passed"]) == 1 and len(out["waiting"]) == 1
+    assert next(d for d in out["decisions"] if d["outcome"] == "waiting")["filter"] == "MaxMigratingGlobally"
+    bad = _calc("arbitrate", json.dumps({"args": {"maxMigratingPerNode": -1}}))
+    assert bad.returncode == 2 and "$.args: maxMigratingPerNode must not be negative" in bad.stderr
+    bad = _calc("arbitrate-math", json.dumps({"op": "getMaxUnavailable", "replicas": 10, "value": "many"}))
+    assert bad.returncode == 2 and "$.value" in bad.stderr

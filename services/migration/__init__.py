@@ -1,0 +1,1 @@
+"""Pod migration (spec §4): PodMigrationJob arbitration, its filters, limits and order."""

@@ -1,0 +1,229 @@
+"""The arbitration filters of spec §4.5: pure.
+
+`non_retryable` says why a pod may never be migrated (its job then fails with ForbiddenMigratePod): the
+eviction-cost veto, the standard descheduler evictability rules (bare, DaemonSet, mirror and terminating pods,
+system-critical pods, local storage, PVCs, the priority threshold, the label selector, the namespaces) and the
+expected-replicas rule. `Migrating` is the arbiter's running count of what is migrating (jobs Running, or Pending
+and already passed), by node, namespace and workload; `retryable` says which limit holds a pod back for now (its
+job waits for the next round): global, per node, per namespace, per workload migrating and per workload
+unavailable. A pod with the `descheduler.alpha.kubernetes.io/evict` annotation skips both. Each answer is None
+(pass) or a `Verdict` naming the filter and the numbers. Node fit is not evaluated (the arbiter has no view of
+the other nodes' free capacity), whatever `nodeFit` says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from schemas import kube, migration
+from schemas.selectors import selector_matches
+from services.migration.args import MigrationArgs, Namespaces, get_max_unavailable
+
+MAX_INT32: Final = 2**31 - 1
+SYSTEM_CRITICAL_PRIORITY: Final = 2_000_000_000
+SYSTEM_CRITICAL_CLASSES: Final = frozenset({"system-cluster-critical", "system-node-critical"})
+MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    filter: str
+    """The gate / filter that said no (e.g. MaxMigratingPerNode)."""
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadView:
+    """One workload as the filters read it."""
+
+    uid: str
+    replicas: int
+    unready: frozenset[str]
+    """Keys of its pods that are not both active and Ready."""
+
+
+def evict_annotation(pod: kube.Pod) -> bool:
+    return migration.ANNOTATION_EVICT in pod.metadata.annotations
+
+
+def _volumes(pod: kube.Pod) -> tuple[bool, bool]:
+    """(has local storage: emptyDir or hostPath, has a PVC)."""
+    local = pvc = False
+    for volume in pod.spec.volumes or ():
+        local = local or volume.empty_dir is not None or volume.host_path is not None
+        pvc = pvc or volume.persistent_volume_claim is not None
+    return local, pvc
+
+
+def non_retryable(
+    pod: kube.Pod, args: MigrationArgs, workload: WorkloadView | None, *, owner_known: bool
+) -> Verdict | None:
+    """Why the pod may never migrate, or None. `workload` is its controller's view (None when it has no
+    controller, or when the controller is unknown: then `owner_known` is False)."""
+    if evict_annotation(pod):
+        return None
+    meta = pod.metadata
+    try:
+        cost = int(meta.annotations.get(migration.ANNOTATION_EVICTION_COST, "0"))
+    except ValueError:
+        cost = 0
+    if cost == MAX_INT32:
+        return Verdict("EvictionCost", f"pod {kube.pod_key(pod)} has eviction cost MaxInt32 (never evict)")
+    checks = _evictability(pod, args)
+    if checks is not None:
+        return checks
+    if args.gate_on("ExpectedReplicas") and kube.controller_of(meta) is not None:
+        if not owner_known or workload is None:
+            return Verdict("ExpectedReplicas", f"the workload controlling pod {kube.pod_key(pod)} cannot be read")
+        if not args.skip_check_expected_replicas:
+            replicas = workload.replicas
+            max_migrating = get_max_unavailable(replicas, args.max_migrating_per_workload)
+            max_unavailable = get_max_unavailable(replicas, args.max_unavailable_per_workload)
+            if replicas in (1, max_migrating, max_unavailable):
+                return Verdict(
+                    "ExpectedReplicas",
+                    f"workload {workload.uid} expects {replicas} replica(s), equal to 1, maxMigrating "
+                    f"{max_migrating} or maxUnavailable {max_unavailable}: migrating would take it all down",
+                )
+    return None
+
+
+def _evictability(pod: kube.Pod, args: MigrationArgs) -> Verdict | None:
+    meta, key = pod.metadata, kube.pod_key(pod)
+    owners = meta.owner_references
+    if meta.deletion_timestamp is not None:
+        return Verdict("Terminating", f"pod {key} is already terminating")
+    if MIRROR_ANNOTATION in meta.annotations:
+        return Verdict("MirrorPod", f"pod {key} is a mirror (static) pod")
+    if any(ref.kind == "DaemonSet" for ref in owners):
+        return Verdict("DaemonSet", f"pod {key} belongs to a DaemonSet")
+    if args.gate_on("BarePods") and not owners:
+        allowed = args.evict_all_bare_pods or (args.evict_failed_bare_pods and pod.status.phase == "Failed")
+        if not allowed:
+            return Verdict("BarePods", f"pod {key} has no owner (evictAllBarePods is off)")
+    priority = pod.spec.priority or 0
+    critical = priority >= SYSTEM_CRITICAL_PRIORITY or pod.spec.priority_class_name in SYSTEM_CRITICAL_CLASSES
+    if args.gate_on("SystemCritical") and critical and not args.evict_system_critical_pods:
+        return Verdict("SystemCritical", f"pod {key} is system-critical")
+    local, pvc = _volumes(pod)
+    if args.gate_on("LocalStorage") and local and not args.evict_local_storage_pods:
+        return Verdict("LocalStorage", f"pod {key} uses local storage (emptyDir or hostPath)")
+    if args.gate_on("PVC") and pvc and args.ignore_pvc_pods:
+        return Verdict("PVC", f"pod {key} uses a PersistentVolumeClaim (ignorePvcPods is on)")
+    threshold = args.priority_threshold.value if args.priority_threshold is not None else None
+    if args.gate_on("PriorityThreshold") and threshold is not None and priority >= threshold:
+        return Verdict("PriorityThreshold", f"pod {key} priority {priority} ≥ threshold {threshold}")
+    selector = args.label_selector
+    if args.gate_on("LabelSelector") and selector is not None and not selector_matches(selector, meta.labels):
+        return Verdict("LabelSelector", f"pod {key} does not match the label selector")
+    spaces = args.namespaces
+    if args.gate_on("Namespaces") and spaces is not None and not _namespace_selected(meta.namespace, spaces):
+        return Verdict("Namespaces", f"pod {key}'s namespace {meta.namespace} is not selected")
+    return None
+
+
+def _namespace_selected(namespace: str, spaces: Namespaces) -> bool:
+    return (not spaces.include or namespace in spaces.include) and namespace not in spaces.exclude
+
+
+@dataclass
+class Migrating:
+    """What is migrating (jobs Running, or Pending that passed arbitration), as the retryable filters count it."""
+
+    total: int = 0
+    by_node: dict[str, set[str]] = field(default_factory=dict)
+    """node → keys of the pods migrating from it."""
+    by_namespace: dict[str, int] = field(default_factory=dict)
+    by_workload: dict[str, set[str]] = field(default_factory=dict)
+    """controller uid → keys of its pods migrating."""
+    pods: set[str] = field(default_factory=set)
+    """Keys (namespace/name) of every pod with a migrating job."""
+
+    def add(self, key: str, pod: kube.Pod | None, namespace: str) -> None:
+        self.total += 1
+        self.pods.add(key)
+        self.by_namespace[namespace] = self.by_namespace.get(namespace, 0) + 1
+        if pod is not None:
+            if pod.spec.node_name:
+                self.by_node.setdefault(pod.spec.node_name, set()).add(key)
+            owner = kube.controller_of(pod.metadata)
+            if owner is not None:
+                self.by_workload.setdefault(owner.uid, set()).add(key)
+
+
+def retryable(
+    pod: kube.Pod,
+    args: MigrationArgs,
+    migrating: Migrating,
+    workload: WorkloadView | None,
+    *,
+    owner_known: bool,
+) -> Verdict | None:
+    """Which limit holds the pod back now, or None. The pod's own job is not among `migrating` yet."""
+    if evict_annotation(pod):
+        return None
+    key = kube.pod_key(pod)
+    limit = args.max_migrating_globally
+    if args.gate_on("MaxMigratingGlobally") and limit and migrating.total >= limit:
+        return Verdict("MaxMigratingGlobally", f"{migrating.total} pods migrating, the global limit is {limit}")
+    limit = args.max_migrating_per_node
+    node = pod.spec.node_name
+    if args.gate_on("MaxMigratingPerNode") and limit and node:
+        others = len(migrating.by_node.get(node, set()) - {key})
+        if others >= limit:
+            return Verdict("MaxMigratingPerNode", f"{others} pods migrating from node {node}, the limit is {limit}")
+    limit = args.max_migrating_per_namespace
+    namespace = pod.metadata.namespace
+    if args.gate_on("MaxMigratingPerNamespace") and limit:
+        count = migrating.by_namespace.get(namespace, 0)
+        if count >= limit:
+            return Verdict(
+                "MaxMigratingPerNamespace", f"{count} pods migrating in namespace {namespace}, the limit is {limit}"
+            )
+    owner = kube.controller_of(pod.metadata)
+    if owner is None:
+        return None
+    if not owner_known or workload is None:
+        return Verdict("Workload", f"the workload controlling pod {key} cannot be read")
+    moving = migrating.by_workload.get(owner.uid, set()) - {key}
+    max_migrating = get_max_unavailable(workload.replicas, args.max_migrating_per_workload)
+    if args.gate_on("MaxMigratingPerWorkload") and moving and len(moving) >= max_migrating:
+        return Verdict(
+            "MaxMigratingPerWorkload",
+            f"{len(moving)} pods of workload {owner.uid} migrating, maxMigrating is {max_migrating}",
+        )
+    if args.gate_on("MaxUnavailablePerWorkload"):
+        max_unavailable = get_max_unavailable(workload.replicas, args.max_unavailable_per_workload)
+        unavailable = workload.unready | moving
+        if len(unavailable) >= max_unavailable:
+            return Verdict(
+                "MaxUnavailablePerWorkload",
+                f"{len(unavailable)} pods of workload {owner.uid} unavailable or migrating, maxUnavailable is "
+                f"{max_unavailable}",
+            )
+    return None
+
+
+def _active(pod: kube.Pod) -> bool:
+    return pod.metadata.deletion_timestamp is None and pod.status.phase not in ("Succeeded", "Failed")
+
+
+def workload_views(
+    workloads: Mapping[str, migration.Workload], pods: Mapping[str, kube.Pod]
+) -> dict[str, WorkloadView]:
+    """Each workload with its pods (those whose controller is it)."""
+    members: dict[str, list[kube.Pod]] = {uid: [] for uid in workloads}
+    for pod in pods.values():
+        owner = kube.controller_of(pod.metadata)
+        if owner is not None and owner.uid in members:
+            members[owner.uid].append(pod)
+    return {
+        uid: WorkloadView(
+            uid=uid,
+            replicas=w.replicas,
+            unready=frozenset(kube.pod_key(p) for p in members[uid] if not (_active(p) and kube.pod_ready(p))),
+        )
+        for uid, w in workloads.items()
+    }
