@@ -34,7 +34,7 @@ def arbitrate(inp: ArbitrateInput) -> dict[str, Any]:
     for i, job in enumerate(inp.jobs):
         if not job.metadata.name:
             raise InputError(f"$.jobs[{i}].metadata.name: every job needs a name")
-    result = arbiter.arbitrate(inp.jobs, inp.pods, inp.workloads, inp.args)
+    result = arbiter.arbitrate_objects(inp.jobs, inp.pods, inp.workloads, inp.args)
     return {
         "order": result.order,
         "passed": result.names("passed"),

@@ -1,12 +1,13 @@
 """One arbitration round (spec §4.4): which waiting PodMigrationJobs pass, fail or wait, and why. Pure.
 
-`arbitrate(jobs, pods, workloads, args)` takes every job the cluster holds, the pods and the workloads (expected
-replicas); jobs Running, or Pending with the passed-arbitration annotation, are migrating and count toward the
-limits. The waiting jobs (Pending, not passed, not paused) are ordered (services.migration.order) and filtered one
-by one (services.migration.filters): a non-retryable failure fails the job (ForbiddenMigratePod), a retryable one
-leaves it waiting with the filter that held it, and a pass (or a missing pod: the reconcile then fails it with
-MissingPod) makes it migrating at once, so it counts against the jobs after it in the same round. So no round ever
-passes more than a limit allows. Called by `koordbus calc arbitrate`, the migration service and bench/arbitration.py.
+`arbitrate(jobs, view, args)` takes every job the cluster holds and a ClusterView of the pods and workloads (their
+expected replicas); `arbitrate_objects` builds the view first. Jobs Running, or Pending with the passed-arbitration
+annotation, are migrating and count toward the limits. The waiting jobs (Pending, not passed, not paused) are
+ordered (services.migration.order) and filtered one by one (services.migration.filters): a non-retryable failure
+fails the job (ForbiddenMigratePod), a retryable one leaves it waiting with the filter that held it, and a pass (or
+a missing pod: the reconcile then fails it with MissingPod) makes it migrating at once, so it counts against the
+jobs after it in the same round. So no round ever passes more than a limit allows. Called by `koordbus calc
+arbitrate`, the migration service and bench/arbitration.py.
 """
 
 from __future__ import annotations
@@ -43,57 +44,96 @@ def _pod_key(job: migration.PodMigrationJob) -> str:
     return f"{ref.namespace}/{ref.name}" if ref is not None else ""
 
 
-def arbitrate(
+@dataclass
+class ClusterView:
+    """The pods and workloads as the arbiter reads them, indexed once: the migration service keeps one up to date
+    from pod events between rounds; `koordbus calc arbitrate` builds one per call."""
+
+    by_key: dict[str, kube.Pod]
+    by_uid: dict[str, kube.Pod]
+    owners: dict[str, kube.OwnerReference | None]
+    """pod key → its controller reference."""
+    sort_keys: dict[str, order.PodKey]
+    workloads: dict[str, migration.Workload]
+    views: dict[str, filters.WorkloadView]
+
+    @classmethod
+    def build(
+        cls, pods: Iterable[kube.Pod], workloads: Iterable[migration.Workload], args: MigrationArgs
+    ) -> ClusterView:
+        by_key = {kube.pod_key(p): p for p in pods}
+        known = {w.uid: w for w in workloads}
+        return cls(
+            by_key=by_key,
+            by_uid={p.metadata.uid: p for p in by_key.values() if p.metadata.uid},
+            owners={key: kube.controller_of(p.metadata) for key, p in by_key.items()},
+            sort_keys={key: order.pod_sort_key(p) for key, p in by_key.items()},
+            workloads=known,
+            views=filters.workload_views(known, by_key, args),
+        )
+
+    def pod_of(self, job: migration.PodMigrationJob) -> kube.Pod | None:
+        ref = job.spec.pod_ref
+        if ref is None:
+            return None
+        if ref.uid and ref.uid in self.by_uid:
+            return self.by_uid[ref.uid]
+        return self.by_key.get(f"{ref.namespace}/{ref.name}")
+
+
+def arbitrate_objects(
     jobs: Iterable[migration.PodMigrationJob],
     pods: Iterable[kube.Pod],
     workloads: Iterable[migration.Workload],
     args: MigrationArgs,
 ) -> Round:
+    """One round over objects as given (the view built for this round only)."""
+    return arbitrate(jobs, ClusterView.build(pods, workloads, args), args)
+
+
+def arbitrate(jobs: Iterable[migration.PodMigrationJob], view: ClusterView, args: MigrationArgs) -> Round:
     jobs = list(jobs)
-    by_key = {kube.pod_key(p): p for p in pods}
-    by_uid = {p.metadata.uid: p for p in by_key.values() if p.metadata.uid}
-    known = {w.uid: w for w in workloads}
-    views = filters.workload_views(known, by_key)
-
-    def pod_of(job: migration.PodMigrationJob) -> kube.Pod | None:
-        ref = job.spec.pod_ref
-        if ref is None:
-            return None
-        if ref.uid and ref.uid in by_uid:
-            return by_uid[ref.uid]
-        return by_key.get(_pod_key(job))
-
+    job_pods: dict[str, kube.Pod | None] = {}
+    job_keys: dict[str, str] = {}
+    for job in jobs:
+        pod = view.pod_of(job)
+        job_pods[job.metadata.name] = pod
+        job_keys[job.metadata.name] = kube.pod_key(pod) if pod is not None else _pod_key(job)
+    owners = {name: view.owners.get(job_keys[name]) if pod is not None else None for name, pod in job_pods.items()}
     migrating = filters.Migrating()
     in_batch_job: dict[str, int] = {}
     for job in jobs:
         if migration.is_migrating(job):
-            pod = pod_of(job)
+            name = job.metadata.name
             ref = job.spec.pod_ref
-            migrating.add(_pod_key(job), pod, ref.namespace if ref is not None else "")
-            batch_owner = order.batch_job_owner(pod)
+            migrating.add(job_keys[name], job_pods[name], ref.namespace if ref else "", owner=owners[name])
+            batch_owner = order.batch_job_owner(owners[name])
             if batch_owner is not None:
                 in_batch_job[batch_owner] = in_batch_job.get(batch_owner, 0) + 1
     waiting = [job for job in jobs if migration.is_waiting(job)]
+    names = [job.metadata.name for job in waiting]
+    batch_owners = {name: order.batch_job_owner(owners[name]) for name in names}
+    sort_keys = {name: view.sort_keys.get(job_keys[name]) if job_pods[name] is not None else None for name in names}
     result = Round()
-    for job in order.sort_jobs(waiting, pod_of, in_batch_job):
+    for job in order.sort_jobs(waiting, sort_keys, batch_owners, in_batch_job):
         name = job.metadata.name
         result.order.append(name)
-        pod = pod_of(job)
+        pod, owner = job_pods[name], owners[name]
         if pod is None:
             result.decisions.append(Decision(name, "passed", message="pod not found: the reconcile fails it"))
-            migrating.add(_pod_key(job), None, job.spec.pod_ref.namespace if job.spec.pod_ref else "")
+            ref = job.spec.pod_ref
+            migrating.add(job_keys[name], None, ref.namespace if ref else "", owner=None)
             continue
-        owner = kube.controller_of(pod.metadata)
-        view = views.get(owner.uid) if owner is not None else None
-        owner_known = owner is None or owner.uid in known
-        verdict = filters.non_retryable(pod, args, view, owner_known=owner_known)
+        workload = view.views.get(owner.uid) if owner is not None else None
+        owner_known = owner is None or owner.uid in view.workloads
+        verdict = filters.non_retryable(pod, args, workload, owner=owner, owner_known=owner_known)
         if verdict is not None:
             result.decisions.append(Decision(name, "failed", verdict.filter, verdict.message))
             continue
-        verdict = filters.retryable(pod, args, migrating, view, owner_known=owner_known)
+        verdict = filters.retryable(pod, args, migrating, workload, owner=owner, owner_known=owner_known)
         if verdict is not None:
             result.decisions.append(Decision(name, "waiting", verdict.filter, verdict.message))
             continue
         result.decisions.append(Decision(name, "passed"))
-        migrating.add(kube.pod_key(pod), pod, pod.metadata.namespace)
+        migrating.add(job_keys[name], pod, pod.metadata.namespace, owner=owner)
     return result

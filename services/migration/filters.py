@@ -25,6 +25,7 @@ MAX_INT32: Final = 2**31 - 1
 SYSTEM_CRITICAL_PRIORITY: Final = 2_000_000_000
 SYSTEM_CRITICAL_CLASSES: Final = frozenset({"system-cluster-critical", "system-node-critical"})
 MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
+_NONE: Final[frozenset[str]] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,9 @@ class WorkloadView:
     replicas: int
     unready: frozenset[str]
     """Keys of its pods that are not both active and Ready."""
+    max_migrating: int
+    max_unavailable: int
+    """maxMigratingPerWorkload / maxUnavailablePerWorkload scaled by its replicas (GetMaxUnavailable)."""
 
 
 def evict_annotation(pod: kube.Pod) -> bool:
@@ -58,10 +62,16 @@ def _volumes(pod: kube.Pod) -> tuple[bool, bool]:
 
 
 def non_retryable(
-    pod: kube.Pod, args: MigrationArgs, workload: WorkloadView | None, *, owner_known: bool
+    pod: kube.Pod,
+    args: MigrationArgs,
+    workload: WorkloadView | None,
+    *,
+    owner: kube.OwnerReference | None,
+    owner_known: bool,
 ) -> Verdict | None:
-    """Why the pod may never migrate, or None. `workload` is its controller's view (None when it has no
-    controller, or when the controller is unknown: then `owner_known` is False)."""
+    """Why the pod may never migrate, or None. `owner` is its controller reference (kube.controller_of, computed
+    once by the caller), `workload` that controller's view (None when it has none, or when the controller is
+    unknown: then `owner_known` is False)."""
     if evict_annotation(pod):
         return None
     meta = pod.metadata
@@ -74,13 +84,15 @@ def non_retryable(
     checks = _evictability(pod, args)
     if checks is not None:
         return checks
-    if args.gate_on("ExpectedReplicas") and kube.controller_of(meta) is not None:
+    if args.gate_on("ExpectedReplicas") and owner is not None:
         if not owner_known or workload is None:
             return Verdict("ExpectedReplicas", f"the workload controlling pod {kube.pod_key(pod)} cannot be read")
         if not args.skip_check_expected_replicas:
-            replicas = workload.replicas
-            max_migrating = get_max_unavailable(replicas, args.max_migrating_per_workload)
-            max_unavailable = get_max_unavailable(replicas, args.max_unavailable_per_workload)
+            replicas, max_migrating, max_unavailable = (
+                workload.replicas,
+                workload.max_migrating,
+                workload.max_unavailable,
+            )
             if replicas in (1, max_migrating, max_unavailable):
                 return Verdict(
                     "ExpectedReplicas",
@@ -141,16 +153,14 @@ class Migrating:
     pods: set[str] = field(default_factory=set)
     """Keys (namespace/name) of every pod with a migrating job."""
 
-    def add(self, key: str, pod: kube.Pod | None, namespace: str) -> None:
+    def add(self, key: str, pod: kube.Pod | None, namespace: str, *, owner: kube.OwnerReference | None) -> None:
         self.total += 1
         self.pods.add(key)
         self.by_namespace[namespace] = self.by_namespace.get(namespace, 0) + 1
-        if pod is not None:
-            if pod.spec.node_name:
-                self.by_node.setdefault(pod.spec.node_name, set()).add(key)
-            owner = kube.controller_of(pod.metadata)
-            if owner is not None:
-                self.by_workload.setdefault(owner.uid, set()).add(key)
+        if pod is not None and pod.spec.node_name:
+            self.by_node.setdefault(pod.spec.node_name, set()).add(key)
+        if owner is not None:
+            self.by_workload.setdefault(owner.uid, set()).add(key)
 
 
 def retryable(
@@ -159,6 +169,7 @@ def retryable(
     migrating: Migrating,
     workload: WorkloadView | None,
     *,
+    owner: kube.OwnerReference | None,
     owner_known: bool,
 ) -> Verdict | None:
     """Which limit holds the pod back now, or None. The pod's own job is not among `migrating` yet."""
@@ -171,7 +182,8 @@ def retryable(
     limit = args.max_migrating_per_node
     node = pod.spec.node_name
     if args.gate_on("MaxMigratingPerNode") and limit and node:
-        others = len(migrating.by_node.get(node, set()) - {key})
+        on_node = migrating.by_node.get(node, _NONE)
+        others = len(on_node) - (key in on_node)
         if others >= limit:
             return Verdict("MaxMigratingPerNode", f"{others} pods migrating from node {node}, the limit is {limit}")
     limit = args.max_migrating_per_namespace
@@ -182,21 +194,22 @@ def retryable(
             return Verdict(
                 "MaxMigratingPerNamespace", f"{count} pods migrating in namespace {namespace}, the limit is {limit}"
             )
-    owner = kube.controller_of(pod.metadata)
     if owner is None:
         return None
     if not owner_known or workload is None:
         return Verdict("Workload", f"the workload controlling pod {key} cannot be read")
-    moving = migrating.by_workload.get(owner.uid, set()) - {key}
-    max_migrating = get_max_unavailable(workload.replicas, args.max_migrating_per_workload)
+    moving = migrating.by_workload.get(owner.uid, _NONE)
+    if key in moving:
+        moving = moving - {key}
+    max_migrating = workload.max_migrating
     if args.gate_on("MaxMigratingPerWorkload") and moving and len(moving) >= max_migrating:
         return Verdict(
             "MaxMigratingPerWorkload",
             f"{len(moving)} pods of workload {owner.uid} migrating, maxMigrating is {max_migrating}",
         )
     if args.gate_on("MaxUnavailablePerWorkload"):
-        max_unavailable = get_max_unavailable(workload.replicas, args.max_unavailable_per_workload)
-        unavailable = workload.unready | moving
+        max_unavailable = workload.max_unavailable
+        unavailable = workload.unready | moving if moving else workload.unready
         if len(unavailable) >= max_unavailable:
             return Verdict(
                 "MaxUnavailablePerWorkload",
@@ -211,9 +224,9 @@ def _active(pod: kube.Pod) -> bool:
 
 
 def workload_views(
-    workloads: Mapping[str, migration.Workload], pods: Mapping[str, kube.Pod]
+    workloads: Mapping[str, migration.Workload], pods: Mapping[str, kube.Pod], args: MigrationArgs
 ) -> dict[str, WorkloadView]:
-    """Each workload with its pods (those whose controller is it)."""
+    """Each workload with its pods (those whose controller is it) and its limits."""
     members: dict[str, list[kube.Pod]] = {uid: [] for uid in workloads}
     for pod in pods.values():
         owner = kube.controller_of(pod.metadata)
@@ -224,6 +237,8 @@ def workload_views(
             uid=uid,
             replicas=w.replicas,
             unready=frozenset(kube.pod_key(p) for p in members[uid] if not (_active(p) and kube.pod_ready(p))),
+            max_migrating=get_max_unavailable(w.replicas, args.max_migrating_per_workload),
+            max_unavailable=get_max_unavailable(w.replicas, args.max_unavailable_per_workload),
         )
         for uid, w in workloads.items()
     }

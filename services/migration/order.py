@@ -10,7 +10,7 @@ batch `Job`'s pods next to the first of them, and by how many of that Job's pods
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from schemas import kube, migration, vocab
@@ -66,36 +66,41 @@ FIRST: Final[PodKey] = (-(2**63), 0, 0, 0, 0, 0, 0.0)
 """The key of a job whose pod is missing: such jobs go first."""
 
 
-def batch_job_owner(pod: kube.Pod | None) -> str | None:
-    """The uid of the batch `Job` controlling the pod, if one does."""
-    if pod is None:
-        return None
-    owner = kube.controller_of(pod.metadata)
+def batch_job_owner(owner: kube.OwnerReference | None) -> str | None:
+    """The uid of the batch `Job` a pod's controller reference names, if it names one."""
     return owner.uid if owner is not None and owner.kind == "Job" else None
 
 
 def sort_jobs(
     jobs: Sequence[migration.PodMigrationJob],
-    pod_of: Callable[[migration.PodMigrationJob], kube.Pod | None],
+    pod_keys: Mapping[str, PodKey | None],
+    batch_owners: Mapping[str, str | None],
     migrating_in_job: Mapping[str, int],
 ) -> list[migration.PodMigrationJob]:
-    """The four stable sorts of §4.4; `migrating_in_job` counts migrating pods per batch Job owner uid."""
-    pods = {id(job): pod_of(job) for job in jobs}
+    """The four stable sorts of §4.4. `pod_keys` and `batch_owners` map each job's name to its pod's sort key
+    (None: the pod is missing) and to the uid of the batch Job controlling that pod; `migrating_in_job` counts
+    migrating pods per such uid."""
+
+    def pod_key(job: migration.PodMigrationJob) -> PodKey:
+        key = pod_keys.get(job.metadata.name)
+        return FIRST if key is None else key
+
     ordered = sorted(jobs, key=lambda job: -creation_seconds(job.metadata))
-    ordered.sort(key=lambda job: FIRST if (pod := pods[id(job)]) is None else pod_sort_key(pod))
-    grouped: list[migration.PodMigrationJob] = []
-    placed: set[str] = set()
+    ordered.sort(key=pod_key)
     by_owner: dict[str, list[migration.PodMigrationJob]] = {}
     for job in ordered:
-        owner = batch_job_owner(pods[id(job)])
+        owner = batch_owners.get(job.metadata.name)
         if owner is not None:
             by_owner.setdefault(owner, []).append(job)
+    grouped: list[migration.PodMigrationJob] = []
+    placed: set[str] = set()
     for job in ordered:
-        owner = batch_job_owner(pods[id(job)])
+        owner = batch_owners.get(job.metadata.name)
         if owner is None:
             grouped.append(job)
         elif owner not in placed:
             placed.add(owner)
             grouped.extend(by_owner[owner])
-    grouped.sort(key=lambda job: -migrating_in_job.get(batch_job_owner(pods[id(job)]) or "", 0))
+    if migrating_in_job:
+        grouped.sort(key=lambda job: -migrating_in_job.get(batch_owners.get(job.metadata.name) or "", 0))
     return grouped

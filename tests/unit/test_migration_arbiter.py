@@ -17,7 +17,7 @@ from tests.support.migration import job, pod, workload
 
 def run(jobs: list[migration.PodMigrationJob], pods: list[kube.Pod], **given: Any) -> arbiter.Round:
     workloads = [workload("rs-1", 10), workload("rs-2", 3), workload("job-x", 4)]
-    return arbiter.arbitrate(jobs, pods, workloads, msgspec.convert(given, MigrationArgs))
+    return arbiter.arbitrate_objects(jobs, pods, workloads, msgspec.convert(given, MigrationArgs))
 
 
 def test_passed_jobs_count_against_the_next_ones_in_the_same_round() -> None:

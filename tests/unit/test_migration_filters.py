@@ -9,18 +9,32 @@ import pytest
 
 from schemas import kube, migration
 from services.migration import filters
-from services.migration.args import MigrationArgs
+from services.migration.args import MigrationArgs, get_max_unavailable
 from tests.support.migration import pod, workload
-
-VIEW = filters.WorkloadView(uid="rs-1", replicas=10, unready=frozenset())
 
 
 def args(**given: Any) -> MigrationArgs:
     return msgspec.convert(given, MigrationArgs)
 
 
+def view(replicas: int = 10, unready: frozenset[str] = frozenset(), a: MigrationArgs | None = None) -> Any:
+    a = a or args()
+    return filters.WorkloadView(
+        uid="rs-1",
+        replicas=replicas,
+        unready=unready,
+        max_migrating=get_max_unavailable(replicas, a.max_migrating_per_workload),
+        max_unavailable=get_max_unavailable(replicas, a.max_unavailable_per_workload),
+    )
+
+
+VIEW = view()
+
+
 def never(p: kube.Pod, a: MigrationArgs | None = None, view: filters.WorkloadView | None = VIEW) -> str | None:
-    verdict = filters.non_retryable(p, a or args(), view, owner_known=view is not None)
+    verdict = filters.non_retryable(
+        p, a or args(), view, owner=kube.controller_of(p.metadata), owner_known=view is not None
+    )
     return verdict.filter if verdict else None
 
 
@@ -69,8 +83,8 @@ def test_non_retryable_rules(subject: kube.Pod, given: dict[str, Any], expected:
     ],
 )
 def test_expected_replicas(replicas: int, given: dict[str, Any], expected: str | None) -> None:
-    view = filters.WorkloadView(uid="rs-1", replicas=replicas, unready=frozenset())
-    assert never(pod("p"), args(**given), view) == expected
+    a = args(**given)
+    assert never(pod("p"), a, view(replicas, a=a)) == expected
 
 
 def test_an_unknown_workload_is_never_migrated() -> None:
@@ -80,12 +94,14 @@ def test_an_unknown_workload_is_never_migrated() -> None:
 def migrating_with(*items: tuple[str, kube.Pod]) -> filters.Migrating:
     counts = filters.Migrating()
     for key, p in items:
-        counts.add(key, p, p.metadata.namespace)
+        counts.add(key, p, p.metadata.namespace, owner=kube.controller_of(p.metadata))
     return counts
 
 
 def held(p: kube.Pod, counts: filters.Migrating, a: MigrationArgs | None = None, view: Any = VIEW) -> str | None:
-    verdict = filters.retryable(p, a or args(), counts, view, owner_known=view is not None)
+    verdict = filters.retryable(
+        p, a or args(), counts, view, owner=kube.controller_of(p.metadata), owner_known=view is not None
+    )
     return verdict.filter if verdict else None
 
 
@@ -107,7 +123,7 @@ def test_workload_migrating_and_unavailable_limits() -> None:
     assert held(pod("p", node="n9"), mates) == "MaxMigratingPerWorkload"
     one = migrating_with(("default/m1", pod("m1", node="n5")))
     assert held(pod("p", node="n9"), one) is None
-    unready = filters.WorkloadView(uid="rs-1", replicas=10, unready=frozenset({"default/sick"}))
+    unready = view(10, frozenset({"default/sick"}))
     assert held(pod("p", node="n9"), one, view=unready) == "MaxUnavailablePerWorkload"
     assert held(pod("p", node="n9"), one, args(skipEvictionGates=["MaxUnavailablePerWorkload"]), unready) is None
     assert held(pod("p", node="n9"), one, view=None) == "Workload"
@@ -120,5 +136,5 @@ def test_workload_views_count_unready_and_terminating_pods() -> None:
         "default/c": pod("c", phase="Succeeded"),
         "default/d": pod("d", owner="other"),
     }
-    views = filters.workload_views({"rs-1": workload()}, pods)
+    views = filters.workload_views({"rs-1": workload()}, pods, args())
     assert views["rs-1"].unready == {"default/b", "default/c"}

@@ -67,18 +67,22 @@ def test_jobs_by_creation_then_pod_then_batch_owner_then_migrating_count() -> No
     }
     jobs = [job(f"j-{name}", name) for name in pods] + [job("j-missing", "ghost")]
 
-    def pod_of(j: migration.PodMigrationJob) -> kube.Pod | None:
-        return pods.get(j.spec.pod_ref.name if j.spec.pod_ref else "")
-
-    names = [j.metadata.name for j in order.sort_jobs(jobs, pod_of, {})]
+    job_pods = {j.metadata.name: pods.get(j.spec.pod_ref.name if j.spec.pod_ref else "") for j in jobs}
+    owners = {
+        name: order.batch_job_owner(kube.controller_of(p.metadata)) if p is not None else None
+        for name, p in job_pods.items()
+    }
+    keys = {name: order.pod_sort_key(p) if p is not None else None for name, p in job_pods.items()}
+    names = [j.metadata.name for j in order.sort_jobs(jobs, keys, owners, {})]
     # the missing pod first; then the PodSorter order, with j-d pulled next to j-c (same batch Job)
     assert names == ["j-missing", "j-a", "j-e", "j-c", "j-d", "j-b"]
-    names = [j.metadata.name for j in order.sort_jobs(jobs, pod_of, {"job-x": 3})]
+    names = [j.metadata.name for j in order.sort_jobs(jobs, keys, owners, {"job-x": 3})]
     assert names[:2] == ["j-c", "j-d"]  # job-x already has pods migrating: its jobs go first
 
 
 def test_newer_jobs_first_when_the_pods_tie() -> None:
     twins = {"p": pod("p"), "q": pod("q")}
     older, newer = job("older", "p", created="2026-01-01T11:00:00Z"), job("newer", "q", created="2026-01-01T11:30:00Z")
-    result = order.sort_jobs([older, newer], lambda j: twins[j.spec.pod_ref.name], {})  # type: ignore[union-attr]
+    keys = {"older": order.pod_sort_key(twins["p"]), "newer": order.pod_sort_key(twins["q"])}
+    result = order.sort_jobs([older, newer], keys, {}, {})
     assert [j.metadata.name for j in result] == ["newer", "older"]
