@@ -16,6 +16,7 @@ KOORD_CLUSTER = "KOORD_CLUSTER"
 KOORD_NODERESOURCE = "KOORD_NODERESOURCE"
 KOORD_QUOTA = "KOORD_QUOTA"
 KOORD_QUOTA_STATUS = "KOORD_QUOTA_STATUS"
+KOORD_MIGRATION = "KOORD_MIGRATION"
 
 # Consumers ack within 30 s and try 5 times: dedup must outlive 150 s of redeliveries.
 DUPLICATE_WINDOW_SECONDS = 300.0
@@ -93,6 +94,18 @@ def quota_status_stream(*, replicas: int = 1) -> StreamSpec:
     )
 
 
+def migration_stream(*, max_age_seconds: float = 7 * 24 * 3600, replicas: int = 1) -> StreamSpec:
+    """Migration requests, arbitration rounds and aborts: the arbiter's state is this log folded, so it is kept
+    well past any job's TTL (default 5 minutes)."""
+    return StreamSpec(
+        name=KOORD_MIGRATION,
+        subjects=(subjects.MIGRATION_ALL,),
+        max_age_seconds=max_age_seconds,
+        duplicate_window_seconds=DUPLICATE_WINDOW_SECONDS,
+        replicas=replicas,
+    )
+
+
 def dlq_stream(*, max_age_seconds: float = 7 * 24 * 3600, replicas: int = 1) -> StreamSpec:
     return StreamSpec(
         name=KOORD_DLQ,
@@ -111,5 +124,6 @@ def all_streams(*, replicas: int = 1) -> list[StreamSpec]:
         noderesource_stream(replicas=replicas),
         quota_stream(replicas=replicas),
         quota_status_stream(replicas=replicas),
+        migration_stream(replicas=replicas),
         dlq_stream(replicas=replicas),
     ]

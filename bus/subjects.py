@@ -99,6 +99,7 @@ CLUSTER_NODES = f"{PREFIX}.k8s.node.*"
 CLUSTER_PODS = f"{PREFIX}.k8s.pod.*.*"
 CLUSTER_CONFIGMAPS = f"{PREFIX}.k8s.configmap.*.*"
 CLUSTER_TOPOLOGIES = f"{PREFIX}.k8s.nrt.*"
+CLUSTER_WORKLOADS = f"{PREFIX}.k8s.workload.*.*"
 
 
 def cluster_node(name: str) -> str:
@@ -111,6 +112,11 @@ def cluster_pod(namespace: str, name: str) -> str:
 
 def cluster_configmap(namespace: str, name: str) -> str:
     return f"{PREFIX}.k8s.configmap.{encode_token(namespace)}.{encode_token(name)}"
+
+
+def cluster_workload(namespace: str, name: str) -> str:
+    """A pod controller (ReplicaSet, StatefulSet, Job …) with its expected replicas."""
+    return f"{PREFIX}.k8s.workload.{encode_token(namespace)}.{encode_token(name)}"
 
 
 def cluster_topology(name: str) -> str:
@@ -163,6 +169,16 @@ def quota_status(name: str) -> str:
 def quota_tree_status(tree: str) -> str:
     """One tree's latest summary: total, problems (a last-value subject)."""
     return f"{PREFIX}.quota.trees.{encode_token(tree)}"
+
+
+# --- pod migration (stream KOORD_MIGRATION)
+
+MIGRATION_ALL = f"{PREFIX}.migration.>"
+MIGRATION_REQUESTS = f"{PREFIX}.migration.requests"
+"""MigrationRequested from every intake (cluster PodMigrationJobs, the API, the descheduling loop)."""
+MIGRATION_ARBITER = f"{PREFIX}.migration.arbiter"
+"""MigrationRound: the arbiter's single-writer subject (appended with the expected last sequence)."""
+MIGRATION_ABORTS = f"{PREFIX}.migration.aborts"
 
 
 # --- dead letters (stream KOORD_DLQ)

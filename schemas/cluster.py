@@ -68,5 +68,24 @@ class NodeTopologyObserved(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.n
     zones: list[topology.Zone] | None = None
 
 
+class WorkloadObserved(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.workload_observed.v1"):
+    """A pod controller (apps/v1 ReplicaSet, StatefulSet, Deployment, batch/v1 Job …) with its expected replicas
+    (spec.replicas; spec.parallelism for a Job), or its tombstone. Read by services.migration."""
+
+    namespace: ObjectName
+    name: ObjectName
+    observed_at: UnixSeconds
+    api_version: str = ""
+    kind: str = ""
+    uid: str = ""
+    replicas: int = 0
+    resource_version: str = ""
+    deleted: bool = False
+
+
 ClusterEvent = NodeObserved | PodObserved | ConfigMapObserved | NodeTopologyObserved
 CLUSTER_EVENT_DECODER: msgspec.json.Decoder[ClusterEvent] = msgspec.json.Decoder(ClusterEvent)
+
+PodOrWorkload = PodObserved | WorkloadObserved
+POD_OR_WORKLOAD_DECODER: msgspec.json.Decoder[PodOrWorkload] = msgspec.json.Decoder(PodOrWorkload)
+"""What services.migration reads of KOORD_CLUSTER."""

@@ -1,12 +1,12 @@
 """Pod-migration events (issue 5): requests in, arbitration and lifecycle out, all on the KOORD_MIGRATION stream.
 
 Every way a migration is asked for (a PodMigrationJob in the cluster, `POST /api/v1/migrations`, the load-aware
-descheduling loop) becomes one `MigrationRequested` carrying the whole job; `MigrationRejected` records a request
-the intake pre-checks refused (§4.5: an active job for the pod already, a scheduler name outside schedulerNames in
-ReservationFirst mode), with Koordinator's reason. The arbiter appends `MigrationArbitrated` (passed, failed with
-the filter and why, or waiting with the filter that held it, told only when it changes) to its single-writer
-subject with optimistic concurrency, so two arbiter replicas can never both pass a round. `MigrationAborted` ends a
-job on request. Versioned tags; `decode_migration_event` decodes the union.
+descheduling loop) becomes one `MigrationRequested` carrying the whole job. Each arbitration round appends one
+`MigrationRound` to the arbiter's single-writer subject with optimistic concurrency: requests the intake pre-checks
+refused (§4.5: an active job for the pod already, a scheduler name outside schedulerNames in ReservationFirst mode,
+no pod reference) with Koordinator's reason, every pass, every failure with the filter and why, and each waiting job
+whose holding filter changed — so two arbiter replicas can never both pass a round, and a restart replays exactly
+what was decided. `MigrationAborted` ends a job on request. Versioned tags; `decode_migration_event` decodes the union.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import msgspec
 from schemas.migration import PodMigrationJob
 
 Source = Literal["cluster", "api", "descheduler"]
-ArbitrationOutcome = Literal["passed", "failed", "waiting"]
+Decision = Literal["passed", "failed", "waiting", "rejected"]
 
 
 class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -32,19 +32,23 @@ class MigrationRequested(_Event, frozen=True, kw_only=True, tag="migration.reque
     actor: str = ""
 
 
-class MigrationRejected(_Event, frozen=True, kw_only=True, tag="migration.rejected.v1"):
+class JobDecision(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     job: str
-    reason: str
-    message: str
-
-
-class MigrationArbitrated(_Event, frozen=True, kw_only=True, tag="migration.arbitrated.v1"):
-    job: str
-    outcome: ArbitrationOutcome
+    outcome: Decision
     filter: str = ""
+    """The filter that failed or held the job (arbitration), empty otherwise."""
+    reason: str = ""
+    """Koordinator's reason for a failure or rejection (ForbiddenMigratePod, InvalidPodRef …)."""
     message: str = ""
-    round: int = 0
-    """The arbiter's round number (rounds with nothing to tell publish nothing)."""
+
+
+class MigrationRound(_Event, frozen=True, kw_only=True, tag="migration.round.v1"):
+    """What one arbitration round decided: the intake of new requests (rejected ones), then every pass and failure
+    and each waiting job whose filter changed. Appended with optimistic concurrency on the arbiter's subject, so
+    of two arbiter replicas deciding the same round only one is stored."""
+
+    round: int
+    decisions: list[JobDecision]
 
 
 class MigrationAborted(_Event, frozen=True, kw_only=True, tag="migration.aborted.v1"):
@@ -52,7 +56,7 @@ class MigrationAborted(_Event, frozen=True, kw_only=True, tag="migration.aborted
     actor: str = ""
 
 
-MigrationEvent = MigrationRequested | MigrationRejected | MigrationArbitrated | MigrationAborted
+MigrationEvent = MigrationRequested | MigrationRound | MigrationAborted
 
 _DECODER: msgspec.json.Decoder[MigrationEvent] = msgspec.json.Decoder(MigrationEvent)
 

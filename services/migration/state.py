@@ -2,17 +2,15 @@
 
 `MigrationState` keeps every job as a PodMigrationJob object reflecting its events: a pass sets the
 passed-arbitration annotation (so the next rounds count it as migrating and never consider it again), a failure or
-a rejection sets phase Failed with the reason, an abort phase Aborted. `apply` is idempotent per event content
-and order-independent for a job's terminal state, so a replay rebuilds exactly what the arbiter had. `intake`
-is the §4.5 pre-check of a new request against the jobs held: no other active job for the same pod (by uid or
-namespace/name), and in ReservationFirst mode a scheduler name among schedulerNames. `to_publish` turns a round
-(services.migration.arbiter) into the events worth appending: every pass and failure, and a waiting job only
-when the filter holding it changed.
+a rejection sets phase Failed with the reason, an abort phase Aborted. A replay of the events rebuilds exactly what
+the arbiter had. `intake` is the §4.5 pre-check of a new request against the jobs held: no other active job for the
+same pod (by uid or namespace/name), and in ReservationFirst mode a scheduler name among schedulerNames.
+`to_tell` turns a round (services.migration.arbiter) into the decisions worth appending: every pass and failure,
+and a waiting job only when the filter holding it changed.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Iterable
 
 import msgspec
@@ -30,6 +28,8 @@ class MigrationState:
         """Job → the filter that held it in the last round it was told (waiting)."""
         self.round = 0
         """The highest arbiter round folded."""
+        self.told: set[str] = set()
+        """Jobs some round decided something about (the others are new: they go through the intake first)."""
 
     def apply(self, event: ev.MigrationEvent) -> None:
         match event:
@@ -37,24 +37,31 @@ class MigrationState:
                 name = job.metadata.name
                 if name not in self.jobs:
                     self.jobs[name] = job
-            case ev.MigrationRejected(job=name, reason=reason, message=message):
-                self._finish(name, migration.PHASE_FAILED, reason, message)
-            case ev.MigrationArbitrated(job=name, outcome=outcome, filter=which, message=message, round=number):
+            case ev.MigrationRound(round=number, decisions=decisions):
                 self.round = max(self.round, number)
-                held = self.jobs.get(name)
-                if held is None or migration.phase_of(held) in migration.TERMINAL_PHASES:
-                    return
-                if outcome == "passed":
-                    annotations = {**held.metadata.annotations, migration.ANNOTATION_PASSED_ARBITRATION: "true"}
-                    meta = msgspec.structs.replace(held.metadata, annotations=annotations)
-                    self.jobs[name] = msgspec.structs.replace(held, metadata=meta)
-                    self.waiting_filter.pop(name, None)
-                elif outcome == "failed":
-                    self._finish(name, migration.PHASE_FAILED, migration.REASON_FORBIDDEN, message)
-                else:
-                    self.waiting_filter[name] = which
+                for decision in decisions:
+                    self._decide(decision)
             case ev.MigrationAborted(job=name):
                 self._finish(name, migration.PHASE_ABORTED, "Aborted", "aborted on request")
+
+    def _decide(self, decision: ev.JobDecision) -> None:
+        name = decision.job
+        self.told.add(name)
+        held = self.jobs.get(name)
+        if held is None or migration.phase_of(held) in migration.TERMINAL_PHASES:
+            return
+        match decision.outcome:
+            case "passed":
+                annotations = {**held.metadata.annotations, migration.ANNOTATION_PASSED_ARBITRATION: "true"}
+                meta = msgspec.structs.replace(held.metadata, annotations=annotations)
+                self.jobs[name] = msgspec.structs.replace(held, metadata=meta)
+                self.waiting_filter.pop(name, None)
+            case "failed" | "rejected":
+                self._finish(
+                    name, migration.PHASE_FAILED, decision.reason or migration.REASON_FORBIDDEN, decision.message
+                )
+            case "waiting":
+                self.waiting_filter[name] = decision.filter
 
     def _finish(self, name: str, phase: str, reason: str, message: str) -> None:
         job = self.jobs.get(name)
@@ -70,26 +77,34 @@ class MigrationState:
     def waiting(self) -> list[str]:
         return [name for name, job in self.jobs.items() if migration.is_waiting(job)]
 
-    def to_publish(self, result: Round, *, now: dt.datetime) -> list[ev.MigrationArbitrated]:
-        """The events a round tells: passes, failures, and waiting jobs whose filter changed."""
-        number = self.round + 1
+    def new_jobs(self) -> list[str]:
+        """Waiting jobs no round has decided anything about yet."""
+        return [name for name in self.waiting() if name not in self.told]
+
+    def to_tell(self, result: Round) -> list[ev.JobDecision]:
+        """What a round has to tell: passes, failures, and waiting jobs whose filter changed."""
         out = []
         for decision in result.decisions:
-            if decision.outcome == "waiting" and self.waiting_filter.get(decision.job) == decision.filter:
-                continue
-            outcome: ev.ArbitrationOutcome = (
-                "passed" if decision.outcome == "passed" else "failed" if decision.outcome == "failed" else "waiting"
-            )
-            out.append(
-                ev.MigrationArbitrated(
-                    job=decision.job,
-                    outcome=outcome,
-                    filter=decision.filter,
-                    message=decision.message,
-                    round=number,
-                    time=now,
+            if decision.outcome == "waiting":
+                if self.waiting_filter.get(decision.job) == decision.filter:
+                    continue
+                out.append(
+                    ev.JobDecision(
+                        job=decision.job, outcome="waiting", filter=decision.filter, message=decision.message
+                    )
                 )
-            )
+            elif decision.outcome == "failed":
+                out.append(
+                    ev.JobDecision(
+                        job=decision.job,
+                        outcome="failed",
+                        filter=decision.filter,
+                        reason=migration.REASON_FORBIDDEN,
+                        message=f"pod is forbidden to migrate: {decision.message}",
+                    )
+                )
+            else:
+                out.append(ev.JobDecision(job=decision.job, outcome="passed", message=decision.message))
         return out
 
 

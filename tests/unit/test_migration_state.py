@@ -29,17 +29,15 @@ def test_a_round_is_told_once_and_folded_back() -> None:
     pods = [pod(f"p{i}", node="n1") for i in range(4)]
     args = MigrationArgs()
     first = arbiter.arbitrate_objects(state.jobs.values(), pods, [workload()], args)
-    events = state.to_publish(first, now=NOW)
-    assert sorted(e.outcome for e in events) == ["passed", "passed", "waiting", "waiting"]
-    assert {e.round for e in events} == {1}
-    log: list[ev.MigrationEvent] = [requested(f"j{i}", f"p{i}") for i in range(4)]
-    for event in events:
-        state.apply(event)
-        log.append(event)
+    told = state.to_tell(first)
+    assert sorted(d.outcome for d in told) == ["passed", "passed", "waiting", "waiting"]
+    event = ev.MigrationRound(round=1, decisions=told, time=NOW)
+    state.apply(event)
+    log: list[ev.MigrationEvent] = [*(requested(f"j{i}", f"p{i}") for i in range(4)), event]
     assert len(state.passed()) == 2 and len(state.waiting()) == 2
     second = arbiter.arbitrate_objects(state.jobs.values(), pods, [workload()], args)
     assert set(second.order) == set(state.waiting())  # passed jobs are never considered again
-    assert state.to_publish(second, now=NOW) == []  # still waiting on the same filters: nothing new to tell
+    assert state.to_tell(second) == []  # still waiting on the same filters: nothing new to tell
     replayed = MigrationState()
     for event in log:
         replayed.apply(ev.decode_migration_event(ev.encode_migration_event(event)))
@@ -50,10 +48,14 @@ def test_failures_rejections_and_aborts_end_jobs() -> None:
     state = MigrationState()
     for name in ("a", "b", "c"):
         state.apply(requested(name, f"p-{name}"))
-    state.apply(ev.MigrationArbitrated(job="a", outcome="failed", filter="BarePods", message="bare", time=NOW))
-    state.apply(ev.MigrationRejected(job="b", reason=migration.REASON_INVALID_POD_REF, message="x", time=NOW))
+    decisions = [
+        ev.JobDecision(job="a", outcome="failed", filter="BarePods", reason="ForbiddenMigratePod", message="bare"),
+        ev.JobDecision(job="b", outcome="rejected", reason=migration.REASON_INVALID_POD_REF, message="x"),
+    ]
+    state.apply(ev.MigrationRound(round=1, decisions=decisions, time=NOW))
     state.apply(ev.MigrationAborted(job="c", actor="bob", time=NOW))
-    state.apply(ev.MigrationArbitrated(job="c", outcome="passed", time=NOW))  # too late: c is aborted
+    late = [ev.JobDecision(job="c", outcome="passed")]  # too late: c is aborted
+    state.apply(ev.MigrationRound(round=2, decisions=late, time=NOW))
     phases = {name: (j.status.phase, j.status.reason) for name, j in state.jobs.items()}
     assert phases == {
         "a": ("Failed", "ForbiddenMigratePod"),

@@ -1,0 +1,292 @@
+"""The migration arbiter service: requests and the cluster in, one MigrationRound per round out (issue 5, §4.4).
+
+Consumers (durable pull, reset at start: the state lives in memory and is rebuilt every start):
+  * events (KOORD_MIGRATION, from the first): MigrationRequested, MigrationRound and MigrationAborted folded into
+    services.migration.state.MigrationState; the sequence of the last MigrationRound seen is remembered.
+  * cluster (KOORD_CLUSTER pods and workloads, last value per subject, then new ones): the ClusterView the rounds
+    read, rebuilt before a round only when something changed.
+Every `interval` (args.arbitrationArgs.interval, default 500 ms) a round runs — once the state has caught up with
+the last round this service appended, so a round never decides from a state that lacks its own previous decisions:
+new requests go through the intake pre-checks (refused ones are decided "rejected"), the waiting jobs through the
+arbitration (services.migration.arbiter), and what is worth telling is appended as MigrationRound with
+`Nats-Expected-Last-Subject-Sequence` on the arbiter subject (large rounds in chunks, each guarded the same way).
+Two replicas deciding the same round cannot both store it: the loser's append is refused, it catches up and its
+next round starts from the winner's decisions. So a job is never passed twice, across restarts and replicas.
+Called by the CLI and the integration tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from bus import streams, subjects
+from bus.api import Bus, Consumer, ConsumerSpec, DeliverPolicy, Delivery, PublishOptions, msg_id
+from bus.errors import ConflictError
+from schemas import kube, migration
+from schemas import migration_events as ev
+from schemas.cluster import POD_OR_WORKLOAD_DECODER, PodObserved, WorkloadObserved
+from services.common import observe
+from services.common.startup import wait_replayed
+from services.migration import arbiter
+from services.migration.args import MigrationArgs, duration_seconds
+from services.migration.state import MigrationState, intake
+
+log = logging.getLogger(__name__)
+
+SERVICE = "migration"
+EVENTS_CONSUMER = "migration-events"
+CLUSTER_CONSUMER = "migration-cluster"
+MAX_DECISIONS_PER_MESSAGE = 1000
+"""A round's decisions go out in messages of at most this many (a NATS message is 1 MiB by default)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MigrationSettings:
+    args: MigrationArgs = field(default_factory=MigrationArgs)
+    """MigrationControllerArgs (Koordinator's names; a file of them via the CLI)."""
+    instance: str = ""
+    """Names this replica's consumers; replicas running at once need distinct names."""
+    startup_timeout_seconds: float = 60.0
+    catch_up_timeout_seconds: float = 5.0
+    """How long a round waits for the state to contain this service's previous round before it gives up (and
+    tries again next interval)."""
+
+
+class _Instruments:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.rounds = Counter("koordbus_migration_rounds", "Arbitration rounds run", registry=registry)
+        self.decisions = Counter(
+            "koordbus_migration_decisions", "Decisions appended, by outcome", ["outcome"], registry=registry
+        )
+        self.conflicts = Counter(
+            "koordbus_migration_round_conflicts",
+            "Rounds not stored because another arbiter appended first",
+            registry=registry,
+        )
+        self.waiting = Gauge("koordbus_migration_waiting_jobs", "Jobs waiting for arbitration", registry=registry)
+
+
+class _EventsHandler:
+    def __init__(self, owner: MigrationService) -> None:
+        self._owner = owner
+
+    async def handle(self, delivery: Delivery) -> None:
+        self._owner.apply_event(delivery)
+
+    async def flush(self) -> None:
+        return None
+
+
+class _ClusterHandler:
+    def __init__(self, owner: MigrationService) -> None:
+        self._owner = owner
+
+    async def handle(self, delivery: Delivery) -> None:
+        self._owner.apply_cluster(delivery.data)
+
+    async def flush(self) -> None:
+        return None
+
+
+class MigrationService:
+    def __init__(
+        self,
+        bus: Bus,
+        settings: MigrationSettings,
+        *,
+        registry: CollectorRegistry,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.bus = bus
+        self.settings = settings
+        self.args = settings.args
+        self.state = MigrationState()
+        self.arbiter_seq = 0
+        """The stream sequence of the last MigrationRound folded into the state."""
+        self._appended_seq = 0
+        """The sequence of the last MigrationRound this service appended."""
+        self._pods: dict[str, kube.Pod] = {}
+        self._workloads: dict[str, migration.Workload] = {}
+        """workload uid → workload."""
+        self._workload_keys: dict[str, str] = {}
+        """namespace/name → uid (tombstones carry no uid)."""
+        self._view: arbiter.ClusterView | None = None
+        self._clock = clock
+        self._metrics = _Instruments(registry)
+        self._metrics.waiting.set_function(lambda: len(self.state.waiting()))
+        self._registry = registry
+        self._consumers: list[Consumer] = []
+        self._ticker: asyncio.Task[None] | None = None
+        self._progress = asyncio.Event()
+
+    # --- lifecycle
+
+    async def start(self) -> None:
+        timeout = self.settings.startup_timeout_seconds
+        for name, handler in ((EVENTS_CONSUMER, _EventsHandler(self)), (CLUSTER_CONSUMER, _ClusterHandler(self))):
+            consumer = self.bus.consume(self._spec(name), handler, reset=True)
+            self._consumers.append(consumer)
+            if not await wait_replayed(consumer, what=f"migration: {name}", stall_seconds=timeout):
+                log.warning("migration: %s replay stalled for %.0f s; starting with what was read", name, timeout)
+        observe.watch_consumers(
+            self._registry,
+            service=SERVICE,
+            consumers={EVENTS_CONSUMER: self._consumers[0], CLUSTER_CONSUMER: self._consumers[1]},
+        )
+        self._ticker = asyncio.create_task(self._loop(), name="migration-arbiter")
+
+    async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+            self._ticker = None
+        for consumer in self._consumers:
+            await consumer.stop()
+        if self._consumers:
+            observe.retire_consumers(self._registry, service=SERVICE, names=(EVENTS_CONSUMER, CLUSTER_CONSUMER))
+        self._consumers = []
+
+    def _spec(self, durable: str) -> ConsumerSpec:
+        policy: DeliverPolicy
+        filters: tuple[str, ...]
+        if durable == EVENTS_CONSUMER:
+            stream, filters, policy = streams.KOORD_MIGRATION, (subjects.MIGRATION_ALL,), "all"
+        else:
+            stream, filters, policy = (
+                streams.KOORD_CLUSTER,
+                (subjects.CLUSTER_PODS, subjects.CLUSTER_WORKLOADS),
+                "last_per_subject",
+            )
+        return ConsumerSpec(
+            durable=f"{durable}-{self.settings.instance}" if self.settings.instance else durable,
+            stream=stream,
+            filter_subjects=filters,
+            service=SERVICE,
+            deliver_policy=policy,
+        )
+
+    async def _loop(self) -> None:
+        interval = duration_seconds(self.args.arbitration_args.interval) or 0.5
+        while True:
+            await asyncio.sleep(interval)
+            if not self.args.arbitration_args.enabled:
+                continue
+            try:
+                await self.run_round()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("migration: round failed (the next one retries): %s", e)
+
+    # --- inputs
+
+    def apply_event(self, delivery: Delivery) -> None:
+        event = ev.decode_migration_event(delivery.data)
+        self.state.apply(event)
+        if delivery.subject == subjects.MIGRATION_ARBITER:
+            self.arbiter_seq = max(self.arbiter_seq, delivery.stream_seq)
+        self._progress.set()
+
+    def apply_cluster(self, data: bytes) -> None:
+        match POD_OR_WORKLOAD_DECODER.decode(data):
+            case PodObserved(namespace=namespace, name=name, pod=pod, deleted=deleted):
+                key = f"{namespace}/{name}"
+                if deleted or pod is None:
+                    self._pods.pop(key, None)
+                else:
+                    self._pods[key] = pod
+            case WorkloadObserved() as seen:
+                key = f"{seen.namespace}/{seen.name}"
+                old = self._workload_keys.pop(key, None)
+                if old is not None:
+                    self._workloads.pop(old, None)
+                if not seen.deleted and seen.uid:
+                    self._workload_keys[key] = seen.uid
+                    self._workloads[seen.uid] = migration.Workload(
+                        api_version=seen.api_version,
+                        kind=seen.kind,
+                        namespace=seen.namespace,
+                        name=seen.name,
+                        uid=seen.uid,
+                        replicas=seen.replicas,
+                    )
+        self._view = None
+
+    # --- rounds
+
+    async def _caught_up(self) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.catch_up_timeout_seconds
+        while self.arbiter_seq < self._appended_seq:
+            self._progress.clear()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), remaining)
+        return True
+
+    async def run_round(self) -> arbiter.Round | None:
+        """One round (the loop's; tests call it directly). None when the state is not caught up yet."""
+        if not await self._caught_up():
+            log.warning("migration: the state has not caught up with this arbiter's last round; skipping a round")
+            return None
+        self._metrics.rounds.inc()
+        view = self._view
+        if view is None:
+            view = self._view = arbiter.ClusterView.build(self._pods.values(), self._workloads.values(), self.args)
+        decisions: list[ev.JobDecision] = []
+        new = self.state.new_jobs()
+        # New requests are taken in the order they arrived, each against the jobs taken before it.
+        fresh = set(new)
+        held = [job for name, job in self.state.jobs.items() if name not in fresh]
+        rejected: set[str] = set()
+        for name in new:
+            job = self.state.jobs[name]
+            refused = intake(job, view.pod_of(job), held, self.args)
+            if refused is None:
+                held.append(job)
+                continue
+            rejected.add(name)
+            decisions.append(ev.JobDecision(job=name, outcome="rejected", reason=refused[0], message=refused[1]))
+        jobs = [job for name, job in self.state.jobs.items() if name not in rejected]
+        result = arbiter.arbitrate(jobs, view, self.args)
+        decisions += self.state.to_tell(result)
+        if decisions:
+            await self._append(decisions)
+        return result
+
+    async def _append(self, decisions: list[ev.JobDecision]) -> None:
+        number = self.state.round + 1
+        expected = self.arbiter_seq
+        now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
+        for start in range(0, len(decisions), MAX_DECISIONS_PER_MESSAGE):
+            chunk = decisions[start : start + MAX_DECISIONS_PER_MESSAGE]
+            event = ev.MigrationRound(round=number, decisions=chunk, time=now)
+            data = ev.encode_migration_event(event)
+            digest = hashlib.blake2b(msgspec.json.encode(chunk), digest_size=16).hexdigest()
+            try:
+                ack = await self.bus.publish(
+                    subjects.MIGRATION_ARBITER,
+                    data,
+                    msg_id=msg_id("migration.round", number, start, digest),
+                    options=PublishOptions(expected_last_subject_seq=expected),
+                )
+            except ConflictError:
+                self._metrics.conflicts.inc()
+                log.info("migration: round %d not stored: another arbiter appended first", number)
+                return
+            expected = self._appended_seq = ack.seq
+            for decision in chunk:
+                self._metrics.decisions.labels(outcome=decision.outcome).inc()
