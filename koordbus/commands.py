@@ -110,11 +110,14 @@ def add_parsers(sub: Any) -> None:
         description="nodemetric: agent batches → NodeMetric status (needs --database-url). noderesource: cluster "
         "state + NodeMetrics → batch/mid decisions, projected into --database-url. quota: the elastic quota trees "
         "from their event log and the cluster's pods (commands, checks and what-ifs over NATS request/reply; "
-        "statuses and history projected into --database-url; replicas need distinct KOORDBUS_INSTANCE names). k8s: "
+        "statuses and history projected into --database-url; replicas need distinct KOORDBUS_INSTANCE names). "
+        "migration: arbitrates PodMigrationJobs every 500 ms (MigrationControllerArgs from --args-file). k8s: "
         "lists and watches Nodes, Pods and the colocation ConfigMap and publishes them (needs --kubeconfig or an "
         "in-cluster service account).",
     )
-    service.add_argument("name", choices=["nodemetric", "noderesource", "quota", "k8s"], help="which service")
+    service.add_argument(
+        "name", choices=["nodemetric", "noderesource", "quota", "migration", "k8s"], help="which service"
+    )
     _add_common(service, embedded=False)
     service.add_argument(
         "--port",
@@ -125,6 +128,11 @@ def add_parsers(sub: Any) -> None:
     )
     service.add_argument(
         "--kubeconfig", default=None, help="k8s: kubeconfig file (default: in-cluster; or KOORDBUS_KUBECONFIG)"
+    )
+    service.add_argument(
+        "--args-file",
+        default=os.environ.get("KOORDBUS_MIGRATION_ARGS_FILE"),
+        help="migration: MigrationControllerArgs as JSON or YAML, Koordinator's field names (default: its defaults)",
     )
     service.add_argument(
         "--dry-run",
@@ -229,6 +237,7 @@ async def run_up(args: argparse.Namespace) -> int:
         await noderesource.start()
         stack.push_async_callback(noderesource.stop)
         _, quota_store = await start_quota(stack, bus, engine, registry)
+        await start_migration(stack, bus, registry, migration_settings(os.environ.get("KOORDBUS_MIGRATION_ARGS_FILE")))
         cluster = await _bridge_cluster(
             stack, bus, registry, kubeconfig=args.kubeconfig, record_only_without_config=True, dry_run=args.dry_run
         )
@@ -418,6 +427,8 @@ async def run_service(args: argparse.Namespace) -> int:
             return await _run_k8s(args)
         case "quota":
             return await _run_quota(args)
+        case "migration":
+            return await _run_migration(args)
         case _:
             return await _run_nodemetric(args)
 
@@ -490,6 +501,47 @@ async def _run_quota(args: argparse.Namespace) -> int:
             quota_client=QuotaClient(bus),
             readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
         )
+        await stop.wait()
+    return 0
+
+
+def migration_settings(args_file: str | None) -> Any:
+    """MigrationSettings from the args file (if any) and KOORDBUS_INSTANCE; exits with a clear line when unusable."""
+    from services.migration.args import ArgsError, MigrationArgs, load_args
+    from services.migration.service import MigrationSettings
+
+    migration_args = MigrationArgs()
+    if args_file:
+        try:
+            migration_args = load_args(Path(args_file).read_text(encoding="utf-8"), source=args_file)
+        except (OSError, UnicodeDecodeError, ArgsError) as e:
+            raise SystemExit(f"koordbus: migration args: {e}") from None
+    return MigrationSettings(args=migration_args, instance=os.environ.get("KOORDBUS_INSTANCE", ""))
+
+
+async def start_migration(stack: AsyncExitStack, bus: Any, registry: Any, settings: Any) -> Any:
+    from services.migration.service import MigrationService
+
+    service = MigrationService(bus, settings, registry=registry)
+    await service.start()
+    stack.push_async_callback(service.stop)
+    return service
+
+
+async def _run_migration(args: argparse.Namespace) -> int:
+    from koordbus import runtime
+    from services.common import observe
+    from services.common.metrics import new_registry
+
+    common = _common(args)
+    runtime.configure_logging(args.log_level or common.log_level)
+    settings = migration_settings(args.args_file)  # a bad args file stops here, before anything connects
+    registry = new_registry()
+    async with AsyncExitStack() as stack:
+        stop = runtime.stop_event_on_signals()
+        bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name="migration")
+        await start_migration(stack, bus, registry, settings)
+        await _serve_service_port(stack, args.port, registry, readiness=(("bus", observe.bus_ready(bus)),))
         await stop.wait()
     return 0
 

@@ -13,6 +13,7 @@ import re
 from typing import Final
 
 import msgspec
+import yaml
 
 from schemas.migration import MODE_RESERVATION_FIRST
 from schemas.selectors import LabelSelector
@@ -174,3 +175,19 @@ def duration_seconds(text: str, *, field: str = "duration") -> float:
     if position != len(text):
         raise ArgsError(f"{field}: {text!r} is not a duration like '5m' or '500ms'")
     return total
+
+
+def load_args(text: str, *, source: str = "args") -> MigrationArgs:
+    """MigrationControllerArgs from a JSON or YAML document (Koordinator's names); ArgsError names what is wrong."""
+    try:
+        document = yaml.safe_load(text) if text.strip() else {}
+    except yaml.YAMLError as err:
+        raise ArgsError(f"{source}: not JSON or YAML: {' '.join(str(err).split())}") from None
+    if not isinstance(document, dict):
+        raise ArgsError(f"{source}: expected an object of MigrationControllerArgs")
+    try:
+        args = msgspec.convert(document, MigrationArgs, strict=False)
+    except msgspec.ValidationError as err:
+        raise ArgsError(f"{source}: {err}") from None
+    check_args(args)
+    return args

@@ -78,3 +78,20 @@ def test_check_args_names_the_field(document: bytes, message: str) -> None:
     with pytest.raises(ArgsError) as info:
         check_args(msgspec.json.decode(document, type=MigrationArgs))
     assert message in str(info.value)
+
+
+def test_load_args_reads_yaml_and_names_what_is_wrong() -> None:
+    from services.migration.args import load_args
+
+    args = load_args("maxMigratingPerNode: 1\nmaxUnavailablePerWorkload: 25%\n", source="a.yaml")
+    assert args.max_migrating_per_node == 1 and args.max_unavailable_per_workload == "25%"
+    assert load_args("", source="empty").max_migrating_per_node == 2
+    for text, message in (
+        ("[1, 2]", "a.yaml: expected an object"),
+        ("maxMigratingPerNode: lots", "a.yaml: Expected `int | null`"),
+        ("maxMigratingPerNode: -3", "maxMigratingPerNode must not be negative"),
+        ("key: [unclosed", "a.yaml: not JSON or YAML"),
+    ):
+        with pytest.raises(ArgsError) as info:
+            load_args(text, source="a.yaml")
+        assert message in str(info.value), str(info.value)
