@@ -1,8 +1,11 @@
-"""The observing half of the Kubernetes bridge: Nodes, Pods, the colocation ConfigMap and NodeResourceTopologies.
+"""The observing half of the Kubernetes bridge: Nodes, Pods, the colocation ConfigMap, NodeResourceTopologies, pod
+controllers and PodMigrationJobs.
 
 `ClusterObserver` runs four reflectors (services.k8s.watch): all Nodes, Pods of all namespaces, the one `slo-
 controller-config` ConfigMap (a fieldSelector on its name) and all NodeResourceTopologies (optional: a cluster
-without that CRD keeps the reflector retrying, and readiness does not wait for it). Each change is decoded into
+without that CRD keeps the reflector retrying, and readiness does not wait for it), and, optional likewise,
+ReplicaSets, StatefulSets and Jobs (WorkloadObserved with their expected replicas) and PodMigrationJobs (each a
+MigrationRequested on KOORD_MIGRATION, its deletion a MigrationAborted). Each change is decoded into
 schemas.kube here and only here (an object that does not decode, e.g. a bad quantity, is logged, counted and
 skipped) and becomes a NodeObserved / PodObserved / ConfigMapObserved / NodeTopologyObserved on its own last-value
 subject, with a Nats-Msg-Id derived from kind, namespace, name, resourceVersion and deletion, so republishing an
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import itertools
 import logging
 import time
@@ -26,13 +30,13 @@ from dataclasses import dataclass, field
 from typing import Final
 
 import msgspec
-from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
+from kubernetes_asyncio.client import ApiClient, AppsV1Api, BatchV1Api, CoreV1Api, CustomObjectsApi
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from bus import subjects
 from bus.api import Bus, msg_id
-from schemas import cluster, kube, topology
+from schemas import cluster, kube, migration, migration_events, topology
 from services.k8s import core
 from services.k8s.settings import K8sSettings
 from services.k8s.watch import Collection, KubeCollection, Reflector
@@ -43,11 +47,32 @@ KIND_NODE: Final = "node"
 KIND_POD: Final = "pod"
 KIND_CONFIGMAP: Final = "configmap"
 KIND_TOPOLOGY: Final = "nrt"
-KINDS: Final = (KIND_NODE, KIND_POD, KIND_CONFIGMAP, KIND_TOPOLOGY)
-OPTIONAL_KINDS: Final = frozenset({KIND_TOPOLOGY})
+KIND_REPLICASET: Final = "replicaset"
+KIND_STATEFULSET: Final = "statefulset"
+KIND_JOB: Final = "job"
+KIND_MIGRATION_JOB: Final = "podmigrationjob"
+WORKLOAD_KINDS: Final = {
+    KIND_REPLICASET: ("apps/v1", "ReplicaSet"),
+    KIND_STATEFULSET: ("apps/v1", "StatefulSet"),
+    KIND_JOB: ("batch/v1", "Job"),
+}
+"""Pod controllers the migration arbiter counts replicas of."""
+KINDS: Final = (KIND_NODE, KIND_POD, KIND_CONFIGMAP, KIND_TOPOLOGY, *WORKLOAD_KINDS, KIND_MIGRATION_JOB)
+OPTIONAL_KINDS: Final = frozenset({KIND_TOPOLOGY, *WORKLOAD_KINDS, KIND_MIGRATION_JOB})
 """Kinds whose CRD a cluster may lack: readiness does not wait for their first list (the reflector keeps retrying,
 so installing the CRD later is picked up)."""
 TOPOLOGY_API: Final = {"group": "topology.node.k8s.io", "version": "v1alpha1", "plural": "noderesourcetopologies"}
+MIGRATION_JOB_API: Final = {"group": "scheduling.koordinator.sh", "version": "v1alpha1", "plural": "podmigrationjobs"}
+
+
+class _WorkloadSpec(msgspec.Struct, frozen=True):
+    replicas: int | None = None
+    parallelism: int | None = None
+
+
+class _Workload(msgspec.Struct, frozen=True):
+    metadata: kube.ObjectMeta = kube.ObjectMeta()
+    spec: _WorkloadSpec = _WorkloadSpec()
 
 
 class _ConfigMap(msgspec.Struct, frozen=True):
@@ -58,9 +83,51 @@ _NODE_DECODER: Final = msgspec.json.Decoder(kube.Node)
 _POD_DECODER: Final = msgspec.json.Decoder(kube.Pod)
 _CONFIGMAP_DECODER: Final = msgspec.json.Decoder(_ConfigMap)
 _TOPOLOGY_DECODER: Final = msgspec.json.Decoder(topology.NodeResourceTopology)
+_WORKLOAD_DECODER: Final = msgspec.json.Decoder(_Workload)
+_MIGRATION_JOB_DECODER: Final = msgspec.json.Decoder(migration.PodMigrationJob)
 
 Outgoing = tuple[str, bytes, str]
 """(subject, data, msg id) of one observed state."""
+
+
+def _workload_message(kind: str, change: core.Change, *, observed_at: float) -> Outgoing:
+    namespace, name = change.key
+    api_version, kind_name = WORKLOAD_KINDS[kind]
+    seen = change.seen
+    replicas = 0
+    if not change.deleted and change.raw is not None:
+        spec = _WORKLOAD_DECODER.decode(change.raw).spec
+        chosen = spec.parallelism if kind == KIND_JOB else spec.replicas
+        replicas = 1 if chosen is None else chosen  # Kubernetes' default for both
+    event = cluster.WorkloadObserved(
+        namespace=namespace,
+        name=name,
+        observed_at=observed_at,
+        api_version=api_version,
+        kind=kind_name,
+        uid=seen.uid,
+        replicas=replicas,
+        resource_version=seen.resource_version,
+        deleted=change.deleted,
+    )
+    identity = msg_id("k8s.observed", kind, namespace, name, seen.resource_version, change.deleted)
+    return subjects.cluster_workload(namespace, name), msgspec.json.encode(event), identity
+
+
+def _migration_job_message(change: core.Change, *, observed_at: float) -> Outgoing:
+    """A PodMigrationJob becomes a MigrationRequested (the arbiter keeps the first request per job name); its
+    deletion a MigrationAborted."""
+    _, name = change.key
+    at = dt.datetime.fromtimestamp(observed_at, dt.UTC)
+    seen = change.seen
+    if change.deleted or change.raw is None:
+        aborted = migration_events.MigrationAborted(job=name, actor="cluster: PodMigrationJob deleted", time=at)
+        identity = msg_id("k8s.pmj.deleted", name, seen.uid)
+        return subjects.MIGRATION_ABORTS, migration_events.encode_migration_event(aborted), identity
+    job = _MIGRATION_JOB_DECODER.decode(change.raw)
+    requested = migration_events.MigrationRequested(job=job, source="cluster", actor="cluster", time=at)
+    identity = msg_id("k8s.pmj", name, seen.uid)
+    return subjects.MIGRATION_REQUESTS, migration_events.encode_migration_event(requested), identity
 
 
 def observed_message(kind: str, change: core.Change, *, observed_at: float) -> Outgoing:
@@ -68,6 +135,10 @@ def observed_message(kind: str, change: core.Change, *, observed_at: float) -> O
 
     msgspec.DecodeError (ValidationError included) when the object does not decode into schemas.kube.
     """
+    if kind in WORKLOAD_KINDS:
+        return _workload_message(kind, change, observed_at=observed_at)
+    if kind == KIND_MIGRATION_JOB:
+        return _migration_job_message(change, observed_at=observed_at)
     namespace, name = change.key
     seen = change.seen
     event: cluster.ClusterEvent
@@ -163,7 +234,8 @@ class ClusterObserver:
         self._clock = clock
         self._sleep = sleep
         self._collections = collections
-        self._pending: dict[str, tuple[bytes, str]] = {}
+        self._pending: dict[str, tuple[str, bytes, str]] = {}
+        """kind/namespace/name → (subject, data, msg id) of the object's latest unpublished state."""
         self._has_pending = asyncio.Event()
         self._drained = asyncio.Event()
         self._drained.set()
@@ -201,6 +273,35 @@ class ClusterObserver:
                 watch_timeout_seconds=timeout,
                 read_grace_seconds=grace,
                 **TOPOLOGY_API,
+            ),
+            KIND_REPLICASET: KubeCollection(
+                KIND_REPLICASET,
+                AppsV1Api(self._api).list_replica_set_for_all_namespaces,
+                namespaced=True,
+                watch_timeout_seconds=timeout,
+                read_grace_seconds=grace,
+            ),
+            KIND_STATEFULSET: KubeCollection(
+                KIND_STATEFULSET,
+                AppsV1Api(self._api).list_stateful_set_for_all_namespaces,
+                namespaced=True,
+                watch_timeout_seconds=timeout,
+                read_grace_seconds=grace,
+            ),
+            KIND_JOB: KubeCollection(
+                KIND_JOB,
+                BatchV1Api(self._api).list_job_for_all_namespaces,
+                namespaced=True,
+                watch_timeout_seconds=timeout,
+                read_grace_seconds=grace,
+            ),
+            KIND_MIGRATION_JOB: KubeCollection(
+                KIND_MIGRATION_JOB,
+                CustomObjectsApi(self._api).list_cluster_custom_object,
+                namespaced=False,
+                watch_timeout_seconds=timeout,
+                read_grace_seconds=grace,
+                **MIGRATION_JOB_API,
             ),
         }
 
@@ -266,7 +367,8 @@ class ClusterObserver:
                 log.warning("k8s %s %s skipped: %s", kind, f"{namespace}/{name}" if namespace else name, err)
                 continue
             self.stats.observed[kind] = self.stats.observed.get(kind, 0) + 1
-            self._pending[subject] = (data, identity)
+            namespace, name = change.key
+            self._pending[f"{kind}/{namespace}/{name}"] = (subject, data, identity)
         if self._pending:
             self._drained.clear()
             self._has_pending.set()
@@ -283,16 +385,16 @@ class ClusterObserver:
                 continue
             batch = list(itertools.islice(self._pending.items(), self.settings.publish_batch_size))
             results = await asyncio.gather(
-                *(self.bus.publish(subject, data, msg_id=identity) for subject, (data, identity) in batch),
+                *(self.bus.publish(subject, data, msg_id=identity) for _, (subject, data, identity) in batch),
                 return_exceptions=True,
             )
             errors: list[BaseException] = []
-            for (subject, entry), result in zip(batch, results, strict=True):
+            for (key, entry), result in zip(batch, results, strict=True):
                 if isinstance(result, BaseException):
                     errors.append(result)
                     continue
-                if self._pending.get(subject) is entry:  # not replaced by a newer state meanwhile
-                    del self._pending[subject]
+                if self._pending.get(key) is entry:  # not replaced by a newer state meanwhile
+                    del self._pending[key]
                 self.stats.published += 1
                 self.stats.duplicates += int(result.duplicate)
             if not errors:

@@ -89,6 +89,11 @@ CORE_KINDS = (
     ResourceKind(group="", version="v1", plural="pods", kind="Pod", namespaced=True, has_status=True),
     ResourceKind(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True, has_status=False),
     ResourceKind(group="", version="v1", plural="events", kind="Event", namespaced=True, has_status=False),
+    ResourceKind(group="apps", version="v1", plural="replicasets", kind="ReplicaSet", namespaced=True, has_status=True),
+    ResourceKind(
+        group="apps", version="v1", plural="statefulsets", kind="StatefulSet", namespaced=True, has_status=True
+    ),
+    ResourceKind(group="batch", version="v1", plural="jobs", kind="Job", namespaced=True, has_status=True),
     # Cluster-scoped, no status subresource; its CRD is not among the reference YAMLs, so no schema.
     ResourceKind(
         group="topology.node.k8s.io",
