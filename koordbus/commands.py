@@ -111,7 +111,8 @@ def add_parsers(sub: Any) -> None:
         "state + NodeMetrics → batch/mid decisions, projected into --database-url. quota: the elastic quota trees "
         "from their event log and the cluster's pods (commands, checks and what-ifs over NATS request/reply; "
         "statuses and history projected into --database-url; replicas need distinct KOORDBUS_INSTANCE names). "
-        "migration: arbitrates PodMigrationJobs every 500 ms (MigrationControllerArgs from --args-file). k8s: "
+        "migration: arbitrates PodMigrationJobs every 500 ms (MigrationControllerArgs from --args-file; jobs and "
+        "decision trails projected into --database-url when given). k8s: "
         "lists and watches Nodes, Pods and the colocation ConfigMap and publishes them (needs --kubeconfig or an "
         "in-cluster service account).",
     )
@@ -202,6 +203,7 @@ async def run_up(args: argparse.Namespace) -> int:
     from services.api.settings import ApiSettings
     from services.common import observe
     from services.common.metrics import new_registry
+    from services.migration.client import MigrationClient
     from services.nodemetric.service import NodeMetricService
     from services.nodemetric.settings import NodeMetricSettings
     from services.nodemetric.store import NodeMetricStore
@@ -237,7 +239,9 @@ async def run_up(args: argparse.Namespace) -> int:
         await noderesource.start()
         stack.push_async_callback(noderesource.stop)
         _, quota_store = await start_quota(stack, bus, engine, registry)
-        await start_migration(stack, bus, registry, migration_settings(os.environ.get("KOORDBUS_MIGRATION_ARGS_FILE")))
+        migration_service = await start_migration(
+            stack, bus, registry, migration_settings(os.environ.get("KOORDBUS_MIGRATION_ARGS_FILE")), engine=engine
+        )
         cluster = await _bridge_cluster(
             stack, bus, registry, kubeconfig=args.kubeconfig, record_only_without_config=True, dry_run=args.dry_run
         )
@@ -248,6 +252,8 @@ async def run_up(args: argparse.Namespace) -> int:
                 noderesource_store=nr_store,
                 quota_store=quota_store,
                 quota_client=QuotaClient(bus),
+                migration_store=migration_service.store,
+                migration_client=MigrationClient(bus),
                 recorded_writes=cluster.recorded_writes,
                 registry=registry,
                 tokens=tokens,
@@ -519,10 +525,13 @@ def migration_settings(args_file: str | None) -> Any:
     return MigrationSettings(args=migration_args, instance=os.environ.get("KOORDBUS_INSTANCE", ""))
 
 
-async def start_migration(stack: AsyncExitStack, bus: Any, registry: Any, settings: Any) -> Any:
+async def start_migration(stack: AsyncExitStack, bus: Any, registry: Any, settings: Any, *, engine: Any = None) -> Any:
+    """The arbiter, projecting into the database when `engine` is given."""
     from services.migration.service import MigrationService
+    from services.migration.store import MigrationStore
 
-    service = MigrationService(bus, settings, registry=registry)
+    store = MigrationStore(engine) if engine is not None else None
+    service = MigrationService(bus, settings, registry=registry, store=store)
     await service.start()
     stack.push_async_callback(service.stop)
     return service
@@ -540,8 +549,16 @@ async def _run_migration(args: argparse.Namespace) -> int:
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
         bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name="migration")
-        await start_migration(stack, bus, registry, settings)
-        await _serve_service_port(stack, args.port, registry, readiness=(("bus", observe.bus_ready(bus)),))
+        engine = None
+        if common.database_url:
+            engine = await runtime.open_database(stack, common.database_url, migrate=True)
+        service = await start_migration(stack, bus, registry, settings, engine=engine)
+        context: dict[str, Any] = {"readiness": (("bus", observe.bus_ready(bus)),)}
+        if service.store is not None:
+            from services.migration.client import MigrationClient
+
+            context.update(migration_store=service.store, migration_client=MigrationClient(bus))
+        await _serve_service_port(stack, args.port, registry, **context)
         await stop.wait()
     return 0
 
@@ -623,6 +640,8 @@ async def run_api(args: argparse.Namespace) -> int:
     from services.api.settings import ApiSettings
     from services.common import observe
     from services.common.metrics import new_registry
+    from services.migration.client import MigrationClient
+    from services.migration.store import MigrationStore
     from services.nodemetric.store import NodeMetricStore
     from services.noderesource.store import NodeResourceStore
     from services.quota.client import QuotaClient
@@ -652,6 +671,8 @@ async def run_api(args: argparse.Namespace) -> int:
                 noderesource_store=NodeResourceStore(engine),
                 quota_store=QuotaStore(engine),
                 quota_client=QuotaClient(bus),
+                migration_store=MigrationStore(engine),
+                migration_client=MigrationClient(bus),
                 registry=registry,
                 tokens=tokens,
                 readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),

@@ -12,6 +12,7 @@ import asyncio
 import sqlalchemy as sa
 from alembic import context
 
+import services.migration.store
 import services.nodemetric.store
 import services.noderesource.store
 import services.quota.store  # noqa: F401

@@ -40,6 +40,10 @@ class JobDecision(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     reason: str = ""
     """Koordinator's reason for a failure or rejection (ForbiddenMigratePod, InvalidPodRef …)."""
     message: str = ""
+    node: str = ""
+    """The node of the job's pod when decided (empty: the pod is unknown)."""
+    workload: str = ""
+    """The uid of the pod's controller when decided."""
 
 
 class MigrationRound(_Event, frozen=True, kw_only=True, tag="migration.round.v1"):

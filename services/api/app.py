@@ -25,10 +25,12 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.api import auth, nodemetrics, noderesources, quotas, recorded
+from services.api import auth, migrations, nodemetrics, noderesources, quotas, recorded
 from services.api.settings import ApiSettings
 from services.common.metrics import CONTENT_TYPE_LATEST, CollectorRegistry, render
 from services.common.observe import ReadinessCheck
+from services.migration.client import MigrationClient
+from services.migration.store import MigrationStore
 from services.nodemetric.store import NodeMetricStore
 from services.noderesource.store import NodeResourceStore
 from services.quota.client import QuotaClient
@@ -65,6 +67,10 @@ class ApiContext:
     """The quota projections (reads); None: the quota read routes answer 503."""
     quota_client: QuotaClient | None = None
     """Requests to the quota service (writes, checks, what-ifs); None: those routes answer 503."""
+    migration_store: MigrationStore | None = None
+    """Migration jobs and their trails (reads); None: those routes answer 503."""
+    migration_client: MigrationClient | None = None
+    """Publishes migration requests and aborts; None: those routes answer 503."""
     tokens: auth.TokenStore = field(default_factory=auth.TokenStore)
     """Accepted bearer tokens; the default accepts none (auth.TokenStore.disabled() only for `--no-auth`)."""
 
@@ -178,6 +184,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(noderesources.router, responses=responses, dependencies=viewer)
     app.include_router(recorded.router, responses=responses, dependencies=viewer)
     app.include_router(quotas.router, responses=responses, dependencies=viewer)
+    app.include_router(migrations.router, responses=responses, dependencies=viewer)
     app.add_middleware(CatchAllMiddleware)
     _add_health_routes(app, context)
     _add_error_handlers(app)

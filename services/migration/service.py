@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from bus import streams, subjects
 from bus.api import Bus, Consumer, ConsumerSpec, DeliverPolicy, Delivery, PublishOptions, msg_id
-from bus.errors import ConflictError
+from bus.errors import ConflictError, TemporaryError
 from schemas import kube, migration
 from schemas import migration_events as ev
 from schemas.cluster import POD_OR_WORKLOAD_DECODER, PodObserved, WorkloadObserved
@@ -40,12 +40,15 @@ from services.common.startup import wait_replayed
 from services.migration import arbiter
 from services.migration.args import MigrationArgs, duration_seconds
 from services.migration.state import MigrationState, intake
+from services.migration.store import MigrationStore
 
 log = logging.getLogger(__name__)
 
 SERVICE = "migration"
 EVENTS_CONSUMER = "migration-events"
 CLUSTER_CONSUMER = "migration-cluster"
+PROJECTOR_CONSUMER = "migration-projector"
+PROJECTION_RETRY_DELAY_SECONDS = 1.0
 MAX_DECISIONS_PER_MESSAGE = 1000
 """A round's decisions go out in messages of at most this many (a NATS message is 1 MiB by default)."""
 
@@ -98,6 +101,25 @@ class _ClusterHandler:
         return None
 
 
+class _Projector:
+    """Collects a fetched batch of KOORD_MIGRATION and writes it to the store in one transaction."""
+
+    def __init__(self, store: MigrationStore) -> None:
+        self._store = store
+        self._pending: list[tuple[int, ev.MigrationEvent]] = []
+
+    async def handle(self, delivery: Delivery) -> None:
+        self._pending.append((delivery.stream_seq, ev.decode_migration_event(delivery.data)))
+
+    async def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending:
+            try:
+                await self._store.apply_events(pending, consumer=PROJECTOR_CONSUMER, stream=streams.KOORD_MIGRATION)
+            except Exception as e:  # redelivered; the store skips what it has
+                raise TemporaryError(f"migration projection failed: {e}", delay=PROJECTION_RETRY_DELAY_SECONDS) from e
+
+
 class MigrationService:
     def __init__(
         self,
@@ -106,8 +128,11 @@ class MigrationService:
         *,
         registry: CollectorRegistry,
         clock: Callable[[], float] = time.time,
+        store: MigrationStore | None = None,
     ) -> None:
+        """`store` None: no projection (tests that only look at the stream)."""
         self.bus = bus
+        self.store = store
         self.settings = settings
         self.args = settings.args
         self.state = MigrationState()
@@ -126,6 +151,7 @@ class MigrationService:
         self._metrics.waiting.set_function(lambda: len(self.state.waiting()))
         self._registry = registry
         self._consumers: list[Consumer] = []
+        self._projector: Consumer | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._progress = asyncio.Event()
 
@@ -133,6 +159,17 @@ class MigrationService:
 
     async def start(self) -> None:
         timeout = self.settings.startup_timeout_seconds
+        if self.store is not None:
+            projected = await self.store.offset(PROJECTOR_CONSUMER)
+            spec = ConsumerSpec(
+                durable=self._durable(PROJECTOR_CONSUMER),
+                stream=streams.KOORD_MIGRATION,
+                filter_subjects=(subjects.MIGRATION_ALL,),
+                service=SERVICE,
+                deliver_policy="by_start_sequence",
+                opt_start_seq=projected + 1,
+            )
+            self._projector = self.bus.consume(spec, _Projector(self.store), reset=True)
         for name, handler in ((EVENTS_CONSUMER, _EventsHandler(self)), (CLUSTER_CONSUMER, _ClusterHandler(self))):
             consumer = self.bus.consume(self._spec(name), handler, reset=True)
             self._consumers.append(consumer)
@@ -151,6 +188,9 @@ class MigrationService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
             self._ticker = None
+        if self._projector is not None:
+            await self._projector.stop()
+            self._projector = None
         for consumer in self._consumers:
             await consumer.stop()
         if self._consumers:
@@ -169,12 +209,19 @@ class MigrationService:
                 "last_per_subject",
             )
         return ConsumerSpec(
-            durable=f"{durable}-{self.settings.instance}" if self.settings.instance else durable,
+            durable=self._durable(durable),
             stream=stream,
             filter_subjects=filters,
             service=SERVICE,
             deliver_policy=policy,
         )
+
+    def _durable(self, name: str) -> str:
+        return f"{name}-{self.settings.instance}" if self.settings.instance else name
+
+    @property
+    def consumers(self) -> list[Consumer]:
+        return [*self._consumers, *([self._projector] if self._projector is not None else [])]
 
     async def _loop(self) -> None:
         interval = duration_seconds(self.args.arbitration_args.interval) or 0.5
@@ -264,8 +311,19 @@ class MigrationService:
         result = arbiter.arbitrate(jobs, view, self.args)
         decisions += self.state.to_tell(result)
         if decisions:
-            await self._append(decisions)
+            await self._append([self._placed(d, view) for d in decisions])
         return result
+
+    def _placed(self, decision: ev.JobDecision, view: arbiter.ClusterView) -> ev.JobDecision:
+        """The decision with where the job's pod was (its node and controller) for the API's filters."""
+        job = self.state.jobs.get(decision.job)
+        pod = view.pod_of(job) if job is not None else None
+        if pod is None:
+            return decision
+        owner = view.owners.get(kube.pod_key(pod))
+        return msgspec.structs.replace(
+            decision, node=pod.spec.node_name, workload=owner.uid if owner is not None else ""
+        )
 
     async def _append(self, decisions: list[ev.JobDecision]) -> None:
         number = self.state.round + 1

@@ -29,8 +29,10 @@ EXPECTED_TABLES = {
     "quota_profiles",
     "quota_status",
     "quota_trees",
+    "migration_jobs",
+    "migration_decisions",
 }
-HEAD = "0003"
+HEAD = "0004"
 
 
 async def _tables(engine: AsyncEngine) -> set[str]:

@@ -1,0 +1,175 @@
+"""REST routes of pod migration: the jobs with their decision trails, requests and aborts.
+
+Mounted by services.api.app under /api/v1. Reads come from the migration projections (services.migration.store);
+a request (`POST /api/v1/migrations`, role admin) is published as a MigrationRequested that the arbiter takes
+through the same intake pre-checks as a PodMigrationJob made in the cluster — a refused one shows in the job's
+trail with Koordinator's reason; an abort (`POST /api/v1/migrations/{name}/abort`, admin) as a MigrationAborted.
+The body of a request is a PodMigrationJob (Kubernetes shape, JSON or YAML; the name is generated when absent) or
+the short form `{"pod": {"namespace", "name"}, "mode", "ttl"}`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any, Final
+
+import msgspec
+import yaml
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
+
+from bus.errors import BusUnavailableError
+from schemas import migration
+from services.api import auth
+from services.migration.client import MigrationClient
+from services.migration.store import JobRecord, MigrationStore
+
+router = APIRouter(prefix="/api/v1", tags=["migrations"])
+
+MAX_BODY_BYTES: Final = 256 * 1024
+Admin = Annotated[auth.Identity, Depends(auth.require(auth.ADMIN))]
+PHASES: Final = ("Pending", "Running", "Succeeded", "Failed", "Aborted")
+
+
+def _store(request: Request) -> MigrationStore:
+    store: MigrationStore | None = request.app.state.context.migration_store
+    if store is None:
+        raise HTTPException(503, "migrations are not available: this API runs without the migration store")
+    return store
+
+
+def _client(request: Request) -> MigrationClient:
+    client: MigrationClient | None = request.app.state.context.migration_client
+    if client is None:
+        raise HTTPException(503, "migration requests are not available: this API runs without a bus connection")
+    return client
+
+
+def _summary(record: JobRecord) -> dict[str, Any]:
+    return {
+        "name": record.name,
+        "namespace": record.namespace,
+        "pod": record.pod,
+        "node": record.node,
+        "workload": record.workload,
+        "phase": record.phase,
+        "arbitration": record.arbitration,
+        "reason": record.reason,
+        "message": record.message,
+        "source": record.source,
+        "actor": record.actor,
+        "requestedAt": record.requested_at,
+        "updatedAt": record.updated_at,
+    }
+
+
+@router.get("/migrations", summary="Migration jobs, newest first, filtered by phase, node, namespace or workload")
+async def list_migrations(
+    request: Request,
+    phase: Annotated[str | None, Query(description=f"one of {', '.join(PHASES)}")] = None,
+    node: str | None = None,
+    namespace: str | None = None,
+    workload: Annotated[str | None, Query(description="the uid of the pods' controller")] = None,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+) -> dict[str, Any]:
+    if phase is not None and phase not in PHASES:
+        raise HTTPException(422, f"phase {phase!r} is not one of {', '.join(PHASES)}")
+    records = await _store(request).jobs(phase=phase, node=node, namespace=namespace, workload=workload, limit=limit)
+    return {"kind": "MigrationList", "items": [_summary(r) for r in records]}
+
+
+@router.get("/migrations/{name}", summary="One migration job with its whole decision trail")
+async def get_migration(request: Request, name: str) -> dict[str, Any]:
+    store = _store(request)
+    record = await store.job(name)
+    if record is None:
+        raise HTTPException(404, f"no migration job named {name!r}")
+    trail = await store.trail(name)
+    return {
+        **_summary(record),
+        "job": record.job,
+        "trail": [
+            {
+                "round": d.round,
+                "outcome": d.outcome,
+                "filter": d.filter,
+                "reason": d.reason,
+                "message": d.message,
+                "time": d.time,
+                "seq": d.stream_seq,
+            }
+            for d in trail
+        ],
+    }
+
+
+async def _document(request: Request) -> Any:
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise HTTPException(413, f"the request body is {len(raw)} bytes; the limit is {MAX_BODY_BYTES}")
+    try:
+        return yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        raise HTTPException(400, f"the body is not valid JSON or YAML: {' '.join(str(e).split())}") from None
+
+
+def _job_from(document: Any) -> migration.PodMigrationJob:
+    if not isinstance(document, dict):
+        raise HTTPException(400, "the body must be a PodMigrationJob or {pod: {namespace, name}, mode, ttl}")
+    if "pod" in document:
+        pod = document["pod"]
+        if not isinstance(pod, dict) or not pod.get("namespace") or not pod.get("name"):
+            raise HTTPException(422, "pod must name the pod: {namespace, name}")
+        document = {
+            "metadata": {"name": document.get("name") or ""},
+            "spec": {
+                "podRef": {"namespace": pod["namespace"], "name": pod["name"], "uid": pod.get("uid", "")},
+                **({"mode": document["mode"]} if document.get("mode") else {}),
+                **({"ttl": document["ttl"]} if document.get("ttl") else {}),
+            },
+        }
+    elif document.get("kind") not in (None, migration.KIND):
+        raise HTTPException(422, f"the body is a {document.get('kind')}, expected {migration.KIND}")
+    try:
+        job = msgspec.convert(document, migration.PodMigrationJob, strict=False)
+    except msgspec.ValidationError as e:
+        message, _, path = str(e).rpartition(" - at `")
+        raise HTTPException(422, f"not a valid PodMigrationJob: {path.rstrip('`')}: {message or e}") from None
+    ref = job.spec.pod_ref
+    if ref is None or not ref.namespace or not ref.name:
+        raise HTTPException(422, "spec.podRef must name the pod (namespace and name)")
+    if job.spec.mode and job.spec.mode not in (migration.MODE_RESERVATION_FIRST, migration.MODE_EVICT_DIRECTLY):
+        raise HTTPException(422, f"spec.mode {job.spec.mode!r} is not ReservationFirst or EvictDirectly")
+    meta = msgspec.structs.replace(
+        job.metadata, name=job.metadata.name or str(uuid.uuid4()), resource_version="", uid=""
+    )
+    return msgspec.structs.replace(job, metadata=meta, status=migration.PodMigrationJobStatus())
+
+
+@router.post("/migrations", status_code=202, summary="Ask for a pod to be migrated (goes through arbitration)")
+async def request_migration(request: Request, identity: Admin) -> Any:
+    job = _job_from(await _document(request))
+    if await _store(request).job(job.metadata.name) is not None:
+        raise HTTPException(409, f"a migration job named {job.metadata.name!r} already exists")
+    try:
+        ack = await _client(request).request(job, actor=identity.name)
+    except BusUnavailableError as e:
+        raise HTTPException(503, f"the bus does not answer: {e}") from None
+    if ack.duplicate:
+        raise HTTPException(409, f"a migration job named {job.metadata.name!r} was just requested")
+    body = {"name": job.metadata.name, "seq": ack.seq, "status": "requested: the arbiter decides within a round"}
+    return JSONResponse(body, status_code=202)
+
+
+@router.post("/migrations/{name}/abort", summary="Abort a migration job that has not finished")
+async def abort_migration(request: Request, name: str, identity: Admin) -> Any:
+    record = await _store(request).job(name)
+    if record is None:
+        raise HTTPException(404, f"no migration job named {name!r}")
+    if record.phase in migration.TERMINAL_PHASES:
+        raise HTTPException(409, f"migration job {name} has already ended ({record.phase}: {record.reason})")
+    try:
+        seq = await _client(request).abort(name, actor=identity.name)
+    except BusUnavailableError as e:
+        raise HTTPException(503, f"the bus does not answer: {e}") from None
+    return JSONResponse({"name": name, "seq": seq, "status": "abort requested"}, status_code=202)
