@@ -1,4 +1,4 @@
-"""The `koordbus` command line (composition root): `up`, `agent`, `service`, `api`, `quota`, `calc`.
+"""The `koordbus` command line (composition root): `up`, `agent`, `service`, `api`, `quota`, `migration`, `calc`.
 
 Each subcommand builds its settings at the edge, wires the bus, stores and services, and
 runs until interrupted. Nothing below `koordbus` knows which subcommand started it.
@@ -17,10 +17,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    from koordbus import calc, commands, quota
+    from koordbus import calc, commands, migration, quota
 
     commands.add_parsers(sub)
     quota.add_parser(sub)
+    migration.add_parser(sub)
     calc.add_parser(sub)
     return parser
 

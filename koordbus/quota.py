@@ -14,103 +14,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-import httpx
-import yaml
-
+from koordbus import apiclient
 from schemas import quota as quota_schema
 
-DEFAULT_API: Final = "http://127.0.0.1:8080"
-DEFAULT_TOKEN_FILE: Final = Path(".koordbus") / "api-token"
 QUOTA_KIND: Final = "ElasticQuota"
 PROFILE_KIND: Final = "ElasticQuotaProfile"
 PARENT_LABEL: Final = "quota.scheduling.koordinator.sh/parent"
 SHOWN: Final = ("min", "max", "runtime", "request", "used")
 
 
-class CliError(Exception):
-    """Stops the command: the message goes to stderr and the process exits with `code`."""
-
-    def __init__(self, message: str, *, code: int = 2) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-# --- talking to the API
-
-
-class Api:
-    def __init__(self, base: str, token: str, *, timeout: float = 30.0) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.Client(base_url=base.rstrip("/"), headers=headers, timeout=timeout)
-        self.base = base
-
-    def close(self) -> None:
-        self._client.close()
-
-    def call(self, method: str, path: str, *, body: Any = None, ok: Iterable[int] = (200, 201)) -> httpx.Response:
-        try:
-            response = self._client.request(method, path, json=body)
-        except httpx.HTTPError as e:
-            raise CliError(f"cannot reach the koordbus API at {self.base}: {e} (is it running? --api)") from None
-        if response.status_code in (401, 403):
-            raise CliError(f"{_error_text(response)} (pass --token or --token-file)")
-        if response.status_code not in ok and response.status_code >= 500:
-            raise CliError(f"the API failed ({response.status_code}): {_error_text(response)}")
-        return response
-
-
-def _error_text(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text.strip() or f"HTTP {response.status_code}"
-    if not isinstance(body, dict):
-        return str(body)
-    lines = [str(body.get("error", body))]
-    violations = body.get("violations") or []
-    if len(violations) > 1:
-        lines = ["the request breaks quota rules:", *(f"  - {v['message']} [{v['rule']}]" for v in violations)]
-    return "\n".join(lines)
-
-
-def _token(args: argparse.Namespace) -> str:
-    if args.token:
-        return str(args.token)
-    path = Path(args.token_file) if args.token_file else DEFAULT_TOKEN_FILE
-    if path.is_file():
-        return path.read_text(encoding="utf-8").strip()
-    if args.token_file:
-        raise CliError(f"token file {path} does not exist")
-    return ""
-
-
 # --- reading files
-
-
-def load_documents(paths: Sequence[str]) -> list[dict[str, Any]]:
-    """Every object in the files ('-' is stdin): YAML (multi-document) or JSON, List kinds expanded."""
-    out: list[dict[str, Any]] = []
-    for path in paths:
-        try:
-            text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise CliError(f"cannot read {path}: {e}") from None
-        try:
-            documents = list(yaml.safe_load_all(text))
-        except yaml.YAMLError as e:
-            raise CliError(f"{path} is not valid YAML or JSON: {' '.join(str(e).split())}") from None
-        for position, document in enumerate(d for d in documents if d is not None):
-            if not isinstance(document, dict):
-                raise CliError(f"{path}: document {position + 1} is not an object")
-            items = document.get("items") if str(document.get("kind", "")).endswith("List") else None
-            out.extend(items if isinstance(items, list) else [document])
-    return out
 
 
 def parents_first(quotas: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -146,29 +63,16 @@ def amounts(rl: Mapping[str, str] | None) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(rl.items()))
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    return "\n".join(lines) + "\n"
-
-
-def dump(document: Any, output: str) -> str:
-    if output == "json":
-        return json.dumps(document, indent=2, sort_keys=False) + "\n"
-    return yaml.safe_dump(document, sort_keys=False)
-
-
 # --- subcommands
 
 
-def cmd_tree(api: Api, args: argparse.Namespace) -> int:
+def cmd_tree(api: apiclient.Api, args: argparse.Namespace) -> int:
     response = api.call("GET", f"/api/v1/quota-trees/{args.tree}")
     if response.status_code != 200:
-        raise CliError(_error_text(response), code=1)
+        raise apiclient.CliError(apiclient.error_text(response), code=1)
     tree = response.json()
     if args.output != "table":
-        sys.stdout.write(dump(tree, args.output))
+        sys.stdout.write(apiclient.dump(tree, args.output))
         return 0
     nodes = {q["name"]: q for q in tree["quotas"]}
     rows: list[list[str]] = []
@@ -186,20 +90,20 @@ def cmd_tree(api: Api, args: argparse.Namespace) -> int:
     sys.stdout.write(f"tree {tree['tree']}: total {amounts(tree.get('total'))}\n")
     for problem in tree.get("problems") or []:
         sys.stdout.write(f"PROBLEM: {problem}\n")
-    sys.stdout.write(table(["QUOTA", "PODS", *(f.upper() for f in SHOWN)], rows))
+    sys.stdout.write(apiclient.table(["QUOTA", "PODS", *(f.upper() for f in SHOWN)], rows))
     return 0
 
 
-def cmd_get(api: Api, args: argparse.Namespace) -> int:
+def cmd_get(api: apiclient.Api, args: argparse.Namespace) -> int:
     if args.name:
         response = api.call("GET", f"/api/v1/quotas/{args.name}")
         if response.status_code != 200:
-            raise CliError(_error_text(response), code=1)
-        sys.stdout.write(dump(response.json(), "yaml" if args.output == "table" else args.output))
+            raise apiclient.CliError(apiclient.error_text(response), code=1)
+        sys.stdout.write(apiclient.dump(response.json(), "yaml" if args.output == "table" else args.output))
         return 0
     listed = api.call("GET", "/api/v1/quotas" + (f"?tree={args.tree}" if args.tree else "")).json()
     if args.output != "table":
-        sys.stdout.write(dump(listed, args.output))
+        sys.stdout.write(apiclient.dump(listed, args.output))
         return 0
     rows = []
     for item in listed["items"]:
@@ -216,12 +120,12 @@ def cmd_get(api: Api, args: argparse.Namespace) -> int:
                 amounts(item.get("status", {}).get("used")),
             ]
         )
-    sys.stdout.write(table(["NAME", "PARENT", "MIN", "MAX", "RUNTIME", "USED"], rows))
+    sys.stdout.write(apiclient.table(["NAME", "PARENT", "MIN", "MAX", "RUNTIME", "USED"], rows))
     return 0
 
 
-def cmd_apply(api: Api, args: argparse.Namespace) -> int:
-    documents = load_documents(args.filename)
+def cmd_apply(api: apiclient.Api, args: argparse.Namespace) -> int:
+    documents = apiclient.load_documents(args.filename)
     quotas = [d for d in documents if d.get("kind", QUOTA_KIND) == QUOTA_KIND]
     profiles = [d for d in documents if d.get("kind") == PROFILE_KIND]
     others = [d for d in documents if d not in quotas and d not in profiles]
@@ -235,7 +139,7 @@ def cmd_apply(api: Api, args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _apply_one(api: Api, kind: str, path: str, obj: dict[str, Any]) -> int:
+def _apply_one(api: apiclient.Api, kind: str, path: str, obj: dict[str, Any]) -> int:
     name = _name(obj)
     if not name:
         sys.stderr.write(f"{kind}: an object without metadata.name was skipped\n")
@@ -254,7 +158,7 @@ def _apply_one(api: Api, kind: str, path: str, obj: dict[str, Any]) -> int:
     if response.status_code in (200, 201):
         sys.stdout.write(f"{kind}/{name} {verb}\n")
         return 0
-    sys.stderr.write(f"{kind}/{name}: {_error_text(response)}\n")
+    sys.stderr.write(f"{kind}/{name}: {apiclient.error_text(response)}\n")
     return 1
 
 
@@ -273,40 +177,40 @@ def _same(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
     )
 
 
-def cmd_delete(api: Api, args: argparse.Namespace) -> int:
+def cmd_delete(api: apiclient.Api, args: argparse.Namespace) -> int:
     failed = 0
     for name in args.names:
         response = api.call("DELETE", f"/api/v1/quotas/{name}", ok=(200, 404, 409, 422))
         if response.status_code == 200:
             sys.stdout.write(f"elasticquota/{name} deleted\n")
         else:
-            sys.stderr.write(f"elasticquota/{name}: {_error_text(response)}\n")
+            sys.stderr.write(f"elasticquota/{name}: {apiclient.error_text(response)}\n")
             failed += 1
     return 1 if failed else 0
 
 
-def cmd_check(api: Api, args: argparse.Namespace) -> int:
-    pods = load_documents(args.filename)
+def cmd_check(api: apiclient.Api, args: argparse.Namespace) -> int:
+    pods = apiclient.load_documents(args.filename)
     path = "/api/v1/quotas/check" + ("?parents=true" if args.parents else "")
     response = api.call("POST", path, body={"pods": pods})
     if response.status_code != 200:
-        raise CliError(_error_text(response), code=1)
+        raise apiclient.CliError(apiclient.error_text(response), code=1)
     result = response.json()
     if args.output != "table":
-        sys.stdout.write(dump(result, args.output))
+        sys.stdout.write(apiclient.dump(result, args.output))
     else:
         rows = [
             [v["pod"], v.get("quota") or "-", "yes" if v["fits"] else "NO", "; ".join(v.get("reasons") or []) or "-"]
             for v in result["verdicts"]
         ]
-        sys.stdout.write(table(["POD", "QUOTA", "FITS", "WHY"], rows))
+        sys.stdout.write(apiclient.table(["POD", "QUOTA", "FITS", "WHY"], rows))
     return 0 if result["fits"] else 1
 
 
-def cmd_what_if(api: Api, args: argparse.Namespace) -> int:
+def cmd_what_if(api: apiclient.Api, args: argparse.Namespace) -> int:
     body: dict[str, Any] = {}
     for path in args.filename or ():
-        for document in load_documents([path]):
+        for document in apiclient.load_documents([path]):
             if document.get("kind") == QUOTA_KIND:
                 body.setdefault("update" if args.update else "create", []).append(document)
             else:
@@ -317,16 +221,18 @@ def cmd_what_if(api: Api, args: argparse.Namespace) -> int:
         try:
             wanted = dict(pair.split("=", 1) for pair in rest.split(","))
         except ValueError:
-            raise CliError(f"--min {setting!r}: expected QUOTA:RESOURCE=QUANTITY[,…], e.g. team-a:cpu=10") from None
+            raise apiclient.CliError(
+                f"--min {setting!r}: expected QUOTA:RESOURCE=QUANTITY[,…], e.g. team-a:cpu=10"
+            ) from None
         body.setdefault("patch", {})[name] = {"spec": {"min": wanted}}
     if not body:
-        raise CliError("nothing to evaluate: pass -f FILE and/or --min QUOTA:cpu=10")
+        raise apiclient.CliError("nothing to evaluate: pass -f FILE and/or --min QUOTA:cpu=10")
     response = api.call("POST", "/api/v1/quotas/what-if", body=body)
     if response.status_code != 200:
-        raise CliError(_error_text(response), code=1)
+        raise apiclient.CliError(apiclient.error_text(response), code=1)
     result = response.json()
     if args.output != "table":
-        sys.stdout.write(dump(result, args.output))
+        sys.stdout.write(apiclient.dump(result, args.output))
         return 0
     for violation in result["violations"]:
         sys.stdout.write(f"REJECTED: {violation['message']}\n")
@@ -336,27 +242,29 @@ def cmd_what_if(api: Api, args: argparse.Namespace) -> int:
             before, after = change["before"].get(field), change["after"].get(field)
             if before != after:
                 rows.append([change["quota"], field, amounts(before), amounts(after)])
-    sys.stdout.write(table(["QUOTA", "FIELD", "NOW", "WOULD BE"], rows) if rows else "nothing would change\n")
+    sys.stdout.write(apiclient.table(["QUOTA", "FIELD", "NOW", "WOULD BE"], rows) if rows else "nothing would change\n")
     for note in result.get("notes") or []:
         sys.stdout.write(f"note: {note}\n")
     return 1 if result["violations"] else 0
 
 
-def cmd_import(api: Api, args: argparse.Namespace) -> int:
+def cmd_import(api: apiclient.Api, args: argparse.Namespace) -> int:
     if bool(args.filename) == bool(args.kubeconfig):
-        raise CliError("pass either -f FILE (ElasticQuotas exported as YAML/JSON) or --kubeconfig FILE (a cluster)")
+        raise apiclient.CliError(
+            "pass either -f FILE (ElasticQuotas exported as YAML/JSON) or --kubeconfig FILE (a cluster)"
+        )
     if args.filename:
         source = ", ".join(args.filename)
-        documents = [d for d in load_documents(args.filename) if d.get("kind", QUOTA_KIND) == QUOTA_KIND]
+        documents = [d for d in apiclient.load_documents(args.filename) if d.get("kind", QUOTA_KIND) == QUOTA_KIND]
     else:
         source = f"the cluster of {args.kubeconfig}"
         documents = _cluster_quotas(args.kubeconfig, args.context)
     if not documents:
-        raise CliError(f"no ElasticQuota found in {source}", code=1)
+        raise apiclient.CliError(f"no ElasticQuota found in {source}", code=1)
     path = "/api/v1/quotas/import" + ("?dryRun=true" if args.dry_run else "")
     response = api.call("POST", path, body={"items": documents}, ok=(200, 404, 409, 422))
     if response.status_code != 200:
-        sys.stderr.write(f"import refused, nothing was changed: {_error_text(response)}\n")
+        sys.stderr.write(f"import refused, nothing was changed: {apiclient.error_text(response)}\n")
         return 1
     result = response.json()
     verb = "would change" if args.dry_run else "imported"
@@ -379,7 +287,7 @@ def _cluster_quotas(kubeconfig: str, context: str | None) -> list[dict[str, Any]
     try:
         return asyncio.run(list_elastic_quotas(K8sSettings(kubeconfig=kubeconfig, kube_context=context or "")))
     except (KubeConfigError, ListError) as e:
-        raise CliError(str(e)) from None
+        raise apiclient.CliError(str(e)) from None
 
 
 # --- wiring
@@ -392,29 +300,18 @@ def add_parser(sub: Any) -> None:
         description="Elastic quota trees through the koordbus REST API. Writes need a token with role quota-admin.",
         epilog="Exit codes: 0 done; 1 the API refused something or a pod does not fit; 2 usage or connection error.",
     )
-    quota.add_argument(
-        "--api", default=os.environ.get("KOORDBUS_API_URL", DEFAULT_API), help=f"API URL (default {DEFAULT_API})"
-    )
-    quota.add_argument("--token", default=os.environ.get("KOORDBUS_API_TOKEN"), help="bearer token")
-    quota.add_argument(
-        "--token-file",
-        default=os.environ.get("KOORDBUS_API_TOKEN_FILE"),
-        help=f"file holding the bearer token (default {DEFAULT_TOKEN_FILE}, which koordbus up writes)",
-    )
+    apiclient.add_connection_options(quota)
     verbs = quota.add_subparsers(dest="verb", metavar="VERB", required=True)
-
-    def output(p: argparse.ArgumentParser, default: str = "table") -> None:
-        p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default=default, help="output format")
 
     tree = verbs.add_parser("tree", help="a whole tree: min, max, runtime, request, used per quota")
     tree.add_argument("tree", nargs="?", default="default", help="tree id (default: the main tree, 'default')")
-    output(tree)
+    apiclient.add_output_option(tree)
     tree.set_defaults(verb_run=cmd_tree)
 
     get = verbs.add_parser("get", help="one quota as YAML (-o json), or every quota as a table")
     get.add_argument("name", nargs="?", help="quota name (omit to list)")
     get.add_argument("--tree", default=None, help="when listing: only this tree")
-    output(get)
+    apiclient.add_output_option(get)
     get.set_defaults(verb_run=cmd_get)
 
     apply = verbs.add_parser("apply", help="create or update the ElasticQuotas and profiles in files, parents first")
@@ -428,7 +325,7 @@ def add_parser(sub: Any) -> None:
     check = verbs.add_parser("check", help="would these pods fit their quotas? (exit 1 if one does not)")
     check.add_argument("-f", "--filename", action="append", required=True, help="Pod / PodList YAML or JSON")
     check.add_argument("--parents", action="store_true", help="also check every ancestor's runtime")
-    output(check)
+    apiclient.add_output_option(check)
     check.set_defaults(verb_run=cmd_check)
 
     what_if = verbs.add_parser("what-if", help="how runtimes would change; nothing is written")
@@ -440,7 +337,7 @@ def add_parser(sub: Any) -> None:
     )
     what_if.add_argument("--update", action="store_true", help="quotas in the files replace existing ones")
     what_if.add_argument("--min", action="append", metavar="QUOTA:RES=QTY[,…]", help="a changed min, e.g. a:cpu=10")
-    output(what_if)
+    apiclient.add_output_option(what_if)
     what_if.set_defaults(verb_run=cmd_what_if)
 
     imp = verbs.add_parser(
@@ -460,13 +357,4 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        api = Api(args.api, _token(args))
-        try:
-            code: int = args.verb_run(api, args)
-        finally:
-            api.close()
-        return code
-    except CliError as e:
-        sys.stderr.write(f"koordbus quota {args.verb}: {e}\n")
-        return e.code
+    return apiclient.run_verb(args, command="quota")

@@ -3,6 +3,8 @@ projections in SQLite and PostgreSQL → list (filters), one job with its decisi
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -10,12 +12,15 @@ from typing import Any
 
 import httpx
 import msgspec
+import pytest
 import pytest_asyncio
+from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bus import streams, subjects
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
+from koordbus import cli, runtime
 from schemas.cluster import PodObserved, WorkloadObserved
 from services.api import auth
 from services.api.app import ApiContext, create_app
@@ -25,6 +30,7 @@ from services.migration.client import MigrationClient
 from services.migration.service import MigrationService, MigrationSettings
 from services.migration.store import MigrationStore
 from tests.integration.test_noderesource_service import eventually
+from tests.integration.test_quota_cli import free_port
 from tests.support import api_auth
 from tests.support.migration import pod
 
@@ -40,7 +46,7 @@ spec:
 
 
 @pytest_asyncio.fixture
-async def api(tmp_path: Path, migrated_engine: AsyncEngine) -> AsyncIterator[httpx.AsyncClient]:
+async def app(tmp_path: Path, migrated_engine: AsyncEngine) -> AsyncIterator[FastAPI]:
     server = EmbeddedNatsServer(store_dir=tmp_path / "nats")
     await server.start()
     bus = await JetStreamBus.connect(server.url, name="migration-api")
@@ -65,16 +71,21 @@ async def api(tmp_path: Path, migrated_engine: AsyncEngine) -> AsyncIterator[htt
         migration_store=store,
         migration_client=MigrationClient(bus),
     )
-    transport = httpx.ASGITransport(app=create_app(context), raise_app_exceptions=False)
     try:
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://api", headers=api_auth.headers(auth.ADMIN), timeout=30
-        ) as client:
-            yield client
+        yield create_app(context)
     finally:
         await service.stop()
         await bus.close()
         await server.stop()
+
+
+@pytest_asyncio.fixture
+async def api(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://api", headers=api_auth.headers(auth.ADMIN), timeout=30
+    ) as client:
+        yield client
 
 
 def until(api: httpx.AsyncClient, path: str, check: Callable[[Any], bool]) -> Callable[[], Awaitable[bool]]:
@@ -140,3 +151,40 @@ async def test_roles_and_bad_input(api: httpx.AsyncClient) -> None:
         assert answer.status_code == status, (body, answer.text)
         assert fragment in answer.json()["error"], (body, answer.json())
     assert (await api.get("/api/v1/migrations/ghost")).status_code == 404
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_the_migration_cli(app: FastAPI, capsys: pytest.CaptureFixture[str]) -> None:
+    async with contextlib.AsyncExitStack() as exits:
+        port = free_port()
+        await runtime.serve_http(exits, app, host="127.0.0.1", port=port)
+        base = f"http://127.0.0.1:{port}"
+
+        async def koordbus(*args: str, role: str = auth.ADMIN) -> tuple[int, str, str]:
+            argv = ["migration", "--api", base, "--token", api_auth.TOKENS[role], *args]
+            code = await asyncio.to_thread(cli.main, argv)
+            out, err = capsys.readouterr()
+            return code, out, err
+
+        code, out, _ = await koordbus("request", "default/web-3", "--name", "m1", "--mode", "EvictDirectly")
+        assert code == 0 and out.strip() == "podmigrationjob/m1 requested (the arbiter decides within a round)"
+        code, _, err = await koordbus("request", "web-3")
+        assert code == 2 and "NAMESPACE/NAME" in err
+
+        async def passed() -> bool:
+            code, out, _ = await koordbus("get", "m1")
+            return code == 0 and "arbitration passed" in out
+
+        await eventually(passed, timeout=15)
+        code, out, _ = await koordbus("get", "m1")
+        assert out.splitlines()[1].split() == ["ROUND", "OUTCOME", "FILTER", "WHY"] and " passed " in out
+        code, out, _ = await koordbus("list", "--node", "n1")
+        assert code == 0 and out.splitlines()[0].split()[:3] == ["NAME", "POD", "NODE"] and "m1" in out
+        code, out, _ = await koordbus("list", "-o", "json")
+        assert code == 0 and '"kind": "MigrationList"' in out
+        code, _, err = await koordbus("abort", "m1", role=auth.VIEWER)
+        assert code == 2 and "role admin needed" in err
+        code, out, _ = await koordbus("abort", "m1")
+        assert code == 0 and "abort requested" in out
+        code, _, err = await koordbus("get", "ghost")
+        assert code == 1 and "no migration job named 'ghost'" in err
