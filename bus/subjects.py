@@ -179,6 +179,8 @@ MIGRATION_REQUESTS = f"{PREFIX}.migration.requests"
 MIGRATION_ARBITER = f"{PREFIX}.migration.arbiter"
 """MigrationRound: the arbiter's single-writer subject (appended with the expected last sequence)."""
 MIGRATION_ABORTS = f"{PREFIX}.migration.aborts"
+MIGRATION_EXECUTION = f"{PREFIX}.migration.execution"
+"""MigrationPhaseChanged from the executor (services.k8s, which holds the cluster credentials)."""
 
 
 # --- dead letters (stream KOORD_DLQ)

@@ -325,6 +325,7 @@ async def _bridge_cluster(
     """With a kubeconfig (or, for `service k8s`, in a pod): watch that cluster and write results back. Without
     one, `koordbus up` records what would be written; `service k8s` refuses to start."""
     from services.k8s.client import KubeConfigError, api_client
+    from services.k8s.migration_executor import MigrationExecutor
     from services.k8s.observer import ClusterObserver
     from services.k8s.quota_mirror import KubeQuotaSink, QuotaMirror
     from services.k8s.settings import K8sSettings
@@ -371,6 +372,11 @@ async def _bridge_cluster(
     await writer.start()
     stack.push_async_callback(writer.stop)
     readiness: list[tuple[str, Any]] = [("kubernetes", writer.readiness)]
+    executor = MigrationExecutor(
+        bus, api, migration_settings(os.environ.get("KOORDBUS_MIGRATION_ARGS_FILE")).args, registry=registry
+    )
+    await executor.start()
+    stack.push_async_callback(executor.stop)
     if settings.mirror_quotas:
         quota_sink = KubeQuotaSink(
             api, conflict_retries=settings.write_conflict_retries, request_timeout=settings.write_timeout_seconds

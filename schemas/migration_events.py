@@ -6,7 +6,8 @@ descheduling loop) becomes one `MigrationRequested` carrying the whole job. Each
 refused (§4.5: an active job for the pod already, a scheduler name outside schedulerNames in ReservationFirst mode,
 no pod reference) with Koordinator's reason, every pass, every failure with the filter and why, and each waiting job
 whose holding filter changed — so two arbiter replicas can never both pass a round, and a restart replays exactly
-what was decided. `MigrationAborted` ends a job on request. Versioned tags; `decode_migration_event` decodes the union.
+what was decided. `MigrationPhaseChanged` is the executor's progress on a passed job; `MigrationAborted` ends a job
+on request. Versioned tags; `decode_migration_event` decodes the union.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Literal
 
 import msgspec
 
-from schemas.migration import PodMigrationJob
+from schemas.migration import Condition, PodMigrationJob
 
 Source = Literal["cluster", "api", "descheduler"]
 Decision = Literal["passed", "failed", "waiting", "rejected"]
@@ -60,7 +61,18 @@ class MigrationAborted(_Event, frozen=True, kw_only=True, tag="migration.aborted
     actor: str = ""
 
 
-MigrationEvent = MigrationRequested | MigrationRound | MigrationAborted
+class MigrationPhaseChanged(_Event, frozen=True, kw_only=True, tag="migration.phase.v1"):
+    """The executor moved a job (§4.6): Running, eviction started, Succeeded, or Failed with Koordinator's reason
+    (MissingPod, Timeout …). `conditions` is the job's condition list after the change."""
+
+    job: str
+    phase: str
+    reason: str = ""
+    message: str = ""
+    conditions: list[Condition] = []
+
+
+MigrationEvent = MigrationRequested | MigrationRound | MigrationAborted | MigrationPhaseChanged
 
 _DECODER: msgspec.json.Decoder[MigrationEvent] = msgspec.json.Decoder(MigrationEvent)
 

@@ -95,3 +95,18 @@ class ObjectLimiters:
 
     def __len__(self) -> int:
         return len(self._buckets)
+
+
+class EvictionRate:
+    """evictQPS / evictBurst (spec §4.3): a token bucket over every eviction the executor makes."""
+
+    def __init__(self, qps: float, burst: int, *, now: float) -> None:
+        self._bucket = _Bucket(tokens=float(burst), rate=qps, capacity=float(burst), updated=now, last_eviction=now)
+
+    def take(self, *, now: float) -> bool:
+        """True (and one token spent) when an eviction may go out now."""
+        self._bucket.refill(now)
+        if self._bucket.tokens < 1:
+            return False
+        self._bucket.tokens -= 1
+        return True

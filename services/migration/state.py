@@ -28,21 +28,32 @@ class MigrationState:
         """Job → the filter that held it in the last round it was told (waiting)."""
         self.round = 0
         """The highest arbiter round folded."""
+        self.requested_at: dict[str, float] = {}
+        """Job → when its request was made (unix seconds): the TTL runs from here."""
         self.told: set[str] = set()
         """Jobs some round decided something about (the others are new: they go through the intake first)."""
 
     def apply(self, event: ev.MigrationEvent) -> None:
         match event:
-            case ev.MigrationRequested(job=job):
+            case ev.MigrationRequested(job=job, time=at):
                 name = job.metadata.name
                 if name not in self.jobs:
                     self.jobs[name] = job
+                    self.requested_at[name] = at.timestamp()
             case ev.MigrationRound(round=number, decisions=decisions):
                 self.round = max(self.round, number)
                 for decision in decisions:
                     self._decide(decision)
             case ev.MigrationAborted(job=name):
                 self._finish(name, migration.PHASE_ABORTED, "Aborted", "aborted on request")
+            case ev.MigrationPhaseChanged(job=name, phase=phase, reason=reason, message=message, conditions=conds):
+                held = self.jobs.get(name)
+                if held is None or migration.phase_of(held) in migration.TERMINAL_PHASES:
+                    return
+                status = msgspec.structs.replace(
+                    held.status, phase=phase, reason=reason, message=message, conditions=list(conds)
+                )
+                self.jobs[name] = msgspec.structs.replace(held, status=status)
 
     def _decide(self, decision: ev.JobDecision) -> None:
         name = decision.job

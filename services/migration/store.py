@@ -172,6 +172,27 @@ class MigrationStore:
                         .where(_JOBS.c.name == d.job, _JOBS.c.phase.notin_(sorted(migration.TERMINAL_PHASES)))
                         .values(**values)
                     )
+            case ev.MigrationPhaseChanged(job=name, phase=phase, reason=reason, message=message):
+                await connection.execute(
+                    sa.insert(_DECISIONS),
+                    [
+                        {
+                            "stream_seq": seq,
+                            "job": name,
+                            "round": 0,
+                            "outcome": f"phase {phase}",
+                            "filter": "",
+                            "reason": reason,
+                            "message": message,
+                            "time": at,
+                        }
+                    ],
+                )
+                await connection.execute(
+                    sa.update(_JOBS)
+                    .where(_JOBS.c.name == name, _JOBS.c.phase.notin_(sorted(migration.TERMINAL_PHASES)))
+                    .values(phase=phase, reason=reason, message=message, updated_at=at)
+                )
             case ev.MigrationAborted(job=name, actor=actor):
                 await connection.execute(
                     sa.update(_JOBS)

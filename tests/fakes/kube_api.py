@@ -128,6 +128,8 @@ class FakeKubeApi:
         self._clock = clock or (lambda: datetime.now(UTC))
         self._random = random.Random(seed)
         self._runner: web.AppRunner | None = None
+        self.eviction_blocked: set[tuple[str, str]] = set()
+        """(namespace, pod) pairs whose eviction is refused with 429, as a PodDisruptionBudget would."""
         self._closing = False
 
     # lifecycle
@@ -297,6 +299,12 @@ class FakeKubeApi:
             if (discovery := self._discovery(segments)) is not None:
                 self.requests.append(RecordedRequest("get", request.path, content_type))
                 return web.json_response(discovery)
+            if (
+                len(segments) == 7
+                and segments[:3] == ["api", "v1", "namespaces"]
+                and segments[4::2] == ["pods", "eviction"]
+            ):
+                return self._evict(request, segments[3], segments[5])
             kind, namespace, name, subresource = self._route(segments)
             verb = self._verb(request, name)
             self.requests.append(RecordedRequest(verb, request.path, content_type))
@@ -323,6 +331,20 @@ class FakeKubeApi:
         except ApiError as error:
             headers = {"Retry-After": "1"} if error.code == 429 else None
             return web.json_response(error.status(), status=error.code, headers=headers)
+
+    def _evict(self, request: web.Request, namespace: str, name: str) -> web.StreamResponse:
+        """POST pods/<name>/eviction (policy/v1): 429 while the pod is in `eviction_blocked` (as a
+        PodDisruptionBudget would answer), else the pod is deleted."""
+        if request.method != "POST":
+            raise ApiError(405, f"{request.method} is not supported on {request.path}")
+        self.requests.append(RecordedRequest("evict", request.path, "application/json"))
+        pods = self.resource_kind("Pod")
+        self._inject_fault("evict", pods)
+        current = self._require(pods, namespace, name)
+        if (namespace, name) in self.eviction_blocked:
+            raise ApiError(429, "Cannot evict pod as it would violate the pod's disruption budget.")
+        self._commit(pods, copy.deepcopy(current), "DELETED", current)
+        return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success"}, status=201)
 
     def _discovery(self, segments: list[str]) -> Json | None:
         if segments == ["version"]:

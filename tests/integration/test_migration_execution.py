@@ -1,0 +1,163 @@
+"""Executing passed jobs against the fake API server (Eviction API, PMJ status through the status subresource,
+validated against Koordinator's CRD) with the arbiter and the executor on a real nats-server: an EvictDirectly job
+evicts its pod and succeeds, a disruption budget's 429 is retried rather than failed, a missing pod fails the job,
+evictions keep to evictQPS, and a burst of 200 jobs on a 10-replica workload (whose controller the test plays)
+never has more than maxUnavailable pods unavailable."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest_asyncio
+from kubernetes_asyncio.client import ApiClient
+
+from bus.jetstream import JetStreamBus
+from schemas import migration
+from services.common.metrics import new_registry
+from services.k8s.migration_executor import MigrationExecutor
+from services.k8s.observer import ClusterObserver
+from services.k8s.settings import K8sSettings
+from services.migration.args import MigrationArgs
+from services.migration.service import MigrationService, MigrationSettings
+from tests.fakes.kube_api import FakeKubeApi
+from tests.integration.test_migration_bridge import pmj, pod, replica_set
+from tests.integration.test_noderesource_service import eventually
+
+K8S = K8sSettings(watch_timeout_seconds=30, backoff_initial_seconds=0.05, backoff_max_seconds=0.5)
+
+
+def evict_directly(index: int) -> dict[str, Any]:
+    job = pmj(index)
+    job["spec"]["mode"] = "EvictDirectly"
+    return job
+
+
+@dataclass
+class Running:
+    arbiter: MigrationService
+    executor: MigrationExecutor
+    observer: ClusterObserver
+
+
+async def run(bus: JetStreamBus, client: ApiClient, args: MigrationArgs) -> Running:
+    observer = ClusterObserver(bus, client, K8S, registry=new_registry())
+    await observer.start()
+    assert await observer.wait_published(10)
+    arbiter = MigrationService(bus, MigrationSettings(args=args, startup_timeout_seconds=10), registry=new_registry())
+    await arbiter.start()
+    executor = MigrationExecutor(bus, client, args, registry=new_registry(), interval_seconds=0.1)
+    await executor.start()
+    return Running(arbiter, executor, observer)
+
+
+@pytest_asyncio.fixture
+async def stopper() -> AsyncIterator[list[Running]]:
+    running: list[Running] = []
+    yield running
+    for r in running:
+        await r.executor.stop()
+        await r.arbiter.stop()
+        await r.observer.stop()
+
+
+def phase(kube_api: FakeKubeApi, name: str) -> str:
+    obj = kube_api.get("PodMigrationJob", name) or {}
+    return str((obj.get("status") or {}).get("phase", ""))
+
+
+async def test_an_evict_directly_job_evicts_and_succeeds(
+    koordbus_bus: JetStreamBus, kube_api: FakeKubeApi, kube_client: ApiClient, stopper: list[Running]
+) -> None:
+    kube_api.put("ReplicaSet", replica_set(10))
+    for index in range(10):
+        kube_api.put("Pod", pod(index))
+    kube_api.eviction_blocked.add(("default", "web-1"))  # a disruption budget says no, for now
+    for index in (0, 1):
+        kube_api.put("PodMigrationJob", evict_directly(index))
+    missing = evict_directly(7)
+    missing["metadata"]["name"] = "job-ghost"
+    missing["spec"]["podRef"] = {"namespace": "default", "name": "ghost"}
+    kube_api.put("PodMigrationJob", missing)
+    stopper.append(await run(koordbus_bus, kube_client, MigrationArgs(default_job_mode="EvictDirectly")))
+    await eventually(lambda: phase(kube_api, "job-0") == "Succeeded", timeout=20)
+    assert kube_api.get("Pod", "web-0", "default") is None
+    status = (kube_api.get("PodMigrationJob", "job-0") or {})["status"]
+    assert status["status"] == "Complete" and status["conditions"][-1]["reason"] == "EvictComplete"
+    await eventually(lambda: phase(kube_api, "job-ghost") == "Failed", timeout=20)
+    assert (kube_api.get("PodMigrationJob", "job-ghost") or {})["status"]["reason"] == "MissingPod"
+    await asyncio.sleep(0.5)
+    assert phase(kube_api, "job-1") == "Running" and kube_api.get("Pod", "web-1", "default") is not None
+    kube_api.eviction_blocked.clear()
+    await eventually(lambda: phase(kube_api, "job-1") == "Succeeded", timeout=20)
+
+
+async def test_evictions_keep_to_evict_qps(
+    koordbus_bus: JetStreamBus, kube_api: FakeKubeApi, kube_client: ApiClient, stopper: list[Running]
+) -> None:
+    kube_api.put("ReplicaSet", replica_set(20))
+    for index in range(8):
+        kube_api.put("Pod", pod(index))
+        kube_api.put("PodMigrationJob", evict_directly(index))
+    args = MigrationArgs(
+        default_job_mode="EvictDirectly",
+        evict_qps=2.0,
+        evict_burst=1,
+        max_migrating_per_node=0,
+        max_migrating_per_workload="100%",
+        max_unavailable_per_workload="100%",
+        skip_check_expected_replicas=True,
+    )
+    started = time.monotonic()
+    stopper.append(await run(koordbus_bus, kube_client, args))
+
+    def evictions() -> int:
+        return sum(1 for r in kube_api.requests if r.verb == "evict")
+
+    await eventually(lambda: evictions() == 8, timeout=20)
+    elapsed = time.monotonic() - started
+    assert elapsed >= (8 - 1) / 2.0 - 0.2  # one at once, then two a second
+
+
+async def test_a_burst_of_200_jobs_never_exceeds_max_unavailable(
+    koordbus_bus: JetStreamBus, kube_api: FakeKubeApi, kube_client: ApiClient, stopper: list[Running]
+) -> None:
+    """The test plays the ReplicaSet controller: an evicted pod is replaced at once by a new pod that becomes Ready
+    a little later. Sampled all along, pods not Ready plus pods being evicted never exceed maxUnavailable (2)."""
+    kube_api.put("ReplicaSet", replica_set(10))
+    for index in range(10):
+        kube_api.put("Pod", pod(index))
+    for n in range(200):
+        job = evict_directly(n % 10)
+        job["metadata"]["name"] = f"burst-{n:03d}"
+        kube_api.put("PodMigrationJob", job)
+    stopper.append(await run(koordbus_bus, kube_client, MigrationArgs(default_job_mode="EvictDirectly")))
+    generation = dict.fromkeys(range(10), 0)
+    worst = 0
+    deadline = time.monotonic() + 12
+    while time.monotonic() < deadline:
+        for index in range(10):
+            name = f"web-{index}"
+            current = kube_api.get("Pod", name, "default")
+            if current is None:  # evicted: the controller makes a replacement, not Ready yet
+                generation[index] += 1
+                replacement = pod(index)
+                replacement["metadata"]["uid"] = f"uid-web-{index}-{generation[index]}"
+                replacement["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+                kube_api.put("Pod", replacement)
+            elif current["status"]["conditions"][0]["status"] == "False" and time.monotonic() % 1 < 0.3:
+                current["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+                kube_api.put("Pod", current)
+        pods = [kube_api.get("Pod", f"web-{i}", "default") for i in range(10)]
+        unready = sum(1 for p in pods if p is None or p["status"]["conditions"][0]["status"] != "True")
+        worst = max(worst, unready)
+        await asyncio.sleep(0.05)
+    succeeded = [n for n in range(200) if phase(kube_api, f"burst-{n:03d}") == "Succeeded"]
+    assert succeeded, "no migration finished"
+    assert worst <= 2, worst
+    jobs = kube_api.objects("PodMigrationJob")
+    refused = [j for j in jobs if (j.get("status") or {}).get("reason") == migration.REASON_FORBIDDEN]
+    assert len(refused) >= 180  # a second job for a pod with an active one: refused at intake
