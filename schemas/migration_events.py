@@ -45,6 +45,8 @@ class JobDecision(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     """The node of the job's pod when decided (empty: the pod is unknown)."""
     workload: str = ""
     """The uid of the pod's controller when decided."""
+    replicas: int = 0
+    """That controller's expected replicas when decided (the executor's object limiter scales by it)."""
 
 
 class MigrationRound(_Event, frozen=True, kw_only=True, tag="migration.round.v1"):

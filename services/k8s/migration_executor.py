@@ -5,7 +5,7 @@ KOORD_MIGRATION (services.migration.state.MigrationState; durable reset at start
 every `interval` seconds reconciles each passed, unfinished job: it reads the pod from the API server, asks
 services.migration.reconcile.next_step what to do and does it — evictions through the Eviction API (so
 PodDisruptionBudgets hold; a 429 is tried again next time, never failed) at no more than evictQPS with bursts of
-evictBurst — and publishes the outcome as MigrationPhaseChanged on `koord.v1.migration.execution` (msg id from the
+evictBurst, and no faster per workload (or namespace) than the object limiters allow (§4.7) — and publishes the outcome as MigrationPhaseChanged on `koord.v1.migration.execution` (msg id from the
 job, phase and step, so a repeated step is stored once). For jobs that came from the cluster the PodMigrationJob's
 status (phase, reason, message, conditions) is written back through the status subresource, the arbiter's
 refusals (Failed, ForbiddenMigratePod or InvalidPodRef) included. With args.dryRun
@@ -34,7 +34,7 @@ from schemas import migration_events as ev
 from services.k8s import sinks
 from services.k8s.sinks import WriteFailedError
 from services.migration.args import MigrationArgs
-from services.migration.limiter import EvictionRate
+from services.migration.limiter import EvictionRate, ObjectLimiters
 from services.migration.reconcile import EVICTION, REASON_EVICTING, Step, next_step, with_condition
 from services.migration.state import MigrationState
 
@@ -78,6 +78,9 @@ class MigrationExecutor:
         self._interval = interval_seconds
         self._clock = clock
         self._rate = EvictionRate(args.evict_qps, args.evict_burst, now=clock())
+        self._limiters = ObjectLimiters(args)
+        self._replicas: dict[str, int] = {}
+        """Job → its workload's expected replicas when it passed (for the object limiter)."""
         self._told: set[str] = set()
         """Refused cluster jobs whose Failed status is written."""
         self._consumer: Consumer | None = None
@@ -110,6 +113,10 @@ class MigrationExecutor:
         event = ev.decode_migration_event(delivery.data)
         if isinstance(event, ev.MigrationRequested):
             self.sources.setdefault(event.job.metadata.name, event.source)
+        elif isinstance(event, ev.MigrationRound):
+            for decision in event.decisions:
+                if decision.outcome == "passed" and decision.replicas:
+                    self._replicas[decision.job] = decision.replicas
         self.state.apply(event)
 
     async def _loop(self) -> None:
@@ -176,9 +183,13 @@ class MigrationExecutor:
             if self.args.dry_run:
                 step = Step("succeed", migration.PHASE_SUCCEEDED, "DryRun", f"dry run: {kube.pod_key(pod)} not evicted")
             else:
+                if self._limiters.exhausted(pod, now=self._clock()):
+                    return False  # its workload's (or namespace's) object limiter: a later pass
                 if not self._rate.take(now=self._clock()):
                     return False  # evictQPS: the next pass
                 answer = await self._evict(pod)
+                if answer not in (HTTP_NOT_FOUND, HTTP_TOO_MANY_REQUESTS):
+                    self._limiters.evicted(pod, now=self._clock(), replicas=self._replicas.get(job.metadata.name))
                 self.evictions.labels(answer=str(answer)).inc()
                 if answer == HTTP_TOO_MANY_REQUESTS:
                     return False  # a disruption budget holds it: tried again later, never failed

@@ -321,8 +321,12 @@ class MigrationService:
         if pod is None:
             return decision
         owner = view.owners.get(kube.pod_key(pod))
+        workload = view.workloads.get(owner.uid) if owner is not None else None
         return msgspec.structs.replace(
-            decision, node=pod.spec.node_name, workload=owner.uid if owner is not None else ""
+            decision,
+            node=pod.spec.node_name,
+            workload=owner.uid if owner is not None else "",
+            replicas=workload.replicas if workload is not None else 0,
         )
 
     async def _append(self, decisions: list[ev.JobDecision]) -> None:

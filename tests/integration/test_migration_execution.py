@@ -21,12 +21,14 @@ from services.common.metrics import new_registry
 from services.k8s.migration_executor import MigrationExecutor
 from services.k8s.observer import ClusterObserver
 from services.k8s.settings import K8sSettings
-from services.migration.args import MigrationArgs
+from services.migration.args import MigrationArgs, ObjectLimiter
 from services.migration.service import MigrationService, MigrationSettings
 from tests.fakes.kube_api import FakeKubeApi
 from tests.integration.test_migration_bridge import pmj, pod, replica_set
 from tests.integration.test_noderesource_service import eventually
 
+NO_LIMITER = MigrationArgs(default_job_mode="EvictDirectly", object_limiters={})
+"""Koordinator's default workload limiter (2 per 5 minutes for 10 replicas) would hold these tests for minutes."""
 K8S = K8sSettings(watch_timeout_seconds=30, backoff_initial_seconds=0.05, backoff_max_seconds=0.5)
 
 
@@ -82,7 +84,7 @@ async def test_an_evict_directly_job_evicts_and_succeeds(
     missing["metadata"]["name"] = "job-ghost"
     missing["spec"]["podRef"] = {"namespace": "default", "name": "ghost"}
     kube_api.put("PodMigrationJob", missing)
-    stopper.append(await run(koordbus_bus, kube_client, MigrationArgs(default_job_mode="EvictDirectly")))
+    stopper.append(await run(koordbus_bus, kube_client, NO_LIMITER))
     await eventually(lambda: phase(kube_api, "job-0") == "Succeeded", timeout=20)
     assert kube_api.get("Pod", "web-0", "default") is None
     status = (kube_api.get("PodMigrationJob", "job-0") or {})["status"]
@@ -110,6 +112,7 @@ async def test_evictions_keep_to_evict_qps(
         max_migrating_per_workload="100%",
         max_unavailable_per_workload="100%",
         skip_check_expected_replicas=True,
+        object_limiters={},
     )
     started = time.monotonic()
     stopper.append(await run(koordbus_bus, kube_client, args))
@@ -134,7 +137,7 @@ async def test_a_burst_of_200_jobs_never_exceeds_max_unavailable(
         job = evict_directly(n % 10)
         job["metadata"]["name"] = f"burst-{n:03d}"
         kube_api.put("PodMigrationJob", job)
-    stopper.append(await run(koordbus_bus, kube_client, MigrationArgs(default_job_mode="EvictDirectly")))
+    stopper.append(await run(koordbus_bus, kube_client, NO_LIMITER))
     generation = dict.fromkeys(range(10), 0)
     worst = 0
     deadline = time.monotonic() + 12
@@ -161,3 +164,30 @@ async def test_a_burst_of_200_jobs_never_exceeds_max_unavailable(
     jobs = kube_api.objects("PodMigrationJob")
     refused = [j for j in jobs if (j.get("status") or {}).get("reason") == migration.REASON_FORBIDDEN]
     assert len(refused) >= 180  # a second job for a pod with an active one: refused at intake
+
+
+async def test_the_workload_object_limiter_spaces_evictions(
+    koordbus_bus: JetStreamBus, kube_api: FakeKubeApi, kube_client: ApiClient, stopper: list[Running]
+) -> None:
+    """20 replicas: maxMigrating 2 per (here) 4 s with burst 1 — one eviction at once, the next ~2 s later."""
+    kube_api.put("ReplicaSet", replica_set(20))
+    for index in range(3):
+        kube_api.put("Pod", pod(index))
+        kube_api.put("PodMigrationJob", evict_directly(index))
+    args = MigrationArgs(
+        default_job_mode="EvictDirectly",
+        max_migrating_per_node=0,
+        max_migrating_per_workload=3,
+        max_unavailable_per_workload=3,
+        skip_check_expected_replicas=True,
+        object_limiters={"workload": ObjectLimiter(duration="4s", max_migrating=2)},
+    )
+    stopper.append(await run(koordbus_bus, kube_client, args))
+
+    def evictions() -> int:
+        return sum(1 for r in kube_api.requests if r.verb == "evict")
+
+    await eventually(lambda: evictions() == 1, timeout=20)
+    first = time.monotonic()
+    await eventually(lambda: evictions() == 2, timeout=20)
+    assert time.monotonic() - first >= 1.5  # 2 per 4 s: a token every 2 s
