@@ -3,13 +3,14 @@
 It lives in the bridge because it needs the cluster's credentials (agents and the arbiter hold none). It folds
 KOORD_MIGRATION (services.migration.state.MigrationState; durable reset at start, so the state is rebuilt) and
 every `interval` seconds reconciles each passed, unfinished job: it reads the pod from the API server, asks
-services.migration.reconcile.next_step what to do and does it — evictions through the Eviction API (so
-PodDisruptionBudgets hold; a 429 is tried again next time, never failed) at no more than evictQPS with bursts of
-evictBurst, and no faster per workload (or namespace) than the object limiters allow (§4.7) — and publishes the outcome as MigrationPhaseChanged on `koord.v1.migration.execution` (msg id from the
-job, phase and step, so a repeated step is stored once). For jobs that came from the cluster the PodMigrationJob's
-status (phase, reason, message, conditions) is written back through the status subresource, the arbiter's
-refusals (Failed, ForbiddenMigratePod or InvalidPodRef) included. With args.dryRun
-nothing is evicted: the step is published as a Succeeded job with reason DryRun. Built by the composition root.
+services.migration.reconcile.next_step what to do and does it. Evictions go through the Eviction API (so
+PodDisruptionBudgets hold; a 429 is tried again next time, never failed), at no more than evictQPS with bursts of
+evictBurst, and no faster per workload (or namespace) than the object limiters allow (§4.7). Each outcome is
+published as MigrationPhaseChanged on `koord.v1.migration.execution` (msg id from the job, phase and step, so a
+repeated step is stored once). For jobs that came from the cluster the PodMigrationJob's status (phase, reason,
+message, conditions) is written back through the status subresource, the arbiter's refusals (Failed,
+ForbiddenMigratePod or InvalidPodRef) included. With args.dryRun nothing is evicted: the step is published as a
+Succeeded job with reason DryRun. Built by the composition root.
 """
 
 from __future__ import annotations

@@ -72,18 +72,9 @@ def non_retryable(
     """Why the pod may never migrate, or None. `owner` is its controller reference (kube.controller_of, computed
     once by the caller), `workload` that controller's view (None when it has none, or when the controller is
     unknown: then `owner_known` is False)."""
-    if evict_annotation(pod):
-        return None
-    meta = pod.metadata
-    try:
-        cost = int(meta.annotations.get(migration.ANNOTATION_EVICTION_COST, "0"))
-    except ValueError:
-        cost = 0
-    if cost == MAX_INT32:
-        return Verdict("EvictionCost", f"pod {kube.pod_key(pod)} has eviction cost MaxInt32 (never evict)")
-    checks = _evictability(pod, args)
-    if checks is not None:
-        return checks
+    verdict = evictable(pod, args)
+    if verdict is not None or evict_annotation(pod):
+        return verdict
     if args.gate_on("ExpectedReplicas") and owner is not None:
         if not owner_known or workload is None:
             return Verdict("ExpectedReplicas", f"the workload controlling pod {kube.pod_key(pod)} cannot be read")
@@ -100,6 +91,20 @@ def non_retryable(
                     f"{max_migrating} or maxUnavailable {max_unavailable}: migrating would take it all down",
                 )
     return None
+
+
+def evictable(pod: kube.Pod, args: MigrationArgs) -> Verdict | None:
+    """Why the pod itself may never be evicted (eviction cost, the standard evictability rules), or None; the
+    expected-replicas rule, which needs the workload, is non_retryable's."""
+    if evict_annotation(pod):
+        return None
+    try:
+        cost = int(pod.metadata.annotations.get(migration.ANNOTATION_EVICTION_COST, "0"))
+    except ValueError:
+        cost = 0
+    if cost == MAX_INT32:
+        return Verdict("EvictionCost", f"pod {kube.pod_key(pod)} has eviction cost MaxInt32 (never evict)")
+    return _evictability(pod, args)
 
 
 def _evictability(pod: kube.Pod, args: MigrationArgs) -> Verdict | None:
