@@ -519,16 +519,23 @@ async def _run_quota(args: argparse.Namespace) -> int:
 
 def migration_settings(args_file: str | None) -> Any:
     """MigrationSettings from the args file (if any) and KOORDBUS_INSTANCE; exits with a clear line when unusable."""
-    from services.migration.args import ArgsError, MigrationArgs, load_args
+    import msgspec
+
+    from services.migration.args import ArgsError, MigrationArgs, load_args, low_node_load_section
+    from services.migration.lownodeload import LowNodeLoadArgs
     from services.migration.service import MigrationSettings
 
-    migration_args = MigrationArgs()
+    migration_args, descheduling = MigrationArgs(), LowNodeLoadArgs()
     if args_file:
         try:
-            migration_args = load_args(Path(args_file).read_text(encoding="utf-8"), source=args_file)
-        except (OSError, UnicodeDecodeError, ArgsError) as e:
+            text = Path(args_file).read_text(encoding="utf-8")
+            migration_args = load_args(text, source=args_file)
+            descheduling = msgspec.convert(low_node_load_section(text, source=args_file), LowNodeLoadArgs)
+        except (OSError, UnicodeDecodeError, ArgsError, msgspec.ValidationError) as e:
             raise SystemExit(f"koordbus: migration args: {e}") from None
-    return MigrationSettings(args=migration_args, instance=os.environ.get("KOORDBUS_INSTANCE", ""))
+    return MigrationSettings(
+        args=migration_args, low_node_load=descheduling, instance=os.environ.get("KOORDBUS_INSTANCE", "")
+    )
 
 
 async def start_migration(stack: AsyncExitStack, bus: Any, registry: Any, settings: Any, *, engine: Any = None) -> Any:

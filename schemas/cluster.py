@@ -86,6 +86,6 @@ class WorkloadObserved(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.workl
 ClusterEvent = NodeObserved | PodObserved | ConfigMapObserved | NodeTopologyObserved
 CLUSTER_EVENT_DECODER: msgspec.json.Decoder[ClusterEvent] = msgspec.json.Decoder(ClusterEvent)
 
-PodOrWorkload = PodObserved | WorkloadObserved
-POD_OR_WORKLOAD_DECODER: msgspec.json.Decoder[PodOrWorkload] = msgspec.json.Decoder(PodOrWorkload)
+PodWorkloadOrNode = PodObserved | WorkloadObserved | NodeObserved
+POD_WORKLOAD_OR_NODE_DECODER: msgspec.json.Decoder[PodWorkloadOrNode] = msgspec.json.Decoder(PodWorkloadOrNode)
 """What services.migration reads of KOORD_CLUSTER."""

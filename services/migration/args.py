@@ -191,3 +191,15 @@ def load_args(text: str, *, source: str = "args") -> MigrationArgs:
         raise ArgsError(f"{source}: {err}") from None
     check_args(args)
     return args
+
+
+def low_node_load_section(text: str, *, source: str = "args") -> dict[str, object]:
+    """The `lowNodeLoad` section of an args document (koordbus's load-aware descheduling), {} when absent."""
+    try:
+        document = yaml.safe_load(text) if text.strip() else {}
+    except yaml.YAMLError as err:
+        raise ArgsError(f"{source}: not JSON or YAML: {' '.join(str(err).split())}") from None
+    section = document.get("lowNodeLoad", {}) if isinstance(document, dict) else {}
+    if not isinstance(section, dict):
+        raise ArgsError(f"{source}: lowNodeLoad must be an object")
+    return section

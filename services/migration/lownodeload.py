@@ -13,8 +13,8 @@ MigrationRequested with a name derived from the pod's uid, so a pod is asked for
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import msgspec
 
@@ -46,7 +46,7 @@ class NodeLoad:
     """The NodeMetric's nodeUsage (cpu millicores, memory bytes)."""
     updated: float
     """The NodeMetric's updateTime."""
-    pods: list[tuple[kube.Pod, Mapping[str, int]]] = field(default_factory=list)
+    pods: Sequence[tuple[kube.Pod, Mapping[str, int]]] = ()
     """The node's pods with their NodeMetric podUsage (pods without one count as using nothing)."""
 
 

@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Final
 
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -34,11 +35,13 @@ from bus.api import Bus, Consumer, ConsumerSpec, DeliverPolicy, Delivery, Publis
 from bus.errors import ConflictError, TemporaryError
 from schemas import kube, migration
 from schemas import migration_events as ev
-from schemas.cluster import POD_OR_WORKLOAD_DECODER, PodObserved, WorkloadObserved
+from schemas.cluster import POD_WORKLOAD_OR_NODE_DECODER, NodeObserved, PodObserved, WorkloadObserved
+from schemas.node import NodeMetricComputed
 from services.common import observe
 from services.common.startup import wait_replayed
 from services.migration import arbiter
 from services.migration.args import MigrationArgs, duration_seconds
+from services.migration.lownodeload import LowNodeLoadArgs, NodeLoad, plan
 from services.migration.state import MigrationState, intake
 from services.migration.store import MigrationStore
 
@@ -47,6 +50,7 @@ log = logging.getLogger(__name__)
 SERVICE = "migration"
 EVENTS_CONSUMER = "migration-events"
 CLUSTER_CONSUMER = "migration-cluster"
+NODEMETRIC_CONSUMER = "migration-nodemetric"
 PROJECTOR_CONSUMER = "migration-projector"
 PROJECTION_RETRY_DELAY_SECONDS = 1.0
 MAX_DECISIONS_PER_MESSAGE = 1000
@@ -60,6 +64,8 @@ class MigrationSettings:
     instance: str = ""
     """Names this replica's consumers; replicas running at once need distinct names."""
     startup_timeout_seconds: float = 60.0
+    low_node_load: LowNodeLoadArgs = field(default_factory=LowNodeLoadArgs)
+    """Load-aware descheduling (off unless enabled): its thresholds, debounce and interval."""
     catch_up_timeout_seconds: float = 5.0
     """How long a round waits for the state to contain this service's previous round before it gives up (and
     tries again next interval)."""
@@ -88,6 +94,21 @@ class _EventsHandler:
 
     async def flush(self) -> None:
         return None
+
+
+class _NodeMetricHandler:
+    def __init__(self, owner: MigrationService) -> None:
+        self._owner = owner
+
+    async def handle(self, delivery: Delivery) -> None:
+        metric = _NODEMETRIC_DECODER.decode(delivery.data)
+        self._owner.node_metrics[metric.node] = metric
+
+    async def flush(self) -> None:
+        return None
+
+
+_NODEMETRIC_DECODER: Final = msgspec.json.Decoder(NodeMetricComputed)
 
 
 class _ClusterHandler:
@@ -153,7 +174,13 @@ class MigrationService:
         self._consumers: list[Consumer] = []
         self._projector: Consumer | None = None
         self._ticker: asyncio.Task[None] | None = None
+        self._descheduler: asyncio.Task[None] | None = None
         self._progress = asyncio.Event()
+        self.node_metrics: dict[str, NodeMetricComputed] = {}
+        self._nodes: dict[str, dict[str, int]] = {}
+        """node → allocatable."""
+        self.streaks: dict[str, int] = {}
+        """node → consecutive overloaded rounds (load-aware descheduling)."""
 
     # --- lifecycle
 
@@ -181,8 +208,17 @@ class MigrationService:
             consumers={EVENTS_CONSUMER: self._consumers[0], CLUSTER_CONSUMER: self._consumers[1]},
         )
         self._ticker = asyncio.create_task(self._loop(), name="migration-arbiter")
+        if self.settings.low_node_load.enabled:
+            metrics = self.bus.consume(self._spec(NODEMETRIC_CONSUMER), _NodeMetricHandler(self), reset=True)
+            self._consumers.append(metrics)
+            self._descheduler = asyncio.create_task(self._deschedule_loop(), name="migration-descheduler")
 
     async def stop(self) -> None:
+        if self._descheduler is not None:
+            self._descheduler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._descheduler
+            self._descheduler = None
         if self._ticker is not None:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -202,10 +238,12 @@ class MigrationService:
         filters: tuple[str, ...]
         if durable == EVENTS_CONSUMER:
             stream, filters, policy = streams.KOORD_MIGRATION, (subjects.MIGRATION_ALL,), "all"
+        elif durable == NODEMETRIC_CONSUMER:
+            stream, filters, policy = streams.KOORD_NODEMETRIC, (subjects.NODEMETRIC_COMPUTED_ALL,), "last_per_subject"
         else:
             stream, filters, policy = (
                 streams.KOORD_CLUSTER,
-                (subjects.CLUSTER_PODS, subjects.CLUSTER_WORKLOADS),
+                (subjects.CLUSTER_PODS, subjects.CLUSTER_WORKLOADS, subjects.CLUSTER_NODES),
                 "last_per_subject",
             )
         return ConsumerSpec(
@@ -246,7 +284,13 @@ class MigrationService:
         self._progress.set()
 
     def apply_cluster(self, data: bytes) -> None:
-        match POD_OR_WORKLOAD_DECODER.decode(data):
+        match POD_WORKLOAD_OR_NODE_DECODER.decode(data):
+            case NodeObserved(name=name, node=node, deleted=deleted):
+                if deleted or node is None:
+                    self._nodes.pop(name, None)
+                else:
+                    self._nodes[name] = kube.node_allocatable(node)
+                return
             case PodObserved(namespace=namespace, name=name, pod=pod, deleted=deleted):
                 key = f"{namespace}/{name}"
                 if deleted or pod is None:
@@ -352,3 +396,59 @@ class MigrationService:
             expected = self._appended_seq = ack.seq
             for decision in chunk:
                 self._metrics.decisions.labels(outcome=decision.outcome).inc()
+
+    # --- load-aware descheduling
+
+    async def _deschedule_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.low_node_load.interval_seconds)
+            try:
+                await self.deschedule()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("migration: descheduling round failed (the next one retries): %s", e)
+
+    async def deschedule(self) -> int:
+        """One load-aware round: requests for just enough pods of nodes overloaded long enough; returns how many
+        were asked for (a pod already asked for is not asked again: its job name comes from its uid)."""
+        by_node: dict[str, list[kube.Pod]] = {}
+        for pod in self._pods.values():
+            if pod.spec.node_name:
+                by_node.setdefault(pod.spec.node_name, []).append(pod)
+        loads: dict[str, NodeLoad] = {}
+        for node, metric in self.node_metrics.items():
+            allocatable = self._nodes.get(node)
+            if allocatable is None:
+                continue
+            usage_of = {(m.namespace, m.name): m.pod_usage.resources for m in metric.status.pods_metric}
+            pods = [(p, usage_of.get((p.metadata.namespace, p.metadata.name), {})) for p in by_node.get(node, [])]
+            loads[node] = NodeLoad(
+                allocatable=allocatable,
+                usage=metric.status.node_metric.node_usage.resources,
+                updated=metric.status.update_time,
+                pods=pods,
+            )
+        self.streaks, requests = plan(loads, self.streaks, self.settings.low_node_load, self.args, now=self._clock())
+        now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
+        asked = 0
+        for request in requests:
+            meta = request.pod.metadata
+            name = (
+                "lownodeload-"
+                + hashlib.blake2b(f"{meta.namespace}/{meta.name}/{meta.uid}".encode(), digest_size=8).hexdigest()
+            )
+            if name in self.state.jobs:
+                continue
+            job = migration.PodMigrationJob(
+                metadata=kube.ObjectMeta(name=name, annotations={"descheduler.koordinator.sh/reason": request.reason}),
+                spec=migration.PodMigrationJobSpec(
+                    pod_ref=migration.ObjectReference(namespace=meta.namespace, name=meta.name, uid=meta.uid)
+                ),
+            )
+            event = ev.MigrationRequested(job=job, source="descheduler", actor="lownodeload", time=now)
+            ack = await self.bus.publish(
+                subjects.MIGRATION_REQUESTS, ev.encode_migration_event(event), msg_id=msg_id("migration.request", name)
+            )
+            asked += 0 if ack.duplicate else 1
+        return asked
