@@ -3,7 +3,8 @@
 It lives in the bridge because it needs the cluster's credentials (agents and the arbiter hold none). It folds
 KOORD_MIGRATION (services.migration.state.MigrationState; durable reset at start, so the state is rebuilt) and
 every `interval` seconds reconciles each passed, unfinished job: it reads the pod from the API server, asks
-services.migration.reconcile.next_step what to do and does it. Evictions go through the Eviction API (so
+services.migration.reconcile.next_step what to do and does it: for ReservationFirst jobs it first creates the
+job's Reservation and reads it back every pass (koord-scheduler schedules it). Evictions go through the Eviction API (so
 PodDisruptionBudgets hold; a 429 is tried again next time, never failed), at no more than evictQPS with bursts of
 evictBurst, and no faster per workload (or namespace) than the object limiters allow (§4.7). Each outcome is
 published as MigrationPhaseChanged on `koord.v1.migration.execution` (msg id from the job, phase and step, so a
@@ -36,16 +37,25 @@ from services.k8s import sinks
 from services.k8s.sinks import WriteFailedError
 from services.migration.args import MigrationArgs
 from services.migration.limiter import EvictionRate, ObjectLimiters
-from services.migration.reconcile import EVICTION, REASON_EVICTING, Step, next_step, with_condition
+from services.migration.reconcile import (
+    EVICTION,
+    REASON_EVICTING,
+    Step,
+    mode_of,
+    next_step,
+    reservation_for,
+    with_condition,
+)
 from services.migration.state import MigrationState
 
 log = logging.getLogger(__name__)
 
 SERVICE: Final = "k8s-migration-executor"
 CONSUMER: Final = "k8s-migration-executor"
-HTTP_NOT_FOUND, HTTP_TOO_MANY_REQUESTS = 404, 429
+HTTP_NOT_FOUND, HTTP_CONFLICT, HTTP_TOO_MANY_REQUESTS = 404, 409, 429
 _POD_DECODER: Final = msgspec.json.Decoder(kube.Pod)
 PMJ: Final = ("scheduling.koordinator.sh", "v1alpha1", "podmigrationjobs")
+RESERVATIONS: Final = ("scheduling.koordinator.sh", "v1alpha1", "reservations")
 
 
 class _Handler:
@@ -139,8 +149,16 @@ class MigrationExecutor:
                 continue
             try:
                 pod = await self._pod(job)
+                reservation = None
+                if mode_of(job, self.args) == migration.MODE_RESERVATION_FIRST:
+                    reservation = await self._reservation(name)
                 step = next_step(
-                    job, pod, now=self._clock(), requested_at=self.state.requested_at.get(name, 0.0), args=self.args
+                    job,
+                    pod,
+                    now=self._clock(),
+                    requested_at=self.state.requested_at.get(name, 0.0),
+                    args=self.args,
+                    reservation=reservation,
                 )
                 if step is not None and await self._do(job, pod, step):
                     published += 1
@@ -176,9 +194,27 @@ class MigrationExecutor:
         sinks.parsed(status, body, f"get pod {ref.namespace}/{ref.name}")
         return _POD_DECODER.decode(body)
 
+    async def _reservation(self, name: str) -> dict[str, Any] | None:
+        status, body = await sinks.raw_request(
+            self._custom.get_cluster_custom_object(*RESERVATIONS, name, _preload_content=False)
+        )
+        return None if status == HTTP_NOT_FOUND else sinks.parsed(status, body, f"get Reservation {name}")
+
+    async def _reserve(self, job: migration.PodMigrationJob, pod: kube.Pod) -> None:
+        ttl = job.spec.ttl or self.args.default_job_ttl
+        body: Any = reservation_for(job, pod, ttl=ttl)
+        status, text = await sinks.raw_request(
+            self._custom.create_cluster_custom_object(*RESERVATIONS, body, _preload_content=False)
+        )
+        if status != HTTP_CONFLICT:  # already made by an earlier pass
+            sinks.parsed(status, text, f"create Reservation {job.metadata.name}")
+
     async def _do(self, job: migration.PodMigrationJob, pod: kube.Pod | None, step: Step) -> bool:
         """Perform `step`; True when a phase change was published."""
         now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
+        if step.action == "reserve":
+            assert pod is not None
+            await self._reserve(job, pod)
         if step.action == "evict":
             assert pod is not None
             if self.args.dry_run:
@@ -197,7 +233,14 @@ class MigrationExecutor:
                 if answer == HTTP_NOT_FOUND:
                     step = Step("fail", migration.PHASE_FAILED, migration.REASON_MISSING_POD, "the pod is gone")
                 else:
-                    conditions = with_condition(job, EVICTION, "False", REASON_EVICTING, step.message, now=now)
+                    evicted = migration.PodMigrationJob(
+                        metadata=job.metadata,
+                        spec=job.spec,
+                        status=migration.PodMigrationJobStatus(
+                            conditions=step.conditions or list(job.status.conditions)
+                        ),
+                    )
+                    conditions = with_condition(evicted, EVICTION, "False", REASON_EVICTING, step.message, now=now)
                     step = Step("evict", migration.PHASE_RUNNING, "", step.message, conditions)
         conditions = step.conditions or list(job.status.conditions)
         event = ev.MigrationPhaseChanged(

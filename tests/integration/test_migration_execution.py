@@ -191,3 +191,39 @@ async def test_the_workload_object_limiter_spaces_evictions(
     first = time.monotonic()
     await eventually(lambda: evictions() == 2, timeout=20)
     assert time.monotonic() - first >= 1.5  # 2 per 4 s: a token every 2 s
+
+
+async def test_a_reservation_first_job(
+    koordbus_bus: JetStreamBus, kube_api: FakeKubeApi, kube_client: ApiClient, stopper: list[Running]
+) -> None:
+    """The test plays koord-scheduler: it schedules the job's Reservation on another node, and once the pod is
+    evicted binds a new pod to it. The job goes Running → evicts → Succeeded, its PMJ status saying so."""
+    kube_api.put("ReplicaSet", replica_set(10))
+    for index in range(10):
+        kube_api.put("Pod", pod(index))
+    kube_api.put("PodMigrationJob", pmj(0))  # no mode: the default, ReservationFirst
+    stopper.append(await run(koordbus_bus, kube_client, MigrationArgs(object_limiters={})))
+    await eventually(lambda: kube_api.get("Reservation", "job-0") is not None, timeout=20)
+    reservation = kube_api.get("Reservation", "job-0") or {}
+    assert reservation["spec"]["owners"][0]["object"]["name"] == "web-0"
+    await asyncio.sleep(0.5)
+    assert kube_api.get("Pod", "web-0", "default") is not None  # nothing evicted before the reservation is placed
+    reservation["status"] = {"phase": "Available", "nodeName": "n9"}
+    kube_api.put("Reservation", reservation)
+    await eventually(lambda: kube_api.get("Pod", "web-0", "default") is None, timeout=20)
+    replacement = pod(0)
+    replacement["metadata"]["uid"] = "uid-web-0-new"
+    kube_api.put("Pod", replacement)
+    reservation = kube_api.get("Reservation", "job-0") or {}
+    reservation["status"]["currentOwners"] = [{"namespace": "default", "name": "web-0", "uid": "uid-web-0-new"}]
+    kube_api.put("Reservation", reservation)
+    await eventually(lambda: phase(kube_api, "job-0") == "Succeeded", timeout=20)
+    conditions = {
+        c["type"]: c["reason"] for c in (kube_api.get("PodMigrationJob", "job-0") or {})["status"]["conditions"]
+    }
+    assert conditions == {
+        "ReservationCreated": "ReservationCreated",
+        "ReservationScheduled": "ReservationScheduled",
+        "Eviction": "EvictComplete",
+        "PodBoundReservation": "ReservationBound",
+    }

@@ -4,13 +4,16 @@ ReservationFirst not executed yet; and the evictQPS/evictBurst bucket."""
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import msgspec
+import pytest
 
 from schemas import migration
 from services.migration.args import MigrationArgs
 from services.migration.limiter import EvictionRate
-from services.migration.reconcile import NOT_YET, Step, next_step, with_condition
+from services.migration.reconcile import Step, next_step, reservation_for, with_condition
+from tests.support.crd import crd_errors, crd_validator
 from tests.support.migration import job, pod
 
 ARGS = MigrationArgs(default_job_mode="EvictDirectly")
@@ -52,8 +55,8 @@ def test_failures_and_what_is_left_alone() -> None:
     assert step(passed("Running", ttl="1h"), requested=NOW - 301) is not None  # its own TTL is longer
     assert step(job("j", "p")) is None  # not passed
     assert step(passed("Succeeded")) is None
-    reservation = step(passed(), args=MigrationArgs())
-    assert reservation is not None and reservation.action == "note" and reservation.message == NOT_YET
+    reservation_first = step(passed(), args=MigrationArgs())
+    assert reservation_first is not None and reservation_first.action == "run"  # then the reservation steps
 
 
 def test_eviction_rate() -> None:
@@ -62,3 +65,74 @@ def test_eviction_rate() -> None:
     assert rate.take(now=0.5) and not rate.take(now=0.6)
     burst = EvictionRate(1.0, 3, now=0.0)
     assert [burst.take(now=0.0) for _ in range(4)] == [True, True, True, False]
+
+
+# --- ReservationFirst
+
+
+def running_with(*conditions: tuple[str, str, str]) -> migration.PodMigrationJob:
+    stamp = dt.datetime.fromtimestamp(NOW, dt.UTC)
+    j = passed("Running")
+    for kind, status, reason in conditions:
+        updated = with_condition(j, kind, status, reason, "", now=stamp)
+        j = msgspec.structs.replace(j, status=msgspec.structs.replace(j.status, conditions=updated))
+    return j
+
+
+def rstep(j: migration.PodMigrationJob, reservation: dict[str, object] | None, *, alive: bool = True) -> Step | None:
+    return next_step(
+        j, pod("p", node="n1") if alive else None, now=NOW, requested_at=NOW - 10, args=MigrationArgs(),
+        reservation=reservation,
+    )  # fmt: skip
+
+
+def test_the_reservation_first_path() -> None:
+    first = rstep(passed("Running"), None)
+    assert first is not None and first.action == "reserve" and first.conditions[-1].type == "ReservationCreated"
+    created = running_with(("ReservationCreated", "True", "ReservationCreated"))
+    assert rstep(created, {"status": {}}) is None  # not scheduled yet
+    scheduled = rstep(created, {"status": {"nodeName": "n7", "phase": "Available"}})
+    assert scheduled is not None and scheduled.action == "evict"
+    assert [c.type for c in scheduled.conditions] == ["ReservationCreated", "ReservationScheduled"]
+    evicting = running_with(
+        ("ReservationCreated", "True", "ReservationCreated"),
+        ("ReservationScheduled", "True", "ReservationScheduled"),
+        ("Eviction", "False", "Evicting"),
+    )
+    waiting = rstep(evicting, {"status": {"nodeName": "n7"}}, alive=False)
+    assert waiting is not None and waiting.conditions[-1].reason == "WaitForPodBindReservation"
+    bound = rstep(evicting, {"status": {"nodeName": "n7", "currentOwners": [{"name": "p-new"}]}}, alive=False)
+    assert bound is not None and (bound.phase, bound.message) == ("Succeeded", "Complete")
+
+
+@pytest.mark.parametrize(
+    ("reservation", "reason"),
+    [
+        (None, "MissingReservation"),
+        ({"status": {"phase": "Expired"}}, "ReservationExpired"),
+        (
+            {"status": {"conditions": [{"type": "Scheduled", "reason": "Unschedulable", "message": "0/3"}]}},
+            "Unschedulable",
+        ),
+        ({"status": {"nodeName": "n1"}}, "ForbiddenMigratePod"),  # the pod's own node
+    ],
+)
+def test_reservations_that_fail_the_job(reservation: dict[str, object] | None, reason: str) -> None:
+    created = running_with(("ReservationCreated", "True", "ReservationCreated"))
+    failed = rstep(created, reservation)
+    assert failed is not None and (failed.phase, failed.reason) == ("Failed", reason)
+
+
+def test_the_default_reservation_template_is_crd_valid() -> None:
+    p = pod("p", node="n1", labels={"app": "web"}, containers=[{"name": "c", "resources": {"requests": {"cpu": "1"}}}])
+    body = reservation_for(passed(), p, ttl="5m")
+    assert crd_errors(crd_validator("scheduling.koordinator.sh_reservations.yaml"), body) == []
+    spec: Any = body["spec"]
+    assert "nodeName" not in spec["template"]["spec"]
+    term = spec["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["nodeSelectorTerms"][0]["matchExpressions"][0] == {
+        "key": "metadata.name",
+        "operator": "NotIn",
+        "values": ["n1"],
+    }
+    assert spec["owners"] == [{"object": {"namespace": "default", "name": "p", "uid": "uid-p"}}]
