@@ -11,7 +11,8 @@ published as MigrationPhaseChanged on `koord.v1.migration.execution` (msg id fro
 repeated step is stored once). For jobs that came from the cluster the PodMigrationJob's status (phase, reason,
 message, conditions) is written back through the status subresource, the arbiter's refusals (Failed,
 ForbiddenMigratePod or InvalidPodRef) included. With args.dryRun nothing is evicted: the step is published as a
-Succeeded job with reason DryRun. Built by the composition root.
+Succeeded job with reason DryRun. Every minute finished jobs older than their TTL + 5 minutes are garbage-collected
+with their Reservations (a failed ReservationFirst job's Reservation goes at once). Built by the composition root.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from schemas import kube, migration
 from schemas import migration_events as ev
 from services.k8s import sinks
 from services.k8s.sinks import WriteFailedError
-from services.migration.args import MigrationArgs
+from services.migration.args import MigrationArgs, duration_seconds
 from services.migration.limiter import EvictionRate, ObjectLimiters
 from services.migration.reconcile import (
     EVICTION,
@@ -56,6 +57,9 @@ HTTP_NOT_FOUND, HTTP_CONFLICT, HTTP_TOO_MANY_REQUESTS = 404, 409, 429
 _POD_DECODER: Final = msgspec.json.Decoder(kube.Pod)
 PMJ: Final = ("scheduling.koordinator.sh", "v1alpha1", "podmigrationjobs")
 RESERVATIONS: Final = ("scheduling.koordinator.sh", "v1alpha1", "reservations")
+GC_INTERVAL_SECONDS: Final = 60.0
+GC_GRACE_SECONDS: Final = 300.0
+GC_WITHOUT_TTL_SECONDS: Final = 1800.0
 
 
 class _Handler:
@@ -93,6 +97,8 @@ class MigrationExecutor:
         self._replicas: dict[str, int] = {}
         """Job → its workload's expected replicas when it passed (for the object limiter)."""
         self._told: set[str] = set()
+        self._collected: set[str] = set()
+        """Finished jobs already garbage-collected."""
         """Refused cluster jobs whose Failed status is written."""
         self._consumer: Consumer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -131,10 +137,14 @@ class MigrationExecutor:
         self.state.apply(event)
 
     async def _loop(self) -> None:
+        next_gc = 0.0
         while True:
             await asyncio.sleep(self._interval)
             try:
                 await self.reconcile()
+                if self._clock() >= next_gc:
+                    next_gc = self._clock() + GC_INTERVAL_SECONDS
+                    await self.collect_garbage()
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -166,6 +176,35 @@ class MigrationExecutor:
                 log.warning("migration executor: job %s: %s (tried again next pass)", name, e)
         await self._tell_refusals()
         return published
+
+    async def collect_garbage(self) -> int:
+        """Delete finished PodMigrationJobs (and their Reservations) older than their TTL + 5 minutes (30 minutes
+        without a TTL), as Koordinator's controller does every minute; returns how many jobs were deleted."""
+        now, deleted = self._clock(), 0
+        for name, job in list(self.state.jobs.items()):
+            if name in self._collected or migration.phase_of(job) not in migration.TERMINAL_PHASES:
+                continue
+            ttl = duration_seconds(job.spec.ttl or self.args.default_job_ttl)
+            keep = ttl + GC_GRACE_SECONDS if ttl > 0 else GC_WITHOUT_TTL_SECONDS
+            if now - self.state.requested_at.get(name, now) < keep:
+                continue
+            try:
+                await self._delete(RESERVATIONS, name)
+                if self.sources.get(name) == "cluster":
+                    await self._delete(PMJ, name)
+                    deleted += 1
+            except WriteFailedError as e:
+                log.warning("migration executor: collecting job %s: %s (tried again later)", name, e)
+                continue
+            self._collected.add(name)
+        return deleted
+
+    async def _delete(self, kind: tuple[str, str, str], name: str) -> None:
+        status, body = await sinks.raw_request(
+            self._custom.delete_cluster_custom_object(*kind, name, _preload_content=False)
+        )
+        if status != HTTP_NOT_FOUND:
+            sinks.parsed(status, body, f"delete {kind[2]} {name}")
 
     async def _tell_refusals(self) -> None:
         """Write Failed onto the PodMigrationJobs the arbiter refused (intake or a non-retryable filter)."""
@@ -242,6 +281,8 @@ class MigrationExecutor:
                     )
                     conditions = with_condition(evicted, EVICTION, "False", REASON_EVICTING, step.message, now=now)
                     step = Step("evict", migration.PHASE_RUNNING, "", step.message, conditions)
+        if step.phase == migration.PHASE_FAILED and mode_of(job, self.args) == migration.MODE_RESERVATION_FIRST:
+            await self._delete(RESERVATIONS, job.metadata.name)  # a failed job's reservation holds nothing
         conditions = step.conditions or list(job.status.conditions)
         event = ev.MigrationPhaseChanged(
             job=job.metadata.name,

@@ -227,3 +227,21 @@ async def test_a_reservation_first_job(
         "Eviction": "EvictComplete",
         "PodBoundReservation": "ReservationBound",
     }
+
+
+async def test_finished_jobs_are_collected_after_their_ttl(
+    koordbus_bus: JetStreamBus, kube_api: FakeKubeApi, kube_client: ApiClient, stopper: list[Running]
+) -> None:
+    kube_api.put("ReplicaSet", replica_set(10))
+    kube_api.put("Pod", pod(0))
+    kube_api.put("PodMigrationJob", evict_directly(0))
+    running = await run(koordbus_bus, kube_client, NO_LIMITER)
+    stopper.append(running)
+    await eventually(lambda: phase(kube_api, "job-0") == "Succeeded", timeout=20)
+    executor = running.executor
+    assert await executor.collect_garbage() == 0  # fresh: kept
+    later = time.time() + 5 * 60 + 5 * 60 + 1  # past the TTL (5m) + 5 minutes
+    executor._clock = lambda: later  # type: ignore[method-assign]
+    assert await executor.collect_garbage() == 1
+    assert kube_api.get("PodMigrationJob", "job-0") is None
+    assert await executor.collect_garbage() == 0  # once
