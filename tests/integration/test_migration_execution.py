@@ -245,3 +245,17 @@ async def test_finished_jobs_are_collected_after_their_ttl(
     assert await executor.collect_garbage() == 1
     assert kube_api.get("PodMigrationJob", "job-0") is None
     assert await executor.collect_garbage() == 0  # once
+
+
+async def test_dry_run_records_without_evicting(
+    koordbus_bus: JetStreamBus, kube_api: FakeKubeApi, kube_client: ApiClient, stopper: list[Running]
+) -> None:
+    kube_api.put("ReplicaSet", replica_set(10))
+    kube_api.put("Pod", pod(0))
+    kube_api.put("PodMigrationJob", evict_directly(0))
+    args = MigrationArgs(default_job_mode="EvictDirectly", object_limiters={}, dry_run=True)
+    stopper.append(await run(koordbus_bus, kube_client, args))
+    await eventually(lambda: phase(kube_api, "job-0") == "Succeeded", timeout=20)
+    assert (kube_api.get("PodMigrationJob", "job-0") or {})["status"]["reason"] == "DryRun"
+    assert kube_api.get("Pod", "web-0", "default") is not None
+    assert not any(r.verb == "evict" for r in kube_api.requests)
