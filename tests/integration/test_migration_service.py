@@ -8,17 +8,13 @@ import asyncio
 import datetime as dt
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import msgspec
-import pytest_asyncio
 
 from bus import streams, subjects
 from bus.jetstream import JetStreamBus
-from bus.server import EmbeddedNatsServer
 from schemas import kube, migration
 from schemas import migration_events as ev
 from schemas.cluster import PodObserved, WorkloadObserved
@@ -31,29 +27,7 @@ NOW = dt.datetime(2026, 1, 1, 12, tzinfo=dt.UTC)
 SETTINGS = MigrationSettings(startup_timeout_seconds=10)
 
 
-@pytest_asyncio.fixture
-async def nats_url(tmp_path: Path) -> AsyncIterator[str]:
-    server = EmbeddedNatsServer(store_dir=tmp_path / "nats")
-    await server.start()
-    bus = await JetStreamBus.connect(server.url, name="setup")
-    await bus.ensure_streams(streams.all_streams())
-    await bus.close()
-    try:
-        yield server.url
-    finally:
-        await server.stop()
-
-
-@pytest_asyncio.fixture
-async def bus(nats_url: str) -> AsyncIterator[JetStreamBus]:
-    connection = await JetStreamBus.connect(nats_url, name="test")
-    try:
-        yield connection
-    finally:
-        await connection.close()
-
-
-async def observe(bus: JetStreamBus, *objects: Any) -> None:
+async def observe(koordbus_bus: JetStreamBus, *objects: Any) -> None:
     for obj in objects:
         if isinstance(obj, kube.Pod):
             meta = obj.metadata
@@ -62,13 +36,15 @@ async def observe(bus: JetStreamBus, *objects: Any) -> None:
         else:
             event = obj
             subject = subjects.cluster_workload(obj.namespace, obj.name)
-        await bus.publish(subject, msgspec.json.encode(event), msg_id=uuid.uuid4().hex)
+        await koordbus_bus.publish(subject, msgspec.json.encode(event), msg_id=uuid.uuid4().hex)
 
 
-async def request(bus: JetStreamBus, *jobs: migration.PodMigrationJob) -> None:
+async def request(koordbus_bus: JetStreamBus, *jobs: migration.PodMigrationJob) -> None:
     for item in jobs:
         event = ev.MigrationRequested(job=item, source="api", actor="test", time=NOW)
-        await bus.publish(subjects.MIGRATION_REQUESTS, ev.encode_migration_event(event), msg_id=item.metadata.name)
+        await koordbus_bus.publish(
+            subjects.MIGRATION_REQUESTS, ev.encode_migration_event(event), msg_id=item.metadata.name
+        )
 
 
 def deployment(replicas: int = 10) -> tuple[WorkloadObserved, list[kube.Pod]]:
@@ -79,12 +55,12 @@ def deployment(replicas: int = 10) -> tuple[WorkloadObserved, list[kube.Pod]]:
     return rs, [pod(f"web-{i}", node=f"n{i}") for i in range(replicas)]
 
 
-async def rounds_stored(bus: JetStreamBus) -> list[ev.MigrationRound]:
+async def rounds_stored(koordbus_bus: JetStreamBus) -> list[ev.MigrationRound]:
     """Every MigrationRound in the stream, in order (read back through a throwaway consumer-free scan)."""
-    _, last = await bus.stream_info(streams.KOORD_MIGRATION)
+    _, last = await koordbus_bus.stream_info(streams.KOORD_MIGRATION)
     out = []
     for seq in range(1, last + 1):
-        msg = await bus.jetstream.get_msg(streams.KOORD_MIGRATION, seq)
+        msg = await koordbus_bus.jetstream.get_msg(streams.KOORD_MIGRATION, seq)
         if msg.subject == subjects.MIGRATION_ARBITER:
             event = ev.decode_migration_event(msg.data or b"")
             assert isinstance(event, ev.MigrationRound)
@@ -96,24 +72,24 @@ def passes(rounds: list[ev.MigrationRound]) -> Counter[str]:
     return Counter(d.job for r in rounds for d in r.decisions if d.outcome == "passed")
 
 
-async def started(bus: JetStreamBus, settings: MigrationSettings = SETTINGS) -> MigrationService:
-    service = MigrationService(bus, settings, registry=new_registry())
+async def started(koordbus_bus: JetStreamBus, settings: MigrationSettings = SETTINGS) -> MigrationService:
+    service = MigrationService(koordbus_bus, settings, registry=new_registry())
     await service.start()
     return service
 
 
-async def test_a_burst_of_200_jobs_never_passes_more_than_max_unavailable(bus: JetStreamBus) -> None:
+async def test_a_burst_of_200_jobs_never_passes_more_than_max_unavailable(koordbus_bus: JetStreamBus) -> None:
     rs, pods = deployment(10)
-    await observe(bus, rs, *pods)
+    await observe(koordbus_bus, rs, *pods)
     # 200 jobs on the 10 pods (20 per pod: one may be active per pod, the rest are refused at intake)
-    await request(bus, *(job(f"j{n:03d}", f"web-{n % 10}") for n in range(200)))
-    service = await started(bus)
+    await request(koordbus_bus, *(job(f"j{n:03d}", f"web-{n % 10}") for n in range(200)))
+    service = await started(koordbus_bus)
     try:
         await eventually(lambda: len(service.state.jobs) == 200)
         for _ in range(3):
             await service.run_round()
         await eventually(lambda: service.arbiter_seq >= 1)
-        stored = await rounds_stored(bus)
+        stored = await rounds_stored(koordbus_bus)
         passed = passes(stored)
         assert sum(passed.values()) == 2  # maxUnavailable of 10 replicas is 2 (and maxMigrating 2)
         assert max(passed.values()) == 1
@@ -125,33 +101,35 @@ async def test_a_burst_of_200_jobs_never_passes_more_than_max_unavailable(bus: J
         assert rejected.reason == "ForbiddenMigratePod" and "already has an active migration job" in rejected.message
         rounds_before = len(stored)
         await service.run_round()  # nothing changed: nothing new to tell
-        assert len(await rounds_stored(bus)) == rounds_before
+        assert len(await rounds_stored(koordbus_bus)) == rounds_before
     finally:
         await service.stop()
 
 
-async def test_a_restart_neither_loses_nor_double_passes(bus: JetStreamBus) -> None:
+async def test_a_restart_neither_loses_nor_double_passes(koordbus_bus: JetStreamBus) -> None:
     rs, pods = deployment(10)
-    await observe(bus, rs, *pods)
-    await request(bus, *(job(f"j{n}", f"web-{n}") for n in range(6)))
-    first = await started(bus)
+    await observe(koordbus_bus, rs, *pods)
+    await request(koordbus_bus, *(job(f"j{n}", f"web-{n}") for n in range(6)))
+    first = await started(koordbus_bus)
     await eventually(lambda: len(first.state.jobs) == 6)
     await first.run_round()
     await eventually(lambda: first.arbiter_seq >= 1)
     passed_before = first.state.passed()
     assert len(passed_before) == 2
     await first.stop()
-    again = await started(bus)
+    again = await started(koordbus_bus)
     try:
         assert again.state.passed() == passed_before and len(again.state.waiting()) == 4
         await again.run_round()
         await again.run_round()
-        stored = await rounds_stored(bus)
+        stored = await rounds_stored(koordbus_bus)
         assert all(n == 1 for n in passes(stored).values()) and sum(passes(stored).values()) == 2
         # two of the migrating pods finish (their jobs succeed … here: aborted), freeing the workload's budget
         for name in sorted(passed_before):
             event = ev.MigrationAborted(job=name, actor="test", time=NOW)
-            await bus.publish(subjects.MIGRATION_ABORTS, ev.encode_migration_event(event), msg_id=f"abort-{name}")
+            await koordbus_bus.publish(
+                subjects.MIGRATION_ABORTS, ev.encode_migration_event(event), msg_id=f"abort-{name}"
+            )
 
         def none_migrating() -> bool:
             return not any(migration.is_migrating(again.state.jobs[name]) for name in passed_before)
@@ -159,13 +137,13 @@ async def test_a_restart_neither_loses_nor_double_passes(bus: JetStreamBus) -> N
         await eventually(none_migrating)
         await again.run_round()
         await eventually(lambda: len(again.state.passed()) == 4)
-        assert all(n == 1 for n in passes(await rounds_stored(bus)).values())
+        assert all(n == 1 for n in passes(await rounds_stored(koordbus_bus)).values())
     finally:
         await again.stop()
 
 
-async def test_two_replicas_never_both_pass_a_round(nats_url: str) -> None:
-    buses = [await JetStreamBus.connect(nats_url, name=f"arbiter-{i}") for i in range(2)]
+async def test_two_replicas_never_both_pass_a_round(koordbus_nats_url: str) -> None:
+    buses = [await JetStreamBus.connect(koordbus_nats_url, name=f"arbiter-{i}") for i in range(2)]
     try:
         rs, pods = deployment(10)
         await observe(buses[0], rs, *pods)
@@ -187,12 +165,12 @@ async def test_two_replicas_never_both_pass_a_round(nats_url: str) -> None:
             await b.close()
 
 
-async def test_a_job_without_a_pod_reference_is_rejected(bus: JetStreamBus) -> None:
+async def test_a_job_without_a_pod_reference_is_rejected(koordbus_bus: JetStreamBus) -> None:
     rs, pods = deployment(10)
-    await observe(bus, rs, *pods)
+    await observe(koordbus_bus, rs, *pods)
     broken = msgspec.structs.replace(job("broken", "x"), spec=migration.PodMigrationJobSpec())
-    await request(bus, broken)
-    service = await started(bus)
+    await request(koordbus_bus, broken)
+    service = await started(koordbus_bus)
     try:
         await eventually(lambda: "broken" in service.state.jobs)
         await service.run_round()

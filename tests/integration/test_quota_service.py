@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import msgspec
-import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bus import streams, subjects
 from bus.jetstream import JetStreamBus
-from bus.server import EmbeddedNatsServer
 from schemas import kube, quota
 from schemas import quota_events as ev
 from schemas.cluster import NodeObserved, PodObserved
@@ -43,38 +39,15 @@ from tests.unit.test_quota_validation import eq
 SETTINGS = QuotaSettings(tick_seconds=0.2, linger_seconds=0.0, startup_timeout_seconds=10)
 
 
-@pytest_asyncio.fixture
-async def nats_url(tmp_path: Path) -> AsyncIterator[str]:
-    """A private nats-server with koordbus's streams (the service uses its real stream and consumer names)."""
-    server = EmbeddedNatsServer(store_dir=tmp_path / "nats")
-    await server.start()
-    bus = await JetStreamBus.connect(server.url, name="setup")
-    await bus.ensure_streams(streams.all_streams())
-    await bus.close()
-    try:
-        yield server.url
-    finally:
-        await server.stop()
-
-
-@pytest_asyncio.fixture
-async def bus(nats_url: str) -> AsyncIterator[JetStreamBus]:
-    connection = await JetStreamBus.connect(nats_url, name="test")
-    try:
-        yield connection
-    finally:
-        await connection.close()
-
-
-async def started(bus: JetStreamBus) -> QuotaService:
-    service = QuotaService(bus, SETTINGS, registry=new_registry())
+async def started(koordbus_bus: JetStreamBus) -> QuotaService:
+    service = QuotaService(koordbus_bus, SETTINGS, registry=new_registry())
     await service.start()
     return service
 
 
-async def command(bus: JetStreamBus, cmd: ev.QuotaCommand, *, version: str = "") -> CommandReply:
+async def command(koordbus_bus: JetStreamBus, cmd: ev.QuotaCommand, *, version: str = "") -> CommandReply:
     request = CommandRequest(actor="alice", command=cmd, expected_resource_version=version)
-    data = await bus.request(subjects.QUOTA_RPC_COMMAND, msgspec.json.encode(request), timeout=10)
+    data = await koordbus_bus.request(subjects.QUOTA_RPC_COMMAND, msgspec.json.encode(request), timeout=10)
     return msgspec.json.decode(data, type=CommandReply)
 
 
@@ -82,8 +55,8 @@ def cid() -> str:
     return uuid.uuid4().hex
 
 
-async def status(bus: JetStreamBus, name: str) -> QuotaStatusComputed | None:
-    stored = await bus.last_on_subject(streams.KOORD_QUOTA_STATUS, subjects.quota_status(name))
+async def status(koordbus_bus: JetStreamBus, name: str) -> QuotaStatusComputed | None:
+    stored = await koordbus_bus.last_on_subject(streams.KOORD_QUOTA_STATUS, subjects.quota_status(name))
     if stored is None:
         return None
     decoded = QUOTA_STATUS_DECODER.decode(stored.data)
@@ -91,8 +64,8 @@ async def status(bus: JetStreamBus, name: str) -> QuotaStatusComputed | None:
     return decoded
 
 
-async def tree_status(bus: JetStreamBus, tree: str = DEFAULT_TREE) -> QuotaTreeComputed | None:
-    stored = await bus.last_on_subject(streams.KOORD_QUOTA_STATUS, subjects.quota_tree_status(tree))
+async def tree_status(koordbus_bus: JetStreamBus, tree: str = DEFAULT_TREE) -> QuotaTreeComputed | None:
+    stored = await koordbus_bus.last_on_subject(streams.KOORD_QUOTA_STATUS, subjects.quota_tree_status(tree))
     if stored is None:
         return None
     decoded = QUOTA_STATUS_DECODER.decode(stored.data)
@@ -100,7 +73,7 @@ async def tree_status(bus: JetStreamBus, tree: str = DEFAULT_TREE) -> QuotaTreeC
     return decoded
 
 
-async def observe(bus: JetStreamBus, *objects: Any) -> None:
+async def observe(koordbus_bus: JetStreamBus, *objects: Any) -> None:
     for obj in objects:
         if isinstance(obj, kube.Node):
             event: Any = NodeObserved(name=obj.metadata.name, observed_at=1.0, node=obj)
@@ -108,54 +81,56 @@ async def observe(bus: JetStreamBus, *objects: Any) -> None:
         else:
             event = PodObserved(namespace=obj.metadata.namespace, name=obj.metadata.name, observed_at=1.0, pod=obj)
             subject = subjects.cluster_pod(obj.metadata.namespace, obj.metadata.name)
-        await bus.publish(subject, msgspec.json.encode(event), msg_id=cid())
+        await koordbus_bus.publish(subject, msgspec.json.encode(event), msg_id=cid())
 
 
-async def build_team(bus: JetStreamBus) -> None:
+async def build_team(koordbus_bus: JetStreamBus) -> None:
     for cmd in (
         ev.CreateQuota(command_id=cid(), quota=eq("org", is_parent=True, min={"cpu": "30"}, max={"cpu": "40"})),
         ev.CreateQuota(command_id=cid(), quota=eq("a", parent="org", min={"cpu": "15"}, max={"cpu": "40"})),
         ev.CreateQuota(command_id=cid(), quota=eq("b", parent="org", min={"cpu": "10"}, max={"cpu": "40"})),
     ):
-        reply = await command(bus, cmd)
+        reply = await command(koordbus_bus, cmd)
         assert reply.outcome == "applied", reply
 
 
-async def test_commands_append_events_and_statuses_follow(bus: JetStreamBus) -> None:
-    await observe(bus, node("n1", "40"))
-    service = await started(bus)
+async def test_commands_append_events_and_statuses_follow(koordbus_bus: JetStreamBus) -> None:
+    await observe(koordbus_bus, node("n1", "40"))
+    service = await started(koordbus_bus)
     try:
-        await build_team(bus)
-        await observe(bus, pod("p1", "30", quota_name="a", node_name="n1"), pod("p2", "5", quota_name="b"))
+        await build_team(koordbus_bus)
+        await observe(koordbus_bus, pod("p1", "30", quota_name="a", node_name="n1"), pod("p2", "5", quota_name="b"))
 
         async def a_runtime_is_30() -> bool:
-            held = await status(bus, "a")
+            held = await status(koordbus_bus, "a")
             return held is not None and held.state is not None and held.state.runtime == {"cpu": 30_000}
 
         await eventually(a_runtime_is_30)
-        a = await status(bus, "a")
+        a = await status(koordbus_bus, "a")
         assert a is not None and a.state is not None and a.object is not None and a.explanation is not None
         assert a.state.used == {"cpu": 30_000} and a.pods == 1 and a.tree == DEFAULT_TREE
         assert a.object.metadata.resource_version == "2"
         assert a.explanation.resources["cpu"].runtime == 30_000
-        tree = await tree_status(bus)
+        tree = await tree_status(koordbus_bus)
         assert tree is not None and tree.total["cpu"] == 40_000 and not tree.problems
 
-        rejected = await command(bus, ev.DeleteQuota(command_id=cid(), name="a"))
+        rejected = await command(koordbus_bus, ev.DeleteQuota(command_id=cid(), name="a"))
         assert rejected.outcome == "rejected" and [v.rule for v in rejected.violations] == ["delete-with-pods"]
-        too_much = await command(bus, ev.PatchQuota(command_id=cid(), name="b", patch={"spec": {"min": {"cpu": "20"}}}))
+        too_much = await command(
+            koordbus_bus, ev.PatchQuota(command_id=cid(), name="b", patch={"spec": {"min": {"cpu": "20"}}})
+        )
         assert too_much.outcome == "rejected" and "min-sum" in {v.rule for v in too_much.violations}
-        count, _ = await bus.stream_info(streams.KOORD_QUOTA)
+        count, _ = await koordbus_bus.stream_info(streams.KOORD_QUOTA)
         assert count == 3  # nothing appended for rejected commands
 
         check = CheckRequest(pods=[pod("q1", "10", quota_name="a"), pod("q2", "4", quota_name="b")])
-        raw = await bus.request(subjects.QUOTA_RPC_CHECK, msgspec.json.encode(check), timeout=10)
+        raw = await koordbus_bus.request(subjects.QUOTA_RPC_CHECK, msgspec.json.encode(check), timeout=10)
         verdicts = msgspec.json.decode(raw, type=CheckReply)
         assert [v["fits"] for v in verdicts.verdicts] == [False, True] and not verdicts.fits
         what_if = WhatIfRequest(
             commands=[ev.PatchQuota(command_id="w", name="b", patch={"spec": {"min": {"cpu": "5"}}})]
         )
-        raw = await bus.request(subjects.QUOTA_RPC_WHAT_IF, msgspec.json.encode(what_if), timeout=10)
+        raw = await koordbus_bus.request(subjects.QUOTA_RPC_WHAT_IF, msgspec.json.encode(what_if), timeout=10)
         changes = {c.quota: c for c in msgspec.json.decode(raw, type=WhatIfReply).changes}
         assert changes["b"].after is not None and changes["b"].after.min == {"cpu": 5_000}
         assert service.model.state.quotas["b"].spec.min == {"cpu": "10"}
@@ -163,24 +138,24 @@ async def test_commands_append_events_and_statuses_follow(bus: JetStreamBus) -> 
         await service.stop()
 
 
-async def test_an_object_version_guards_updates(bus: JetStreamBus) -> None:
-    service = await started(bus)
+async def test_an_object_version_guards_updates(koordbus_bus: JetStreamBus) -> None:
+    service = await started(koordbus_bus)
     try:
-        await build_team(bus)
+        await build_team(koordbus_bus)
         patch = {"spec": {"min": {"cpu": "12"}}}
-        stale = await command(bus, ev.PatchQuota(command_id=cid(), name="b", patch=patch), version="1")
+        stale = await command(koordbus_bus, ev.PatchQuota(command_id=cid(), name="b", patch=patch), version="1")
         assert stale.outcome == "conflict" and "resourceVersion 3, not 1" in stale.message
-        fresh = await command(bus, ev.PatchQuota(command_id=cid(), name="b", patch=patch), version="3")
+        fresh = await command(koordbus_bus, ev.PatchQuota(command_id=cid(), name="b", patch=patch), version="3")
         assert fresh.outcome == "applied" and fresh.quota is not None
         assert fresh.quota.metadata.resource_version == "4" and fresh.quota.spec.min == {"cpu": "12"}
     finally:
         await service.stop()
 
 
-async def test_two_replicas_racing_on_one_tree_cannot_both_win(nats_url: str) -> None:
+async def test_two_replicas_racing_on_one_tree_cannot_both_win(koordbus_nats_url: str) -> None:
     """Two services (as two replicas) decide conflicting commands on the same state at the same moment: each
     raises b's or a's min so that Σ min stays ≤ org's min 30 alone but not together. Exactly one is appended."""
-    buses = [await JetStreamBus.connect(nats_url, name=f"replica-{i}") for i in range(2)]
+    buses = [await JetStreamBus.connect(koordbus_nats_url, name=f"replica-{i}") for i in range(2)]
     services = [
         QuotaService(b, replace(SETTINGS, instance=f"r{i}"), registry=new_registry()) for i, b in enumerate(buses)
     ]
@@ -219,13 +194,13 @@ async def test_two_replicas_racing_on_one_tree_cannot_both_win(nats_url: str) ->
             await b.close()
 
 
-async def test_the_loser_of_a_stale_append_gets_a_conflict(bus: JetStreamBus) -> None:
+async def test_the_loser_of_a_stale_append_gets_a_conflict(koordbus_bus: JetStreamBus) -> None:
     """Another writer appends to the tree after the service decided and before its own append lands: the
     expected-sequence check on the NATS server refuses the service's event and the reply is a conflict."""
-    service = await started(bus)
+    service = await started(koordbus_bus)
     try:
-        await build_team(bus)
-        real_publish = bus.publish
+        await build_team(koordbus_bus)
+        real_publish = koordbus_bus.publish
 
         async def another_writer_first(subject: str, data: bytes, *, msg_id: str, options: Any = None) -> Any:
             if subject == subjects.quota_events(DEFAULT_TREE) and msg_id != "sneak":
@@ -235,13 +210,13 @@ async def test_the_loser_of_a_stale_append_gets_a_conflict(bus: JetStreamBus) ->
                 await real_publish(subject, ev.encode_quota_event(sneak), msg_id="sneak", options=options)
             return await real_publish(subject, data, msg_id=msg_id, options=options)
 
-        bus.publish = another_writer_first  # type: ignore[method-assign]
+        koordbus_bus.publish = another_writer_first  # type: ignore[method-assign]
         reply = await service.execute(
             CommandRequest(actor="alice", command=ev.PatchQuota(command_id=cid(), name="a", patch={"spec": {}}))
         )
         assert reply.outcome == "conflict" and "another writer won the race" in reply.message
-        bus.publish = real_publish  # type: ignore[method-assign]
-        count, _ = await bus.stream_info(streams.KOORD_QUOTA)
+        koordbus_bus.publish = real_publish  # type: ignore[method-assign]
+        count, _ = await koordbus_bus.stream_info(streams.KOORD_QUOTA)
         assert count == 4  # the other writer's event only
         retry = await service.execute(
             CommandRequest(actor="alice", command=ev.PatchQuota(command_id=cid(), name="a", patch={"spec": {}}))
@@ -251,46 +226,52 @@ async def test_the_loser_of_a_stale_append_gets_a_conflict(bus: JetStreamBus) ->
         await service.stop()
 
 
-async def test_restart_replays_the_log_and_an_unusable_event_flags_its_tree(bus: JetStreamBus) -> None:
-    await observe(bus, node("n1", "40"), pod("p1", "8", quota_name="a", node_name="n1"))
-    service = await started(bus)
-    await build_team(bus)
+async def test_restart_replays_the_log_and_an_unusable_event_flags_its_tree(koordbus_bus: JetStreamBus) -> None:
+    await observe(koordbus_bus, node("n1", "40"), pod("p1", "8", quota_name="a", node_name="n1"))
+    service = await started(koordbus_bus)
+    await build_team(koordbus_bus)
     await eventually(lambda: service.model.pod_count("a") == 1)
     before = service.model.state
     await service.stop()
-    await bus.publish(subjects.quota_events(DEFAULT_TREE), b'{"type": "quota.updated.v1", "nonsense": 1}', msg_id="bad")
-    again = await started(bus)
+    await koordbus_bus.publish(
+        subjects.quota_events(DEFAULT_TREE), b'{"type": "quota.updated.v1", "nonsense": 1}', msg_id="bad"
+    )
+    again = await started(koordbus_bus)
     try:
         assert again.model.state == before and again.model.tree_seq[DEFAULT_TREE] == 4
         await eventually(lambda: again.model.pod_count("a") == 1)  # pods may trail the log: they count when they come
         assert "event 4 skipped" in again.model.corrupt[DEFAULT_TREE]
 
         async def flagged() -> bool:
-            tree = await tree_status(bus)
+            tree = await tree_status(koordbus_bus)
             return tree is not None and bool(tree.problems)
 
         await eventually(flagged)
-        dead, _ = await bus.stream_info(streams.KOORD_DLQ)
+        dead, _ = await koordbus_bus.stream_info(streams.KOORD_DLQ)
         assert dead == 1
-        reply = await command(bus, ev.PatchQuota(command_id=cid(), name="b", patch={"spec": {"min": {"cpu": "5"}}}))
+        reply = await command(
+            koordbus_bus, ev.PatchQuota(command_id=cid(), name="b", patch={"spec": {"min": {"cpu": "5"}}})
+        )
         assert reply.outcome == "applied" and reply.seq == 5
     finally:
         await again.stop()
 
 
-async def test_projections_hold_statuses_history_and_profiles(bus: JetStreamBus, migrated_engine: AsyncEngine) -> None:
+async def test_projections_hold_statuses_history_and_profiles(
+    koordbus_bus: JetStreamBus, migrated_engine: AsyncEngine
+) -> None:
     store = QuotaStore(migrated_engine)
-    service = QuotaService(bus, SETTINGS, registry=new_registry(), store=store)
+    service = QuotaService(koordbus_bus, SETTINGS, registry=new_registry(), store=store)
     await service.start()
     try:
-        await observe(bus, node("n1", "40"))
-        await build_team(bus)
+        await observe(koordbus_bus, node("n1", "40"))
+        await build_team(koordbus_bus)
         profile = quota.ElasticQuotaProfile(
             metadata=kube.ObjectMeta(name="gpu", namespace="ns"),
             spec=quota.ElasticQuotaProfileSpec(quota_name="gpu-root", node_selector=quota.LabelSelector()),
         )
-        assert (await command(bus, ev.CreateProfile(command_id=cid(), profile=profile))).outcome == "applied"
-        await command(bus, ev.PatchQuota(command_id=cid(), name="b", patch={"spec": {"min": {"cpu": "12"}}}))
+        assert (await command(koordbus_bus, ev.CreateProfile(command_id=cid(), profile=profile))).outcome == "applied"
+        await command(koordbus_bus, ev.PatchQuota(command_id=cid(), name="b", patch={"spec": {"min": {"cpu": "12"}}}))
 
         async def projected() -> bool:
             b = await store.quota("b")
@@ -310,7 +291,7 @@ async def test_projections_hold_statuses_history_and_profiles(bus: JetStreamBus,
         assert [p["metadata"]["name"] for p in await store.profiles()] == ["gpu"]
         tree = await store.tree(DEFAULT_TREE)
         assert tree is not None and tree.total["cpu"] == 40_000
-        assert (await command(bus, ev.DeleteQuota(command_id=cid(), name="b"))).outcome == "applied"
+        assert (await command(koordbus_bus, ev.DeleteQuota(command_id=cid(), name="b"))).outcome == "applied"
 
         async def gone() -> bool:
             return await store.quota("b") is None
@@ -320,7 +301,7 @@ async def test_projections_hold_statuses_history_and_profiles(bus: JetStreamBus,
         await service.stop()
 
 
-async def test_a_profile_roots_its_own_tree_sized_by_its_nodes(bus: JetStreamBus) -> None:
+async def test_a_profile_roots_its_own_tree_sized_by_its_nodes(koordbus_bus: JetStreamBus) -> None:
     gpu_node = msgspec.convert(
         {
             "metadata": {"name": "g1", "labels": {"pool": "gpu"}},
@@ -328,8 +309,8 @@ async def test_a_profile_roots_its_own_tree_sized_by_its_nodes(bus: JetStreamBus
         },
         kube.Node,
     )
-    await observe(bus, node("n1", "40"), gpu_node)
-    service = await started(bus)
+    await observe(koordbus_bus, node("n1", "40"), gpu_node)
+    service = await started(koordbus_bus)
     try:
         profile = msgspec.convert(
             {
@@ -342,21 +323,21 @@ async def test_a_profile_roots_its_own_tree_sized_by_its_nodes(bus: JetStreamBus
             },
             quota.ElasticQuotaProfile,
         )
-        assert (await command(bus, ev.CreateProfile(command_id=cid(), profile=profile))).outcome == "applied"
+        assert (await command(koordbus_bus, ev.CreateProfile(command_id=cid(), profile=profile))).outcome == "applied"
         await service.reconcile_profiles()
         root = service.model.state.specs()["gpu-root"]
         assert root.is_root and root.tree_id == "gpu" and root.min == {"cpu": 32_000, "memory": 64 * 2**30}
         assert service.model.tree("gpu").total["cpu"] == 32_000
         assert service.model.tree(DEFAULT_TREE).total["cpu"] == 40_000  # 72 − the gpu tree's 32
         child = eq("ml", parent="gpu-root", min={"cpu": "8"}, max={"cpu": "32"})
-        created = await command(bus, ev.CreateQuota(command_id=cid(), quota=child))
+        created = await command(koordbus_bus, ev.CreateQuota(command_id=cid(), quota=child))
         assert created.outcome == "applied" and created.tree == "gpu"
         assert created.quota is not None and created.quota.metadata.labels[quota.LABEL_TREE_ID] == "gpu"
         await service.reconcile_profiles()
-        count, _ = await bus.stream_info(streams.KOORD_QUOTA)
+        count, _ = await koordbus_bus.stream_info(streams.KOORD_QUOTA)
         assert count == 3  # nothing changed: no new root event
         bigger = msgspec.structs.replace(gpu_node, metadata=kube.ObjectMeta(name="g2", labels={"pool": "gpu"}))
-        await observe(bus, bigger)
+        await observe(koordbus_bus, bigger)
         await eventually(lambda: len(service.model.nodes()) == 3)
         await service.reconcile_profiles()
         assert service.model.state.specs()["gpu-root"].min["cpu"] == 64_000
