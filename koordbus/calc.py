@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from koordbus import calc_migration
+from koordbus import calc_migration, calc_qos
 from koordbus.calc_errors import InputError
 from schemas import koordinator, kube, nodemetric_json, quantity
 from schemas import quota as quota_schema
@@ -313,6 +313,27 @@ CALCULATORS: Mapping[str, Calculator] = {
         calc_migration.arbitrate_math,
         "GetMaxUnavailable / GetMaxMigrating for a workload (spec §4.3)",
         '{"op": "getMaxUnavailable", "replicas": 10, "value": "50%"}',
+    ),
+    "resctrl": Calculator(
+        calc_qos.ResctrlInput,
+        calc_qos.resctrl,
+        "L3 CAT and MBA schemata lines per QoS group (spec §5.4)",
+        '{"vendor": "GenuineIntel", "cbmMask": "7ff", "cacheIds": [0, 1],\n'
+        '     "classes": {"BE": {"catRangeStartPercent": 0, "catRangeEndPercent": 30, "mbaPercent": 55}}}',
+    ),
+    "be-cgroup": Calculator(
+        calc_qos.BeCgroupInput,
+        calc_qos.be_cgroup,
+        "a BE pod's and its containers' cpu/memory cgroup values from batch resources (spec §5.7)",
+        '{"cgroupVersion": 1, "pod": {"metadata": {"labels": {"koordinator.sh/qosClass": "BE"}},\n'
+        '     "spec": {"containers": [{"name": "c",\n'
+        '       "resources": {"requests": {"kubernetes.io/batch-cpu": "1000"}}}]}}}',
+    ),
+    "be-cgroup-math": Calculator(
+        calc_qos.BeCgroupMathInput,
+        calc_qos.be_cgroup_math,
+        "MilliCPUToShares / MilliCPUToQuota / cgroup v2 weight conversions (spec §5.7)",
+        '{"op": "milliCPUToShares", "value": 1000}',
     ),
     "quota-runtime": Calculator(
         QuotaRuntimeInput,

@@ -17,7 +17,15 @@ from typing import Any
 import pytest
 
 SHARED = Path(__file__).parents[2] / ".." / "shared"
-VECTOR_KINDS = ("nodemetric-aggregate", "batch-resource", "quota-runtime", "arbitrate", "arbitrate-math")
+VECTOR_KINDS = (
+    "nodemetric-aggregate",
+    "batch-resource",
+    "quota-runtime",
+    "arbitrate",
+    "arbitrate-math",
+    "resctrl",
+    "be-cgroup-math",
+)
 
 
 def _vector_files() -> list[Path]:
@@ -418,3 +426,31 @@ def test_arbitrate_explains_each_decision_and_refuses_bad_args() -> None:
     assert bad.returncode == 2 and "$.args: maxMigratingPerNode must not be negative" in bad.stderr
     bad = _calc("arbitrate-math", json.dumps({"op": "getMaxUnavailable", "replicas": 10, "value": "many"}))
     assert bad.returncode == 2 and "$.value" in bad.stderr
+
+
+# --- node QoS
+
+
+def test_resctrl_reports_a_bad_group_and_keeps_the_others() -> None:
+    out = _json_calc(
+        "resctrl",
+        {
+            "cbmMask": "7ff",
+            "cacheIds": [0],
+            "classes": {"BE": {"catRangeStartPercent": 50, "catRangeEndPercent": 40}, "LS": {"mbaPercent": 30}},
+        },
+    )
+    assert "not 0 ≤ start < end ≤ 100" in out["BE"]["error"]
+    assert out["LS"] == {"l3": None, "mb": "MB:0=30;"}
+
+
+def test_be_cgroup_through_the_cli() -> None:
+    pod = {
+        "metadata": {"labels": {"koordinator.sh/qosClass": "BE"}},
+        "spec": {"containers": [{"name": "c", "resources": {"requests": {"kubernetes.io/batch-cpu": "1000"}}}]},
+    }
+    out = _json_calc("be-cgroup", {"cgroupVersion": 1, "pod": pod})
+    assert out["pod"] == {"cpu.shares": 1024, "cpu.cfs_quota_us": -1, "memory.limit_in_bytes": -1}
+    assert _json_calc("be-cgroup-math", {"op": "sharesToWeight", "value": 1})["error"]
+    bad = _calc("be-cgroup", json.dumps({"cgroupVersion": 3, "pod": pod}))
+    assert bad.returncode == 2 and "$.cgroupVersion" in bad.stderr
