@@ -1,0 +1,163 @@
+"""services.slo.render: defaults, cluster/node overlay, first match, bad keys keeping the last good value, CRD."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from services.slo.render import (
+    ANNOTATION_NETWORK_BANDWIDTH,
+    default_config,
+    overlay,
+    parse_slo_config,
+    render_node_slo,
+)
+from tests.support.crd import crd_errors, crd_validator
+
+
+def _nodeslo(spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO", "metadata": {"name": "n1"}, "spec": spec}
+
+
+def test_no_keys_render_the_manager_defaults() -> None:
+    spec = render_node_slo(parse_slo_config({}), {}, {})
+    assert spec == {
+        "resourceUsedThresholdWithBE": {
+            "enable": False,
+            "cpuSuppressThresholdPercent": 65,
+            "cpuSuppressPolicy": "cpuset",
+            "memoryEvictThresholdPercent": 70,
+            "cpuEvictPolicy": "evictByRealLimit",
+        },
+        "resourceQOSStrategy": {},
+        "cpuBurstStrategy": {
+            "policy": "none",
+            "cpuBurstPercent": 1000,
+            "cfsQuotaBurstPercent": 300,
+            "cfsQuotaBurstPeriodSeconds": -1,
+            "sharePoolThresholdPercent": 50,
+        },
+        "systemStrategy": {"totalNetworkBandwidth": 0},
+    }
+    assert not crd_errors(crd_validator("slo.koordinator.sh_nodeslos.yaml"), _nodeslo(spec))
+
+
+THRESHOLD = {
+    "clusterStrategy": {"enable": True, "cpuSuppressThresholdPercent": 60, "unknownField": 1},
+    "nodeStrategies": [
+        {"name": "gpu", "nodeSelector": {"matchLabels": {"pool": "gpu"}}, "cpuSuppressThresholdPercent": 40},
+        {"name": "all-a", "nodeSelector": {"matchLabels": {"zone": "a"}}, "memoryEvictThresholdPercent": 80},
+    ],
+}
+
+
+def test_cluster_overlays_default_and_the_first_matching_node_entry_wins() -> None:
+    config = parse_slo_config({"resource-threshold-config": json.dumps(THRESHOLD)})
+    assert not config.errors
+    cluster = render_node_slo(config, {"zone": "b"}, {})["resourceUsedThresholdWithBE"]
+    assert cluster == {
+        "enable": True,
+        "cpuSuppressThresholdPercent": 60,
+        "cpuSuppressPolicy": "cpuset",
+        "memoryEvictThresholdPercent": 70,
+        "cpuEvictPolicy": "evictByRealLimit",
+    }
+    both = render_node_slo(config, {"pool": "gpu", "zone": "a"}, {})["resourceUsedThresholdWithBE"]
+    assert both["cpuSuppressThresholdPercent"] == 40 and both["memoryEvictThresholdPercent"] == 70
+    assert both["enable"] is True  # the node entry starts from the cluster strategy, not the default
+    zone_a = render_node_slo(config, {"zone": "a"}, {})["resourceUsedThresholdWithBE"]
+    assert zone_a["cpuSuppressThresholdPercent"] == 60 and zone_a["memoryEvictThresholdPercent"] == 80
+
+
+def test_keys_match_case_insensitively_and_null_means_absent() -> None:
+    text = json.dumps({"ClusterStrategy": {"CPUBurstPercent": 500, "policy": None}})
+    burst = render_node_slo(parse_slo_config({"cpu-burst-config": text}), {}, {})["cpuBurstStrategy"]
+    assert burst["cpuBurstPercent"] == 500 and burst["policy"] == "none"
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("{not json", "not JSON"),
+        ('["a"]', "expected a JSON object"),
+        ('{"clusterStrategy": {"cpuSuppressThresholdPercent": 150}}', "out of range [0, 100]"),
+        ('{"clusterStrategy": {"enable": "yes"}}', "expected bool"),
+        ('{"nodeStrategies": [{"name": "x", "cpuSuppressThresholdPercent": 50}]}', "nodeSelector: required"),
+        (
+            '{"nodeStrategies": [{"nodeSelector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}}]}',
+            "operator",
+        ),
+    ],
+)
+def test_a_bad_key_keeps_its_last_good_value_and_reports_why(text: str, reason: str) -> None:
+    good = parse_slo_config({"resource-threshold-config": json.dumps(THRESHOLD), "cpu-burst-config": "{}"})
+    bad = parse_slo_config({"resource-threshold-config": text, "cpu-burst-config": "{}"}, previous=good)
+    assert reason in bad.errors["resource-threshold-config"]
+    assert bad.strategies["resource-threshold-config"] == good.strategies["resource-threshold-config"]
+    assert "cpu-burst-config" not in bad.errors
+    first_time = parse_slo_config({"resource-threshold-config": text})
+    assert (
+        first_time.strategies["resource-threshold-config"] == default_config().strategies["resource-threshold-config"]
+    )
+
+
+def test_a_removed_key_goes_back_to_the_default() -> None:
+    good = parse_slo_config({"resource-threshold-config": json.dumps(THRESHOLD)})
+    again = parse_slo_config({}, previous=good)
+    assert render_node_slo(again, {}, {})["resourceUsedThresholdWithBE"]["enable"] is False
+
+
+def test_network_bandwidth_annotation_overrides_the_system_strategy() -> None:
+    config = parse_slo_config({"system-config": json.dumps({"clusterStrategy": {"totalNetworkBandwidth": "1G"}})})
+    assert render_node_slo(config, {}, {})["systemStrategy"]["totalNetworkBandwidth"] == "1G"
+    spec = render_node_slo(config, {}, {ANNOTATION_NETWORK_BANDWIDTH: "10G"})
+    assert spec["systemStrategy"]["totalNetworkBandwidth"] == "10G"
+    # An unparsable annotation is ignored rather than written into the NodeSLO.
+    assert (
+        render_node_slo(config, {}, {ANNOTATION_NETWORK_BANDWIDTH: "fast"})["systemStrategy"]["totalNetworkBandwidth"]
+        == "1G"
+    )
+
+
+def test_host_applications_node_entry_replaces_the_list() -> None:
+    text = json.dumps(
+        {
+            "applications": [{"name": "nginx", "qos": "LS"}, {"name": "agent", "qos": "BE"}],
+            "nodeConfigs": [
+                {"name": "edge", "nodeSelector": {"matchLabels": {"edge": "true"}}, "applications": [{"name": "x"}]}
+            ],
+        }
+    )
+    config = parse_slo_config({"host-application-config": text})
+    assert [a["name"] for a in render_node_slo(config, {}, {})["hostApplications"]] == ["nginx", "agent"]
+    assert render_node_slo(config, {"edge": "true"}, {})["hostApplications"] == [{"name": "x"}]
+    broken = parse_slo_config({"host-application-config": '{"applications": [{"qos": 3}]}'}, previous=config)
+    assert "expected string" in broken.errors["host-application-config"]
+    assert broken.host_applications == config.host_applications
+
+
+def test_overlay_merges_objects_replaces_lists_and_drops_empty_lists() -> None:
+    base = {"a": {"x": 1, "y": 2}, "l": [1, 2], "s": "keep"}
+    assert overlay(base, {"a": {"y": 3}, "l": [], "s": None}) == {"a": {"x": 1, "y": 3}, "l": [1, 2], "s": "keep"}
+    assert overlay(base, {"l": [9]})["l"] == [9]
+
+
+def test_rendered_specs_from_a_full_config_validate_against_the_crd() -> None:
+    data = {
+        "resource-threshold-config": json.dumps(THRESHOLD),
+        "resource-qos-config": json.dumps(
+            {"clusterStrategy": {"beClass": {"resctrlQOS": {"enable": True, "catRangeEndPercent": 30}}}}
+        ),
+        "cpu-burst-config": json.dumps({"clusterStrategy": {"policy": "auto", "cfsQuotaBurstPercent": 200}}),
+        "system-config": json.dumps({"clusterStrategy": {"minFreeKbytesFactor": 100, "schedFeatures": {"a": True}}}),
+        "host-application-config": json.dumps({"applications": [{"name": "nginx", "qos": "LS"}]}),
+    }
+    config = parse_slo_config(data)
+    assert not config.errors
+    validator = crd_validator("slo.koordinator.sh_nodeslos.yaml")
+    for labels in ({}, {"pool": "gpu"}, {"zone": "a"}):
+        spec = render_node_slo(config, labels, {ANNOTATION_NETWORK_BANDWIDTH: "25Gi"})
+        assert not crd_errors(validator, _nodeslo(spec)), spec
+    assert spec["resourceQOSStrategy"]["beClass"]["resctrlQOS"]["catRangeEndPercent"] == 30
