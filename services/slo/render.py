@@ -35,9 +35,83 @@ _QUANTITY: Final = re.compile(
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 
-FieldKind = tuple[int, int] | str
-"""An integer range (inclusive), or "bool", "string", "quantity" (int or Kubernetes quantity string), "bool-map",
-"object" (any JSON object, kept as given)."""
+FieldKind = Any
+"""What a field may hold: an integer range `(low, high)` (inclusive); "bool", "string", "quantity" (an integer or a
+Kubernetes quantity string), "bool-map" or "object" (any JSON object, kept as given); a mapping of field names to
+kinds (a nested object whose other fields are dropped); or ListOf such a mapping. Ranges are the NodeSLO CRD's
+bounds, plus the spec's where the CRD has none (groupIdentity, schedIdle, watermarkScaleFactor)."""
+
+
+class ListOf(msgspec.Struct, frozen=True):
+    """A list of objects with these fields."""
+
+    item: Mapping[str, FieldKind]
+
+
+_CPU_QOS: Final[Mapping[str, FieldKind]] = {
+    "enable": "bool",
+    "groupIdentity": (-1, 2),
+    "schedIdle": (0, 1),
+    "coreExpeller": "bool",
+}
+_MEMORY_QOS: Final[Mapping[str, FieldKind]] = {
+    "enable": "bool",
+    "minLimitPercent": (0, _INT64[1]),
+    "lowLimitPercent": (0, _INT64[1]),
+    "throttlingPercent": (0, _INT64[1]),
+    "wmarkRatio": (0, 100),
+    "wmarkScalePermill": (1, 1000),
+    "wmarkMinAdj": (-25, 50),
+    "priorityEnable": _INT64,
+    "priority": _INT64,
+    "oomKillGroup": _INT64,
+    "pageCacheEnable": "bool",
+    "pageCacheLimitPercent": (0, 100),
+    "pageCacheLimitSize": _INT64,
+    "pageCacheReclaimSync": "bool",
+}
+_RESCTRL_QOS: Final[Mapping[str, FieldKind]] = {
+    "enable": "bool",
+    "catRangeStartPercent": (0, 100),
+    "catRangeEndPercent": (0, 100),
+    "mbaPercent": (0, 100),
+}
+_IO_CFG: Final[Mapping[str, FieldKind]] = {
+    "readIOPS": (0, _INT64[1]),
+    "writeIOPS": (0, _INT64[1]),
+    "readBPS": (0, _INT64[1]),
+    "writeBPS": (0, _INT64[1]),
+    "ioWeightPercent": (1, 100),
+    "readLatency": _INT64,
+    "writeLatency": _INT64,
+    "readLatencyPercent": (0, 100),
+    "writeLatencyPercent": (0, 100),
+    "enableUserModel": "bool",
+    "modelReadBPS": (1, _INT64[1]),
+    "modelWriteBPS": (1, _INT64[1]),
+    "modelReadSeqIOPS": (1, _INT64[1]),
+    "modelWriteSeqIOPS": (1, _INT64[1]),
+    "modelReadRandIOPS": (1, _INT64[1]),
+    "modelWriteRandIOPS": (1, _INT64[1]),
+}
+_BLKIO_QOS: Final[Mapping[str, FieldKind]] = {
+    "enable": "bool",
+    "blocks": ListOf({"name": "string", "type": "string", "ioCfg": _IO_CFG}),
+}
+_NETWORK_QOS: Final[Mapping[str, FieldKind]] = {
+    "enable": "bool",
+    "ingressRequest": "quantity",
+    "ingressLimit": "quantity",
+    "egressRequest": "quantity",
+    "egressLimit": "quantity",
+}
+_RESOURCE_QOS: Final[Mapping[str, FieldKind]] = {
+    "cpuQOS": _CPU_QOS,
+    "memoryQOS": _MEMORY_QOS,
+    "resctrlQOS": _RESCTRL_QOS,
+    "blkioQOS": _BLKIO_QOS,
+    "networkQOS": _NETWORK_QOS,
+}
 
 
 class SloKey(msgspec.Struct, frozen=True, kw_only=True):
@@ -87,12 +161,12 @@ STRATEGY_KEYS: Final = (
         spec_field="resourceQOSStrategy",
         default={},
         fields={
-            "policies": "object",
-            "lsrClass": "object",
-            "lsClass": "object",
-            "beClass": "object",
-            "systemClass": "object",
-            "cgroupRoot": "object",
+            "policies": {"cpuPolicy": "string", "netQOSPolicy": "string"},
+            "lsrClass": _RESOURCE_QOS,
+            "lsClass": _RESOURCE_QOS,
+            "beClass": _RESOURCE_QOS,
+            "systemClass": _RESOURCE_QOS,
+            "cgroupRoot": {"blkioQOS": _BLKIO_QOS},
         },
     ),
     SloKey(
@@ -134,7 +208,7 @@ _HOST_APPLICATION_FIELDS: Final[Mapping[str, FieldKind]] = {
     "priority": "string",
     "qos": "string",
     "strategy": "object",
-    "cgroupPath": "object",
+    "cgroupPath": {"base": "string", "parentDir": "string", "relativePath": "string"},
 }
 
 
@@ -348,6 +422,12 @@ def _fields(value: Any, fields: Mapping[str, FieldKind], path: str) -> dict[str,
 
 
 def _checked(value: Any, kind: FieldKind, path: str) -> Any:
+    if isinstance(kind, Mapping):
+        return _fields(value, kind, path)
+    if isinstance(kind, ListOf):
+        if not isinstance(value, list):
+            raise SloConfigError(f"{path}: expected a list, got {value!r}")
+        return [_fields(item, kind.item, f"{path}[{index}]") for index, item in enumerate(value)]
     if isinstance(kind, tuple):
         if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
             raise SloConfigError(f"{path}: expected an integer, got {value!r}")

@@ -161,3 +161,53 @@ def test_rendered_specs_from_a_full_config_validate_against_the_crd() -> None:
         spec = render_node_slo(config, labels, {ANNOTATION_NETWORK_BANDWIDTH: "25Gi"})
         assert not crd_errors(validator, _nodeslo(spec)), spec
     assert spec["resourceQOSStrategy"]["beClass"]["resctrlQOS"]["catRangeEndPercent"] == 30
+
+
+def test_resource_qos_is_checked_and_pruned_field_by_field() -> None:
+    text = json.dumps(
+        {
+            "clusterStrategy": {
+                "policies": {"cpuPolicy": "coreSched", "extra": 1},
+                "beClass": {
+                    "cpuQOS": {"enable": True, "groupIdentity": -1, "typo": 3},
+                    "blkioQOS": {"blocks": [{"name": "sda", "type": "device", "ioCfg": {"readIOPS": 10, "x": 1}}]},
+                    "networkQOS": {"ingressLimit": "100M"},
+                },
+                "unknownClass": {},
+            },
+            "nodeStrategies": [
+                {"nodeSelector": {"matchLabels": {"a": "b"}}, "beClass": {"cpuQOS": {"groupIdentity": 0}}}
+            ],
+        }
+    )
+    config = parse_slo_config({"resource-qos-config": text})
+    assert not config.errors
+    qos = render_node_slo(config, {}, {})["resourceQOSStrategy"]
+    assert qos == {
+        "policies": {"cpuPolicy": "coreSched"},
+        "beClass": {
+            "cpuQOS": {"enable": True, "groupIdentity": -1},
+            "blkioQOS": {"blocks": [{"name": "sda", "type": "device", "ioCfg": {"readIOPS": 10}}]},
+            "networkQOS": {"ingressLimit": "100M"},
+        },
+    }
+    node = render_node_slo(config, {"a": "b"}, {})["resourceQOSStrategy"]
+    assert node["beClass"]["cpuQOS"] == {"enable": True, "groupIdentity": 0}
+    assert not crd_errors(crd_validator("slo.koordinator.sh_nodeslos.yaml"), _nodeslo(render_node_slo(config, {}, {})))
+
+
+@pytest.mark.parametrize(
+    ("strategy", "reason"),
+    [
+        ({"lsClass": {"cpuQOS": {"groupIdentity": 3}}}, "lsClass.cpuQOS.groupIdentity: 3 is out of range [-1, 2]"),
+        ({"beClass": {"resctrlQOS": {"mbaPercent": 101}}}, "mbaPercent: 101 is out of range"),
+        ({"beClass": {"memoryQOS": {"wmarkMinAdj": -26}}}, "wmarkMinAdj: -26 is out of range"),
+        ({"beClass": {"blkioQOS": {"blocks": {"name": "sda"}}}}, "blocks: expected a list"),
+        ({"beClass": {"networkQOS": {"egressLimit": "lots"}}}, "expected quantity"),
+        ({"beClass": "on"}, "beClass: expected a JSON object"),
+    ],
+)
+def test_resource_qos_errors_name_the_field(strategy: dict[str, Any], reason: str) -> None:
+    config = parse_slo_config({"resource-qos-config": json.dumps({"clusterStrategy": strategy})})
+    assert reason in config.errors["resource-qos-config"]
+    assert render_node_slo(config, {}, {})["resourceQOSStrategy"] == {}
