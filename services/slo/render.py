@@ -23,6 +23,7 @@ from typing import Any, Final
 
 import msgspec
 
+from schemas.jsonmerge import overlay
 from schemas.selectors import LabelSelector, selector_matches, selector_problems
 
 ANNOTATION_NETWORK_BANDWIDTH: Final = "node.koordinator.sh/network-bandwidth"
@@ -320,20 +321,6 @@ def render_node_slo(config: SloConfig, labels: Mapping[str, str], annotations: M
     if applications:
         spec["hostApplications"] = [dict(app) for app in applications]
     return spec
-
-
-def overlay(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
-    """MergeCfg on JSON: objects merge by key, `null` and empty lists are absent, anything else replaces."""
-    merged = dict(base)
-    for name, value in patch.items():
-        if value is None or value == []:
-            continue
-        current = merged.get(name)
-        if isinstance(value, Mapping) and isinstance(current, Mapping):
-            merged[name] = overlay(current, value)
-        else:
-            merged[name] = value
-    return merged
 
 
 # --- decoding

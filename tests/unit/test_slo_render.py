@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from schemas.jsonmerge import overlay
 from services.slo.render import (
     ANNOTATION_NETWORK_BANDWIDTH,
     default_config,
-    overlay,
     parse_slo_config,
     render_node_slo,
 )
