@@ -17,6 +17,7 @@ values replace, an empty list is dropped (so the base keeps its list).
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Mapping
 from typing import Any, Final
@@ -292,25 +293,26 @@ def parse_host_applications(text: str | None) -> HostApplicationConfig:
     nodes = []
     for index, entry in enumerate(_entries(document, "nodeConfigs")):
         path = f"$.nodeConfigs[{index}]"
+        listed = _folded(entry, ("applications",)).get("applications")
         nodes.append(
             HostApplicationNodeConfig(
                 name=_name(entry, path),
                 node_selector=_selector(entry, path),
-                applications=_applications(entry.get("applications"), f"{path}.applications"),
+                applications=_applications(listed, f"{path}.applications"),
             )
         )
     return HostApplicationConfig(applications=applications, nodes=tuple(nodes))
 
 
 def render_node_slo(config: SloConfig, labels: Mapping[str, str], annotations: Mapping[str, str]) -> dict[str, Any]:
-    """The NodeSLO spec for a node with these labels and annotations."""
+    """The NodeSLO spec for a node with these labels and annotations (a fresh copy the caller may change)."""
     spec: dict[str, Any] = {}
     for key in STRATEGY_KEYS:
         parsed = config.strategies[key.config_key]
         chosen = next(
             (node.strategy for node in parsed.nodes if selector_matches(node.node_selector, labels)), parsed.cluster
         )
-        spec[key.spec_field] = dict(chosen)
+        spec[key.spec_field] = copy.deepcopy(dict(chosen))
     bandwidth = annotations.get(ANNOTATION_NETWORK_BANDWIDTH)
     if bandwidth is not None and _QUANTITY.match(bandwidth):
         spec["systemStrategy"]["totalNetworkBandwidth"] = bandwidth
@@ -319,7 +321,7 @@ def render_node_slo(config: SloConfig, labels: Mapping[str, str], annotations: M
         (node.applications for node in hosts.nodes if selector_matches(node.node_selector, labels)), hosts.applications
     )
     if applications:
-        spec["hostApplications"] = [dict(app) for app in applications]
+        spec["hostApplications"] = copy.deepcopy([dict(app) for app in applications])
     return spec
 
 

@@ -211,3 +211,10 @@ def test_resource_qos_errors_name_the_field(strategy: dict[str, Any], reason: st
     config = parse_slo_config({"resource-qos-config": json.dumps({"clusterStrategy": strategy})})
     assert reason in config.errors["resource-qos-config"]
     assert render_node_slo(config, {}, {})["resourceQOSStrategy"] == {}
+
+
+def test_a_rendered_spec_is_the_callers_own_copy() -> None:
+    config = parse_slo_config({"resource-qos-config": json.dumps({"clusterStrategy": {"beClass": {"cpuQOS": {}}}})})
+    spec = render_node_slo(config, {}, {})
+    spec["resourceQOSStrategy"]["beClass"]["cpuQOS"]["enable"] = True
+    assert render_node_slo(config, {}, {})["resourceQOSStrategy"]["beClass"]["cpuQOS"] == {}
