@@ -72,6 +72,21 @@ class ClusterView:
             views=filters.workload_views(known, by_key, args),
         )
 
+    def evicted_but_still_seen(self, job: migration.PodMigrationJob) -> kube.Pod | None:
+        """The pod of a Succeeded (not dry-run) job when the view still shows that very pod (same uid) active.
+
+        The eviction is done but our view of the pods lags behind it: counted as unavailable for its workload, or a
+        burst could evict more pods than maxUnavailable allows before the deletion (and the replacement) is seen.
+        Koordinator counts from its informer cache and has this window; we close it deliberately.
+        """
+        status, ref = job.status, job.spec.pod_ref
+        if status.phase != migration.PHASE_SUCCEEDED or status.reason == "DryRun":
+            return None
+        if ref is None or not ref.uid:
+            return None
+        pod = self.by_uid.get(ref.uid)
+        return pod if pod is not None and filters.active(pod) else None
+
     def pod_of(self, job: migration.PodMigrationJob) -> kube.Pod | None:
         ref = job.spec.pod_ref
         if ref is None:
@@ -110,6 +125,10 @@ def arbitrate(jobs: Iterable[migration.PodMigrationJob], view: ClusterView, args
             batch_owner = order.batch_job_owner(owners[name])
             if batch_owner is not None:
                 in_batch_job[batch_owner] = in_batch_job.get(batch_owner, 0) + 1
+        elif (gone := view.evicted_but_still_seen(job)) is not None:
+            owner = view.owners.get(kube.pod_key(gone))
+            if owner is not None:
+                migrating.by_workload.setdefault(owner.uid, set()).add(kube.pod_key(gone))
     waiting = [job for job in jobs if migration.is_waiting(job)]
     names = [job.metadata.name for job in waiting]
     batch_owners = {name: order.batch_job_owner(owners[name]) for name in names}

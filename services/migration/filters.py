@@ -224,7 +224,8 @@ def retryable(
     return None
 
 
-def _active(pod: kube.Pod) -> bool:
+def active(pod: kube.Pod) -> bool:
+    """Not being deleted and not finished."""
     return pod.metadata.deletion_timestamp is None and pod.status.phase not in ("Succeeded", "Failed")
 
 
@@ -241,7 +242,7 @@ def workload_views(
         uid: WorkloadView(
             uid=uid,
             replicas=w.replicas,
-            unready=frozenset(kube.pod_key(p) for p in members[uid] if not (_active(p) and kube.pod_ready(p))),
+            unready=frozenset(kube.pod_key(p) for p in members[uid] if not (active(p) and kube.pod_ready(p))),
             max_migrating=get_max_unavailable(w.replicas, args.max_migrating_per_workload),
             max_unavailable=get_max_unavailable(w.replicas, args.max_unavailable_per_workload),
         )

@@ -130,6 +130,8 @@ class FakeKubeApi:
         self._runner: web.AppRunner | None = None
         self.eviction_blocked: set[tuple[str, str]] = set()
         """(namespace, pod) pairs whose eviction is refused with 429, as a PodDisruptionBudget would."""
+        self.on_evicted: Callable[[Json], None] | None = None
+        """Called with each evicted pod right after its deletion (a test playing a controller that replaces it)."""
         self._closing = False
 
     # lifecycle
@@ -221,6 +223,11 @@ class FakeKubeApi:
         """Answer the next `times` requests of `verb` (get, list, watch, create, update, patch,
         delete; main resource or /status) on `kind` with an error Status of this code."""
         self._faults.append(_Fault(verb, self.resource_kind(kind).plural, status, times))
+
+    def open_watches(self, kind: str) -> int:
+        """How many watch streams on `kind` are open now (a test waits for them before dropping watches)."""
+        plural = self.resource_kind(kind).plural
+        return sum(1 for watch in self._watches if watch.kind.plural == plural)
 
     def drop_watches(self, *, abrupt: bool = False) -> None:
         """End every open watch stream, cleanly (like a server timeout) or by cutting the connection."""
@@ -344,6 +351,8 @@ class FakeKubeApi:
         if (namespace, name) in self.eviction_blocked:
             raise ApiError(429, "Cannot evict pod as it would violate the pod's disruption budget.")
         self._commit(pods, copy.deepcopy(current), "DELETED", current)
+        if self.on_evicted is not None:
+            self.on_evicted(copy.deepcopy(current))
         return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success"}, status=201)
 
     def _discovery(self, segments: list[str]) -> Json | None:

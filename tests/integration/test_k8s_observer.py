@@ -191,6 +191,12 @@ async def test_dropped_watches_resume_without_losing_or_duplicating(
     seed(kube_api)
     observer: ClusterObserver = await start_observer()
 
+    # Drop only once both watches are open: a drop before a reflector connects restarts nothing.
+    async def watching() -> bool:
+        return kube_api.open_watches("nodes") >= 1 and kube_api.open_watches("pods") >= 1
+
+    await eventually(watching)
+
     kube_api.drop_watches(abrupt=abrupt)
     # Made before the reflectors reconnect: they must come from the resumed watch (history), not a relist.
     kube_api.put("nodes", node("node-a", cpu="4"))

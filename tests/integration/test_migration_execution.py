@@ -128,8 +128,9 @@ async def test_evictions_keep_to_evict_qps(
 async def test_a_burst_of_200_jobs_never_exceeds_max_unavailable(
     koordbus_bus: JetStreamBus, kube_api: FakeKubeApi, kube_client: ApiClient, stopper: list[Running]
 ) -> None:
-    """The test plays the ReplicaSet controller: an evicted pod is replaced at once by a new pod that becomes Ready
-    a little later. Sampled all along, pods not Ready plus pods being evicted never exceed maxUnavailable (2)."""
+    """The test plays the ReplicaSet controller: an evicted pod is replaced at once (in the same API step as the
+    eviction) by a new pod that becomes Ready a little later. Sampled all along, pods not Ready plus pods being
+    evicted never exceed maxUnavailable (2)."""
     kube_api.put("ReplicaSet", replica_set(10))
     for index in range(10):
         kube_api.put("Pod", pod(index))
@@ -137,21 +138,24 @@ async def test_a_burst_of_200_jobs_never_exceeds_max_unavailable(
         job = evict_directly(n % 10)
         job["metadata"]["name"] = f"burst-{n:03d}"
         kube_api.put("PodMigrationJob", job)
-    stopper.append(await run(koordbus_bus, kube_client, NO_LIMITER))
     generation = dict.fromkeys(range(10), 0)
+
+    def replace(evicted: dict[str, Any]) -> None:
+        index = int(evicted["metadata"]["name"].removeprefix("web-"))
+        generation[index] += 1
+        replacement = pod(index)
+        replacement["metadata"]["uid"] = f"uid-web-{index}-{generation[index]}"
+        replacement["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+        kube_api.put("Pod", replacement)
+
+    kube_api.on_evicted = replace
+    stopper.append(await run(koordbus_bus, kube_client, NO_LIMITER))
     worst = 0
     deadline = time.monotonic() + 12
     while time.monotonic() < deadline:
         for index in range(10):
-            name = f"web-{index}"
-            current = kube_api.get("Pod", name, "default")
-            if current is None:  # evicted: the controller makes a replacement, not Ready yet
-                generation[index] += 1
-                replacement = pod(index)
-                replacement["metadata"]["uid"] = f"uid-web-{index}-{generation[index]}"
-                replacement["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
-                kube_api.put("Pod", replacement)
-            elif current["status"]["conditions"][0]["status"] == "False" and time.monotonic() % 1 < 0.3:
+            current = kube_api.get("Pod", f"web-{index}", "default")
+            if current and current["status"]["conditions"][0]["status"] == "False" and time.monotonic() % 1 < 0.3:
                 current["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
                 kube_api.put("Pod", current)
         pods = [kube_api.get("Pod", f"web-{i}", "default") for i in range(10)]

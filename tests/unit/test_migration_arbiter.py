@@ -135,3 +135,23 @@ def test_no_round_passes_more_than_the_limits_allow(
         unready = {p.metadata.name for p in pods if mine(p) and not kube.pod_ready(p)}
         assert len(moving_after) <= get_max_unavailable(replicas, a.max_migrating_per_workload), uid
         assert len(unready | moving_after) <= get_max_unavailable(replicas, a.max_unavailable_per_workload), uid
+
+
+def _succeeded(name: str, pod_name: str, *, reason: str = "") -> migration.PodMigrationJob:
+    done = job(name, pod_name, phase="Succeeded")
+    return msgspec.structs.replace(done, status=msgspec.structs.replace(done.status, reason=reason))
+
+
+def test_a_pod_evicted_but_still_in_the_view_counts_as_unavailable() -> None:
+    pods = [pod(f"p{i}", node=f"n{i}") for i in range(4)]
+    alone = run([job("j1", "p1")], pods, maxUnavailablePerWorkload=1)
+    assert alone.names("passed") == ["j1"]
+    lagging = run([_succeeded("j0", "p0"), job("j1", "p1")], pods, maxUnavailablePerWorkload=1)
+    assert lagging.names("waiting") == ["j1"]
+    assert {d.filter for d in lagging.decisions if d.job == "j1"} == {"MaxUnavailablePerWorkload"}
+    # A dry run evicted nothing, and a replacement with the same name is another pod (another uid).
+    dry = run([_succeeded("j0", "p0", reason="DryRun"), job("j1", "p1")], pods, maxUnavailablePerWorkload=1)
+    assert dry.names("passed") == ["j1"]
+    replaced = [msgspec.structs.replace(pods[0], metadata=msgspec.structs.replace(pods[0].metadata, uid="new"))]
+    fresh = run([_succeeded("j0", "p0"), job("j1", "p1")], replaced + pods[1:], maxUnavailablePerWorkload=1)
+    assert fresh.names("passed") == ["j1"]
