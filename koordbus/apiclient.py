@@ -54,6 +54,13 @@ class Api:
             raise CliError(f"the API failed ({response.status_code}): {error_text(response)}")
         return response
 
+    def json(self, method: str, path: str, *, body: Any = None) -> Any:
+        """The decoded body of a request that must answer 200; any other answer is the command's error (exit 1)."""
+        response = self.call(method, path, body=body)
+        if response.status_code != 200:
+            raise CliError(error_text(response), code=1)
+        return response.json()
+
 
 def error_text(response: httpx.Response) -> str:
     try:

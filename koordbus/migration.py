@@ -24,10 +24,7 @@ def cmd_list(api: apiclient.Api, args: argparse.Namespace) -> int:
     params = {k: v for k, v in (("phase", args.phase), ("node", args.node), ("namespace", args.namespace),
                                 ("workload", args.workload)) if v}  # fmt: skip
     query = "&".join(f"{k}={v}" for k, v in params.items())
-    response = api.call("GET", "/api/v1/migrations" + (f"?{query}" if query else ""))
-    if response.status_code != 200:
-        raise apiclient.CliError(apiclient.error_text(response), code=1)
-    listed = response.json()
+    listed = api.json("GET", "/api/v1/migrations" + (f"?{query}" if query else ""))
     if args.output != "table":
         sys.stdout.write(apiclient.dump(listed, args.output))
         return 0
@@ -41,10 +38,7 @@ def cmd_list(api: apiclient.Api, args: argparse.Namespace) -> int:
 
 
 def cmd_get(api: apiclient.Api, args: argparse.Namespace) -> int:
-    response = api.call("GET", f"/api/v1/migrations/{args.name}")
-    if response.status_code != 200:
-        raise apiclient.CliError(apiclient.error_text(response), code=1)
-    job = response.json()
+    job = api.json("GET", f"/api/v1/migrations/{args.name}")
     if args.output != "table":
         sys.stdout.write(apiclient.dump(job, args.output))
         return 0

@@ -67,10 +67,7 @@ def amounts(rl: Mapping[str, str] | None) -> str:
 
 
 def cmd_tree(api: apiclient.Api, args: argparse.Namespace) -> int:
-    response = api.call("GET", f"/api/v1/quota-trees/{args.tree}")
-    if response.status_code != 200:
-        raise apiclient.CliError(apiclient.error_text(response), code=1)
-    tree = response.json()
+    tree = api.json("GET", f"/api/v1/quota-trees/{args.tree}")
     if args.output != "table":
         sys.stdout.write(apiclient.dump(tree, args.output))
         return 0
@@ -96,12 +93,10 @@ def cmd_tree(api: apiclient.Api, args: argparse.Namespace) -> int:
 
 def cmd_get(api: apiclient.Api, args: argparse.Namespace) -> int:
     if args.name:
-        response = api.call("GET", f"/api/v1/quotas/{args.name}")
-        if response.status_code != 200:
-            raise apiclient.CliError(apiclient.error_text(response), code=1)
-        sys.stdout.write(apiclient.dump(response.json(), "yaml" if args.output == "table" else args.output))
+        quota = api.json("GET", f"/api/v1/quotas/{args.name}")
+        sys.stdout.write(apiclient.dump(quota, "yaml" if args.output == "table" else args.output))
         return 0
-    listed = api.call("GET", "/api/v1/quotas" + (f"?tree={args.tree}" if args.tree else "")).json()
+    listed = api.json("GET", "/api/v1/quotas" + (f"?tree={args.tree}" if args.tree else ""))
     if args.output != "table":
         sys.stdout.write(apiclient.dump(listed, args.output))
         return 0
@@ -192,10 +187,7 @@ def cmd_delete(api: apiclient.Api, args: argparse.Namespace) -> int:
 def cmd_check(api: apiclient.Api, args: argparse.Namespace) -> int:
     pods = apiclient.load_documents(args.filename)
     path = "/api/v1/quotas/check" + ("?parents=true" if args.parents else "")
-    response = api.call("POST", path, body={"pods": pods})
-    if response.status_code != 200:
-        raise apiclient.CliError(apiclient.error_text(response), code=1)
-    result = response.json()
+    result = api.json("POST", path, body={"pods": pods})
     if args.output != "table":
         sys.stdout.write(apiclient.dump(result, args.output))
     else:
@@ -227,10 +219,7 @@ def cmd_what_if(api: apiclient.Api, args: argparse.Namespace) -> int:
         body.setdefault("patch", {})[name] = {"spec": {"min": wanted}}
     if not body:
         raise apiclient.CliError("nothing to evaluate: pass -f FILE and/or --min QUOTA:cpu=10")
-    response = api.call("POST", "/api/v1/quotas/what-if", body=body)
-    if response.status_code != 200:
-        raise apiclient.CliError(apiclient.error_text(response), code=1)
-    result = response.json()
+    result = api.json("POST", "/api/v1/quotas/what-if", body=body)
     if args.output != "table":
         sys.stdout.write(apiclient.dump(result, args.output))
         return 0
