@@ -29,10 +29,10 @@ from services.common.metrics import new_registry
 from services.migration.client import MigrationClient
 from services.migration.service import MigrationService, MigrationSettings
 from services.migration.store import MigrationStore
-from tests.integration.test_noderesource_service import eventually
 from tests.integration.test_quota_cli import free_port
 from tests.support import api_auth
 from tests.support.migration import pod
+from tests.support.waiting import eventually
 
 POD_YAML = """\
 apiVersion: scheduling.koordinator.sh/v1alpha1

@@ -17,8 +17,8 @@ from services.k8s.observer import ClusterObserver
 from services.k8s.settings import K8sSettings
 from services.migration.service import MigrationService, MigrationSettings
 from tests.fakes.kube_api import FakeKubeApi
-from tests.integration.test_noderesource_service import eventually
 from tests.support.crd import crd_errors, crd_validator
+from tests.support.waiting import eventually
 
 SETTINGS = K8sSettings(watch_timeout_seconds=30, backoff_initial_seconds=0.05, backoff_max_seconds=0.5)
 

@@ -4,12 +4,8 @@ many rounds see them), and the arbiter takes them like any request. A stale Node
 
 from __future__ import annotations
 
-import uuid
-from typing import Any
-
 import msgspec
 
-from bus import subjects
 from bus.jetstream import JetStreamBus
 from schemas import kube
 from schemas.cluster import NodeObserved, PodObserved, WorkloadObserved
@@ -25,8 +21,9 @@ from services.common.metrics import new_registry
 from services.migration.args import MigrationArgs
 from services.migration.lownodeload import LowNodeLoadArgs
 from services.migration.service import MigrationService, MigrationSettings
-from tests.integration.test_noderesource_service import eventually
+from tests.support.events import publish_events as publish
 from tests.support.migration import pod
+from tests.support.waiting import eventually
 
 NOW = 2_000_000_000.0
 
@@ -57,20 +54,6 @@ def metric(name: str, cpu_cores: int, pods: dict[str, int], *, at: float = NOW) 
             ],
         ),
     )
-
-
-async def publish(bus: JetStreamBus, *events: Any) -> None:
-    for event in events:
-        match event:
-            case NodeObserved():
-                subject = subjects.cluster_node(event.name)
-            case PodObserved():
-                subject = subjects.cluster_pod(event.namespace, event.name)
-            case WorkloadObserved():
-                subject = subjects.cluster_workload(event.namespace, event.name)
-            case NodeMetricComputed():
-                subject = subjects.nodemetric_computed(event.node)
-        await bus.publish(subject, msgspec.json.encode(event), msg_id=uuid.uuid4().hex)
 
 
 async def test_a_hot_node_gives_up_just_enough_pods(koordbus_bus: JetStreamBus) -> None:

@@ -25,7 +25,7 @@ from services.migration.args import MigrationArgs, ObjectLimiter
 from services.migration.service import MigrationService, MigrationSettings
 from tests.fakes.kube_api import FakeKubeApi
 from tests.integration.test_migration_bridge import pmj, pod, replica_set
-from tests.integration.test_noderesource_service import eventually
+from tests.support.waiting import eventually
 
 NO_LIMITER = MigrationArgs(default_job_mode="EvictDirectly", object_limiters={})
 """Koordinator's default workload limiter (2 per 5 minutes for 10 replicas) would hold these tests for minutes."""

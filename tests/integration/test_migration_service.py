@@ -20,8 +20,8 @@ from schemas import migration_events as ev
 from schemas.cluster import PodObserved, WorkloadObserved
 from services.common.metrics import new_registry
 from services.migration.service import MigrationService, MigrationSettings
-from tests.integration.test_noderesource_service import eventually
 from tests.support.migration import job, pod
+from tests.support.waiting import eventually
 
 NOW = dt.datetime(2026, 1, 1, 12, tzinfo=dt.UTC)
 SETTINGS = MigrationSettings(startup_timeout_seconds=10)

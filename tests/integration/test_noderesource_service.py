@@ -8,7 +8,6 @@ The service clock is injected, so degrading after degradeTimeMinutes needs no wa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -18,44 +17,16 @@ from bus import streams, subjects
 from bus.api import Bus
 from bus.jetstream import JetStreamBus
 from bus.memory import MemoryBus
-from schemas.cluster import ConfigMapObserved, NodeObserved, PodObserved
-from schemas.node import NodeMetricComputed
 from schemas.noderesource import NODERESOURCE_COMPUTED_DECODER, NodeResourceComputed
 from services.common.metrics import new_registry
 from services.noderesource import core
 from services.noderesource.service import NodeResourceService
 from services.noderesource.settings import NodeResourceSettings
+from tests.support.events import publish_events as publish
+from tests.support.waiting import eventually
 from tests.unit.test_noderesource_state import GI, NODE, T0, config_event, metric_event, node_event, pod_event
 
 BATCH_CPU, BATCH_MEMORY = core.BATCH_RESOURCES
-
-
-async def eventually(check: Callable[[], Awaitable[bool] | bool], *, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = check()
-        if isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
-
-
-async def publish(bus: Bus, *events: Any) -> None:
-    for event in events:
-        match event:
-            case NodeObserved():
-                subject = subjects.cluster_node(event.name)
-            case PodObserved():
-                subject = subjects.cluster_pod(event.namespace, event.name)
-            case ConfigMapObserved():
-                subject = subjects.cluster_configmap(event.namespace, event.name)
-            case NodeMetricComputed():
-                subject = subjects.nodemetric_computed(event.node)
-        data = msgspec.json.encode(event)
-        await bus.publish(subject, data, msg_id=f"{subject}:{hash(data)}")
 
 
 async def worked_example(bus: Bus) -> None:

@@ -23,11 +23,11 @@ from services.common import db
 from services.common.metrics import new_registry
 from services.quota.service import QuotaService
 from services.quota.store import QuotaStore
-from tests.integration.test_noderesource_service import eventually
 from tests.integration.test_quota_service import SETTINGS
 from tests.support import api_auth
 from tests.support.crd import crd_errors, crd_validator
 from tests.support.quota_stack import quota_stack
+from tests.support.waiting import eventually
 
 ORG = {
     "apiVersion": "scheduling.sigs.k8s.io/v1alpha1",

@@ -18,9 +18,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from koordbus import cli, runtime
 from services.api import auth
 from tests.fakes.kube_api import FakeKubeApi
-from tests.integration.test_noderesource_service import eventually
 from tests.support import api_auth
 from tests.support.quota_stack import quota_stack
+from tests.support.waiting import eventually
 
 QUOTAS_YAML = """\
 apiVersion: v1

@@ -18,8 +18,8 @@ from services.k8s.quota_mirror import KubeQuotaSink, QuotaMirror
 from services.k8s.settings import K8sSettings
 from services.quota.service import QuotaService
 from tests.fakes.kube_api import FakeKubeApi
-from tests.integration.test_noderesource_service import eventually
 from tests.integration.test_quota_service import SETTINGS, build_team, command, node, observe, pod
+from tests.support.waiting import eventually
 from tests.unit.test_quota_validation import eq
 
 K8S = replace(K8sSettings(), quota_write_interval_seconds=0.05, backoff_initial_seconds=0.05)

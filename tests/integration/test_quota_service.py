@@ -32,7 +32,7 @@ from services.quota.aggregate import DEFAULT_TREE
 from services.quota.service import QuotaService
 from services.quota.settings import QuotaSettings
 from services.quota.store import QuotaStore
-from tests.integration.test_noderesource_service import eventually
+from tests.support.waiting import eventually
 from tests.unit.test_quota_model import node, pod
 from tests.unit.test_quota_validation import eq
 

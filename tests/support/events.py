@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
+
+from bus import subjects
+from bus.api import Bus
+from schemas.cluster import ConfigMapObserved, NodeObserved, PodObserved, WorkloadObserved
 from schemas.node import (
     AggregatedUsage,
     MetricCollectPolicy,
@@ -57,3 +64,25 @@ def nodemetric_record(
 ) -> NodeMetricComputedRecord:
     """`nodemetric_computed` as the projector decodes it from the stream (status kept as JSON)."""
     return NodeMetricComputedRecord.of(nodemetric_computed(node, report_time, cpu_milli=cpu_milli, samples=samples))
+
+
+async def publish_events(bus: Bus, *events: Any) -> None:
+    """Publish cluster and nodemetric events on their subjects, as the bridge and the nodemetric service do.
+
+    The message id is the subject and the content, so publishing the same event twice is deduplicated."""
+    for event in events:
+        match event:
+            case NodeObserved():
+                subject = subjects.cluster_node(event.name)
+            case PodObserved():
+                subject = subjects.cluster_pod(event.namespace, event.name)
+            case ConfigMapObserved():
+                subject = subjects.cluster_configmap(event.namespace, event.name)
+            case WorkloadObserved():
+                subject = subjects.cluster_workload(event.namespace, event.name)
+            case NodeMetricComputed():
+                subject = subjects.nodemetric_computed(event.node)
+            case _:
+                raise TypeError(f"no subject for {type(event).__name__}")
+        data = msgspec.json.encode(event)
+        await bus.publish(subject, data, msg_id=f"{subject}:{hash(data)}")
