@@ -32,12 +32,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from bus import streams, subjects
 from bus.api import Bus, Consumer, ConsumerSpec, DeliverPolicy, Delivery, PublishOptions, msg_id
-from bus.errors import ConflictError, TemporaryError
+from bus.errors import ConflictError
 from schemas import kube, migration
 from schemas import migration_events as ev
 from schemas.cluster import POD_WORKLOAD_OR_NODE_DECODER, NodeObserved, PodObserved, WorkloadObserved
 from schemas.node import NodeMetricComputed
 from services.common import observe
+from services.common.projection import BatchProjector
 from services.common.startup import wait_replayed
 from services.migration import arbiter
 from services.migration.args import MigrationArgs, duration_seconds
@@ -52,7 +53,6 @@ EVENTS_CONSUMER = "migration-events"
 CLUSTER_CONSUMER = "migration-cluster"
 NODEMETRIC_CONSUMER = "migration-nodemetric"
 PROJECTOR_CONSUMER = "migration-projector"
-PROJECTION_RETRY_DELAY_SECONDS = 1.0
 MAX_DECISIONS_PER_MESSAGE = 1000
 """A round's decisions go out in messages of at most this many (a NATS message is 1 MiB by default)."""
 
@@ -122,25 +122,6 @@ class _ClusterHandler:
         return None
 
 
-class _Projector:
-    """Collects a fetched batch of KOORD_MIGRATION and writes it to the store in one transaction."""
-
-    def __init__(self, store: MigrationStore) -> None:
-        self._store = store
-        self._pending: list[tuple[int, ev.MigrationEvent]] = []
-
-    async def handle(self, delivery: Delivery) -> None:
-        self._pending.append((delivery.stream_seq, ev.decode_migration_event(delivery.data)))
-
-    async def flush(self) -> None:
-        pending, self._pending = self._pending, []
-        if pending:
-            try:
-                await self._store.apply_events(pending, consumer=PROJECTOR_CONSUMER, stream=streams.KOORD_MIGRATION)
-            except Exception as e:  # redelivered; the store skips what it has
-                raise TemporaryError(f"migration projection failed: {e}", delay=PROJECTION_RETRY_DELAY_SECONDS) from e
-
-
 class MigrationService:
     def __init__(
         self,
@@ -186,8 +167,8 @@ class MigrationService:
 
     async def start(self) -> None:
         timeout = self.settings.startup_timeout_seconds
-        if self.store is not None:
-            projected = await self.store.offset(PROJECTOR_CONSUMER)
+        if (store := self.store) is not None:
+            projected = await store.offset(PROJECTOR_CONSUMER)
             spec = ConsumerSpec(
                 durable=self._durable(PROJECTOR_CONSUMER),
                 stream=streams.KOORD_MIGRATION,
@@ -196,7 +177,12 @@ class MigrationService:
                 deliver_policy="by_start_sequence",
                 opt_start_seq=projected + 1,
             )
-            self._projector = self.bus.consume(spec, _Projector(self.store), reset=True)
+            projector = BatchProjector(
+                "migration",
+                lambda d: (d.stream_seq, ev.decode_migration_event(d.data)),
+                lambda batch: store.apply_events(batch, consumer=PROJECTOR_CONSUMER, stream=streams.KOORD_MIGRATION),
+            )
+            self._projector = self.bus.consume(spec, projector, reset=True)
         for name, handler in ((EVENTS_CONSUMER, _EventsHandler(self)), (CLUSTER_CONSUMER, _ClusterHandler(self))):
             consumer = self.bus.consume(self._spec(name), handler, reset=True)
             self._consumers.append(consumer)

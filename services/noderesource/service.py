@@ -47,6 +47,7 @@ from schemas.noderesource import (
     Trigger,
 )
 from services.common import observe
+from services.common.projection import BatchProjector
 from services.common.startup import wait_replayed
 from services.noderesource import config as colocation
 from services.noderesource.settings import NodeResourceSettings
@@ -70,7 +71,6 @@ CLUSTER_CONSUMER = "noderesource-cluster"
 NODEMETRIC_CONSUMER = "noderesource-nodemetric"
 HISTORY_CONSUMER = "noderesource-history"
 PROJECTOR_CONSUMER = "noderesource-projector"
-PROJECTION_RETRY_DELAY_SECONDS = 1.0
 STRATEGY_TRIGGERS: frozenset[Trigger] = frozenset({"node", "config"})
 """A node's effective strategy depends only on the config and the node's labels and annotations."""
 SKIP_UNKNOWN_NODE = "unknown_node"
@@ -160,32 +160,6 @@ class _HistoryHandler:
         return None
 
 
-class _ProjectorHandler:
-    """Collects a fetched batch of decisions and writes it to the store in one transaction at flush."""
-
-    def __init__(self, store: NodeResourceStore) -> None:
-        self._store = store
-        self._pending: list[tuple[int, NodeResourceComputed, str]] = []
-
-    async def handle(self, delivery: Delivery) -> None:
-        decision = NODERESOURCE_COMPUTED_DECODER.decode(delivery.data)
-        self._pending.append((delivery.stream_seq, decision, delivery.msg_id))
-
-    async def flush(self) -> None:
-        pending, self._pending = self._pending, []
-        if not pending:
-            return
-        try:
-            await self._store.apply_decisions(
-                [(seq, decision) for seq, decision, _ in pending],
-                consumer=PROJECTOR_CONSUMER,
-                stream=streams.KOORD_NODERESOURCE,
-                msg_ids={seq: mid for seq, _, mid in pending if mid},
-            )
-        except Exception as e:  # the batch is redelivered; the store skips what it already has
-            raise TemporaryError(f"noderesource projection failed: {e}", delay=PROJECTION_RETRY_DELAY_SECONDS) from e
-
-
 _NODEMETRIC_DECODER = msgspec.json.Decoder(NodeMetricComputed)
 
 
@@ -238,11 +212,23 @@ class NodeResourceService:
         """Read the last decisions, replay the current cluster state and NodeMetrics, decide every node they
         touched, then follow new events and start the resync tick."""
         timeout = self.settings.startup_timeout_seconds
-        if self.store is not None:
-            projected = await self.store.offset(PROJECTOR_CONSUMER)
-            self._projector = self.bus.consume(
-                self._projector_spec(projected), _ProjectorHandler(self.store), reset=True
+        if (store := self.store) is not None:
+            projected = await store.offset(PROJECTOR_CONSUMER)
+
+            async def write(batch: list[tuple[int, NodeResourceComputed, str]]) -> None:
+                await store.apply_decisions(
+                    [(seq, decision) for seq, decision, _ in batch],
+                    consumer=PROJECTOR_CONSUMER,
+                    stream=streams.KOORD_NODERESOURCE,
+                    msg_ids={seq: mid for seq, _, mid in batch if mid},
+                )
+
+            projector = BatchProjector(
+                "noderesource",
+                lambda d: (d.stream_seq, NODERESOURCE_COMPUTED_DECODER.decode(d.data), d.msg_id),
+                write,
             )
+            self._projector = self.bus.consume(self._projector_spec(projected), projector, reset=True)
             observe.watch_consumers(self._registry, service=SERVICE, consumers={PROJECTOR_CONSUMER: self._projector})
         history = self.bus.consume(self._spec(HISTORY_CONSUMER), _HistoryHandler(self), reset=True)
         try:

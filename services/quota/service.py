@@ -34,7 +34,17 @@ import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from bus import streams, subjects
-from bus.api import Bus, Consumer, ConsumerSpec, DeliverPolicy, Delivery, PublishOptions, Responder, msg_id
+from bus.api import (
+    Bus,
+    Consumer,
+    ConsumerSpec,
+    DeliverPolicy,
+    Delivery,
+    Handler,
+    PublishOptions,
+    Responder,
+    msg_id,
+)
 from bus.errors import ConflictError, PermanentError, TemporaryError
 from schemas import quota
 from schemas import quota_events as ev
@@ -48,12 +58,12 @@ from schemas.quota_service import (
     Outcome,
     QuotaChange,
     QuotaStatusComputed,
-    QuotaStatusEvent,
     QuotaTreeComputed,
     WhatIfReply,
     WhatIfRequest,
 )
 from services.common import observe
+from services.common.projection import BatchProjector
 from services.common.startup import wait_replayed
 from services.quota import aggregate, profiles
 from services.quota.model import QuotaModel
@@ -67,7 +77,6 @@ EVENTS_CONSUMER = "quota-events"
 CLUSTER_CONSUMER = "quota-cluster"
 HISTORY_PROJECTOR = "quota-history-projector"
 STATUS_PROJECTOR = "quota-status-projector"
-PROJECTION_RETRY_DELAY_SECONDS = 1.0
 RPC_QUEUE = "quota"
 PUBLISH_RETRY_DELAY_SECONDS = 1.0
 MAX_TREE_PROBLEMS = 20
@@ -120,49 +129,14 @@ class _ClusterHandler:
         await self._owner.publish_changes()
 
 
-class _HistoryProjector:
-    """Collects a fetched batch of the log and writes it to the store in one transaction at flush."""
-
-    def __init__(self, store: QuotaStore) -> None:
-        self._store = store
-        self._pending: list[LoggedEvent] = []
-
-    async def handle(self, delivery: Delivery) -> None:
-        try:
-            event: ev.QuotaEvent | None = ev.decode_quota_event(delivery.data)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            event = None  # kept as an "unreadable" history row; the events consumer dead-letters it
-        tree = subjects.tree_of_quota_events(delivery.subject)
-        self._pending.append(LoggedEvent(stream_seq=delivery.stream_seq, tree=tree, data=delivery.data, event=event))
-
-    async def flush(self) -> None:
-        pending, self._pending = self._pending, []
-        if pending:
-            try:
-                await self._store.apply_events(pending, consumer=HISTORY_PROJECTOR, stream=streams.KOORD_QUOTA)
-            except Exception as e:
-                raise TemporaryError(
-                    f"quota history projection failed: {e}", delay=PROJECTION_RETRY_DELAY_SECONDS
-                ) from e
-
-
-class _StatusProjector:
-    def __init__(self, store: QuotaStore) -> None:
-        self._store = store
-        self._pending: list[tuple[int, QuotaStatusEvent]] = []
-
-    async def handle(self, delivery: Delivery) -> None:
-        self._pending.append((delivery.stream_seq, QUOTA_STATUS_DECODER.decode(delivery.data)))
-
-    async def flush(self) -> None:
-        pending, self._pending = self._pending, []
-        if pending:
-            try:
-                await self._store.apply_statuses(pending, consumer=STATUS_PROJECTOR, stream=streams.KOORD_QUOTA_STATUS)
-            except Exception as e:
-                raise TemporaryError(
-                    f"quota status projection failed: {e}", delay=PROJECTION_RETRY_DELAY_SECONDS
-                ) from e
+def _logged_event(delivery: Delivery) -> LoggedEvent:
+    """A KOORD_QUOTA delivery as the history projection stores it."""
+    try:
+        event: ev.QuotaEvent | None = ev.decode_quota_event(delivery.data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        event = None  # kept as an "unreadable" history row; the events consumer dead-letters it
+    tree = subjects.tree_of_quota_events(delivery.subject)
+    return LoggedEvent(stream_seq=delivery.stream_seq, tree=tree, data=delivery.data, event=event)
 
 
 class QuotaService:
@@ -207,17 +181,28 @@ class QuotaService:
 
     async def start(self) -> None:
         timeout = self.settings.startup_timeout_seconds
-        if self.store is not None:
-            for name, stream, filters, handler in (
-                (HISTORY_PROJECTOR, streams.KOORD_QUOTA, (subjects.QUOTA_EVENTS_ALL,), _HistoryProjector(self.store)),
+        if (store := self.store) is not None:
+            history = BatchProjector(
+                "quota history",
+                _logged_event,
+                lambda batch: store.apply_events(batch, consumer=HISTORY_PROJECTOR, stream=streams.KOORD_QUOTA),
+            )
+            statuses = BatchProjector(
+                "quota status",
+                lambda d: (d.stream_seq, QUOTA_STATUS_DECODER.decode(d.data)),
+                lambda batch: store.apply_statuses(batch, consumer=STATUS_PROJECTOR, stream=streams.KOORD_QUOTA_STATUS),
+            )
+            projectors: tuple[tuple[str, str, tuple[str, ...], Handler], ...] = (
+                (HISTORY_PROJECTOR, streams.KOORD_QUOTA, (subjects.QUOTA_EVENTS_ALL,), history),
                 (
                     STATUS_PROJECTOR,
                     streams.KOORD_QUOTA_STATUS,
                     (subjects.QUOTA_STATUS_ALL, subjects.QUOTA_TREES_ALL),
-                    _StatusProjector(self.store),
+                    statuses,
                 ),
-            ):
-                projected = await self.store.offset(name)
+            )
+            for name, stream, filters, handler in projectors:
+                projected = await store.offset(name)
                 spec = ConsumerSpec(
                     durable=self._durable(name),
                     stream=stream,
