@@ -182,6 +182,11 @@ class Bus(Protocol):
         """(message count, last sequence) of a stream."""
         ...
 
+    async def read_recent(self, stream: str, subject: str, *, since: float, limit: int) -> list[Delivery]:
+        """The newest `limit` messages on `subject` (wildcards allowed) stored at or after `since` (unix seconds),
+        oldest first. A one-off read for queries (no durable state); costs one pass over what matches."""
+        ...
+
     async def serve(self, subject: str, handler: RequestHandler, *, queue: str) -> Responder:
         """Answer requests on `subject`; responders sharing `queue` split the requests (one answers each)."""
         ...

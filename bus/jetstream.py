@@ -52,6 +52,9 @@ PUBLISH_TIMEOUT_SECONDS = 10.0
 NO_RESPONDERS_STATUS = "503"
 """The status header NATS answers a request with when nothing listens on the subject (no stream)."""
 API_TIMEOUT_SECONDS = 5.0
+READ_RECENT_BATCH = 256
+READ_RECENT_INACTIVE_SECONDS = 10.0
+"""An ephemeral reader left behind by a dropped connection is removed by the server after this long."""
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _UNAVAILABLE = (
@@ -221,6 +224,34 @@ class JetStreamBus:
             num_delivered=1,
             published_at=_timestamp(raw.time),
         )
+
+    async def read_recent(self, stream: str, subject: str, *, since: float, limit: int) -> list[Delivery]:
+        if limit <= 0:
+            return []
+        config = js_api.ConsumerConfig(
+            deliver_policy=js_api.DeliverPolicy.BY_START_TIME,
+            opt_start_time=start_time(since),
+            ack_policy=js_api.AckPolicy.NONE,
+            inactive_threshold=READ_RECENT_INACTIVE_SECONDS,
+            filter_subject=subject,
+        )
+        newest: collections.deque[Delivery] = collections.deque(maxlen=limit)
+        try:
+            sub = await self._js.pull_subscribe(subject, stream=stream, config=config)
+        except nats.js.errors.NotFoundError as e:
+            raise BusError(f"stream {stream} not found") from e
+        except _UNAVAILABLE as e:
+            raise BusUnavailableError(f"read {subject}: {e}") from e
+        try:
+            while pending := (await sub.consumer_info()).num_pending:
+                for msg in await sub.fetch(min(pending, READ_RECENT_BATCH), timeout=API_TIMEOUT_SECONDS):
+                    newest.append(_delivery(msg))
+        except _UNAVAILABLE as e:
+            raise BusUnavailableError(f"read {subject}: {e}") from e
+        finally:
+            with contextlib.suppress(*_UNAVAILABLE, nats.errors.BadSubscriptionError):
+                await sub.unsubscribe()
+        return list(newest)
 
     async def _api(self, call: Any, what: str) -> Any:
         try:

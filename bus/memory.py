@@ -181,6 +181,12 @@ class MemoryBus:
             return None
         return _delivery(s.messages[seq], num_delivered=1)
 
+    async def read_recent(self, stream: str, subject: str, *, since: float, limit: int) -> list[Delivery]:
+        s = self._stream(stream)
+        s.prune(self._now())
+        matching = [m for m in s.messages.values() if m.time >= since and subject_matches(subject, m.subject)]
+        return [_delivery(m, num_delivered=1) for m in matching[-limit:]] if limit > 0 else []
+
     def _stream(self, name: str) -> _Stream:
         try:
             return self._streams[name]

@@ -17,6 +17,7 @@ KOORD_NODERESOURCE = "KOORD_NODERESOURCE"
 KOORD_QUOTA = "KOORD_QUOTA"
 KOORD_QUOTA_STATUS = "KOORD_QUOTA_STATUS"
 KOORD_MIGRATION = "KOORD_MIGRATION"
+KV_KOORD_SLO = f"KV_{subjects.SLO_BUCKET}"
 
 # Consumers ack within 30 s and try 5 times: dedup must outlive 150 s of redeliveries.
 DUPLICATE_WINDOW_SECONDS = 300.0
@@ -106,6 +107,19 @@ def migration_stream(*, max_age_seconds: float = 7 * 24 * 3600, replicas: int = 
     )
 
 
+def slo_stream(*, replicas: int = 1) -> StreamSpec:
+    """The rendered NodeSLO specs as a JetStream key-value bucket (`nats kv get KOORD_SLO <node>` reads one): the
+    latest value per key, kept forever. Each agent reads only its own node's key."""
+    return StreamSpec(
+        name=KV_KOORD_SLO,
+        subjects=(subjects.SLO_ALL,),
+        max_age_seconds=0,
+        max_msgs_per_subject=1,
+        duplicate_window_seconds=DUPLICATE_WINDOW_SECONDS,
+        replicas=replicas,
+    )
+
+
 def dlq_stream(*, max_age_seconds: float = 7 * 24 * 3600, replicas: int = 1) -> StreamSpec:
     return StreamSpec(
         name=KOORD_DLQ,
@@ -125,5 +139,6 @@ def all_streams(*, replicas: int = 1) -> list[StreamSpec]:
         quota_stream(replicas=replicas),
         quota_status_stream(replicas=replicas),
         migration_stream(replicas=replicas),
+        slo_stream(replicas=replicas),
         dlq_stream(replicas=replicas),
     ]

@@ -77,6 +77,20 @@ def node_state(node: str) -> str:
     return f"{PREFIX}.node.{encode_token(node)}.state"
 
 
+def node_actuation(node: str) -> str:
+    """ActuationApplied: what the node's agent changed (or, in dry-run, would change) and why."""
+    return f"{PREFIX}.node.{encode_token(node)}.actuation"
+
+
+def node_eviction(node: str) -> str:
+    """PodEvictionRequested: a pod the node's agent wants evicted; the bridge calls the Eviction API."""
+    return f"{PREFIX}.node.{encode_token(node)}.eviction"
+
+
+NODE_ACTUATION_ALL = f"{PREFIX}.node.*.actuation"
+NODE_EVICTION_ALL = f"{PREFIX}.node.*.eviction"
+
+
 def node_prefix(node: str) -> str:
     """Everything one node's agent may publish: `koord.v1.node.<node>.>`."""
     return f"{PREFIX}.node.{encode_token(node)}.>"
@@ -181,6 +195,28 @@ MIGRATION_ARBITER = f"{PREFIX}.migration.arbiter"
 MIGRATION_ABORTS = f"{PREFIX}.migration.aborts"
 MIGRATION_EXECUTION = f"{PREFIX}.migration.execution"
 """MigrationPhaseChanged from the executor (services.k8s, which holds the cluster credentials)."""
+
+
+# --- rendered NodeSLO specs: a JetStream key-value bucket (stream KV_KOORD_SLO), one key per node
+
+SLO_BUCKET = "KOORD_SLO"
+SLO_ALL = f"$KV.{SLO_BUCKET}.>"
+SLO_CONFIG_STATUS = f"$KV.{SLO_BUCKET}._config"
+"""The slo-controller-config's errors (SloConfigStatus). Encoded node names never start with `_`."""
+
+
+def slo_key(node: str) -> str:
+    """The subject of node `node`'s key: its NodeSLO spec, or a delete marker when the node is gone."""
+    return f"$KV.{SLO_BUCKET}.{encode_token(node)}"
+
+
+def node_of_slo_key(subject: str) -> str | None:
+    """The node a key subject names; None for the bucket's own keys (`_config`)."""
+    prefix = f"$KV.{SLO_BUCKET}."
+    if not subject.startswith(prefix) or "." in subject[len(prefix) :]:
+        raise SubjectError(f"not a {SLO_BUCKET} key subject: {subject!r}")
+    token = subject[len(prefix) :]
+    return None if token.startswith("_") else decode_token(token)
 
 
 # --- dead letters (stream KOORD_DLQ)

@@ -112,12 +112,13 @@ def add_parsers(sub: Any) -> None:
         "from their event log and the cluster's pods (commands, checks and what-ifs over NATS request/reply; "
         "statuses and history projected into --database-url; replicas need distinct KOORDBUS_INSTANCE names). "
         "migration: arbitrates PodMigrationJobs every 500 ms (MigrationControllerArgs from --args-file; jobs and "
-        "decision trails projected into --database-url when given). k8s: "
+        "decision trails projected into --database-url when given). slo: Nodes + slo-controller-config → each node's "
+        "NodeSLO spec in the KOORD_SLO key-value bucket (no database). k8s: "
         "lists and watches Nodes, Pods and the colocation ConfigMap and publishes them (needs --kubeconfig or an "
         "in-cluster service account).",
     )
     service.add_argument(
-        "name", choices=["nodemetric", "noderesource", "quota", "migration", "k8s"], help="which service"
+        "name", choices=["nodemetric", "noderesource", "slo", "quota", "migration", "k8s"], help="which service"
     )
     _add_common(service, embedded=False)
     service.add_argument(
@@ -211,6 +212,8 @@ async def run_up(args: argparse.Namespace) -> int:
     from services.noderesource.settings import NodeResourceSettings
     from services.noderesource.store import NodeResourceStore
     from services.quota.client import QuotaClient
+    from services.slo.reader import SloReader
+    from services.slo.service import SloService
 
     common = _common(args)
     runtime.configure_logging(args.log_level or common.log_level)
@@ -238,6 +241,9 @@ async def run_up(args: argparse.Namespace) -> int:
         noderesource = NodeResourceService(bus, nr_settings, registry=registry, store=nr_store)
         await noderesource.start()
         stack.push_async_callback(noderesource.stop)
+        slo = SloService(bus, registry=registry)
+        await slo.start()
+        stack.push_async_callback(slo.stop)
         _, quota_store = await start_quota(stack, bus, engine, registry)
         migration_service = await start_migration(
             stack, bus, registry, migration_settings(os.environ.get("KOORDBUS_MIGRATION_ARGS_FILE")), engine=engine
@@ -254,6 +260,7 @@ async def run_up(args: argparse.Namespace) -> int:
                 quota_client=QuotaClient(bus),
                 migration_store=migration_service.store,
                 migration_client=MigrationClient(bus),
+                slo_reader=SloReader(bus),
                 recorded_writes=cluster.recorded_writes,
                 registry=registry,
                 tokens=tokens,
@@ -441,6 +448,8 @@ async def run_service(args: argparse.Namespace) -> int:
             return await _run_quota(args)
         case "migration":
             return await _run_migration(args)
+        case "slo":
+            return await _run_slo(args)
         case _:
             return await _run_nodemetric(args)
 
@@ -473,6 +482,29 @@ async def _run_noderesource(args: argparse.Namespace) -> int:
             nodemetric_store=NodeMetricStore(engine),
             noderesource_store=store,
             readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
+        )
+        await stop.wait()
+    return 0
+
+
+async def _run_slo(args: argparse.Namespace) -> int:
+    from koordbus import runtime
+    from services.common import observe
+    from services.common.metrics import new_registry
+    from services.slo.reader import SloReader
+    from services.slo.service import SloService
+
+    common = _common(args)
+    runtime.configure_logging(args.log_level or common.log_level)
+    registry = new_registry()
+    async with AsyncExitStack() as stack:
+        stop = runtime.stop_event_on_signals()
+        bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name="slo")
+        service = SloService(bus, registry=registry)
+        await service.start()
+        stack.push_async_callback(service.stop)
+        await _serve_service_port(
+            stack, args.port, registry, slo_reader=SloReader(bus), readiness=(("bus", observe.bus_ready(bus)),)
         )
         await stop.wait()
     return 0
@@ -659,6 +691,7 @@ async def run_api(args: argparse.Namespace) -> int:
     from services.noderesource.store import NodeResourceStore
     from services.quota.client import QuotaClient
     from services.quota.store import QuotaStore
+    from services.slo.reader import SloReader
 
     common = _common(args)
     runtime.configure_logging(args.log_level or common.log_level)
@@ -686,6 +719,7 @@ async def run_api(args: argparse.Namespace) -> int:
                 quota_client=QuotaClient(bus),
                 migration_store=MigrationStore(engine),
                 migration_client=MigrationClient(bus),
+                slo_reader=SloReader(bus),
                 registry=registry,
                 tokens=tokens,
                 readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.api import auth, migrations, nodemetrics, noderesources, quotas, recorded
+from services.api import auth, migrations, nodemetrics, noderesources, nodeslo, quotas, recorded
 from services.api.settings import ApiSettings
 from services.common.metrics import CONTENT_TYPE_LATEST, CollectorRegistry, render
 from services.common.observe import ReadinessCheck
@@ -35,6 +35,7 @@ from services.nodemetric.store import NodeMetricStore
 from services.noderesource.store import NodeResourceStore
 from services.quota.client import QuotaClient
 from services.quota.store import QuotaStore
+from services.slo.reader import SloReader
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ class ApiContext:
     """Migration jobs and their trails (reads); None: those routes answer 503."""
     migration_client: MigrationClient | None = None
     """Publishes migration requests and aborts; None: those routes answer 503."""
+    slo_reader: SloReader | None = None
+    """Node QoS reads (NodeSLO, actuations) from the bus; None: those routes answer 503."""
     tokens: auth.TokenStore = field(default_factory=auth.TokenStore)
     """Accepted bearer tokens; the default accepts none (auth.TokenStore.disabled() only for `--no-auth`)."""
 
@@ -185,6 +188,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(recorded.router, responses=responses, dependencies=viewer)
     app.include_router(quotas.router, responses=responses, dependencies=viewer)
     app.include_router(migrations.router, responses=responses, dependencies=viewer)
+    app.include_router(nodeslo.router, responses=responses, dependencies=viewer)
     app.add_middleware(CatchAllMiddleware)
     _add_health_routes(app, context)
     _add_error_handlers(app)

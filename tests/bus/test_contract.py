@@ -340,6 +340,23 @@ async def test_last_on_subject(bus: AnyBus, names: Names) -> None:
     assert last.published_at > 1_600_000_000
 
 
+async def test_read_recent_returns_the_newest_matching_messages_oldest_first(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    assert await bus.read_recent(names.stream, names.subject("n1", "*"), since=0, limit=10) == []
+    for i in range(5):
+        await bus.publish(names.subject("n1", "act"), f"a{i}".encode(), msg_id=f"a{i}")
+        await bus.publish(names.subject("n2", "act"), f"b{i}".encode(), msg_id=f"b{i}")
+    recent = await bus.read_recent(names.stream, names.subject("n1", "*"), since=0, limit=3)
+    assert [d.data for d in recent] == [b"a2", b"a3", b"a4"]
+    assert all(d.subject == names.subject("n1", "act") for d in recent)
+    assert [d.stream_seq for d in recent] == [5, 7, 9]
+    assert await bus.read_recent(names.stream, names.subject("n1", "act"), since=0, limit=0) == []
+    later = await bus.read_recent(names.stream, names.subject("n1", "act"), since=recent[-1].published_at, limit=10)
+    assert [d.data for d in later] == [b"a4"]
+    future = await bus.read_recent(names.stream, names.subject(">"), since=recent[-1].published_at + 60, limit=10)
+    assert future == []
+
+
 async def test_in_flight_publishes_are_bounded(make_bus: BusFactory, names: Names) -> None:
     bus = await make_bus(max_in_flight=4)
     await ready(bus, names)

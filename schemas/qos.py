@@ -1,0 +1,72 @@
+"""Events of node QoS (issue 6): the rendered NodeSLO per node, the slo-controller-config's status, and what each
+node's agent changed.
+
+`NodeSloRendered` is the value of a node's key in the KOORD_SLO key-value bucket (written by services.slo, read by
+that node's agent and by the bridge, which writes the NodeSLO object). `SloConfigStatus` sits on the bucket's
+`_config` key. `ActuationApplied` is published by an agent on `koord.v1.node.<node>.actuation` after every round
+of a QoS loop that changed something, failed on something, or (in dry-run) would have changed something. All JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+ActuationLoop = Literal["be-cgroup", "resctrl", "cpu-suppress", "cpu-burst", "memory-evict", "cpu-evict", "failsafe"]
+
+
+class NodeSloRendered(msgspec.Struct, frozen=True, kw_only=True, tag="slo.node_slo.v1"):
+    """A node's NodeSLO spec as services.slo rendered it (Koordinator's field names, validated by the CRD)."""
+
+    node: str
+    spec: dict[str, Any]
+    rendered_at: float
+    """Unix seconds of the render."""
+
+
+class SloConfigStatus(msgspec.Struct, frozen=True, kw_only=True, tag="slo.config_status.v1"):
+    """The slo-controller-config keys in error: key → why its last good value (or the default) stays in effect."""
+
+    errors: dict[str, str]
+    at: float
+
+
+class Change(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One value an agent wrote (or would write, in dry-run)."""
+
+    path: str
+    """The file, relative to its configured root (cgroup or resctrl)."""
+    before: str
+    after: str
+    reason: str
+    """Why this value: the rule and the inputs, e.g. "BE pod cpu.shares = MilliCPUToShares(Σ batch-cpu requests
+    2000m)"."""
+
+
+class Problem(msgspec.Struct, frozen=True, kw_only=True):
+    """One object a loop skipped this round, and why (missing directory, read-only file, bad annotation …)."""
+
+    target: str
+    reason: str
+
+
+class ActuationApplied(msgspec.Struct, frozen=True, kw_only=True, tag="node.actuation_applied.v1"):
+    node: str
+    loop: ActuationLoop
+    at: float
+    dry_run: bool
+    changes: list[Change]
+    problems: list[Problem] = []
+    deferred: int = 0
+    """Changes left for later rounds: a round moves at most the loop's bound."""
+    slo_revision: int = 0
+    """The bucket revision (stream sequence) of the NodeSLO in effect; 0: the agent's defaults."""
+
+
+QOS_EVENT_DECODER: msgspec.json.Decoder[NodeSloRendered | SloConfigStatus | ActuationApplied] = msgspec.json.Decoder(
+    NodeSloRendered | SloConfigStatus | ActuationApplied
+)
+NODE_SLO_DECODER: msgspec.json.Decoder[NodeSloRendered] = msgspec.json.Decoder(NodeSloRendered)
+SLO_CONFIG_STATUS_DECODER: msgspec.json.Decoder[SloConfigStatus] = msgspec.json.Decoder(SloConfigStatus)
+ACTUATION_DECODER: msgspec.json.Decoder[ActuationApplied] = msgspec.json.Decoder(ActuationApplied)
