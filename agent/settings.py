@@ -81,3 +81,47 @@ class AgentSettings:
             core.validate_parent(self.kubepods_parent)
         except core.AgentNameError as e:
             raise AgentSettingsError(f"kubepods_parent: {e}") from e
+
+
+QosMode = Literal["off", "dry-run", "apply"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class QosSettings:
+    """The agent's actuation half (issue 6): NodeSLO-driven QoS loops."""
+
+    qos_mode: QosMode = "dry-run"
+    """off: no QoS loops. dry-run: plan every round, log and publish the plan (ActuationApplied dry_run=true), write
+    nothing. apply: write."""
+    resctrl_root: str = "/sys/fs/resctrl"
+    """Where resctrl is mounted; the resctrl loop stays idle (and says so once) when it is not."""
+    state_dir: str = "/var/lib/koordbus"
+    """Where the last good NodeSLO is kept across restarts ("" = nowhere)."""
+    kubelet_pods_url: str = ""
+    """The kubelet's pod list, e.g. https://127.0.0.1:10250/pods; "" = no pods (only node-level loops run)."""
+    kubelet_token_file: str = ""
+    """Bearer token for the kubelet (a service account token file); "" = none."""
+    kubelet_insecure: bool = False
+    """Skip TLS verification of the kubelet (its serving certificate is self-signed by default)."""
+    round_interval: float = 1.0
+    """Seconds between two rounds of the QoS loops (koordlet: 1 s)."""
+    slo_poll_interval: float = 5.0
+    """Seconds between two reads of this node's NodeSLO key."""
+    max_writes_per_round: int = 256
+    """A round writes at most this many files; the rest waits for the next round (bounded movement)."""
+    failsafe_after: float = 300.0
+    """Seconds without a readable NodeSLO after which BE pods are suppressed to the minimum CFS quota and no new
+    eviction is started, until the control plane is back."""
+
+    def __post_init__(self) -> None:
+        if self.qos_mode not in ("off", "dry-run", "apply"):
+            raise AgentSettingsError(f"qos mode must be 'off', 'dry-run' or 'apply', got {self.qos_mode!r}")
+        for name in ("round_interval", "slo_poll_interval", "failsafe_after"):
+            if not getattr(self, name) > 0:
+                raise AgentSettingsError(f"{name} must be a positive number of seconds, got {getattr(self, name)!r}")
+        if self.max_writes_per_round < 1:
+            raise AgentSettingsError(f"max_writes_per_round must be at least 1, got {self.max_writes_per_round}")
+        if not self.resctrl_root.startswith("/"):
+            raise AgentSettingsError(f"resctrl_root must be an absolute path, got {self.resctrl_root!r}")
+        if self.kubelet_pods_url and not self.kubelet_pods_url.startswith(("http://", "https://")):
+            raise AgentSettingsError(f"kubelet_pods_url must be an http(s) URL, got {self.kubelet_pods_url!r}")

@@ -1,0 +1,70 @@
+"""Reading and writing cgroup and resctrl files under one configured root, and nowhere else.
+
+Every path is relative and is checked before use: no absolute paths, no `..`, no empty components, and the
+directory it resolves to (symlinks followed) must lie inside the root's real path; the file itself is opened with
+O_NOFOLLOW and never created (cgroup files exist or the cgroup is gone). A rejected path raises PathRejected; an
+I/O failure raises OSError with the path — the loops turn both into a Problem for that object and go on.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+
+class PathRejected(ValueError):
+    """A path that would leave the configured root, or is not a plain relative path."""
+
+
+class RootedFiles:
+    def __init__(self, root: str) -> None:
+        if not os.path.isabs(root):
+            raise PathRejected(f"root {root!r} must be an absolute path")
+        self.root = root.rstrip("/") or "/"
+        self._real_root = os.path.realpath(self.root)
+
+    def path(self, rel: str) -> str:
+        """The absolute path of `rel`, after the checks of the module docstring."""
+        parts = rel.split("/")
+        if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise PathRejected(f"{rel!r} is not a plain relative path")
+        full = os.path.join(self.root, rel)
+        real_dir = os.path.realpath(os.path.dirname(full))
+        if real_dir != self._real_root and not real_dir.startswith(self._real_root.rstrip("/") + "/"):
+            raise PathRejected(f"{rel!r} resolves outside {self.root}")
+        return full
+
+    def exists(self, rel: str) -> bool:
+        return os.path.exists(self.path(rel))
+
+    def read(self, rel: str) -> str | None:
+        """The file's content; None when it (or its directory) does not exist."""
+        try:
+            fd = os.open(self.path(rel), os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        except NotADirectoryError:
+            return None
+        with os.fdopen(fd, "r") as f:
+            return f.read()
+
+    def write(self, rel: str, value: str) -> None:
+        """Replace the file's value (one write(2), as the kernel wants it); OSError when the kernel refuses."""
+        self._write(rel, value, os.O_WRONLY | os.O_TRUNC)
+
+    def append(self, rel: str, value: str) -> None:
+        """Append one value (resctrl `tasks` takes one thread id per write)."""
+        self._write(rel, value, os.O_WRONLY | os.O_APPEND)
+
+    def _write(self, rel: str, value: str, flags: int) -> None:
+        path = self.path(rel)
+        fd = os.open(path, flags | os.O_NOFOLLOW)
+        try:
+            data = value.encode()
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.EIO, "short write", path)
+        finally:
+            os.close(fd)
+
+    def mkdir(self, rel: str) -> None:
+        os.makedirs(self.path(rel), mode=0o755, exist_ok=True)

@@ -1,0 +1,106 @@
+"""The node's pods as its kubelet lists them (GET /pods, a PodList), for the QoS loops: what koordlet reads too.
+
+`parse_pod_list` is pure: each item becomes an agent.actuate.NodePod (the object as kube.Pod, plus each running
+container's runtime and ID from status.containerStatuses, e.g. `containerd://<id>`); an item that does not decode
+is skipped and counted. `KubeletPods` fetches the list over HTTP(S) with an optional bearer token file (the agent's
+service account token when the kubelet wants authentication) — the agent never talks to the API server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from agent.actuate import NodePod
+from schemas import kube
+
+
+class ContainerStatus(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    name: str = ""
+    container_id: str = ""
+
+
+class _Status(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    container_statuses: list[ContainerStatus] | None = None
+    init_container_statuses: list[ContainerStatus] | None = None
+
+
+class _Item(msgspec.Struct, frozen=True, kw_only=True):
+    status: _Status = _Status()
+
+
+class PodListError(Exception):
+    """The kubelet's answer is not a PodList."""
+
+
+@dataclass(frozen=True)
+class PodList:
+    pods: list[NodePod]
+    unreadable: int
+    """Items skipped because they did not decode as a pod."""
+
+
+def parse_pod_list(data: bytes) -> PodList:
+    try:
+        document = msgspec.json.decode(data)
+    except msgspec.DecodeError as e:
+        raise PodListError(f"the kubelet's pod list is not JSON: {e}") from None
+    items = document.get("items") if isinstance(document, dict) else None
+    if not isinstance(items, list):
+        raise PodListError("the kubelet's answer has no items list (is the URL the kubelet's /pods?)")
+    pods: list[NodePod] = []
+    unreadable = 0
+    for item in items:
+        try:
+            pod = msgspec.convert(item, kube.Pod)
+            status = msgspec.convert(item, _Item).status
+        except (msgspec.ValidationError, ValueError):
+            unreadable += 1
+            continue
+        containers: dict[str, tuple[str, str]] = {}
+        for cs in (*(status.init_container_statuses or ()), *(status.container_statuses or ())):
+            runtime, sep, container_id = cs.container_id.partition("://")
+            if sep and container_id:
+                containers[cs.name] = (runtime, container_id)
+        pods.append(NodePod(pod=pod, containers=containers))
+    return PodList(pods=pods, unreadable=unreadable)
+
+
+class KubeletPods:
+    """GET <url> (the kubelet's /pods) with an optional bearer token; `insecure` skips TLS verification (kubelets
+    serve self-signed certificates by default)."""
+
+    def __init__(self, url: str, *, token_file: str = "", insecure: bool = False, timeout: float = 5.0) -> None:
+        self.url = url
+        self._token_file = token_file
+        self._ssl: Any = False if insecure else ssl.create_default_context()
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def list(self) -> PodList:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        headers = {}
+        if self._token_file:
+            token = await asyncio.to_thread(_read_token, self._token_file)  # re-read: projected tokens rotate
+            headers["Authorization"] = f"Bearer {token}"
+        async with self._session.get(self.url, headers=headers, ssl=self._ssl) as response:
+            body = await response.read()
+            if response.status != 200:
+                raise PodListError(f"the kubelet answered {response.status} for {self.url}: {body[:200]!r}")
+        return parse_pod_list(body)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _read_token(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()

@@ -1,0 +1,415 @@
+"""The agent's QoS loops (issue 6): every round, the node's NodeSLO and pods in, cgroup and resctrl writes out.
+
+A round (every `round_interval`, koordlet's 1 s): re-read this node's NodeSLO key when due (agent/slo_watch.py),
+merge it onto the agent defaults (agent/slo.py), list the pods from the kubelet, then run each loop — plan with
+agent/actuate.py from the files' current values, write only the differences, at most `max_writes_per_round` files
+per round across loops — and publish what each loop did as an ActuationApplied on `koord.v1.node.<node>.actuation`:
+
+* be-cgroup: BE pods' and containers' cpu shares/weight, CFS quota and memory limit (§5.7);
+* resctrl: the LSR/LS/BE groups' L3 masks and MBA (written only when different) and the pods' threads into their
+  group's `tasks` (§5.4), when any class enables resctrl QoS and resctrl is mounted at the configured root;
+* failsafe: after `failsafe_after` seconds without a readable NodeSLO, the besteffort CFS quota is pinned at the
+  minimum (max(2000 µs, cpuSuppressMinPercent of the node)) until the control plane is back, then released.
+
+In dry-run nothing is written: the plan is logged and published (dry_run=true). An event is published when a loop
+wrote something, or when what it would write or the problems it met differ from its last event — so a steady
+dry-run or a pod whose cgroup is not there yet does not repeat itself every second. Bad input (a pod with a broken
+annotation, a missing directory, a read-only file, a path outside the root) becomes a Problem for that object; a
+loop never raises out of a round, and no value is written partially or out of range (agent/actuate.py checks).
+File I/O runs in a worker thread so the event loop (and the metrics half of the agent) is never blocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgspec
+
+from agent import actuate, collect, qos
+from agent.files import PathRejected, RootedFiles
+from agent.pods import PodList
+from agent.settings import AgentSettings, QosSettings
+from agent.slo import effective_slo
+from agent.slo_watch import KeyReader, SloSource
+from bus import api, subjects
+from schemas import vocab
+from schemas.qos import ActuationApplied, ActuationLoop, Change, Problem
+
+log = logging.getLogger(__name__)
+
+MIN_SUPPRESS_QUOTA_US = 2000
+"""The smallest besteffort CFS quota the cfsQuota suppress policy writes (spec §5.5.1), and the fail-safe's."""
+
+
+class PodSource(Protocol):
+    async def list(self) -> PodList: ...
+
+
+class BusLike(KeyReader, Protocol):
+    async def publish(self, subject: str, data: bytes, *, msg_id: str) -> object: ...
+
+
+@dataclass
+class QosStats:
+    """Counters exported on /metrics."""
+
+    rounds: int = 0
+    writes: int = 0
+    write_failures: int = 0
+    problems: int = 0
+    events_published: int = 0
+    publish_failures: int = 0
+    pod_list_failures: int = 0
+    failsafe_active: bool = False
+    last_round_seconds: float = 0.0
+
+
+@dataclass
+class _LoopResult:
+    changes: list[Change] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    deferred: int = 0
+
+
+class QosLoops:
+    def __init__(
+        self,
+        agent_settings: AgentSettings,
+        settings: QosSettings,
+        bus: BusLike,
+        *,
+        pods: PodSource | None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        cpu_count: int | None = None,
+    ) -> None:
+        self.node = agent_settings.node_name
+        self.settings = settings
+        self.stats = QosStats()
+        self.slo = SloSource(bus, self.node, state_dir=settings.state_dir, now=clock())
+        self._agent_settings = agent_settings
+        self._bus = bus
+        self._pods = pods
+        self._clock = clock
+        self._sleep = sleep
+        self._cpus = cpu_count or os.cpu_count() or 1
+        self._cgroups = RootedFiles(agent_settings.cgroup_root)
+        self._resctrl = RootedFiles(settings.resctrl_root)
+        self._next_slo_read = 0.0
+        self._last_event: dict[str, tuple[Any, ...]] = {}
+        self._failsafe_active = False
+        self._stopping = False
+        self._said_resctrl_absent = False
+
+    @property
+    def dry_run(self) -> bool:
+        return self.settings.qos_mode != "apply"
+
+    async def stop(self) -> None:
+        self._stopping = True
+
+    async def run(self) -> None:
+        while not self._stopping:
+            started = self._clock()
+            try:
+                await self.round()
+            except Exception:  # a round must never end the loop; the next one starts from a fresh read
+                log.exception("node %s: QoS round failed", self.node)
+            await self._sleep(max(self.settings.round_interval - (self._clock() - started), 0.0))
+
+    async def round(self) -> list[ActuationApplied]:
+        """One round of every loop; returns the events it published."""
+        now = self._clock()
+        if now >= self._next_slo_read:
+            await self.slo.refresh(now)
+            self._next_slo_read = now + self.settings.slo_poll_interval
+        slo = effective_slo(self.slo.spec)
+        pods = await self._list_pods()
+        results = await asyncio.to_thread(self._run_loops, pods, slo, now)
+        events: list[ActuationApplied] = []
+        for loop, result in results:
+            event = self._event_for(loop, result, now)
+            if event is not None and await self._publish(event):
+                events.append(event)
+        self.stats.rounds += 1
+        self.stats.last_round_seconds = self._clock() - now
+        return events
+
+    async def _list_pods(self) -> list[actuate.NodePod] | None:
+        if self._pods is None:
+            return []
+        try:
+            listed = await self._pods.list()
+        except Exception as e:  # the kubelet away or answering garbage: pod loops wait, node loops go on
+            self.stats.pod_list_failures += 1
+            log.warning("node %s: cannot list pods from the kubelet: %s", self.node, e)
+            return None
+        return listed.pods
+
+    # --- the loops (worker thread)
+
+    def _run_loops(
+        self, pods: list[actuate.NodePod] | None, slo: dict[str, Any], now: float
+    ) -> list[tuple[ActuationLoop, _LoopResult]]:
+        budget = [self.settings.max_writes_per_round]
+        layout = self._layout()
+        out: list[tuple[ActuationLoop, _LoopResult]] = []
+        if pods is not None and layout is not None:
+            out.append(("be-cgroup", self._be_cgroups(pods, layout, slo, budget)))
+        if pods is not None:
+            out.append(("resctrl", self._resctrl_loop(pods, layout, slo, budget)))
+        if layout is not None:
+            out.append(("failsafe", self._failsafe(layout, slo, now, budget)))
+        return out
+
+    def _layout(self) -> actuate.Layout | None:
+        found = collect.detect_layout(self._agent_settings)
+        if not found.driver:
+            return None
+        driver: Any = found.driver
+        return actuate.Layout(version=found.version, driver=driver, parent=self._agent_settings.kubepods_parent)
+
+    def _be_cgroups(
+        self, pods: list[actuate.NodePod], layout: actuate.Layout, slo: dict[str, Any], budget: list[int]
+    ) -> _LoopResult:
+        wants, problems = actuate.be_cgroup_wants(pods, layout, slo)
+        result = _LoopResult(problems=[Problem(target=p.target, reason=p.reason) for p in problems])
+        self._apply_wants(wants, result, budget)
+        return result
+
+    def _apply_wants(self, wants: Sequence[actuate.Want], result: _LoopResult, budget: list[int]) -> None:
+        current: dict[str, str | None] = {}
+        for want in wants:
+            try:
+                current[want.path] = actuate.normalize(want.path, self._cgroups.read(want.path))
+            except (OSError, PathRejected) as e:
+                result.problems.append(Problem(target=want.path, reason=f"cannot read: {e}"))
+        readable = [w for w in wants if w.path in current]
+        planned = actuate.plan(readable, current, limit=budget[0])
+        result.deferred += planned.deferred
+        for want in planned.missing:
+            result.problems.append(Problem(target=want.path, reason="cgroup file missing (not created yet or gone)"))
+        for want, before in planned.writes:
+            if self._write(self._cgroups, want.path, want.value, result):
+                result.changes.append(Change(path=want.path, before=before, after=want.value, reason=want.reason))
+                budget[0] -= 1
+
+    def _write(self, files: RootedFiles, path: str, value: str, result: _LoopResult, *, append: bool = False) -> bool:
+        if self.dry_run:
+            return True
+        try:
+            (files.append if append else files.write)(path, value)
+        except (OSError, PathRejected) as e:
+            self.stats.write_failures += 1
+            result.problems.append(Problem(target=path, reason=f"write of {value!r} refused: {e}"))
+            return False
+        self.stats.writes += 1
+        return True
+
+    def _resctrl_loop(
+        self,
+        pods: list[actuate.NodePod],
+        layout: actuate.Layout | None,
+        slo: dict[str, Any],
+        budget: list[int],
+    ) -> _LoopResult:
+        result = _LoopResult()
+        classes = slo["resourceQOSStrategy"]
+        if not any(classes[c]["resctrlQOS"].get("enable") for c in ("lsrClass", "lsClass", "beClass")):
+            return result
+        try:
+            info = self._resctrl_info()
+        except (OSError, qos.QoSError, PathRejected) as e:
+            if not self._said_resctrl_absent:
+                log.warning("node %s: resctrl QoS is enabled but not usable here: %s", self.node, e)
+                self._said_resctrl_absent = True
+            result.problems.append(Problem(target=self._resctrl.root, reason=f"resctrl not usable: {e}"))
+            return result
+        try:
+            wanted = actuate.resctrl_schemata(slo, info)
+        except qos.QoSError as e:
+            result.problems.append(Problem(target="resourceQOSStrategy", reason=str(e)))
+            return result
+        for group, lines in wanted.items():
+            if not self._resctrl.exists(group):
+                if self.dry_run:
+                    current: dict[str, dict[int, int]] = {}
+                else:
+                    try:
+                        self._resctrl.mkdir(group)
+                    except OSError as e:
+                        result.problems.append(Problem(target=group, reason=f"cannot create the group: {e}"))
+                        continue
+            current = actuate.parse_schemata(self._resctrl.read(f"{group}/schemata") or "")
+            for resource, line in lines.items():
+                if budget[0] <= 0:
+                    result.deferred += 1
+                    continue
+                if actuate.schemata_differs(line, current):
+                    before = ";".join(f"{k}={v:x}" for k, v in sorted(current.get(resource, {}).items()))
+                    if self._write(self._resctrl, f"{group}/schemata", line + "\n", result):
+                        reason = f"{group} {resource} from the class's resctrlQOS (§5.4)"
+                        result.changes.append(
+                            Change(path=f"{group}/schemata", before=before, after=line, reason=reason)
+                        )
+                        budget[0] -= 1
+        if layout is not None:
+            self._assign_tasks(pods, layout, slo, result, budget)
+        return result
+
+    def _resctrl_info(self) -> actuate.ResctrlInfo:
+        cbm_text = self._resctrl.read("info/L3/cbm_mask")
+        root_schemata = self._resctrl.read("schemata")
+        if cbm_text is None or root_schemata is None:
+            raise qos.QoSError(f"no resctrl filesystem at {self._resctrl.root} (info/L3/cbm_mask, schemata)")
+        vendor = ""
+        try:
+            with open(os.path.join(self._agent_settings.proc_root, "cpuinfo")) as f:
+                for line in f:
+                    if line.startswith("vendor_id"):
+                        vendor = line.split(":", 1)[1].strip()
+                        break
+        except OSError:
+            pass
+        return actuate.ResctrlInfo(
+            cbm=qos.parse_cbm(cbm_text.strip()),
+            cache_ids=actuate.cache_ids_of(root_schemata),
+            mba=self._resctrl.exists("info/MB"),
+            vendor=vendor,
+        )
+
+    def _assign_tasks(
+        self,
+        pods: list[actuate.NodePod],
+        layout: actuate.Layout,
+        slo: dict[str, Any],
+        result: _LoopResult,
+        budget: list[int],
+    ) -> None:
+        threads_file = "cgroup.threads" if layout.version == 2 else "tasks"
+        by_group: dict[str, set[int]] = {}
+        for node_pod in pods:
+            group = actuate.group_of(node_pod, slo)
+            if group is None or node_pod.pod.status.phase not in ("Running", "Pending"):
+                continue
+            try:
+                pod_dir = layout.pod_dir(node_pod.pod.status.qos_class or vocab.KUBE_QOS_BESTEFFORT, node_pod.uid)
+                for runtime, container_id in node_pod.containers.values():
+                    rel = layout.file("cpu", layout.container_dir(pod_dir, runtime, container_id), threads_file)
+                    text = self._cgroups.read(rel) or ""
+                    by_group.setdefault(group, set()).update(int(t) for t in text.split() if t.isdigit())
+            except (OSError, PathRejected, ValueError) as e:
+                result.problems.append(Problem(target=node_pod.key, reason=f"cannot read its threads: {e}"))
+        for group, threads in sorted(by_group.items()):
+            present = {int(t) for t in (self._resctrl.read(f"{group}/tasks") or "").split() if t.isdigit()}
+            missing = sorted(threads - present)
+            moved = 0
+            for tid in missing:
+                if budget[0] <= 0:
+                    result.deferred += len(missing) - moved
+                    break
+                # a thread that exited meanwhile is refused by the kernel: tolerated, as koordlet does
+                if self.dry_run or self._try_append(f"{group}/tasks", str(tid)):
+                    moved += 1
+                    budget[0] -= 1
+            if moved:
+                result.changes.append(
+                    Change(
+                        path=f"{group}/tasks",
+                        before=f"{len(present)} threads",
+                        after=f"+{moved} threads",
+                        reason=f"threads of {group} pods' containers join their resctrl group (§5.4)",
+                    )
+                )
+
+    def _try_append(self, path: str, value: str) -> bool:
+        try:
+            self._resctrl.append(path, value)
+        except OSError:
+            return False
+        self.stats.writes += 1
+        return True
+
+    def _failsafe(self, layout: actuate.Layout, slo: dict[str, Any], now: float, budget: list[int]) -> _LoopResult:
+        result = _LoopResult()
+        silent = self.slo.silent_for(now) > self.settings.failsafe_after
+        if not silent and not self._failsafe_active:
+            return result
+        name = "cpu.max" if layout.version == 2 else "cpu.cfs_quota_us"
+        path = layout.file("cpu", layout.qos_dir(vocab.KUBE_QOS_BESTEFFORT), name)
+        if silent:
+            min_percent = slo["resourceUsedThresholdWithBE"].get("cpuSuppressMinPercent") or 0
+            value = str(max(MIN_SUPPRESS_QUOTA_US, self._cpus * qos.QUOTA_PERIOD_US * int(min_percent) // 100))
+            silent_for, limit = self.slo.silent_for(now), self.settings.failsafe_after
+            reason = (
+                f"fail-safe: no NodeSLO readable for {silent_for:.0f} s (> {limit:g} s): BE CPU pinned at its "
+                "minimum, no new evictions"
+            )
+        else:
+            value = "max" if layout.version == 2 else "-1"
+            reason = "fail-safe over: the control plane is back, BE CPU quota released"
+        want = actuate.Want(path=path, value=value, reason=reason)
+        self._apply_wants([want], result, budget)
+        if not any(p.target == path for p in result.problems):
+            if silent and not self._failsafe_active:
+                log.warning("node %s: %s", self.node, reason)
+            self._failsafe_active = silent
+            self.stats.failsafe_active = silent
+        return result
+
+    @property
+    def failsafe_active(self) -> bool:
+        return self._failsafe_active
+
+    # --- events
+
+    def _event_for(self, loop: ActuationLoop, result: _LoopResult, now: float) -> ActuationApplied | None:
+        self.stats.problems += len(result.problems)
+        signature = (tuple(result.changes), tuple(result.problems), result.deferred)
+        wrote = bool(result.changes) and not self.dry_run
+        if not wrote and signature == self._last_event.get(loop, ((), (), 0)):
+            return None
+        self._last_event[loop] = signature
+        for problem in result.problems:
+            log.warning("node %s: %s: %s: %s", self.node, loop, problem.target, problem.reason)
+        for change in result.changes:
+            log.info(
+                "node %s: %s%s: %s %s → %s (%s)",
+                self.node,
+                loop,
+                " (dry run)" if self.dry_run else "",
+                change.path,
+                change.before,
+                change.after,
+                change.reason,
+            )
+        return ActuationApplied(
+            node=self.node,
+            loop=loop,
+            at=now,
+            dry_run=self.dry_run,
+            changes=result.changes,
+            problems=result.problems,
+            deferred=result.deferred,
+            slo_revision=self.slo.revision,
+        )
+
+    async def _publish(self, event: ActuationApplied) -> bool:
+        try:
+            await self._bus.publish(
+                subjects.node_actuation(self.node),
+                msgspec.json.encode(event),
+                msg_id=api.msg_id(self.node, "actuation", event.loop, event.at),
+            )
+        except Exception as e:  # the record is lost, the actuation is not: logged above
+            self.stats.publish_failures += 1
+            log.warning("node %s: cannot publish the %s actuation: %s", self.node, event.loop, e)
+            return False
+        self.stats.events_published += 1
+        return True

@@ -1,0 +1,114 @@
+"""The agent's view of its own NodeSLO: its key in the KOORD_SLO bucket, kept across outages and restarts.
+
+`SloSource.refresh()` reads only this node's key (one direct read; nothing else in the bucket is touched). A value
+that decodes becomes the spec in effect and is saved atomically to `<state_dir>/nodeslo.json`; at start that file
+is loaded, so an agent restarted while NATS is down applies its last good settings, not the defaults. A key that
+does not decode (or a malformed spec) keeps the previous spec and is counted. A deleted key (the node left the
+cluster, then came back before the slo service re-rendered it) means the defaults. `silent_for(now)` is how long
+the bucket has not been readable: the fail-safe's input.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import msgspec
+
+from bus import streams, subjects
+from bus.api import Delivery
+from bus.errors import BusError
+from schemas.qos import NODE_SLO_DECODER
+
+log = logging.getLogger(__name__)
+
+CACHE_FILE = "nodeslo.json"
+
+
+class KeyReader(Protocol):
+    async def last_on_subject(self, stream: str, subject: str) -> Delivery | None: ...
+
+
+class SloSource:
+    def __init__(self, reader: KeyReader, node: str, *, state_dir: str, now: float) -> None:
+        self._reader = reader
+        self._node = node
+        self._cache = os.path.join(state_dir, CACHE_FILE) if state_dir else ""
+        self.spec: dict[str, Any] | None = None
+        """The NodeSLO spec in effect; None: none received (the agent's defaults apply)."""
+        self.revision = 0
+        self.last_contact = now
+        """When the bucket was last readable (start-up counts: the fail-safe waits a full period first)."""
+        self.unreadable = 0
+        self.read_failures = 0
+        self._load_cache()
+
+    def silent_for(self, now: float) -> float:
+        return max(now - self.last_contact, 0.0)
+
+    async def refresh(self, now: float) -> bool:
+        """Read the key; True when the spec in effect changed."""
+        try:
+            stored = await self._reader.last_on_subject(streams.KV_KOORD_SLO, subjects.slo_key(self._node))
+        except (BusError, TimeoutError, OSError) as e:
+            self.read_failures += 1
+            log.debug("node %s: NodeSLO not readable (%s); keeping revision %d", self._node, e, self.revision)
+            return False
+        self.last_contact = now
+        if stored is None or stored.headers.get("KV-Operation") in ("DEL", "PURGE"):
+            return self._take(None, stored.stream_seq if stored is not None else 0)
+        if stored.stream_seq == self.revision:
+            return False
+        try:
+            value = NODE_SLO_DECODER.decode(stored.data)
+        except msgspec.DecodeError as e:
+            self.unreadable += 1
+            log.warning(
+                "node %s: NodeSLO revision %d is malformed (%s); keeping %d",
+                self._node,
+                stored.stream_seq,
+                e,
+                self.revision,
+            )
+            return False
+        return self._take(value.spec, stored.stream_seq)
+
+    def _take(self, spec: Mapping[str, Any] | None, revision: int) -> bool:
+        changed = spec != self.spec
+        self.spec = dict(spec) if spec is not None else None
+        self.revision = revision
+        if changed:
+            log.info("node %s: NodeSLO revision %d in effect", self._node, revision)
+            self._save()
+        return changed
+
+    def _save(self) -> None:
+        if not self._cache:
+            return
+        try:
+            directory = os.path.dirname(self._cache)
+            os.makedirs(directory, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".nodeslo-")
+            with os.fdopen(fd, "w") as f:
+                json.dump({"revision": self.revision, "spec": self.spec}, f)
+            os.replace(tmp, self._cache)
+        except OSError as e:
+            log.warning("node %s: cannot save the NodeSLO to %s: %s", self._node, self._cache, e)
+
+    def _load_cache(self) -> None:
+        if not self._cache or not os.path.exists(self._cache):
+            return
+        try:
+            with open(self._cache) as f:
+                saved = json.load(f)
+            spec = saved["spec"]
+            if spec is not None and not isinstance(spec, dict):
+                raise ValueError("spec is not an object")
+            self.spec, self.revision = spec, int(saved["revision"])
+            log.info("node %s: NodeSLO revision %d loaded from %s", self._node, self.revision, self._cache)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("node %s: ignoring the saved NodeSLO %s: %s", self._node, self._cache, e)
