@@ -252,7 +252,8 @@ class QosLoops:
                     result.deferred += 1
                     continue
                 if actuate.schemata_differs(line, current):
-                    before = ";".join(f"{k}={v:x}" for k, v in sorted(current.get(resource, {}).items()))
+                    spelled = "{}={:d}" if resource == "MB" else "{}={:x}"
+                    before = ";".join(spelled.format(k, v) for k, v in sorted(current.get(resource, {}).items()))
                     if self._write(self._resctrl, f"{group}/schemata", line + "\n", result):
                         reason = f"{group} {resource} from the class's resctrlQOS (§5.4)"
                         result.changes.append(
@@ -371,8 +372,9 @@ class QosLoops:
 
     def _event_for(self, loop: ActuationLoop, result: _LoopResult, now: float) -> ActuationApplied | None:
         self.stats.problems += len(result.problems)
-        signature = (tuple(result.changes), tuple(result.problems), result.deferred)
         wrote = bool(result.changes) and not self.dry_run
+        # what a steady state repeats every round: a dry-run plan, problems, deferred work
+        signature = (tuple(result.changes) if self.dry_run else (), tuple(result.problems), result.deferred)
         if not wrote and signature == self._last_event.get(loop, ((), (), 0)):
             return None
         self._last_event[loop] = signature

@@ -1,0 +1,398 @@
+"""The agent's QoS loops (agent/qos_loops.py) on generated cgroup v1/v2 and resctrl trees, and on this machine's real
+cgroup v1 filesystem: BE cgroups written and read back, idempotent rounds, dry-run, bad input skipped per object,
+paths confined to the root, resctrl schemata and tasks, the fail-safe, and the last good NodeSLO across a restart
+with the bus away."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from agent import actuate
+from agent.pods import PodList
+from agent.qos_loops import QosLoops
+from agent.settings import AgentSettings, QosSettings
+from bus import streams, subjects
+from bus.api import Delivery
+from bus.errors import BusUnavailableError
+from bus.memory import MemoryBus
+from schemas.qos import ACTUATION_DECODER, ActuationApplied, NodeSloRendered
+from tests.unit.test_agent_actuate import CID, GI, UID, be_pod
+
+NODE = "node-a"
+T0 = 1_700_000_000.0
+UNLIMITED_V1 = "9223372036854771712"
+
+
+class StaticPods:
+    def __init__(self, *pods: actuate.NodePod) -> None:
+        self.pods = list(pods)
+        self.fail = False
+
+    async def list(self) -> PodList:
+        if self.fail:
+            raise OSError("kubelet refused the connection")
+        return PodList(pods=list(self.pods), unreadable=0)
+
+
+class Clock:
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class AwayBus:
+    """A bus that is down: every read and publish fails as an unreachable NATS does."""
+
+    async def last_on_subject(self, stream: str, subject: str) -> Delivery | None:
+        raise BusUnavailableError("nats: no servers available")
+
+    async def publish(self, subject: str, data: bytes, *, msg_id: str) -> object:
+        raise BusUnavailableError("nats: no servers available")
+
+
+def v1_tree(root: Path, *, parent: str = "", pod_dirs: bool = True) -> dict[str, Path]:
+    """A kubelet-like cgroup v1 cgroupfs tree with one BE pod and its container, kernel defaults in the files."""
+    pod = f"kubepods/besteffort/pod{UID}"
+    files: dict[str, Path] = {}
+    for hierarchy, defaults in (
+        ("cpu", {"cpu.shares": "1024", "cpu.cfs_quota_us": "-1"}),
+        ("memory", {"memory.limit_in_bytes": UNLIMITED_V1}),
+        ("cpuacct", {}),
+    ):
+        for directory in ("kubepods/besteffort", *((pod, f"{pod}/{CID}") if pod_dirs else ())):
+            path = root / hierarchy / parent / directory
+            path.mkdir(parents=True, exist_ok=True)
+            for name, value in defaults.items():
+                (path / name).write_text(value + "\n")
+                files[f"{hierarchy}/{directory}/{name}"] = path / name
+    return files
+
+
+def v2_tree(root: Path) -> dict[str, Path]:
+    slice_uid = UID.replace("-", "_")
+    pod = f"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{slice_uid}.slice"
+    files: dict[str, Path] = {}
+    (root / "cgroup.controllers").parent.mkdir(parents=True, exist_ok=True)
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    for directory in ("kubepods.slice/kubepods-besteffort.slice", pod, f"{pod}/cri-containerd-{CID}.scope"):
+        path = root / directory
+        path.mkdir(parents=True, exist_ok=True)
+        for name, value in (("cpu.weight", "100"), ("cpu.max", "max 100000"), ("memory.max", "max")):
+            (path / name).write_text(value + "\n")
+            files[f"{directory}/{name}"] = path / name
+    return files
+
+
+async def slo_bus(spec: Mapping[str, Any] | None = None) -> MemoryBus:
+    bus = MemoryBus()
+    await bus.ensure_streams([streams.slo_stream(), streams.node_stream()])
+    if spec is not None:
+        await put_slo(bus, spec)
+    return bus
+
+
+async def put_slo(bus: MemoryBus, spec: Mapping[str, Any]) -> None:
+    value = NodeSloRendered(node=NODE, spec=dict(spec), rendered_at=T0)
+    await bus.publish(subjects.slo_key(NODE), msgspec.json.encode(value), msg_id=str(uuid.uuid4()))
+
+
+def loops(
+    tmp_path: Path,
+    bus: Any,
+    pods: StaticPods,
+    *,
+    cgroup_root: Path,
+    mode: str = "apply",
+    clock: Clock | None = None,
+    **settings: Any,
+) -> QosLoops:
+    proc = tmp_path / "proc"
+    proc.mkdir(exist_ok=True)
+    (proc / "cpuinfo").write_text(f"processor\t: 0\nvendor_id\t: {settings.pop('vendor', 'GenuineIntel')}\n")
+    agent_settings = AgentSettings(
+        node_name=NODE,
+        proc_root=str(proc),
+        cgroup_root=str(cgroup_root),
+        cgroup_driver=settings.pop("driver", "cgroupfs"),
+        kubepods_parent=settings.pop("parent", ""),
+    )
+    qos_settings = QosSettings(
+        qos_mode=mode,  # type: ignore[arg-type]
+        state_dir=str(tmp_path / "state"),
+        resctrl_root=str(settings.pop("resctrl_root", tmp_path / "no-resctrl")),
+        **settings,
+    )
+    return QosLoops(agent_settings, qos_settings, bus, pods=pods, clock=clock or Clock(), cpu_count=8)
+
+
+def values(files: Mapping[str, Path]) -> dict[str, str]:
+    return {rel: path.read_text().strip() for rel, path in files.items()}
+
+
+async def published(bus: MemoryBus) -> list[ActuationApplied]:
+    stored = await bus.read_recent(streams.KOORD_NODE, subjects.node_actuation(NODE), since=0, limit=1000)
+    return [ACTUATION_DECODER.decode(d.data) for d in stored]
+
+
+async def test_be_cgroups_on_v1_are_written_once_and_reported(tmp_path: Path) -> None:
+    files = v1_tree(tmp_path / "cg")
+    bus = await slo_bus({})
+    qos_loops = loops(tmp_path, bus, StaticPods(be_pod()), cgroup_root=tmp_path / "cg")
+    (event,) = await qos_loops.round()
+    pod = f"kubepods/besteffort/pod{UID}"
+    after = values(files)
+    for directory in (pod, f"{pod}/{CID}"):
+        assert after[f"cpu/{directory}/cpu.shares"] == "2048"
+        assert after[f"cpu/{directory}/cpu.cfs_quota_us"] == "400000"
+        assert after[f"memory/{directory}/memory.limit_in_bytes"] == str(8 * GI)
+    assert after["cpu/kubepods/besteffort/cpu.shares"] == "1024"  # the QoS dir is not a BE pod's
+    assert event.loop == "be-cgroup" and not event.dry_run and len(event.changes) == 6 and event.problems == []
+    first = event.changes[0]
+    assert (first.before, first.after) in {("1024", "2048"), ("-1", "400000"), ("-1", str(8 * GI))}
+    assert event.slo_revision == 1
+    # The next round finds everything in place: no write, no event.
+    assert await qos_loops.round() == []
+    assert qos_loops.stats.writes == 6
+    assert [e.loop for e in await published(bus)] == ["be-cgroup"]
+
+
+async def test_be_cgroups_on_v2_systemd(tmp_path: Path) -> None:
+    files = v2_tree(tmp_path / "cg")
+    bus = await slo_bus({})
+    qos_loops = loops(tmp_path, bus, StaticPods(be_pod()), cgroup_root=tmp_path / "cg", driver="systemd")
+    (event,) = await qos_loops.round()
+    assert values(files)["kubepods.slice/kubepods-besteffort.slice/cpu.weight"] == "100"  # the QoS slice: untouched
+    written = {k: v for k, v in values(files).items() if "-pod" in k}
+    assert sorted(set(written.values())) == sorted({"79", "400000", str(8 * GI)})
+    assert len(event.changes) == 6
+
+
+async def test_dry_run_writes_nothing_and_publishes_the_plan_once(tmp_path: Path) -> None:
+    files = v1_tree(tmp_path / "cg")
+    before = values(files)
+    bus = await slo_bus({})
+    qos_loops = loops(tmp_path, bus, StaticPods(be_pod()), cgroup_root=tmp_path / "cg", mode="dry-run")
+    (event,) = await qos_loops.round()
+    assert event.dry_run and len(event.changes) == 6
+    assert values(files) == before
+    assert await qos_loops.round() == []  # the same plan is not published again
+    assert qos_loops.stats.writes == 0
+
+
+async def test_bad_input_is_skipped_per_object_and_nothing_partial_is_written(tmp_path: Path) -> None:
+    files = v1_tree(tmp_path / "cg")
+    # a file that cannot be read (a directory in its place); the real kernel's refusals are in the cgroup v1 test
+    refused = files[f"cpu/kubepods/besteffort/pod{UID}/{CID}/cpu.shares"]
+    refused.unlink()
+    refused.mkdir()
+    broken = be_pod("3f1e2d3c-0000-4000-8000-000000000009", annotation="{oops", name="broken")
+    missing = be_pod("3f1e2d3c-0000-4000-8000-00000000000a", name="not-started")
+    evil = be_pod("../../../../tmp", name="evil")
+    bus = await slo_bus({})
+    qos_loops = loops(tmp_path, bus, StaticPods(broken, missing, evil, be_pod()), cgroup_root=tmp_path / "cg")
+    (event,) = await qos_loops.round()
+    reasons = {p.target.rsplit("/", 1)[-1] if "/" in p.target else p.target: p.reason for p in event.problems}
+    assert "is not JSON" in reasons["broken"]
+    assert "pod uid" in reasons["evil"]
+    assert any("missing" in p.reason and "3f1e2d3c-0000-4000-8000-00000000000a" in p.target for p in event.problems)
+    assert any("cannot read" in p.reason and p.target.endswith(f"{CID}/cpu.shares") for p in event.problems)
+    assert len(event.changes) == 5  # the good pod's other files
+
+
+async def test_a_symlink_out_of_the_root_is_never_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "cpu.shares").write_text("1024\n")
+    root = tmp_path / "cg"
+    v1_tree(root, pod_dirs=False)
+    (root / "cpu/kubepods/besteffort" / f"pod{UID}").symlink_to(outside)
+    bus = await slo_bus({})
+    qos_loops = loops(tmp_path, bus, StaticPods(be_pod()), cgroup_root=root)
+    await qos_loops.round()
+    assert (outside / "cpu.shares").read_text() == "1024\n"
+
+
+async def test_the_round_bound_defers_the_rest_to_the_next_round(tmp_path: Path) -> None:
+    v1_tree(tmp_path / "cg")
+    bus = await slo_bus({})
+    qos_loops = loops(tmp_path, bus, StaticPods(be_pod()), cgroup_root=tmp_path / "cg", max_writes_per_round=4)
+    (first,) = await qos_loops.round()
+    assert (len(first.changes), first.deferred) == (4, 2)
+    (second,) = await qos_loops.round()
+    assert (len(second.changes), second.deferred) == (2, 0)
+
+
+def resctrl_tree(root: Path) -> Path:
+    (root / "info/L3").mkdir(parents=True)
+    (root / "info/MB").mkdir(parents=True)
+    (root / "info/L3/cbm_mask").write_text("7ff\n")
+    (root / "schemata").write_text("    L3:0=7ff;1=7ff\n    MB:0=100;1=100\n")
+    (root / "tasks").write_text("")
+    return root
+
+
+async def test_resctrl_groups_get_their_schemata_once_and_pod_threads_join_them(tmp_path: Path) -> None:
+    cg = tmp_path / "cg"
+    v1_tree(cg)
+    (cg / f"cpu/kubepods/besteffort/pod{UID}/{CID}/tasks").write_text("101\n102\n")
+    resctrl = resctrl_tree(tmp_path / "resctrl")
+    for group in ("LSR", "LS", "BE"):  # what the kernel does on mkdir: a group with full masks and no tasks
+        (resctrl / group).mkdir()
+        (resctrl / group / "schemata").write_text("    L3:0=7ff;1=7ff\n    MB:0=100;1=100\n")
+        (resctrl / group / "tasks").write_text("101\n" if group == "BE" else "")
+    spec = {
+        "resourceQOSStrategy": {"beClass": {"resctrlQOS": {"enable": True, "catRangeEndPercent": 30, "mbaPercent": 50}}}
+    }
+    bus = await slo_bus(spec)
+    qos_loops = loops(tmp_path, bus, StaticPods(be_pod()), cgroup_root=cg, resctrl_root=resctrl, mode="apply")
+    events = {e.loop: e for e in await qos_loops.round()}
+    changes = {c.path: c for c in events["resctrl"].changes}
+    assert set(changes) == {"BE/schemata", "BE/tasks"}  # LS and LSR keep their full masks: nothing to write
+    # A regular file takes the last write only; the kernel would merge the two lines. Both were written:
+    assert (resctrl / "BE/schemata").read_text() in ("MB:0=50;1=50;\n", "L3:0=f;1=f;\n")
+    assert {c.after for c in events["resctrl"].changes if c.path == "BE/schemata"} == {"MB:0=50;1=50;", "L3:0=f;1=f;"}
+    mb = next(c for c in events["resctrl"].changes if c.after.startswith("MB"))
+    assert mb.before == "0=100;1=100"
+    assert (resctrl / "BE/tasks").read_text() == "101\n102"  # appended: only the thread not there yet
+    assert changes["BE/tasks"].after == "+1 threads"
+
+
+async def test_resctrl_enabled_without_resctrl_is_one_problem_not_a_crash(tmp_path: Path) -> None:
+    v1_tree(tmp_path / "cg")
+    spec = {"resourceQOSStrategy": {"lsClass": {"resctrlQOS": {"enable": True}}}}
+    bus = await slo_bus(spec)
+    qos_loops = loops(tmp_path, bus, StaticPods(), cgroup_root=tmp_path / "cg")
+    (event,) = await qos_loops.round()
+    assert event.loop == "resctrl" and "resctrl not usable" in event.problems[0].reason
+    assert await qos_loops.round() == []
+
+
+async def test_failsafe_pins_be_cpu_when_the_control_plane_is_silent_and_releases_it(tmp_path: Path) -> None:
+    files = v1_tree(tmp_path / "cg")
+    quota = "cpu/kubepods/besteffort/cpu.cfs_quota_us"
+    clock = Clock()
+    away = AwayBus()
+    qos_loops = loops(tmp_path, away, StaticPods(), cgroup_root=tmp_path / "cg", clock=clock, failsafe_after=60)
+    await qos_loops.round()
+    assert values(files)[quota] == "-1"  # silent for 0 s
+    clock.now += 61
+    await qos_loops.round()
+    assert values(files)[quota] == "2000" and qos_loops.failsafe_active
+    # The control plane answers again: the quota is released.
+    bus = await slo_bus({"resourceUsedThresholdWithBE": {"cpuSuppressMinPercent": 10}})
+    qos_loops._bus = bus  # the same agent, reconnected
+    qos_loops.slo._reader = bus
+    clock.now += 10
+    events = await qos_loops.round()
+    assert values(files)[quota] == "-1" and not qos_loops.failsafe_active
+    assert [e.loop for e in events] == ["failsafe"] and "fail-safe over" in events[0].changes[0].reason
+
+
+async def test_a_restart_with_the_bus_away_keeps_the_last_good_nodeslo(tmp_path: Path) -> None:
+    files = v1_tree(tmp_path / "cg")
+    spec = {"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressPolicy": "cfsQuota"}}
+    bus = await slo_bus(spec)
+    first = loops(tmp_path, bus, StaticPods(be_pod()), cgroup_root=tmp_path / "cg")
+    await first.round()
+    pod_quota = f"cpu/kubepods/besteffort/pod{UID}/cpu.cfs_quota_us"
+    assert values(files)[pod_quota] == "-1"  # suppress by cfsQuota: the BE pod's own quota stays lifted
+    files[pod_quota].write_text("400000\n")  # someone (the kubelet) resets it while the agent is down
+    restarted = loops(tmp_path, AwayBus(), StaticPods(be_pod()), cgroup_root=tmp_path / "cg")
+    assert restarted.slo.revision == 1 and restarted.slo.spec == spec
+    await restarted.round()
+    assert values(files)[pod_quota] == "-1"  # applied from the saved NodeSLO, not the defaults (400000)
+    assert restarted.stats.publish_failures == 1  # the event could not go out; the write happened
+
+
+async def test_a_kubelet_that_fails_leaves_node_loops_running(tmp_path: Path) -> None:
+    v1_tree(tmp_path / "cg")
+    pods = StaticPods(be_pod())
+    pods.fail = True
+    bus = await slo_bus({})
+    qos_loops = loops(tmp_path, bus, pods, cgroup_root=tmp_path / "cg")
+    assert await qos_loops.round() == []
+    assert qos_loops.stats.pod_list_failures == 1 and qos_loops.stats.rounds == 1
+
+
+# --- this machine's real cgroup v1 filesystem
+
+
+def _writable_v1_root() -> Path | None:
+    root = Path("/sys/fs/cgroup")
+    needed = [root / h for h in ("cpu", "cpuacct", "memory")]
+    if (root / "cgroup.controllers").exists() or not all(p.is_dir() and os.access(p, os.W_OK) for p in needed):
+        return None
+    return root
+
+
+def _rmdirs(tops: list[Path]) -> None:
+    for top in tops:
+        if top.exists():
+            for directory in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                directory.rmdir()
+            top.rmdir()
+
+
+@pytest.mark.cgroup
+async def test_real_cgroup_v1_values_are_applied_and_read_back(tmp_path: Path) -> None:
+    root = _writable_v1_root()
+    if root is None:
+        pytest.skip("needs a writable cgroup v1 filesystem (cpu, cpuacct, memory) at /sys/fs/cgroup")
+    parent = f"koordbus-test-{uuid.uuid4().hex[:12]}"
+    pod = f"kubepods/besteffort/pod{UID}"
+    tops = [root / h / parent for h in ("cpu", "cpuacct", "memory")]
+    try:
+        try:
+            for hierarchy in ("cpu", "cpuacct", "memory"):
+                (root / hierarchy / parent / pod / CID).mkdir(parents=True)
+        except OSError as e:
+            pytest.skip(f"the kernel refuses new cgroups under {root}: {e}")
+        bus = await slo_bus({})
+        qos_loops = loops(tmp_path, bus, StaticPods(be_pod()), cgroup_root=root, parent=parent)
+        (event,) = await qos_loops.round()
+        assert event.problems == [], event.problems
+        for directory in (pod, f"{pod}/{CID}"):
+            cpu, memory = root / "cpu" / parent / directory, root / "memory" / parent / directory
+            assert (cpu / "cpu.shares").read_text().strip() == "2048"
+            assert (cpu / "cpu.cfs_quota_us").read_text().strip() == "400000"
+            assert (memory / "memory.limit_in_bytes").read_text().strip() == str(8 * GI)
+        assert await qos_loops.round() == []  # the kernel's values read back equal: nothing to do
+        # A smaller limit: the container is lowered before the pod (the kernel refuses a child above its parent
+        # only for some controllers, but the order must hold everywhere).
+        smaller = be_pod(
+            annotation={
+                "containers": {
+                    "main": {
+                        "requests": {"kubernetes.io/batch-cpu": "1000"},
+                        "limits": {"kubernetes.io/batch-cpu": "1000", "kubernetes.io/batch-memory": "1Gi"},
+                    }
+                }
+            }
+        )
+        qos_loops._pods = StaticPods(smaller)
+        (event,) = await qos_loops.round()
+        order = [c.path for c in event.changes if c.path.endswith("memory.limit_in_bytes")]
+        assert order == [
+            f"memory/{parent}/{pod}/{CID}/memory.limit_in_bytes",
+            f"memory/{parent}/{pod}/memory.limit_in_bytes",
+        ]
+        assert (root / "memory" / parent / pod / "memory.limit_in_bytes").read_text().strip() == str(GI)
+        # The kernel refuses a CFS quota above a limited parent's (EINVAL): reported per file, the rest applied.
+        (root / "cpu" / parent / "kubepods/besteffort/cpu.cfs_quota_us").write_text("100000")
+        qos_loops._pods = StaticPods(be_pod())
+        (event,) = await qos_loops.round()
+        refused = {p.target for p in event.problems if "refused" in p.reason}
+        assert refused == {f"cpu/{parent}/{pod}/cpu.cfs_quota_us", f"cpu/{parent}/{pod}/{CID}/cpu.cfs_quota_us"}
+        assert (root / "cpu" / parent / pod / "cpu.cfs_quota_us").read_text().strip() == "100000"
+        assert (root / "memory" / parent / pod / "memory.limit_in_bytes").read_text().strip() == str(8 * GI)
+    finally:
+        _rmdirs(tops)
