@@ -102,6 +102,30 @@ def add_parsers(sub: Any) -> None:
     agent.add_argument("--proc-root", default=None, help="procfs mount (default /proc)")
     agent.add_argument("--cgroup-root", default=None, help="cgroup mount (default /sys/fs/cgroup)")
     agent.add_argument("--publish-interval", type=float, default=None, help="seconds per batch (default 10)")
+    mode = agent.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--dry-run",
+        dest="qos_mode",
+        action="store_const",
+        const="dry-run",
+        help="QoS loops plan, log and publish what they would write, and write nothing (the default)",
+    )
+    mode.add_argument(
+        "--apply", dest="qos_mode", action="store_const", const="apply", help="QoS loops write cgroup and resctrl files"
+    )
+    mode.add_argument("--no-qos", dest="qos_mode", action="store_const", const="off", help="run only the metrics half")
+    agent.add_argument(
+        "--kubelet-pods-url",
+        default=None,
+        help="the kubelet's pod list for the QoS loops, e.g. https://127.0.0.1:10250/pods (default: none, only "
+        "node-level loops; or KOORDBUS_KUBELET_PODS_URL)",
+    )
+    agent.add_argument("--resctrl-root", default=None, help="resctrl mount (default /sys/fs/resctrl)")
+    agent.add_argument(
+        "--state-dir",
+        default=None,
+        help="where the last good NodeSLO is kept across restarts (default /var/lib/koordbus)",
+    )
     agent.set_defaults(run=lambda a: asyncio.run(run_agent(a)))
 
     service = sub.add_parser(
@@ -333,6 +357,7 @@ async def _bridge_cluster(
     one, `koordbus up` records what would be written; `service k8s` refuses to start."""
     from services.k8s.client import KubeConfigError, api_client
     from services.k8s.migration_executor import MigrationExecutor
+    from services.k8s.nodeslo_mirror import KubeNodeSloSink, NodeSloMirror
     from services.k8s.observer import ClusterObserver
     from services.k8s.quota_mirror import KubeQuotaSink, QuotaMirror
     from services.k8s.settings import K8sSettings
@@ -379,6 +404,17 @@ async def _bridge_cluster(
     await writer.start()
     stack.push_async_callback(writer.stop)
     readiness: list[tuple[str, Any]] = [("kubernetes", writer.readiness)]
+    nodeslo_mirror = NodeSloMirror(
+        bus,
+        KubeNodeSloSink(
+            api, conflict_retries=settings.write_conflict_retries, request_timeout=settings.write_timeout_seconds
+        ),
+        settings=settings,
+        registry=registry,
+    )
+    await nodeslo_mirror.start()
+    stack.push_async_callback(nodeslo_mirror.stop)
+    readiness.append(("kubernetes-nodeslos", nodeslo_mirror.readiness))
     executor = MigrationExecutor(
         bus, api, migration_settings(os.environ.get("KOORDBUS_MIGRATION_ARGS_FILE")).args, registry=registry
     )
@@ -398,25 +434,34 @@ async def _bridge_cluster(
 async def _record_quotas(
     stack: AsyncExitStack, bus: Any, registry: Any, settings: Any, nodes_export: Any
 ) -> Callable[[], Any]:
-    """Record-only mode for the quota mirror too: what the recorded-writes route shows, ElasticQuotas included."""
+    """Record-only mode for the quota and NodeSLO mirrors too: what the recorded-writes route shows, ElasticQuotas
+    and NodeSLOs included."""
+    from services.k8s.nodeslo_mirror import NodeSloMirror, RecordingNodeSloSink
     from services.k8s.quota_mirror import QuotaMirror, RecordingQuotaSink
 
-    if not settings.mirror_quotas:
-        return nodes_export  # type: ignore[no-any-return]
-    quota_sink = RecordingQuotaSink(keep=settings.recorded_writes_kept)
-    mirror = QuotaMirror(bus, quota_sink, settings=settings, registry=registry)
-    await mirror.start()
-    stack.push_async_callback(mirror.stop)
+    nodeslo_sink = RecordingNodeSloSink(keep=settings.recorded_writes_kept)
+    nodeslo_mirror = NodeSloMirror(bus, nodeslo_sink, settings=settings, registry=registry)
+    await nodeslo_mirror.start()
+    stack.push_async_callback(nodeslo_mirror.stop)
+    quota_sink = None
+    if settings.mirror_quotas:
+        quota_sink = RecordingQuotaSink(keep=settings.recorded_writes_kept)
+        mirror = QuotaMirror(bus, quota_sink, settings=settings, registry=registry)
+        await mirror.start()
+        stack.push_async_callback(mirror.stop)
 
     def export() -> Any:
-        return {**nodes_export(), "quotas": quota_sink.export()}
+        quotas = {"quotas": quota_sink.export()} if quota_sink is not None else {}
+        return {**nodes_export(), **quotas, "nodeslos": nodeslo_sink.export()}
 
     return export
 
 
 async def run_agent(args: argparse.Namespace) -> int:
+    from agent.pods import KubeletPods
+    from agent.qos_loops import QosLoops
     from agent.service import AgentService
-    from agent.settings import AgentSettings
+    from agent.settings import AgentSettings, QosSettings
     from koordbus import runtime
 
     common = _common(args)
@@ -428,13 +473,41 @@ async def run_agent(args: argparse.Namespace) -> int:
         "publish_interval": args.publish_interval,
     }
     settings = settings_loader.load(AgentSettings, overrides)
+    qos_settings = settings_loader.load(
+        QosSettings,
+        {
+            "qos_mode": args.qos_mode,
+            "kubelet_pods_url": args.kubelet_pods_url,
+            "resctrl_root": args.resctrl_root,
+            "state_dir": args.state_dir,
+        },
+    )
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
         bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name=f"agent-{settings.node_name}")
         agent = AgentService(settings, bus)
         runtime.background(stack, agent.run(), name="agent")
+        loops = None
+        if qos_settings.qos_mode != "off":
+            pods = None
+            if qos_settings.kubelet_pods_url:
+                pods = KubeletPods(
+                    qos_settings.kubelet_pods_url,
+                    token_file=qos_settings.kubelet_token_file,
+                    insecure=qos_settings.kubelet_insecure,
+                )
+                stack.push_async_callback(pods.close)
+            loops = QosLoops(settings, qos_settings, bus, pods=pods)
+            runtime.background(stack, loops.run(), name="qos")
+        print(
+            f"koordbus agent {settings.node_name}: metrics every {settings.collect_interval:g} s, QoS loops "
+            f"{qos_settings.qos_mode}" + ("" if qos_settings.kubelet_pods_url else " (no kubelet: node-level only)"),
+            flush=True,
+        )
         await stop.wait()
         await agent.stop()
+        if loops is not None:
+            await loops.stop()
     return 0
 
 

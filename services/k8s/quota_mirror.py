@@ -4,10 +4,9 @@
 start so a restart re-applies the latest state of every quota) and writes each quota's ElasticQuota: created when
 missing, replaced when its spec, koordbus's labels and annotations, the write-back annotations or status.used differ
 (services.k8s.quota_writes decides; nothing is written when the object already holds the values), deleted when
-the quota is. It never writes from the consumer: the latest status per quota waits in a pending map (a newer one
-replaces an unwritten older one) and a writer task drains it, at most once per quota every
-`quota_write_interval_seconds`. A failed write is retried with exponential backoff until it succeeds or a newer
-status replaces it; after `unhealthy_after_write_failures` consecutive failures `healthy()` is False (/readyz).
+the quota is. It never writes from the consumer: services.k8s.latest_writer writes the latest status per quota, at
+most once per quota every `quota_write_interval_seconds`, retrying failures with backoff; after
+`unhealthy_after_write_failures` consecutive failures `healthy()` is False (/readyz).
 Where the writes go is a QuotaSink: the API server (`KubeQuotaSink`, a PUT guarded by the object's resourceVersion,
 re-read and retried on 409) or, in record-only mode, a `RecordingQuotaSink`. Built by the composition root.
 """
@@ -15,7 +14,6 @@ re-read and retried on 409) or, in record-only mode, a `RecordingQuotaSink`. Bui
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -28,16 +26,15 @@ from bus import streams, subjects
 from bus.api import Bus, Consumer, ConsumerSpec, Delivery
 from schemas.quota_service import QUOTA_STATUS_DECODER, QuotaStatusComputed
 from services.k8s import quota_writes, sinks
+from services.k8s.latest_writer import LatestWriter
 from services.k8s.settings import K8sSettings
 from services.k8s.sinks import WriteFailedError
-from services.k8s.writes import WriteHealth
 
 log = logging.getLogger(__name__)
 
 SERVICE: Final = "k8s-quota-mirror"
 CONSUMER: Final = "k8s-quota-mirror"
 HTTP_NOT_FOUND, HTTP_CONFLICT = 404, 409
-MAX_BACKOFF_SECONDS: Final = 30.0
 
 Json = dict[str, Any]
 
@@ -144,17 +141,16 @@ class QuotaMirror:
         self.bus = bus
         self.sink = sink
         self.settings = settings
-        self._clock = clock
-        self._pending: dict[str, QuotaStatusComputed] = {}
-        self._not_before: dict[str, float] = {}
-        self._failures: dict[str, int] = {}
-        self._last_write: dict[str, float] = {}
-        self._wake = asyncio.Event()
-        self._health = WriteHealth(settings.unhealthy_after_write_failures)
         self._consumer: Consumer | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._writes = Counter(
-            "koordbus_k8s_quota_writes", "ElasticQuota writes by outcome", ["action"], registry=registry
+        writes = Counter("koordbus_k8s_quota_writes", "ElasticQuota writes by outcome", ["action"], registry=registry)
+        self._writer: LatestWriter[QuotaStatusComputed] = LatestWriter(
+            "quota mirror: elasticquota",
+            self._write,
+            interval=settings.quota_write_interval_seconds,
+            backoff_initial=settings.backoff_initial_seconds,
+            unhealthy_after=settings.unhealthy_after_write_failures,
+            on_action=lambda action: writes.labels(action=action).inc(),
+            clock=clock,
         )
 
     async def start(self) -> None:
@@ -166,94 +162,40 @@ class QuotaMirror:
             deliver_policy="last_per_subject",
         )
         self._consumer = self.bus.consume(spec, _Handler(self), reset=True)
-        self._task = asyncio.create_task(self._run(), name="quota-mirror")
+        self._writer.start()
 
     async def stop(self) -> None:
         if self._consumer is not None:
             await self._consumer.stop()
             self._consumer = None
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._writer.stop()
 
     def healthy(self) -> bool:
-        return self._health.healthy
+        return self._writer.health.healthy
 
     async def readiness(self) -> str | None:
-        if self._health.healthy:
+        if self._writer.health.healthy:
             return None
-        return f"ElasticQuota writes failing: {self._health.last_error}"
+        return f"ElasticQuota writes failing: {self._writer.health.last_error}"
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        return self._writer.pending
 
     async def wait_idle(self, timeout: float) -> bool:
         """True once the consumer is drained and nothing waits to be written (tests)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = asyncio.get_running_loop().time() + timeout
         if self._consumer is not None and not await self._consumer.wait_idle(timeout):
             return False
-        while self._pending:
-            if loop.time() > deadline:
-                return False
-            await asyncio.sleep(0.02)
-        return True
+        return await self._writer.wait_drained(deadline)
 
     def offer(self, status: QuotaStatusComputed) -> None:
-        self._pending[status.quota] = status
-        self._failures.pop(status.quota, None)
-        last = self._last_write.get(status.quota)
-        interval = self.settings.quota_write_interval_seconds
-        self._not_before[status.quota] = self._clock() if last is None else max(self._clock(), last + interval)
-        self._wake.set()
+        self._writer.offer(status.quota, status)
 
-    async def _run(self) -> None:
-        while True:
-            now = self._clock()
-            due = [name for name, at in self._not_before.items() if at <= now and name in self._pending]
-            for name in sorted(due):
-                await self._write(name)
-            waits = [at - self._clock() for name, at in self._not_before.items() if name in self._pending]
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.0, min(waits)) if waits else None)
-
-    async def _write(self, name: str) -> None:
-        status = self._pending.pop(name)
-        try:
-            desired = quota_writes.desired_quota(status)
-            if desired is not None:
-                action = await self.sink.write(desired)
-            elif status.object is not None:
-                action = await self.sink.delete(status.object.metadata.namespace, name)
-            else:
-                action = "skipped"  # a tombstone whose namespace nobody knows any more
-        except WriteFailedError as e:
-            self._failed(name, status, str(e), retry=e.retry)
-            return
-        except Exception as e:  # a bug or a malformed status must not stop the mirror
-            log.exception("quota mirror: writing %s failed", name)
-            self._failed(name, status, f"{type(e).__name__}: {e}", retry=False)
-            return
-        self._health.succeeded()
-        self._failures.pop(name, None)
-        self._last_write[name] = self._clock()
-        self._writes.labels(action=action).inc()
-        if action != "unchanged":
-            log.info("quota mirror: elasticquota %s %s", name, action)
-
-    def _failed(self, name: str, status: QuotaStatusComputed, reason: str, *, retry: bool) -> None:
-        self._health.failed(reason)
-        self._writes.labels(action="failed").inc()
-        log.warning("quota mirror: elasticquota %s: %s%s", name, reason, "" if retry else " (not retried)")
-        if not retry or name in self._pending:  # a newer status replaces this one
-            return
-        failures = self._failures.get(name, 0) + 1
-        self._failures[name] = failures
-        self._pending[name] = status
-        self._not_before[name] = self._clock() + min(
-            MAX_BACKOFF_SECONDS, self.settings.backoff_initial_seconds * 2 ** (failures - 1)
-        )
+    async def _write(self, name: str, status: QuotaStatusComputed) -> str:
+        desired = quota_writes.desired_quota(status)
+        if desired is not None:
+            return await self.sink.write(desired)
+        if status.object is not None:
+            return await self.sink.delete(status.object.metadata.namespace, name)
+        return "skipped"  # a tombstone whose namespace nobody knows any more

@@ -1,0 +1,124 @@
+"""Writing the latest intent per object to the cluster, never from a consumer: the mirrors' shared write loop.
+
+`LatestWriter.offer(key, intent)` puts an intent in a pending map (a newer one replaces an unwritten older one) and
+a writer task drains it, writing each key at most once every `interval` seconds through the `write` callback (which
+returns the action taken: created / updated / unchanged / deleted …). A write that raises WriteFailedError is kept
+and retried with exponential backoff (up to MAX_BACKOFF_SECONDS) until it succeeds or a newer intent replaces it; a
+non-retryable failure or any other exception is logged and dropped. After `unhealthy_after` consecutive failures
+`healthy` is False until one succeeds (for /readyz). Used by services.k8s.quota_mirror and services.k8s.nodeslo_mirror.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Final, Generic, TypeVar
+
+from services.k8s.sinks import WriteFailedError
+from services.k8s.writes import WriteHealth
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_SECONDS: Final = 30.0
+Intent = TypeVar("Intent")
+
+
+class LatestWriter(Generic[Intent]):
+    def __init__(
+        self,
+        what: str,
+        write: Callable[[str, Intent], Awaitable[str]],
+        *,
+        interval: float,
+        backoff_initial: float,
+        unhealthy_after: int,
+        on_action: Callable[[str], None] = lambda action: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._what = what
+        self._write_fn = write
+        self._interval = interval
+        self._backoff_initial = backoff_initial
+        self._on_action = on_action
+        self._clock = clock
+        self._pending: dict[str, Intent] = {}
+        self._not_before: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
+        self._last_write: dict[str, float] = {}
+        self._wake = asyncio.Event()
+        self.health = WriteHealth(unhealthy_after)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"{self._what}-writer")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def wait_drained(self, deadline: float) -> bool:
+        """True once nothing waits to be written; False at `deadline` (event loop time)."""
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            if loop.time() > deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    def offer(self, key: str, intent: Intent) -> None:
+        self._pending[key] = intent
+        self._failures.pop(key, None)
+        last = self._last_write.get(key)
+        now = self._clock()
+        self._not_before[key] = now if last is None else max(now, last + self._interval)
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            now = self._clock()
+            due = [key for key, at in self._not_before.items() if at <= now and key in self._pending]
+            for key in sorted(due):
+                await self._write(key)
+            waits = [at - self._clock() for key, at in self._not_before.items() if key in self._pending]
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.0, min(waits)) if waits else None)
+
+    async def _write(self, key: str) -> None:
+        intent = self._pending.pop(key)
+        try:
+            action = await self._write_fn(key, intent)
+        except WriteFailedError as e:
+            self._failed(key, intent, str(e), retry=e.retry)
+            return
+        except Exception as e:  # a bug or a malformed intent must not stop the writer
+            log.exception("%s: writing %s failed", self._what, key)
+            self._failed(key, intent, f"{type(e).__name__}: {e}", retry=False)
+            return
+        self.health.succeeded()
+        self._failures.pop(key, None)
+        self._last_write[key] = self._clock()
+        self._on_action(action)
+        if action != "unchanged":
+            log.info("%s: %s %s", self._what, key, action)
+
+    def _failed(self, key: str, intent: Intent, reason: str, *, retry: bool) -> None:
+        self.health.failed(reason)
+        self._on_action("failed")
+        log.warning("%s: %s: %s%s", self._what, key, reason, "" if retry else " (not retried)")
+        if not retry or key in self._pending:  # a newer intent replaces this one
+            return
+        failures = self._failures.get(key, 0) + 1
+        self._failures[key] = failures
+        self._pending[key] = intent
+        self._not_before[key] = self._clock() + min(MAX_BACKOFF_SECONDS, self._backoff_initial * 2 ** (failures - 1))

@@ -1,0 +1,221 @@
+"""The NodeSLO mirror: each node's rendered NodeSLO (the KOORD_SLO bucket) written to the cluster as a NodeSLO object
+(slo.koordinator.sh/v1alpha1, cluster-scoped, named after the node), for koordlets and anyone reading NodeSLOs.
+
+`NodeSloMirror` follows the bucket's node keys (last value per key, the durable reset at start so a restart
+re-applies every node's latest spec) and hands each to services.k8s.latest_writer: a NodeSLO is created when
+missing, its spec replaced (guarded by resourceVersion, re-read on 409) when it differs, deleted when the key is
+(the node left). Labels and annotations others put on the object are kept; koordbus adds its managed-by label.
+`desired_nodeslo` is the object we want, `nodeslo_update` the replacement (None when nothing differs). Where the
+writes go is a NodeSloSink: the API server (`KubeNodeSloSink`) or, in record-only mode, `RecordingNodeSloSink`.
+Built by the composition root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Protocol
+
+from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
+from prometheus_client import CollectorRegistry, Counter
+
+from bus import streams, subjects
+from bus.api import Bus, Consumer, ConsumerSpec, Delivery
+from schemas.qos import NODE_SLO_DECODER
+from services.k8s import sinks
+from services.k8s.latest_writer import LatestWriter
+from services.k8s.settings import K8sSettings
+from services.k8s.sinks import WriteFailedError
+
+SERVICE: Final = "k8s-nodeslo-mirror"
+CONSUMER: Final = "k8s-nodeslo-mirror"
+GROUP, VERSION, PLURAL = "slo.koordinator.sh", "v1alpha1", "nodeslos"
+MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "koordbus"}
+HTTP_NOT_FOUND, HTTP_CONFLICT = 404, 409
+
+Json = dict[str, Any]
+
+
+def desired_nodeslo(node: str, spec: Json) -> Json:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "NodeSLO",
+        "metadata": {"name": node, "labels": dict(MANAGED_BY)},
+        "spec": copy.deepcopy(spec),
+    }
+
+
+def nodeslo_update(current: Json, desired: Json) -> Json | None:
+    """`current` with desired's spec and labels, or None when it already holds them."""
+    labels = {**(current.get("metadata", {}).get("labels") or {}), **desired["metadata"]["labels"]}
+    if current.get("spec") == desired["spec"] and labels == (current.get("metadata", {}).get("labels") or {}):
+        return None
+    update = copy.deepcopy(current)
+    update["spec"] = copy.deepcopy(desired["spec"])
+    update.setdefault("metadata", {})["labels"] = labels
+    return update
+
+
+class NodeSloSink(Protocol):
+    async def write(self, desired: Json) -> str: ...
+
+    async def delete(self, node: str) -> str: ...
+
+
+class KubeNodeSloSink:
+    def __init__(self, api_client: ApiClient, *, conflict_retries: int = 5, request_timeout: float = 30.0) -> None:
+        self._custom = CustomObjectsApi(api_client)
+        self._attempts = conflict_retries + 1
+        self._timeout = request_timeout
+
+    async def write(self, desired: Json) -> str:
+        name = desired["metadata"]["name"]
+        for _ in range(self._attempts):
+            status, body = await self._request(
+                self._custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name, **self._opts())
+            )
+            if status == HTTP_NOT_FOUND:
+                status, body = await self._request(
+                    self._custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, desired, **self._opts())
+                )
+                if status == HTTP_CONFLICT:
+                    continue
+                sinks.parsed(status, body, f"create NodeSLO {name}")
+                return "created"
+            update = nodeslo_update(sinks.parsed(status, body, f"get NodeSLO {name}"), desired)
+            if update is None:
+                return "unchanged"
+            status, body = await self._request(
+                self._custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, name, update, **self._opts())
+            )
+            if status == HTTP_CONFLICT:
+                continue
+            sinks.parsed(status, body, f"replace NodeSLO {name}")
+            return "updated"
+        raise WriteFailedError(f"NodeSLO {name}: still changing under us after {self._attempts} tries")
+
+    async def delete(self, node: str) -> str:
+        status, body = await self._request(
+            self._custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, node, **self._opts())
+        )
+        if status == HTTP_NOT_FOUND:
+            return "unchanged"
+        sinks.parsed(status, body, f"delete NodeSLO {node}")
+        return "deleted"
+
+    def _opts(self) -> dict[str, Any]:
+        return {"_preload_content": False, "_request_timeout": self._timeout}
+
+    @staticmethod
+    async def _request(call: Awaitable[object]) -> tuple[int, bytes]:
+        return await sinks.raw_request(call)
+
+
+class RecordingNodeSloSink:
+    """Record-only mode: the NodeSLOs that would be written, and the last writes."""
+
+    def __init__(self, *, keep: int = 1000, clock: Callable[[], float] = time.time) -> None:
+        self.objects: dict[str, Json] = {}
+        self.log: deque[Json] = deque(maxlen=keep)
+        self._clock = clock
+
+    async def write(self, desired: Json) -> str:
+        name = desired["metadata"]["name"]
+        current = self.objects.get(name)
+        if current is not None and nodeslo_update(current, desired) is None:
+            return "unchanged"
+        self.objects[name] = desired
+        action = "created" if current is None else "updated"
+        self.log.append({"at": self._clock(), "node": name, "action": action})
+        return action
+
+    async def delete(self, node: str) -> str:
+        if self.objects.pop(node, None) is None:
+            return "unchanged"
+        self.log.append({"at": self._clock(), "node": node, "action": "deleted"})
+        return "deleted"
+
+    def export(self) -> Json:
+        return {"objects": dict(self.objects), "writes": list(self.log)}
+
+
+class _Handler:
+    def __init__(self, mirror: NodeSloMirror) -> None:
+        self._mirror = mirror
+
+    async def handle(self, delivery: Delivery) -> None:
+        node = subjects.node_of_slo_key(delivery.subject)
+        if node is None:
+            return
+        if delivery.headers.get("KV-Operation") in ("DEL", "PURGE"):
+            self._mirror.offer(node, None)
+        else:
+            self._mirror.offer(node, NODE_SLO_DECODER.decode(delivery.data).spec)
+
+    async def flush(self) -> None:
+        return None
+
+
+class NodeSloMirror:
+    def __init__(
+        self,
+        bus: Bus,
+        sink: NodeSloSink,
+        *,
+        settings: K8sSettings,
+        registry: CollectorRegistry,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.bus = bus
+        self.sink = sink
+        self._consumer: Consumer | None = None
+        writes = Counter("koordbus_k8s_nodeslo_writes", "NodeSLO writes by outcome", ["action"], registry=registry)
+        self._writer: LatestWriter[Json | None] = LatestWriter(
+            "nodeslo mirror: nodeslo",
+            self._write,
+            interval=settings.quota_write_interval_seconds,
+            backoff_initial=settings.backoff_initial_seconds,
+            unhealthy_after=settings.unhealthy_after_write_failures,
+            on_action=lambda action: writes.labels(action=action).inc(),
+            clock=clock,
+        )
+
+    async def start(self) -> None:
+        await self.bus.ensure_streams([streams.slo_stream()])
+        spec = ConsumerSpec(
+            durable=CONSUMER,
+            stream=streams.KV_KOORD_SLO,
+            filter_subjects=(subjects.SLO_ALL,),
+            service=SERVICE,
+            deliver_policy="last_per_subject",
+        )
+        self._consumer = self.bus.consume(spec, _Handler(self), reset=True)
+        self._writer.start()
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+        await self._writer.stop()
+
+    async def readiness(self) -> str | None:
+        if self._writer.health.healthy:
+            return None
+        return f"NodeSLO writes failing: {self._writer.health.last_error}"
+
+    async def wait_idle(self, timeout: float) -> bool:
+        deadline = asyncio.get_running_loop().time() + timeout
+        if self._consumer is not None and not await self._consumer.wait_idle(timeout):
+            return False
+        return await self._writer.wait_drained(deadline)
+
+    def offer(self, node: str, spec: Json | None) -> None:
+        self._writer.offer(node, spec)
+
+    async def _write(self, node: str, spec: Json | None) -> str:
+        if spec is None:
+            return await self.sink.delete(node)
+        return await self.sink.write(desired_nodeslo(node, spec))
