@@ -47,6 +47,11 @@ MIN_SUPPRESS_QUOTA_US = 2000
 """The smallest besteffort CFS quota the cfsQuota suppress policy writes (spec §5.5.1), and the fail-safe's."""
 
 
+def _spelled(resource: str, values: dict[int, int]) -> str:
+    spelled = "{}={:d}" if resource == "MB" else "{}={:x}"
+    return f"{resource}:" + ";".join(spelled.format(k, v) for k, v in sorted(values.items()))
+
+
 class PodSource(Protocol):
     async def list(self) -> PodList: ...
 
@@ -247,19 +252,25 @@ class QosLoops:
                         result.problems.append(Problem(target=group, reason=f"cannot create the group: {e}"))
                         continue
             current = actuate.parse_schemata(self._resctrl.read(f"{group}/schemata") or "")
-            for resource, line in lines.items():
-                if budget[0] <= 0:
-                    result.deferred += 1
-                    continue
-                if actuate.schemata_differs(line, current):
-                    spelled = "{}={:d}" if resource == "MB" else "{}={:x}"
-                    before = ";".join(spelled.format(k, v) for k, v in sorted(current.get(resource, {}).items()))
-                    if self._write(self._resctrl, f"{group}/schemata", line + "\n", result):
-                        reason = f"{group} {resource} from the class's resctrlQOS (§5.4)"
-                        result.changes.append(
-                            Change(path=f"{group}/schemata", before=before, after=line, reason=reason)
-                        )
-                        budget[0] -= 1
+            differing = [resource for resource, line in lines.items() if actuate.schemata_differs(line, current)]
+            if not differing:
+                continue
+            if budget[0] <= 0:
+                result.deferred += 1
+                continue
+            # every line of the group in one write: the kernel takes several lines at once, and a group is never
+            # left with a new L3 mask but an old MBA value between two rounds
+            text = "".join(line + "\n" for line in lines.values())
+            if self._write(self._resctrl, f"{group}/schemata", text, result):
+                result.changes.append(
+                    Change(
+                        path=f"{group}/schemata",
+                        before=";".join(_spelled(resource, current.get(resource, {})) for resource in differing),
+                        after=" ".join(lines[resource] for resource in differing),
+                        reason=f"{group} {'/'.join(differing)} from the class's resctrlQOS (§5.4)",
+                    )
+                )
+                budget[0] -= 1
         if layout is not None:
             self._assign_tasks(pods, layout, slo, result, budget)
         return result

@@ -258,12 +258,12 @@ async def test_resctrl_groups_get_their_schemata_once_and_pod_threads_join_them(
     changes = {c.path: c for c in events["resctrl"].changes}
     assert set(changes) == {"BE/schemata", "BE/tasks"}  # LS and LSR keep their full masks: nothing to write
     # A regular file takes the last write only; the kernel would merge the two lines. Both were written:
-    assert (resctrl / "BE/schemata").read_text() in ("MB:0=50;1=50;\n", "L3:0=f;1=f;\n")
-    assert {c.after for c in events["resctrl"].changes if c.path == "BE/schemata"} == {"MB:0=50;1=50;", "L3:0=f;1=f;"}
-    mb = next(c for c in events["resctrl"].changes if c.after.startswith("MB"))
-    assert mb.before == "0=100;1=100"
+    assert (resctrl / "BE/schemata").read_text() == "L3:0=f;1=f;\nMB:0=50;1=50;\n"  # one write, both lines
+    assert changes["BE/schemata"].before == "L3:0=7ff;1=7ff;MB:0=100;1=100"
+    assert changes["BE/schemata"].after == "L3:0=f;1=f; MB:0=50;1=50;"
     assert (resctrl / "BE/tasks").read_text() == "101\n102"  # appended: only the thread not there yet
     assert changes["BE/tasks"].after == "+1 threads"
+    assert await qos_loops.round() == []  # everything in place: nothing written, nothing published
 
 
 async def test_resctrl_enabled_without_resctrl_is_one_problem_not_a_crash(tmp_path: Path) -> None:
