@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import resource
+import shlex
 import sys
 import tempfile
 import time
@@ -149,7 +150,7 @@ async def run(pods: int, seconds: float) -> dict[str, Any]:
         cpu_percent = 100 * cpu / wall
         rss = _rss_mb()
         return {
-            "benchmark": "agent",
+            "bench": "agent",
             "pods": pods,
             "seconds": round(wall, 1),
             "cpu_percent_of_one_core": round(cpu_percent, 2),
@@ -160,6 +161,7 @@ async def run(pods: int, seconds: float) -> dict[str, Any]:
             "steady_writes": loops.stats.writes - first_writes,
             "qos_problems": loops.stats.problems,
             "target_held": cpu_percent < CPU_TARGET_PERCENT and rss < RSS_TARGET_MB,
+            "command": shlex.join(["python", "bench/agent.py", *sys.argv[1:]]),
         }
 
 

@@ -1,0 +1,40 @@
+"""bench/agent.py at toy size: one JSON line with the documented keys; the first round writes the BE pods' values
+and the steady rounds write nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "agent.py"
+KEYS = {
+    "bench", "pods", "seconds", "cpu_percent_of_one_core", "peak_rss_mb", "qos_rounds", "collections",
+    "first_round_writes", "steady_writes", "qos_problems", "target_held", "command",
+}  # fmt: skip
+
+
+def test_prints_one_json_line_with_sane_figures() -> None:
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--pods", "6", "--seconds", "2"], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.strip().splitlines()
+    assert len(lines) == 1
+    result = json.loads(lines[0])
+    assert set(result) == KEYS
+    # 3 BE pods × (pod + 2 containers) × 3 files, plus the resctrl groups whose schemata change
+    assert result["first_round_writes"] >= 27
+    assert result["steady_writes"] == 0 and result["qos_problems"] == 0
+    assert result["qos_rounds"] >= 1 and result["collections"] >= 1
+    assert result["cpu_percent_of_one_core"] > 0 and result["peak_rss_mb"] > 0
+
+
+def test_bad_arguments_are_a_usage_error() -> None:
+    run = subprocess.run([sys.executable, str(SCRIPT), "--pods", "0"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--pods" in run.stderr
