@@ -31,7 +31,9 @@ from typing import Any, Protocol
 
 import msgspec
 
-from agent import actuate, collect, qos
+from agent import actuate, collect, qos, suppress
+from agent.core import Tick
+from agent.cpus import read_cpus
 from agent.files import PathRejected, RootedFiles
 from agent.pods import PodList
 from agent.settings import AgentSettings, QosSettings
@@ -93,7 +95,9 @@ class QosLoops:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         cpu_count: int | None = None,
+        usage: Callable[[], Tick | None] | None = None,
     ) -> None:
+        """`usage`: the metrics half's latest samples (AgentService.latest_tick); without it CPU suppress waits."""
         self.node = agent_settings.node_name
         self.settings = settings
         self.stats = QosStats()
@@ -111,6 +115,7 @@ class QosLoops:
         self._failsafe_active = False
         self._stopping = False
         self._said_resctrl_absent = False
+        self._usage = usage or (lambda: None)
 
     @property
     def dry_run(self) -> bool:
@@ -136,7 +141,7 @@ class QosLoops:
             self._next_slo_read = now + self.settings.slo_poll_interval
         slo = effective_slo(self.slo.spec)
         pods = await self._list_pods()
-        results = await asyncio.to_thread(self._run_loops, pods, slo, now)
+        results = await asyncio.to_thread(self._run_loops, pods, slo, now, self._usage())
         events: list[ActuationApplied] = []
         for loop, result in results:
             event = self._event_for(loop, result, now)
@@ -160,7 +165,7 @@ class QosLoops:
     # --- the loops (worker thread)
 
     def _run_loops(
-        self, pods: list[actuate.NodePod] | None, slo: dict[str, Any], now: float
+        self, pods: list[actuate.NodePod] | None, slo: dict[str, Any], now: float, tick: Tick | None
     ) -> list[tuple[ActuationLoop, _LoopResult]]:
         budget = [self.settings.max_writes_per_round]
         layout = self._layout()
@@ -171,6 +176,8 @@ class QosLoops:
             out.append(("resctrl", self._resctrl_loop(pods, layout, slo, budget)))
         if layout is not None:
             out.append(("failsafe", self._failsafe(layout, slo, now, budget)))
+        if layout is not None and pods is not None and not self._failsafe_active:
+            out.append(("cpu-suppress", self._cpu_suppress(pods, layout, slo, now, tick, budget)))
         return out
 
     def _layout(self) -> actuate.Layout | None:
@@ -347,6 +354,120 @@ class QosLoops:
             return False
         self.stats.writes += 1
         return True
+
+    def _cpu_suppress(
+        self,
+        pods: list[actuate.NodePod],
+        layout: actuate.Layout,
+        slo: dict[str, Any],
+        now: float,
+        tick: Tick | None,
+        budget: list[int],
+    ) -> _LoopResult:
+        """§5.5.1: the besteffort cgroup's CFS quota or cpuset follows what BE may use now; when the strategy is
+        off, both are released (quota unlimited, every CPU)."""
+        result = _LoopResult()
+        threshold = slo["resourceUsedThresholdWithBE"]
+        quota_name = "cpu.max" if layout.version == 2 else "cpu.cfs_quota_us"
+        be_dir = layout.qos_dir(vocab.KUBE_QOS_BESTEFFORT)
+        quota_path = layout.file("cpu", be_dir, quota_name)
+        unlimited = "max" if layout.version == 2 else "-1"
+        try:
+            all_cpus = read_cpus(self.settings.sys_root)
+        except (OSError, ValueError) as e:
+            result.problems.append(Problem(target=self.settings.sys_root, reason=f"cannot read the CPUs: {e}"))
+            return result
+        every_cpu = {cpu.id for cpu in all_cpus}
+        if not threshold.get("enable"):
+            released = "CPU suppress is off: BE quota unlimited and every CPU (§5.5.1)"
+            self._apply_wants([actuate.Want(path=quota_path, value=unlimited, reason=released)], result, budget)
+            self._set_be_cpuset(layout, every_cpu, released, result, budget)
+            return result
+        if tick is None or tick.node is None or now - tick.at > self.settings.usage_max_age:
+            result.problems.append(Problem(target="usage", reason="no fresh CPU usage sample: BE CPU left as is"))
+            return result
+        allowance = suppress.be_allowance(
+            capacity_milli=len(all_cpus) * 1000,
+            node_used_milli=int(tick.node[1] * 1000),
+            pod_used_milli={p.pod.uid: int(p.sample[1] * 1000) for p in tick.pods},
+            pods=pods,
+            threshold_percent=threshold.get("cpuSuppressThresholdPercent", 65),
+            min_percent=threshold.get("cpuSuppressMinPercent"),
+            node_reserved_milli=self.settings.reserved_cpu_milli,
+        )
+        if threshold.get("cpuSuppressPolicy") == "cfsQuota":
+            current_text = actuate.normalize(quota_path, self._cgroups.read(quota_path))
+            if current_text is None:
+                result.problems.append(Problem(target=quota_path, reason="cgroup file missing"))
+                return result
+            current = -1 if current_text in ("-1", "max") else int(current_text)
+            target = suppress.cfs_quota_target(allowance.milli, current=current, cpus=len(all_cpus))
+            if target is not None:
+                reason = f"BE may use {allowance.explanation}: CFS quota {target} µs per 100 ms (§5.5.1)"
+                self._apply_wants([actuate.Want(path=quota_path, value=str(target), reason=reason)], result, budget)
+            self._set_be_cpuset(layout, every_cpu, "cfsQuota policy: BE cpuset is every CPU", result, budget)
+            return result
+        old = self._read_cpuset(layout.file("cpuset", be_dir, "cpuset.cpus")) or every_cpu
+        size = suppress.cpuset_size(allowance.milli, old_size=len(old), logical_cpus=len(all_cpus))
+        chosen = set(suppress.pick_cpus(all_cpus, size))
+        reason = f"BE may use {allowance.explanation}: {size} CPUs (§5.5.1)"
+        self._set_be_cpuset(layout, chosen, reason, result, budget)
+        quota_reason = "cpuset policy: BE CFS quota unlimited"
+        self._apply_wants([actuate.Want(path=quota_path, value=unlimited, reason=quota_reason)], result, budget)
+        return result
+
+    def _read_cpuset(self, path: str) -> set[int] | None:
+        try:
+            text = self._cgroups.read(path)
+            return suppress.parse_cpuset(text) if text is not None and text.strip() else None
+        except (OSError, ValueError, PathRejected):
+            return None
+
+    def _set_be_cpuset(
+        self, layout: actuate.Layout, cpus: set[int], reason: str, result: _LoopResult, budget: list[int]
+    ) -> None:
+        """Every cpuset cgroup under besteffort gets `cpus`: first the union of old and new, top down, then the new
+        set, bottom up, so no child ever holds a CPU its parent lacks."""
+        top = layout.file("cpuset", layout.qos_dir(vocab.KUBE_QOS_BESTEFFORT), "")
+        dirs = self._subtree(top.rstrip("/"), depth=2)
+        current = {d: self._read_cpuset(f"{d}/cpuset.cpus") for d in dirs}
+        stale = [d for d in dirs if current[d] is not None and current[d] != cpus]
+        if not stale:
+            return
+        if len(stale) * 2 > budget[0]:
+            result.deferred += len(stale)
+            return
+        for d in dirs:  # top down
+            have = current[d]
+            if have is not None and have | cpus != have:
+                self._write(self._cgroups, f"{d}/cpuset.cpus", suppress.format_cpuset(have | cpus), result)
+        for d in reversed(dirs):  # bottom up
+            have = current[d]
+            if have is not None and have != cpus:
+                path = f"{d}/cpuset.cpus"
+                if self._write(self._cgroups, path, suppress.format_cpuset(cpus), result):
+                    after = suppress.format_cpuset(cpus)
+                    result.changes.append(
+                        Change(path=path, before=suppress.format_cpuset(have), after=after, reason=reason)
+                    )
+        budget[0] -= len(stale) * 2
+
+    def _subtree(self, top: str, *, depth: int) -> list[str]:
+        """`top` and its subdirectories down to `depth` levels, parents before children (relative paths)."""
+        out = [top]
+        frontier = [top]
+        for _ in range(depth):
+            children: list[str] = []
+            for directory in frontier:
+                try:
+                    with os.scandir(self._cgroups.path(f"{directory}/cpuset.cpus").rsplit("/", 1)[0]) as it:
+                        names = sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
+                except (OSError, PathRejected):
+                    continue
+                children += [f"{directory}/{name}" for name in names]
+            out += children
+            frontier = children
+        return out
 
     def _failsafe(self, layout: actuate.Layout, slo: dict[str, Any], now: float, budget: list[int]) -> _LoopResult:
         result = _LoopResult()

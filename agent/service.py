@@ -81,6 +81,8 @@ class AgentService:
         self._state_pending = False
         self._stopping = False
         self._failure_streak = 0
+        self.latest_tick: core.Tick | None = None
+        """The samples of the latest collection (the QoS loops read current usage from it)."""
 
     async def stop(self) -> None:
         """Ask `run` to return after the current iteration. The open window is not published: a partial batch
@@ -105,6 +107,7 @@ class AgentService:
         reading = await self._read(now)
         if reading is not None:
             tick = self._sampler.observe(reading)
+            self.latest_tick = tick
             self._enqueue(self._builder.add(tick, dropped_batches=self._dropped_unreported))
             self._note_state(reading)
         elif self._builder.due(now):

@@ -109,6 +109,13 @@ class QosSettings:
     """Seconds between two reads of this node's NodeSLO key."""
     max_writes_per_round: int = 256
     """A round writes at most this many files; the rest waits for the next round (bounded movement)."""
+    sys_root: str = "/sys"
+    """Where sysfs is mounted: the CPU topology the cpuset suppress policy spreads BE pods over."""
+    reserved_cpu_milli: int = 0
+    """CPU the node reserves for the system (the kubelet's kube/system-reserved), in millicores: CPU suppress never
+    counts the system as using less."""
+    usage_max_age: float = 3.0
+    """Seconds after which the latest usage sample is too old for CPU suppress (the loop waits for a fresh one)."""
     failsafe_after: float = 300.0
     """Seconds without a readable NodeSLO after which BE pods are suppressed to the minimum CFS quota and no new
     eviction is started, until the control plane is back."""
@@ -116,12 +123,16 @@ class QosSettings:
     def __post_init__(self) -> None:
         if self.qos_mode not in ("off", "dry-run", "apply"):
             raise AgentSettingsError(f"qos mode must be 'off', 'dry-run' or 'apply', got {self.qos_mode!r}")
-        for name in ("round_interval", "slo_poll_interval", "failsafe_after"):
+        for name in ("round_interval", "slo_poll_interval", "failsafe_after", "usage_max_age"):
             if not getattr(self, name) > 0:
                 raise AgentSettingsError(f"{name} must be a positive number of seconds, got {getattr(self, name)!r}")
         if self.max_writes_per_round < 1:
             raise AgentSettingsError(f"max_writes_per_round must be at least 1, got {self.max_writes_per_round}")
-        if not self.resctrl_root.startswith("/"):
-            raise AgentSettingsError(f"resctrl_root must be an absolute path, got {self.resctrl_root!r}")
+        if self.reserved_cpu_milli < 0:
+            raise AgentSettingsError(f"reserved_cpu_milli must not be negative, got {self.reserved_cpu_milli}")
+        if not self.resctrl_root.startswith("/") or not self.sys_root.startswith("/"):
+            raise AgentSettingsError(
+                f"resctrl_root and sys_root must be absolute paths, got {self.resctrl_root!r}, {self.sys_root!r}"
+            )
         if self.kubelet_pods_url and not self.kubelet_pods_url.startswith(("http://", "https://")):
             raise AgentSettingsError(f"kubelet_pods_url must be an http(s) URL, got {self.kubelet_pods_url!r}")

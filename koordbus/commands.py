@@ -497,7 +497,7 @@ async def run_agent(args: argparse.Namespace) -> int:
                     insecure=qos_settings.kubelet_insecure,
                 )
                 stack.push_async_callback(pods.close)
-            loops = QosLoops(settings, qos_settings, bus, pods=pods)
+            loops = QosLoops(settings, qos_settings, bus, pods=pods, usage=lambda: agent.latest_tick)
             runtime.background(stack, loops.run(), name="qos")
         print(
             f"koordbus agent {settings.node_name}: metrics every {settings.collect_interval:g} s, QoS loops "

@@ -19,7 +19,13 @@ GI = 1 << 30
 
 
 def be_pod(
-    uid: str = UID, *, annotation: Any = None, phase: str = "Running", label: str = "BE", name: str = "batch-0"
+    uid: str = UID,
+    *,
+    annotation: Any = None,
+    phase: str = "Running",
+    label: str = "BE",
+    name: str = "batch-0",
+    kube_qos: str = "BestEffort",
 ) -> actuate.NodePod:
     spec = annotation or {
         "containers": {
@@ -41,7 +47,7 @@ def be_pod(
                 },
             },
             "spec": {"containers": [{"name": "main"}]},
-            "status": {"phase": phase, "qosClass": "BestEffort"},
+            "status": {"phase": phase, "qosClass": kube_qos},
         },
         kube.Pod,
     )
