@@ -22,8 +22,10 @@ File I/O runs in a worker thread so the event loop (and the metrics half of the 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
+import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +33,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from agent import actuate, collect, qos, suppress
+from agent import actuate, collect, evict, qos, suppress
 from agent.core import Tick
 from agent.cpus import read_cpus
 from agent.files import PathRejected, RootedFiles
@@ -41,10 +43,13 @@ from agent.slo import effective_slo
 from agent.slo_watch import KeyReader, SloSource
 from bus import api, subjects
 from schemas import vocab
-from schemas.qos import ActuationApplied, ActuationLoop, Change, Problem
+from schemas.qos import ActuationApplied, ActuationLoop, Change, PodEvictionRequested, Problem
 
 log = logging.getLogger(__name__)
 
+MEMORY_EVICT_COOLDOWN_SECONDS = 4.0
+CPU_EVICT_COOLDOWN_SECONDS = 20.0
+"""After a round that evicted, the loop waits this long (koordlet's cool-downs)."""
 MIN_SUPPRESS_QUOTA_US = 2000
 """The smallest besteffort CFS quota the cfsQuota suppress policy writes (spec §5.5.1), and the fail-safe's."""
 
@@ -73,6 +78,8 @@ class QosStats:
     events_published: int = 0
     publish_failures: int = 0
     pod_list_failures: int = 0
+    evictions_requested: int = 0
+    evictions_killed_locally: int = 0
     failsafe_active: bool = False
     last_round_seconds: float = 0.0
 
@@ -82,6 +89,7 @@ class _LoopResult:
     changes: list[Change] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     deferred: int = 0
+    victims: list[evict.Victim] = field(default_factory=list)
 
 
 class QosLoops:
@@ -116,6 +124,10 @@ class QosLoops:
         self._stopping = False
         self._said_resctrl_absent = False
         self._usage = usage or (lambda: None)
+        self._pending_evictions: dict[str, float] = {}
+        """uid → when its eviction was requested: counted as released, not asked for again, for a while."""
+        self._cooldown_until: dict[str, float] = {}
+        self._cpu_window: collections.deque[evict.CpuSample] = collections.deque()
 
     @property
     def dry_run(self) -> bool:
@@ -144,6 +156,8 @@ class QosLoops:
         results = await asyncio.to_thread(self._run_loops, pods, slo, now, self._usage())
         events: list[ActuationApplied] = []
         for loop, result in results:
+            if result.victims:
+                await self._request_evictions(loop, result, now)
             event = self._event_for(loop, result, now)
             if event is not None and await self._publish(event):
                 events.append(event)
@@ -178,6 +192,7 @@ class QosLoops:
             out.append(("failsafe", self._failsafe(layout, slo, now, budget)))
         if layout is not None and pods is not None and not self._failsafe_active:
             out.append(("cpu-suppress", self._cpu_suppress(pods, layout, slo, now, tick, budget)))
+            out += self._evictions(pods, layout, slo, now, tick)
         return out
 
     def _layout(self) -> actuate.Layout | None:
@@ -468,6 +483,180 @@ class QosLoops:
             out += children
             frontier = children
         return out
+
+    # --- evictions (§5.5.2, §5.5.3)
+
+    def _evictions(
+        self,
+        pods: list[actuate.NodePod],
+        layout: actuate.Layout,
+        slo: dict[str, Any],
+        now: float,
+        tick: Tick | None,
+    ) -> list[tuple[ActuationLoop, _LoopResult]]:
+        features = self.settings.evict_feature_set
+        threshold = slo["resourceUsedThresholdWithBE"]
+        present = {p.uid for p in pods}
+        horizon = now - self.settings.eviction_pending_seconds
+        self._pending_evictions = {
+            uid: at for uid, at in self._pending_evictions.items() if uid in present and at > horizon
+        }
+        if not features or not threshold.get("enable"):
+            self._cpu_window.clear()
+            return []
+        fresh = tick is not None and tick.node is not None and now - tick.at <= self.settings.usage_max_age
+        out: list[tuple[ActuationLoop, _LoopResult]] = []
+        if fresh and features & {evict.BE_MEMORY, evict.MEMORY}:
+            assert tick is not None
+            out.append(("memory-evict", self._memory_evict(pods, threshold, features, now, tick)))
+        if fresh and evict.BE_CPU in features:
+            assert tick is not None
+            out.append(("cpu-evict", self._cpu_evict(pods, layout, threshold, now, tick)))
+        return out
+
+    def _memory_evict(
+        self, pods: list[actuate.NodePod], threshold: dict[str, Any], features: frozenset[str], now: float, tick: Tick
+    ) -> _LoopResult:
+        result = _LoopResult()
+        if now < self._cooldown_until.get("memory-evict", 0.0):
+            return result
+        try:
+            capacity = collect.read_meminfo(self._agent_settings.proc_root).total_kb * 1024
+        except (OSError, KeyError, ValueError) as e:
+            result.problems.append(Problem(target="meminfo", reason=f"cannot read the memory total: {e}"))
+            return result
+        assert tick.node is not None
+        victims, _ = evict.memory_victims(
+            features=features,
+            capacity=capacity,
+            node_used=tick.node[2],
+            pod_memory={p.pod.uid: p.sample[2] for p in tick.pods},
+            pods=pods,
+            threshold_percent=int(threshold.get("memoryEvictThresholdPercent", 70)),
+            lower_percent=threshold.get("memoryEvictLowerPercent"),
+            priority_threshold=threshold.get("evictEnabledPriorityThreshold"),
+            pending=self._pending_evictions,
+        )
+        result.victims = victims
+        if victims:
+            self._cooldown_until["memory-evict"] = now + MEMORY_EVICT_COOLDOWN_SECONDS
+        return result
+
+    def _cpu_evict(
+        self, pods: list[actuate.NodePod], layout: actuate.Layout, threshold: dict[str, Any], now: float, tick: Tick
+    ) -> _LoopResult:
+        result = _LoopResult()
+        lower = threshold.get("cpuEvictBESatisfactionLowerPercent")
+        upper = threshold.get("cpuEvictBESatisfactionUpperPercent")
+        if lower is None or upper is None:
+            return result  # BECPUEvict needs both (§5.5)
+        if threshold.get("cpuEvictPolicy", "evictByRealLimit") != "evictByRealLimit":
+            result.problems.append(
+                Problem(target="cpuEvictPolicy", reason="only evictByRealLimit is supported by the agent")
+            )
+            return result
+        limit = self._be_real_limit(layout)
+        if limit is None:
+            result.problems.append(Problem(target="besteffort", reason="cannot read the BE cpuset or CFS quota"))
+            return result
+        be_usage = sum(int(p.sample[1] * 1000) for p in tick.pods if p.pod.kube_qos == vocab.KUBE_QOS_BESTEFFORT)
+        self._cpu_window.append(
+            evict.CpuSample(at=tick.at, usage=be_usage, request=evict.be_request_milli(pods), limit=limit)
+        )
+        window_seconds = max(float(threshold.get("cpuEvictTimeWindowSeconds") or 1), 1.0)
+        while self._cpu_window and self._cpu_window[0].at <= tick.at - window_seconds:
+            self._cpu_window.popleft()
+        if now < self._cooldown_until.get("cpu-evict", 0.0):
+            return result
+        release, explanation = evict.cpu_satisfaction_release(
+            list(self._cpu_window),
+            window_seconds=window_seconds,
+            collect_interval=self._agent_settings.collect_interval,
+            lower_percent=lower,
+            upper_percent=upper,
+            usage_threshold_percent=threshold.get("cpuEvictBEUsageThresholdPercent")
+            or evict.DEFAULT_BE_USAGE_THRESHOLD,
+        )
+        if release > 0:
+            pod_cpu = {p.pod.uid: int(p.sample[1] * 1000) for p in tick.pods}
+            result.victims = evict.cpu_victims(
+                pods, pod_cpu, release, pending=self._pending_evictions, reason=explanation
+            )
+            if result.victims:
+                self._cooldown_until["cpu-evict"] = now + CPU_EVICT_COOLDOWN_SECONDS
+        return result
+
+    def _be_real_limit(self, layout: actuate.Layout) -> int | None:
+        be_dir = layout.qos_dir(vocab.KUBE_QOS_BESTEFFORT)
+        cpus = self._read_cpuset(layout.file("cpuset", be_dir, "cpuset.cpus"))
+        if cpus is None:
+            try:
+                cpus = {c.id for c in read_cpus(self.settings.sys_root)}
+            except (OSError, ValueError):
+                return None
+        limit = len(cpus) * 1000
+        quota_path = layout.file("cpu", be_dir, "cpu.max" if layout.version == 2 else "cpu.cfs_quota_us")
+        try:
+            quota = actuate.normalize(quota_path, self._cgroups.read(quota_path))
+        except (OSError, PathRejected):
+            quota = None
+        if quota not in (None, "-1", "max"):
+            assert quota is not None
+            limit = min(limit, int(quota) * 1000 // qos.QUOTA_PERIOD_US)
+        return limit
+
+    async def _request_evictions(self, loop: ActuationLoop, result: _LoopResult, now: float) -> None:
+        """Publish each victim's PodEvictionRequested (nothing in dry-run); if the bus is away and local kills are
+        on, kill its containers here."""
+        for victim in result.victims:
+            meta = victim.pod.pod.metadata
+            target = f"pods/{meta.namespace}/{meta.name}"
+            if self.dry_run:
+                outcome = "eviction would be requested"
+            else:
+                request = PodEvictionRequested(
+                    node=self.node,
+                    at=now,
+                    namespace=meta.namespace,
+                    name=meta.name,
+                    uid=meta.uid,
+                    feature=victim.feature,
+                    reason=victim.reason,
+                )
+                try:
+                    await self._bus.publish(
+                        subjects.node_eviction(self.node),
+                        msgspec.json.encode(request),
+                        msg_id=api.msg_id(self.node, "eviction", meta.uid, now),
+                    )
+                    outcome = "eviction requested"
+                    self.stats.evictions_requested += 1
+                except Exception as e:
+                    if not self.settings.evict_locally:
+                        result.problems.append(Problem(target=target, reason=f"eviction request not sent: {e}"))
+                        continue
+                    killed = await asyncio.to_thread(self._kill_locally, victim.pod)
+                    outcome = f"killed locally ({killed} processes; the bus is away: {e})"
+                    self.stats.evictions_killed_locally += 1
+                self._pending_evictions[meta.uid] = now
+            result.changes.append(Change(path=target, before="running", after=outcome, reason=victim.reason))
+
+    def _kill_locally(self, node_pod: actuate.NodePod) -> int:
+        """SIGKILL every process of the pod's containers (read from their cgroup.procs); returns how many."""
+        layout = self._layout()
+        if layout is None:
+            return 0
+        killed = 0
+        pod_dir = layout.pod_dir(node_pod.pod.status.qos_class or vocab.KUBE_QOS_BESTEFFORT, node_pod.uid)
+        for runtime, container_id in node_pod.containers.values():
+            procs = layout.file("cpu", layout.container_dir(pod_dir, runtime, container_id), "cgroup.procs")
+            for pid in (self._cgroups.read(procs) or "").split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                    killed += 1
+                except (ProcessLookupError, ValueError):
+                    pass
+        return killed
 
     def _failsafe(self, layout: actuate.Layout, slo: dict[str, Any], now: float, budget: list[int]) -> _LoopResult:
         result = _LoopResult()

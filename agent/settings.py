@@ -116,18 +116,41 @@ class QosSettings:
     counts the system as using less."""
     usage_max_age: float = 3.0
     """Seconds after which the latest usage sample is too old for CPU suppress (the loop waits for a fresh one)."""
+    evict_features: str = ""
+    """Eviction features on, comma-separated: BEMemoryEvict, MemoryEvict, BECPUEvict (Koordinator's feature gates,
+    all off by default there too); each also needs resourceUsedThresholdWithBE.enable in the NodeSLO."""
+    evict_locally: bool = False
+    """When an eviction request cannot be published (the bus is away), kill the pod's containers' processes here
+    instead (SIGKILL; the kubelet restarts or fails them). Off: the request waits for the next round."""
+    eviction_pending_seconds: float = 120.0
+    """A pod whose eviction was requested counts as released (and is not asked for again) for this long."""
     failsafe_after: float = 300.0
     """Seconds without a readable NodeSLO after which BE pods are suppressed to the minimum CFS quota and no new
     eviction is started, until the control plane is back."""
 
+    @property
+    def evict_feature_set(self) -> frozenset[str]:
+        return frozenset(f.strip() for f in self.evict_features.split(",") if f.strip())
+
     def __post_init__(self) -> None:
         if self.qos_mode not in ("off", "dry-run", "apply"):
             raise AgentSettingsError(f"qos mode must be 'off', 'dry-run' or 'apply', got {self.qos_mode!r}")
-        for name in ("round_interval", "slo_poll_interval", "failsafe_after", "usage_max_age"):
+        for name in (
+            "round_interval",
+            "slo_poll_interval",
+            "failsafe_after",
+            "usage_max_age",
+            "eviction_pending_seconds",
+        ):
             if not getattr(self, name) > 0:
                 raise AgentSettingsError(f"{name} must be a positive number of seconds, got {getattr(self, name)!r}")
         if self.max_writes_per_round < 1:
             raise AgentSettingsError(f"max_writes_per_round must be at least 1, got {self.max_writes_per_round}")
+        unknown = set(self.evict_feature_set) - {"BEMemoryEvict", "MemoryEvict", "BECPUEvict"}
+        if unknown:
+            raise AgentSettingsError(
+                f"evict_features: unknown {', '.join(sorted(unknown))} (known: BEMemoryEvict, MemoryEvict, BECPUEvict)"
+            )
         if self.reserved_cpu_milli < 0:
             raise AgentSettingsError(f"reserved_cpu_milli must not be negative, got {self.reserved_cpu_milli}")
         if not self.resctrl_root.startswith("/") or not self.sys_root.startswith("/"):

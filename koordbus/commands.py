@@ -122,6 +122,19 @@ def add_parsers(sub: Any) -> None:
     )
     agent.add_argument("--resctrl-root", default=None, help="resctrl mount (default /sys/fs/resctrl)")
     agent.add_argument(
+        "--evict",
+        default=None,
+        metavar="FEATURES",
+        help="eviction features on, comma-separated: BEMemoryEvict, MemoryEvict, BECPUEvict (default none, as in "
+        "Koordinator); each also needs resourceUsedThresholdWithBE.enable in the NodeSLO",
+    )
+    agent.add_argument(
+        "--evict-locally",
+        action="store_true",
+        default=None,
+        help="when an eviction request cannot be published (NATS away), kill the pod's containers here instead",
+    )
+    agent.add_argument(
         "--state-dir",
         default=None,
         help="where the last good NodeSLO is kept across restarts (default /var/lib/koordbus)",
@@ -356,6 +369,7 @@ async def _bridge_cluster(
     """With a kubeconfig (or, for `service k8s`, in a pod): watch that cluster and write results back. Without
     one, `koordbus up` records what would be written; `service k8s` refuses to start."""
     from services.k8s.client import KubeConfigError, api_client
+    from services.k8s.eviction_executor import EvictionExecutor, KubeEvictor
     from services.k8s.migration_executor import MigrationExecutor
     from services.k8s.nodeslo_mirror import KubeNodeSloSink, NodeSloMirror
     from services.k8s.observer import ClusterObserver
@@ -415,6 +429,11 @@ async def _bridge_cluster(
     await nodeslo_mirror.start()
     stack.push_async_callback(nodeslo_mirror.stop)
     readiness.append(("kubernetes-nodeslos", nodeslo_mirror.readiness))
+    evictions = EvictionExecutor(
+        bus, KubeEvictor(api, request_timeout=settings.write_timeout_seconds), registry=registry
+    )
+    await evictions.start()
+    stack.push_async_callback(evictions.stop)
     executor = MigrationExecutor(
         bus, api, migration_settings(os.environ.get("KOORDBUS_MIGRATION_ARGS_FILE")).args, registry=registry
     )
@@ -434,11 +453,16 @@ async def _bridge_cluster(
 async def _record_quotas(
     stack: AsyncExitStack, bus: Any, registry: Any, settings: Any, nodes_export: Any
 ) -> Callable[[], Any]:
-    """Record-only mode for the quota and NodeSLO mirrors too: what the recorded-writes route shows, ElasticQuotas
-    and NodeSLOs included."""
+    """Record-only mode for the quota and NodeSLO mirrors and the agents' evictions too: what the recorded-writes
+    route shows, ElasticQuotas, NodeSLOs and evictions included."""
+    from services.k8s.eviction_executor import EvictionExecutor, RecordingEvictor
     from services.k8s.nodeslo_mirror import NodeSloMirror, RecordingNodeSloSink
     from services.k8s.quota_mirror import QuotaMirror, RecordingQuotaSink
 
+    evictor = RecordingEvictor(keep=settings.recorded_writes_kept)
+    executor = EvictionExecutor(bus, evictor, registry=registry)
+    await executor.start()
+    stack.push_async_callback(executor.stop)
     nodeslo_sink = RecordingNodeSloSink(keep=settings.recorded_writes_kept)
     nodeslo_mirror = NodeSloMirror(bus, nodeslo_sink, settings=settings, registry=registry)
     await nodeslo_mirror.start()
@@ -452,7 +476,7 @@ async def _record_quotas(
 
     def export() -> Any:
         quotas = {"quotas": quota_sink.export()} if quota_sink is not None else {}
-        return {**nodes_export(), **quotas, "nodeslos": nodeslo_sink.export()}
+        return {**nodes_export(), **quotas, "nodeslos": nodeslo_sink.export(), "evictions": evictor.export()}
 
     return export
 
@@ -480,6 +504,8 @@ async def run_agent(args: argparse.Namespace) -> int:
             "kubelet_pods_url": args.kubelet_pods_url,
             "resctrl_root": args.resctrl_root,
             "state_dir": args.state_dir,
+            "evict_features": args.evict,
+            "evict_locally": args.evict_locally,
         },
     )
     async with AsyncExitStack() as stack:

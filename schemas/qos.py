@@ -4,7 +4,8 @@ node's agent changed.
 `NodeSloRendered` is the value of a node's key in the KOORD_SLO key-value bucket (written by services.slo, read by
 that node's agent and by the bridge, which writes the NodeSLO object). `SloConfigStatus` sits on the bucket's
 `_config` key. `ActuationApplied` is published by an agent on `koord.v1.node.<node>.actuation` after every round
-of a QoS loop that changed something, failed on something, or (in dry-run) would have changed something. All JSON.
+of a QoS loop that changed something, failed on something, or (in dry-run) would have changed something;
+`PodEvictionRequested` on `koord.v1.node.<node>.eviction` for each pod its eviction loops pick. All JSON.
 """
 
 from __future__ import annotations
@@ -64,9 +65,24 @@ class ActuationApplied(msgspec.Struct, frozen=True, kw_only=True, tag="node.actu
     """The bucket revision (stream sequence) of the NodeSLO in effect; 0: the agent's defaults."""
 
 
+class PodEvictionRequested(msgspec.Struct, frozen=True, kw_only=True, tag="node.pod_eviction_requested.v1"):
+    """A node's agent asks for a pod's eviction; the bridge executes it through the Eviction API (agents hold no
+    cluster credentials). The uid is a precondition: a new pod of the same name is never evicted by mistake."""
+
+    node: str
+    at: float
+    namespace: str
+    name: str
+    uid: str
+    feature: str
+    """BEMemoryEvict, MemoryEvict or BECPUEvict."""
+    reason: str
+
+
 QOS_EVENT_DECODER: msgspec.json.Decoder[NodeSloRendered | SloConfigStatus | ActuationApplied] = msgspec.json.Decoder(
     NodeSloRendered | SloConfigStatus | ActuationApplied
 )
 NODE_SLO_DECODER: msgspec.json.Decoder[NodeSloRendered] = msgspec.json.Decoder(NodeSloRendered)
 SLO_CONFIG_STATUS_DECODER: msgspec.json.Decoder[SloConfigStatus] = msgspec.json.Decoder(SloConfigStatus)
 ACTUATION_DECODER: msgspec.json.Decoder[ActuationApplied] = msgspec.json.Decoder(ActuationApplied)
+EVICTION_DECODER: msgspec.json.Decoder[PodEvictionRequested] = msgspec.json.Decoder(PodEvictionRequested)

@@ -311,7 +311,7 @@ class FakeKubeApi:
                 and segments[:3] == ["api", "v1", "namespaces"]
                 and segments[4::2] == ["pods", "eviction"]
             ):
-                return self._evict(request, segments[3], segments[5])
+                return self._evict(request, segments[3], segments[5], await request.read())
             kind, namespace, name, subresource = self._route(segments)
             verb = self._verb(request, name)
             self.requests.append(RecordedRequest(verb, request.path, content_type))
@@ -339,15 +339,23 @@ class FakeKubeApi:
             headers = {"Retry-After": "1"} if error.code == 429 else None
             return web.json_response(error.status(), status=error.code, headers=headers)
 
-    def _evict(self, request: web.Request, namespace: str, name: str) -> web.StreamResponse:
-        """POST pods/<name>/eviction (policy/v1): 429 while the pod is in `eviction_blocked` (as a
-        PodDisruptionBudget would answer), else the pod is deleted."""
+    def _evict(self, request: web.Request, namespace: str, name: str, raw: bytes) -> web.StreamResponse:
+        """POST pods/<name>/eviction (policy/v1): 409 when deleteOptions.preconditions.uid names another pod, 429
+        while the pod is in `eviction_blocked` (as a PodDisruptionBudget would answer), else the pod is deleted."""
         if request.method != "POST":
             raise ApiError(405, f"{request.method} is not supported on {request.path}")
         self.requests.append(RecordedRequest("evict", request.path, "application/json"))
         pods = self.resource_kind("Pod")
         self._inject_fault("evict", pods)
         current = self._require(pods, namespace, name)
+        body = json.loads(raw) if raw else {}
+        wanted_uid = ((body.get("deleteOptions") or {}).get("preconditions") or {}).get("uid")
+        if wanted_uid and wanted_uid != current["metadata"].get("uid"):
+            raise ApiError(
+                409,
+                f"Precondition failed: UID in precondition: {wanted_uid}, UID in object meta: "
+                f"{current['metadata'].get('uid')}",
+            )
         if (namespace, name) in self.eviction_blocked:
             raise ApiError(429, "Cannot evict pod as it would violate the pod's disruption budget.")
         self._commit(pods, copy.deepcopy(current), "DELETED", current)

@@ -1,0 +1,164 @@
+"""The eviction executor: node agents' PodEvictionRequested (koord.v1.node.<node>.eviction) carried out through the
+Eviction API, since agents hold no cluster credentials.
+
+A durable consumer on KOORD_NODE (created to start at new messages, then resumed where it stopped, so a restart
+neither loses nor repeats requests) hands each request to an Evictor: `KubeEvictor` POSTs a policy/v1 Eviction with
+the pod's uid as a precondition (a new pod that took the name is never evicted by mistake); `RecordingEvictor`
+keeps them in record-only mode. Answers: evicted (201), gone (404), replaced (409, the uid did not match), blocked
+(429, a PodDisruptionBudget; the agent asks again while the pressure lasts), expired (the request is older than
+`max_age_seconds`, e.g. delivered after a long outage: the agent's view it came from is stale). A 5xx or an
+unreachable API server is retried with the consumer's backoff. Every answer is counted by feature and logged.
+Built by the composition root.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+from kubernetes_asyncio.client import ApiClient, CoreV1Api
+from prometheus_client import CollectorRegistry, Counter
+
+from bus import streams, subjects
+from bus.api import Bus, Consumer, ConsumerSpec, Delivery
+from bus.errors import TemporaryError
+from schemas.qos import EVICTION_DECODER, PodEvictionRequested
+from services.k8s import sinks
+
+log = logging.getLogger(__name__)
+
+SERVICE: Final = "k8s-evictions"
+CONSUMER: Final = "k8s-evictions"
+ANSWERS: Final = {201: "evicted", 200: "evicted", 404: "gone", 409: "replaced", 429: "blocked"}
+
+
+class Evictor(Protocol):
+    async def evict(self, request: PodEvictionRequested) -> int:
+        """The API server's HTTP status for the Eviction."""
+        ...
+
+
+class KubeEvictor:
+    def __init__(self, api_client: ApiClient, *, request_timeout: float = 30.0) -> None:
+        self._core = CoreV1Api(api_client)
+        self._timeout = request_timeout
+
+    async def evict(self, request: PodEvictionRequested) -> int:
+        body: Any = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": request.name, "namespace": request.namespace},
+            "deleteOptions": {"preconditions": {"uid": request.uid}},
+        }
+        status, text = await sinks.raw_request(
+            self._core.create_namespaced_pod_eviction(
+                request.name, request.namespace, body, _preload_content=False, _request_timeout=self._timeout
+            )
+        )
+        if status not in ANSWERS:
+            sinks.parsed(status, text, f"evict pod {request.namespace}/{request.name}")
+        return status
+
+
+class RecordingEvictor:
+    """Record-only mode: the evictions that would have been asked for."""
+
+    def __init__(self, *, keep: int = 1000) -> None:
+        self.log: deque[dict[str, Any]] = deque(maxlen=keep)
+
+    async def evict(self, request: PodEvictionRequested) -> int:
+        self.log.append(
+            {
+                "at": request.at,
+                "node": request.node,
+                "pod": f"{request.namespace}/{request.name}",
+                "uid": request.uid,
+                "feature": request.feature,
+                "reason": request.reason,
+            }
+        )
+        return 201
+
+    def export(self) -> list[dict[str, Any]]:
+        return list(self.log)
+
+
+class _Handler:
+    def __init__(self, executor: EvictionExecutor) -> None:
+        self._executor = executor
+
+    async def handle(self, delivery: Delivery) -> None:
+        await self._executor.execute(EVICTION_DECODER.decode(delivery.data))
+
+    async def flush(self) -> None:
+        return None
+
+
+class EvictionExecutor:
+    def __init__(
+        self,
+        bus: Bus,
+        evictor: Evictor,
+        *,
+        registry: CollectorRegistry,
+        max_age_seconds: float = 60.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.bus = bus
+        self.evictor = evictor
+        self._max_age = max_age_seconds
+        self._clock = clock
+        self._consumer: Consumer | None = None
+        self._answers = Counter(
+            "koordbus_k8s_node_evictions",
+            "Agents' eviction requests by answer and feature",
+            ["answer", "feature"],
+            registry=registry,
+        )
+
+    async def start(self) -> None:
+        spec = ConsumerSpec(
+            durable=CONSUMER,
+            stream=streams.KOORD_NODE,
+            filter_subjects=(subjects.NODE_EVICTION_ALL,),
+            service=SERVICE,
+            deliver_policy="new",
+        )
+        self._consumer = self.bus.consume(spec, _Handler(self))
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+
+    async def wait_idle(self, timeout: float) -> bool:
+        return self._consumer is None or await self._consumer.wait_idle(timeout)
+
+    async def execute(self, request: PodEvictionRequested) -> str:
+        pod = f"{request.namespace}/{request.name}"
+        age = self._clock() - request.at
+        if age > self._max_age:
+            answer = "expired"
+        else:
+            try:
+                status = await self.evictor.evict(request)
+            except sinks.WriteFailedError as e:
+                if e.retry:
+                    raise TemporaryError(f"evict {pod}: {e}", delay=2.0) from e
+                status = -1
+                log.warning("evictions: %s from node %s: %s", pod, request.node, e)
+            answer = ANSWERS.get(status, "failed")
+        self._answers.labels(answer=answer, feature=request.feature).inc()
+        log.log(
+            logging.INFO if answer in ("evicted", "gone") else logging.WARNING,
+            "evictions: %s from node %s (%s): %s — %s",
+            pod,
+            request.node,
+            request.feature,
+            answer,
+            request.reason,
+        )
+        return answer

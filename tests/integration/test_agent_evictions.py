@@ -1,0 +1,237 @@
+"""Eviction end to end: the agent's memory and BE CPU satisfaction loops publish PodEvictionRequested, the bridge's
+EvictionExecutor carries them out through the (fake) Eviction API with the pod's uid as a precondition; cool-downs,
+pending evictions, dry-run, the fail-safe, PodDisruptionBudgets, stale requests, and the local kill fallback on this
+machine's real cgroup v1 filesystem."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from kubernetes_asyncio.client import ApiClient
+
+from agent import actuate
+from agent.core import PodSample, Tick
+from bus import streams, subjects
+from bus.memory import MemoryBus
+from schemas.node import PodRef
+from schemas.qos import EVICTION_DECODER, PodEvictionRequested
+from services.common.metrics import new_registry
+from services.k8s.eviction_executor import EvictionExecutor, KubeEvictor
+from tests.fakes.kube_api import FakeKubeApi
+from tests.integration.test_agent_qos import (
+    T0,
+    AwayBus,
+    Clock,
+    StaticPods,
+    cpuset_tree,
+    loops,
+    slo_bus,
+    sys_tree,
+    v1_tree,
+)
+from tests.support.waiting import eventually
+from tests.unit.test_agent_actuate import CID, GI, be_pod
+
+BIG_UID = "3f1e2d3c-0000-4000-8000-0000000000b1"
+SMALL_UID = "3f1e2d3c-0000-4000-8000-0000000000b2"
+MEMORY_SPEC = {"resourceUsedThresholdWithBE": {"enable": True, "memoryEvictThresholdPercent": 70}}
+
+
+def memory_tick(at: float, *, node_gib: float, pods: dict[str, float]) -> Tick:
+    samples = tuple(
+        PodSample(pod=PodRef(uid=uid, kube_qos="BestEffort"), sample=(at, 0.5, int(gib * GI)), memory_with_page_cache=0)
+        for uid, gib in pods.items()
+    )
+    return Tick(at=at, node=(at, 4.0, int(node_gib * GI)), node_memory_with_page_cache=0, system=None, pods=samples)
+
+
+def pod_object(node_pod: actuate.NodePod) -> dict[str, Any]:
+    return msgspec.to_builtins(node_pod.pod)  # type: ignore[no-any-return]
+
+
+async def requests(bus: MemoryBus) -> list[PodEvictionRequested]:
+    stored = await bus.read_recent(streams.KOORD_NODE, subjects.NODE_EVICTION_ALL, since=0, limit=100)
+    return [EVICTION_DECODER.decode(d.data) for d in stored]
+
+
+def setup(tmp_path: Path, bus: Any, pods: list[actuate.NodePod], clock: Clock, **settings: Any) -> Any:
+    v1_tree(tmp_path / "cg")
+    proc = tmp_path / "proc"
+    proc.mkdir(exist_ok=True)
+    (proc / "meminfo").write_text(f"MemTotal: {100 * GI // 1024} kB\nMemFree: 0 kB\nMemAvailable: 0 kB\n")
+    return loops(
+        tmp_path,
+        bus,
+        StaticPods(*pods),
+        cgroup_root=tmp_path / "cg",
+        clock=clock,
+        sys_root=str(sys_tree(tmp_path / "sys")),
+        evict_features=settings.pop("evict_features", "BEMemoryEvict"),
+        **settings,
+    )
+
+
+async def test_memory_pressure_evicts_the_biggest_be_pod_through_the_bridge(
+    tmp_path: Path, kube_api: FakeKubeApi, kube_client: ApiClient
+) -> None:
+    big, small = be_pod(BIG_UID, name="big"), be_pod(SMALL_UID, name="small")
+    for node_pod in (big, small):
+        kube_api.put("pods", pod_object(node_pod))
+    bus = await slo_bus(MEMORY_SPEC)
+    executor = EvictionExecutor(bus, KubeEvictor(kube_client), registry=new_registry(), clock=lambda: T0 + 1)
+    await executor.start()
+    clock = Clock()
+    qos_loops = setup(tmp_path, bus, [big, small], clock)
+    usage = [memory_tick(T0, node_gib=74, pods={BIG_UID: 6, SMALL_UID: 2})]
+    qos_loops._usage = lambda: usage[0]
+    try:
+        events = {e.loop: e for e in await qos_loops.round()}
+        (change,) = events["memory-evict"].changes
+        assert change.path == "pods/jobs/big" and change.after == "eviction requested"
+        assert "74% ≥ threshold 70%: release 6442450944 bytes" in change.reason
+        (request,) = await requests(bus)
+        assert (request.name, request.uid, request.feature) == ("big", BIG_UID, "BEMemoryEvict")
+        await eventually(lambda: kube_api.get("Pod", "big", "jobs") is None)
+        assert kube_api.get("Pod", "small", "jobs") is not None
+        # Within the 4 s cool-down nothing more; after it the evicted pod (still listed) counts as released.
+        clock.now += 2
+        usage[0] = memory_tick(clock.now, node_gib=74, pods={BIG_UID: 6, SMALL_UID: 2})
+        assert "memory-evict" not in {e.loop for e in await qos_loops.round()}
+        clock.now += 3
+        usage[0] = memory_tick(clock.now, node_gib=74, pods={BIG_UID: 6, SMALL_UID: 2})
+        await qos_loops.round()
+        assert len(await requests(bus)) == 1
+    finally:
+        await executor.stop()
+
+
+async def test_dry_run_and_failsafe_request_no_eviction(tmp_path: Path) -> None:
+    big = be_pod(BIG_UID, name="big")
+    bus = await slo_bus(MEMORY_SPEC)
+    clock = Clock()
+    qos_loops = setup(tmp_path, bus, [big], clock, mode="dry-run")
+    qos_loops._usage = lambda: memory_tick(clock.now, node_gib=80, pods={BIG_UID: 6})
+    events = {e.loop: e for e in await qos_loops.round()}
+    assert events["memory-evict"].changes[0].after == "eviction would be requested"
+    assert await requests(bus) == []
+    # The control plane silent past the fail-safe: no new evictions at all.
+    away = setup(tmp_path / "away", AwayBus(), [big], clock, failsafe_after=30)
+    away._usage = lambda: memory_tick(clock.now, node_gib=80, pods={BIG_UID: 6})
+    clock.now += 31
+    away._usage = lambda: memory_tick(clock.now, node_gib=80, pods={BIG_UID: 6})
+    await away.round()
+    assert away.failsafe_active and away.stats.evictions_requested == 0
+
+
+async def test_the_executor_answers_blocked_replaced_and_expired(kube_api: FakeKubeApi, kube_client: ApiClient) -> None:
+    pod = be_pod(BIG_UID, name="big")
+    kube_api.put("pods", pod_object(pod))
+    now = [T0]
+    bus = MemoryBus()
+    await bus.ensure_streams([streams.node_stream()])
+    executor = EvictionExecutor(bus, KubeEvictor(kube_client), registry=new_registry(), clock=lambda: now[0])
+
+    def request(uid: str, at: float) -> PodEvictionRequested:
+        return PodEvictionRequested(
+            node="n1", at=at, namespace="jobs", name="big", uid=uid, feature="BEMemoryEvict", reason="test"
+        )
+
+    kube_api.eviction_blocked.add(("jobs", "big"))
+    assert await executor.execute(request(BIG_UID, T0)) == "blocked"
+    kube_api.eviction_blocked.clear()
+    assert await executor.execute(request(str(uuid.uuid4()), T0)) == "replaced"  # a new pod took the name
+    assert kube_api.get("Pod", "big", "jobs") is not None
+    now[0] = T0 + 3600
+    assert await executor.execute(request(BIG_UID, T0)) == "expired"
+    now[0] = T0
+    assert await executor.execute(request(BIG_UID, T0)) == "evicted"
+    assert await executor.execute(request(BIG_UID, T0)) == "gone"
+
+
+async def test_be_cpu_satisfaction_evicts_the_busiest_be_pod(tmp_path: Path) -> None:
+    spec = {
+        "resourceUsedThresholdWithBE": {
+            "enable": True,
+            "cpuEvictBESatisfactionLowerPercent": 60,
+            "cpuEvictBESatisfactionUpperPercent": 80,
+            "cpuEvictTimeWindowSeconds": 6,
+        }
+    }
+    batch = {"containers": {"main": {"requests": {"kubernetes.io/batch-cpu": "2000"}}}}
+    busy = be_pod(BIG_UID, name="busy", annotation=batch)
+    calm = be_pod(SMALL_UID, name="calm", annotation=batch)
+    bus = await slo_bus(spec)
+    clock = Clock()
+    qos_loops = setup(tmp_path, bus, [busy, calm], clock, evict_features="BECPUEvict")
+    cpuset_tree(tmp_path / "cg")
+    # CPU suppress leaves BE 2 CPUs (8000m × 65% − system 3600m = 1600m → the minimum, 2); BE requests 4 cores and
+    # uses 1.9 of its 2: satisfaction 0.5 ≤ 0.6 → release 4000m × (0.8 − 0.5) = 1200m
+
+    def cpu_tick(at: float) -> Tick:
+        def sample(uid: str, cores: float) -> PodSample:
+            return PodSample(
+                pod=PodRef(uid=uid, kube_qos="BestEffort"), sample=(at, cores, GI), memory_with_page_cache=0
+            )
+
+        return Tick(at=at, node=(at, 5.5, 10 * GI), node_memory_with_page_cache=0, system=None,
+                    pods=(sample(BIG_UID, 1.5), sample(SMALL_UID, 0.4)))  # fmt: skip
+
+    qos_loops._usage = lambda: cpu_tick(clock.now)
+    assert "cpu-evict" not in {e.loop for e in await qos_loops.round()}  # one sample: under a third of the window
+    clock.now += 1
+    events = {e.loop: e for e in await qos_loops.round()}
+    (change,) = events["cpu-evict"].changes
+    assert change.path == "pods/jobs/busy" and "release 4000m × (80% − 0.50) = 1200m" in change.reason
+    assert [r.feature for r in await requests(bus)] == ["BECPUEvict"]
+
+
+@pytest.mark.cgroup
+async def test_local_kill_when_the_bus_is_away_on_real_cgroup_v1(tmp_path: Path) -> None:
+    root = Path("/sys/fs/cgroup")
+    if (root / "cgroup.controllers").exists() or not all(os.access(root / h, os.W_OK) for h in ("cpu", "cpuacct")):
+        pytest.skip("needs a writable cgroup v1 filesystem at /sys/fs/cgroup")
+    parent = f"koordbus-test-{uuid.uuid4().hex[:12]}"
+    container = root / "cpu" / parent / f"kubepods/besteffort/pod{BIG_UID}" / CID
+    victim = subprocess.Popen(["sleep", "600"])  # noqa: ASYNC220 (started once, killed in finally)
+    tops = [root / h / parent for h in ("cpu", "cpuacct", "memory")]
+    try:
+        try:
+            for hierarchy in ("cpu", "cpuacct", "memory"):
+                (root / hierarchy / parent / f"kubepods/besteffort/pod{BIG_UID}" / CID).mkdir(parents=True)
+            (container / "cgroup.procs").write_text(str(victim.pid))
+        except OSError as e:
+            pytest.skip(f"the kernel refuses new cgroups under {root}: {e}")
+        proc = tmp_path / "proc"
+        proc.mkdir()
+        (proc / "meminfo").write_text(f"MemTotal: {100 * GI // 1024} kB\nMemFree: 0 kB\nMemAvailable: 0 kB\n")
+        clock = Clock()
+        qos_loops = loops(
+            tmp_path,
+            AwayBus(),
+            StaticPods(be_pod(BIG_UID, name="big")),
+            cgroup_root=root,
+            parent=parent,
+            clock=clock,
+            sys_root=str(sys_tree(tmp_path / "sys")),
+            evict_features="BEMemoryEvict",
+            evict_locally=True,
+        )
+        qos_loops.slo.spec = MEMORY_SPEC  # the last good NodeSLO (the bus is away)
+        qos_loops._usage = lambda: memory_tick(clock.now, node_gib=90, pods={BIG_UID: 6})
+        await qos_loops.round()
+        assert victim.wait(timeout=10) == -9
+        assert qos_loops.stats.evictions_killed_locally == 1
+    finally:
+        victim.kill()
+        victim.wait()
+        for top in tops:
+            if top.exists():
+                for directory in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                    directory.rmdir()
+                top.rmdir()
