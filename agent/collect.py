@@ -56,7 +56,7 @@ def _read_text(path: str) -> str:
         return f.read()
 
 
-def _keyed_ints(text: str) -> Iterator[tuple[str, int]]:
+def keyed_ints(text: str) -> Iterator[tuple[str, int]]:
     for line in text.splitlines():
         parts = line.split()
         if len(parts) >= 2 and parts[1].lstrip("-").isdigit():
@@ -86,7 +86,7 @@ def read_proc_stat(proc_root: str) -> tuple[core.CpuTicks, int]:
 
 
 def read_meminfo(proc_root: str) -> core.MemInfo:
-    fields = dict(_keyed_ints(_read_text(os.path.join(proc_root, "meminfo"))))
+    fields = dict(keyed_ints(_read_text(os.path.join(proc_root, "meminfo"))))
     return core.MemInfo(
         total_kb=fields["MemTotal"],
         free_kb=fields["MemFree"],
@@ -170,13 +170,13 @@ def _pod_dirs(base: str, driver: core.Driver) -> Iterator[tuple[str, str, str]]:
 def _read_cpu_ns(cgroup_dir: str, version: int) -> int:
     if version == 1:
         return int(_read_text(os.path.join(cgroup_dir, "cpuacct.usage")).strip())
-    stat = dict(_keyed_ints(_read_text(os.path.join(cgroup_dir, "cpu.stat"))))
+    stat = dict(keyed_ints(_read_text(os.path.join(cgroup_dir, "cpu.stat"))))
     return stat["usage_usec"] * 1000
 
 
 def _read_memory(cgroup_dir: str, version: int) -> core.MemoryStat:
     names: Mapping[str, str] = _V1_MEMORY_FIELDS if version == 1 else _V2_MEMORY_FIELDS
-    values = {names[k]: v for k, v in _keyed_ints(_read_text(os.path.join(cgroup_dir, "memory.stat"))) if k in names}
+    values = {names[k]: v for k, v in keyed_ints(_read_text(os.path.join(cgroup_dir, "memory.stat"))) if k in names}
     return core.MemoryStat(**values)
 
 

@@ -33,8 +33,8 @@ from typing import Any, Protocol
 
 import msgspec
 
-from agent import actuate, collect, evict, qos, suppress
-from agent.core import Tick
+from agent import actuate, burst, collect, evict, qos, suppress
+from agent.core import AgentNameError, Tick
 from agent.cpus import read_cpus
 from agent.files import PathRejected, RootedFiles
 from agent.pods import PodList
@@ -42,7 +42,7 @@ from agent.settings import AgentSettings, QosSettings
 from agent.slo import effective_slo
 from agent.slo_watch import KeyReader, SloSource
 from bus import api, subjects
-from schemas import vocab
+from schemas import quantity, vocab
 from schemas.qos import ActuationApplied, ActuationLoop, Change, PodEvictionRequested, Problem
 
 log = logging.getLogger(__name__)
@@ -128,6 +128,10 @@ class QosLoops:
         """uid → when its eviction was requested: counted as released, not asked for again, for a while."""
         self._cooldown_until: dict[str, float] = {}
         self._cpu_window: collections.deque[evict.CpuSample] = collections.deque()
+        self._burst_ticks: collections.deque[Tick] = collections.deque(maxlen=5)
+        self._throttling: dict[str, tuple[float, int, int]] = {}
+        """container id → (when, nr_periods, nr_throttled) of its last cpu.stat reading."""
+        self._buckets: dict[str, burst.TokenBucket] = {}
 
     @property
     def dry_run(self) -> bool:
@@ -193,6 +197,8 @@ class QosLoops:
         if layout is not None and pods is not None and not self._failsafe_active:
             out.append(("cpu-suppress", self._cpu_suppress(pods, layout, slo, now, tick, budget)))
             out += self._evictions(pods, layout, slo, now, tick)
+        if layout is not None and pods is not None:
+            out.append(("cpu-burst", self._cpu_burst(pods, layout, slo, now, tick, budget)))
         return out
 
     def _layout(self) -> actuate.Layout | None:
@@ -483,6 +489,166 @@ class QosLoops:
             out += children
             frontier = children
         return out
+
+    # --- CPU burst (§5.6)
+
+    def _cpu_burst(
+        self,
+        pods: list[actuate.NodePod],
+        layout: actuate.Layout,
+        slo: dict[str, Any],
+        now: float,
+        tick: Tick | None,
+        budget: list[int],
+    ) -> _LoopResult:
+        result = _LoopResult()
+        node_config = slo["cpuBurstStrategy"]
+        if tick is not None and (not self._burst_ticks or self._burst_ticks[-1].at != tick.at):
+            self._burst_ticks.append(tick)
+        state = self._pool_state(pods, node_config)
+        burst_file = "cpu.max.burst" if layout.version == 2 else "cpu.cfs_burst_us"
+        kernel_has_burst = self._cgroups.exists(
+            layout.file("cpu", layout.qos_dir(vocab.KUBE_QOS_BURSTABLE), burst_file)
+        )
+        wants: list[actuate.Want] = []
+        said_no_burst = False
+        latest = self._burst_ticks[-1] if self._burst_ticks else None
+        container_usage = {c.container_id: c.sample[1] for p in (latest.pods if latest else ()) for c in p.containers}
+        for node_pod in pods:
+            if not burst.eligible(node_pod):
+                continue
+            config = burst.pod_config(node_config, node_pod)
+            policy = config.get("policy", "none")
+            try:
+                pod_dir = layout.pod_dir(node_pod.pod.status.qos_class or vocab.KUBE_QOS_BURSTABLE, node_pod.uid)
+            except AgentNameError as e:
+                result.problems.append(Problem(target=node_pod.key, reason=str(e)))
+                continue
+            cfs_burst_on = policy in ("cpuBurstOnly", "auto")
+            if cfs_burst_on and not kernel_has_burst:
+                if not said_no_burst:
+                    result.problems.append(
+                        Problem(target=burst_file, reason="this kernel has no CFS burst (Linux ≥ 5.14): not applied")
+                    )
+                    said_no_burst = True
+            elif kernel_has_burst:
+                pod_value, values = burst.cfs_burst_values(node_pod, config)
+                reason = f"cfs burst ({policy}): CPU limit × cpuBurstPercent {config.get('cpuBurstPercent')}% (§5.6)"
+                wants.append(
+                    actuate.Want(
+                        path=layout.file("cpu", pod_dir, burst_file),
+                        value=str(pod_value if cfs_burst_on else 0),
+                        reason=reason,
+                    )
+                )
+                for name, (runtime, container_id) in node_pod.containers.items():
+                    if name in values:
+                        directory = layout.container_dir(pod_dir, runtime, container_id)
+                        wants.append(
+                            actuate.Want(
+                                path=layout.file("cpu", directory, burst_file),
+                                value=str(values[name] if cfs_burst_on else 0),
+                                reason=reason,
+                                depth=1,
+                            )
+                        )
+            self._quota_burst(node_pod, pod_dir, layout, config, state, now, container_usage, result, budget)
+        self._apply_wants(wants, result, budget)
+        # a container's budget is forgotten after 2 periods unused (it left, or its pod's policy changed)
+        period = node_config.get("cfsQuotaBurstPeriodSeconds", -1)
+        self._buckets = {k: b for k, b in self._buckets.items() if now - b.last_used <= 2 * max(period, 1)}
+        return result
+
+    def _pool_state(self, pods: list[actuate.NodePod], config: dict[str, Any]) -> burst.PoolState:
+        ticks = [t for t in self._burst_ticks if t.node is not None]
+        if not ticks:
+            return "unknown"
+        exclusive = {p.uid for p in pods if p.koord_qos in (vocab.QOS_LSE, vocab.QOS_LSR)}
+        others = exclusive | {p.uid for p in pods if p.koord_qos == vocab.QOS_BE}
+        reserved = 0
+        for p in pods:
+            if p.uid in exclusive:
+                reserved += sum(
+                    quantity.amount("cpu", (c.resources.requests or {}).get("cpu", "0"))
+                    for c in p.pod.spec.containers or ()
+                )
+        total = self._cpus - reserved / 1000
+        node_avg = sum(t.node[1] for t in ticks if t.node is not None) / len(ticks)
+        others_avg = sum(s.sample[1] for t in ticks for s in t.pods if s.pod.uid in others) / len(ticks)
+        return burst.pool_state(total, node_avg - others_avg, config.get("sharePoolThresholdPercent", 50))
+
+    def _quota_burst(
+        self,
+        node_pod: actuate.NodePod,
+        pod_dir: str,
+        layout: actuate.Layout,
+        config: dict[str, Any],
+        state: burst.PoolState,
+        now: float,
+        container_usage: dict[str, float],
+        result: _LoopResult,
+        budget: list[int],
+    ) -> None:
+        quota_file = "cpu.max" if layout.version == 2 else "cpu.cfs_quota_us"
+        on = config.get("policy", "none") in ("cfsQuotaBurstOnly", "auto")
+        percent = config.get("cfsQuotaBurstPercent", 300)
+        period = config.get("cfsQuotaBurstPeriodSeconds", -1)
+        limits = {c.name: burst.cpu_limit_milli(c) for c in node_pod.pod.spec.containers or ()}
+        pod_quota_path = layout.file("cpu", pod_dir, quota_file)
+        for name, (runtime, container_id) in sorted(node_pod.containers.items()):
+            limit = limits.get(name, 0)
+            if limit <= 0 or budget[0] < 2:
+                continue
+            directory = layout.container_dir(pod_dir, runtime, container_id)
+            path = layout.file("cpu", directory, quota_file)
+            try:
+                text = actuate.normalize(path, self._cgroups.read(path))
+                stat = self._cgroups.read(layout.file("cpu", directory, "cpu.stat")) or ""
+            except (OSError, PathRejected) as e:
+                result.problems.append(Problem(target=path, reason=f"cannot read: {e}"))
+                continue
+            if text is None or text in ("-1", "max"):
+                continue
+            current = int(text)
+            counters = dict(collect.keyed_ints(stat))
+            reading = (counters.get("nr_periods", 0), counters.get("nr_throttled", 0))
+            previous = self._throttling.get(container_id)
+            self._throttling[container_id] = (now, *reading)
+            ratio = burst.throttled_ratio(
+                previous[1:] if previous is not None and now - previous[0] <= 2 else None, reading
+            )
+            allows = True
+            if on and period >= 0:
+                bucket = self._buckets.get(container_id)
+                if bucket is None:
+                    bucket = burst.TokenBucket.start(
+                        period_seconds=period, burst_percent=percent, now=now, seed=container_id
+                    )
+                    self._buckets[container_id] = bucket
+                used = container_usage.get(container_id, 0.0)
+                allows = bucket.allows(now=now, usage_percent=burst.usage_percent(used, limit))
+            decision = burst.decide(quota_burst_on=on, limiter_allows=allows, throttled_ratio=ratio, state=state)
+            base, ceil = burst.quota_bounds(limit, percent)
+            target = burst.quota_target(current, decision, base, ceil)
+            delta = target - current
+            if delta == 0:
+                continue
+            reason = (
+                f"cfs quota burst: {decision} (throttled {ratio if ratio is not None else 'n/a'}, pool {state}), "
+                f"within [{base}, {ceil}] µs (§5.6)"
+            )
+            writes = [(path, current, target)]
+            pod_text = actuate.normalize(pod_quota_path, self._cgroups.read(pod_quota_path))
+            if pod_text not in (None, "-1", "max"):
+                assert pod_text is not None
+                pod_current = int(pod_text)
+                if pod_current > 0:
+                    pod_write = (pod_quota_path, pod_current, pod_current + delta)
+                    writes = [pod_write, *writes] if delta > 0 else [*writes, pod_write]
+            for file, before, after in writes:
+                if self._write(self._cgroups, file, str(after), result):
+                    result.changes.append(Change(path=file, before=str(before), after=str(after), reason=reason))
+                    budget[0] -= 1
 
     # --- evictions (§5.5.2, §5.5.3)
 

@@ -23,6 +23,7 @@ from bus import streams, subjects
 from bus.api import Delivery
 from bus.errors import BusUnavailableError
 from bus.memory import MemoryBus
+from schemas import kube
 from schemas.node import PodRef
 from schemas.qos import ACTUATION_DECODER, ActuationApplied, NodeSloRendered
 from tests.unit.test_agent_actuate import CID, GI, UID, be_pod
@@ -496,3 +497,88 @@ async def test_cpu_suppress_cfs_quota_policy_and_release_when_off(tmp_path: Path
     clock.now += 10
     await qos_loops.round()
     assert values(files)[quota] == "-1"
+
+
+# --- CPU burst (§5.6)
+
+
+def burstable_tree(cg: Path, *, kernel_burst: bool = True) -> dict[str, Path]:
+    qos_dir = cg / "cpu/kubepods/burstable"
+    pod = qos_dir / f"pod{LS_UID}"
+    files: dict[str, Path] = {}
+    for directory, quota in ((qos_dir, "-1"), (pod, "200000"), (pod / CID, "200000")):
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "cpu.cfs_quota_us").write_text(quota + "\n")
+        (directory / "cpu.stat").write_text("nr_periods 10\nnr_throttled 2\nthrottled_time 0\n")
+        if kernel_burst:
+            (directory / "cpu.cfs_burst_us").write_text("0\n")
+        files[str(directory.relative_to(cg))] = directory
+    return files
+
+
+def burst_pod() -> actuate.NodePod:
+    pod = msgspec.convert(
+        {
+            "metadata": {
+                "name": "web",
+                "namespace": "shop",
+                "uid": LS_UID,
+                "labels": {"koordinator.sh/qosClass": "LS"},
+            },
+            "spec": {"containers": [{"name": "main", "resources": {"limits": {"cpu": "2"}}}]},
+            "status": {"phase": "Running", "qosClass": "Burstable"},
+        },
+        kube.Pod,
+    )
+    return actuate.NodePod(pod=pod, containers={"main": ("containerd", CID)})
+
+
+async def test_cpu_burst_sets_cfs_burst_and_scales_quota_with_throttling_and_the_pool(tmp_path: Path) -> None:
+    cg = tmp_path / "cg"
+    v1_tree(cg)
+    dirs = burstable_tree(cg)
+    pod_dir, container_dir = (
+        dirs[f"cpu/kubepods/burstable/pod{LS_UID}"],
+        dirs[f"cpu/kubepods/burstable/pod{LS_UID}/{CID}"],
+    )
+    clock = Clock()
+    bus = await slo_bus({"cpuBurstStrategy": {"policy": "auto", "cpuBurstPercent": 500}})
+    qos_loops = loops(
+        tmp_path, bus, StaticPods(burst_pod()), cgroup_root=cg, clock=clock, sys_root=sys_tree(tmp_path / "sys")
+    )
+    node_use = [1.0]
+    qos_loops._usage = lambda: Tick(
+        at=clock.now, node=(clock.now, node_use[0], 0), node_memory_with_page_cache=0, system=None
+    )
+    events = {e.loop: e for e in await qos_loops.round()}
+    assert (container_dir / "cpu.cfs_burst_us").read_text() == "1000000"  # 2 cores × 500% × 100000 µs
+    assert (pod_dir / "cpu.cfs_burst_us").read_text() == "1000000"
+    assert (container_dir / "cpu.cfs_quota_us").read_text().strip() == "200000"  # no throttling data yet
+    assert {c.path.rsplit("/", 1)[-1] for c in events["cpu-burst"].changes} == {"cpu.cfs_burst_us"}
+    # Throttled 30% of the last periods and the pool idle (1 of 8 cores): scale up, the pod before its container.
+    clock.now += 1
+    (container_dir / "cpu.stat").write_text("nr_periods 20\nnr_throttled 5\n")
+    (event,) = [e for e in await qos_loops.round() if e.loop == "cpu-burst"]
+    assert [(c.path.count("/"), c.after) for c in event.changes] == [(4, "240000"), (5, "240000")]
+    assert "scaleUp" in event.changes[0].reason
+    # The pool gets overloaded (7 of 8 cores, averaged over the last 5 s, reach 50%): scale down, the container
+    # before its pod, never below the base.
+    node_use[0] = 7.0
+    downs = []
+    for _ in range(3):
+        clock.now += 1
+        downs += [e for e in await qos_loops.round() if e.loop == "cpu-burst"]
+    (event,) = downs
+    assert "scaleDown" in event.changes[0].reason and "pool overload" in event.changes[0].reason
+    assert [(c.path.count("/"), c.after) for c in event.changes] == [(5, "200000"), (4, "200000")]
+
+
+async def test_cpu_burst_on_a_kernel_without_cfs_burst_is_one_problem(tmp_path: Path) -> None:
+    cg = tmp_path / "cg"
+    v1_tree(cg)
+    burstable_tree(cg, kernel_burst=False)
+    bus = await slo_bus({"cpuBurstStrategy": {"policy": "cpuBurstOnly"}})
+    qos_loops = loops(tmp_path, bus, StaticPods(burst_pod()), cgroup_root=cg, sys_root=sys_tree(tmp_path / "sys"))
+    events = {e.loop: e for e in await qos_loops.round()}
+    assert [p.target for p in events["cpu-burst"].problems] == ["cpu.cfs_burst_us"]
+    assert "cpu-burst" not in {e.loop for e in await qos_loops.round()}
