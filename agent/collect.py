@@ -44,16 +44,19 @@ class CgroupLayout:
 
 
 def _read_text(path: str) -> str:
-    # O_NOFOLLOW: a planted symlink in a pod directory must not make us read an arbitrary file.
+    # O_NOFOLLOW: a planted symlink in a pod directory must not make us read an arbitrary file. Plain os.read:
+    # a collection reads ~6 files per pod every second, and the io module's buffered text layer costs more than
+    # the read itself. A directory opens fine and fails here with EISDIR.
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
-        f = os.fdopen(fd, "r")
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
     except OSError as e:
-        # A directory opens fine and only fdopen refuses it, without closing a descriptor it was handed.
-        os.close(fd)
         raise OSError(e.errno, e.strerror, path) from None
-    with f:
-        return f.read()
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
 
 
 def keyed_ints(text: str) -> Iterator[tuple[str, int]]:

@@ -1,15 +1,20 @@
 """Reading and writing cgroup and resctrl files under one configured root, and nowhere else.
 
 Every path is relative and is checked before use: no absolute paths, no `..`, no empty components, and the
-directory it resolves to (symlinks followed) must lie inside the root's real path; the file itself is opened with
-O_NOFOLLOW and never created (cgroup files exist or the cgroup is gone). A rejected path raises PathRejected; an
-I/O failure raises OSError with the path — the loops turn both into a Problem for that object and go on.
+directory it is in must lie inside the root once symlinks are resolved; the file itself is opened with O_NOFOLLOW
+and never created (cgroup files exist or the cgroup is gone). A rejected path raises PathRejected; an I/O failure
+raises OSError with the path — the loops turn both into a Problem for that object and go on.
+
+Checking a directory costs one lstat when its parent was already checked in the same round (a real directory under
+a checked one is inside); only a symlink is resolved in full. `new_round()` forgets the verdicts, so a directory
+swapped for a symlink between rounds is caught at the next round's first use.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 
 
 class PathRejected(ValueError):
@@ -22,17 +27,41 @@ class RootedFiles:
             raise PathRejected(f"root {root!r} must be an absolute path")
         self.root = root.rstrip("/") or "/"
         self._real_root = os.path.realpath(self.root)
+        self._inside: set[str] = set()
+        """Relative directories checked this round."""
+
+    def new_round(self) -> None:
+        self._inside.clear()
 
     def path(self, rel: str) -> str:
         """The absolute path of `rel`, after the checks of the module docstring."""
         parts = rel.split("/")
         if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
             raise PathRejected(f"{rel!r} is not a plain relative path")
-        full = os.path.join(self.root, rel)
-        real_dir = os.path.realpath(os.path.dirname(full))
-        if real_dir != self._real_root and not real_dir.startswith(self._real_root.rstrip("/") + "/"):
+        directory = rel.rpartition("/")[0]
+        if directory and not self._checked(directory):
             raise PathRejected(f"{rel!r} resolves outside {self.root}")
-        return full
+        return f"{self.root}/{rel}"
+
+    def _checked(self, directory: str) -> bool:
+        if directory in self._inside:
+            return True
+        parent = directory.rpartition("/")[0]
+        if parent and not self._checked(parent):
+            return False
+        full = f"{self.root}/{directory}"
+        try:
+            is_link = stat.S_ISLNK(os.lstat(full).st_mode)
+        except FileNotFoundError:
+            return True  # nothing there to escape through; opening under it fails with ENOENT
+        except NotADirectoryError:
+            return True
+        if is_link:
+            real = os.path.realpath(full)
+            if real != self._real_root and not real.startswith(self._real_root.rstrip("/") + "/"):
+                return False
+        self._inside.add(directory)
+        return True
 
     def exists(self, rel: str) -> bool:
         return os.path.exists(self.path(rel))
@@ -41,12 +70,15 @@ class RootedFiles:
         """The file's content; None when it (or its directory) does not exist."""
         try:
             fd = os.open(self.path(rel), os.O_RDONLY | os.O_NOFOLLOW)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        except NotADirectoryError:
-            return None
-        with os.fdopen(fd, "r") as f:
-            return f.read()
+        try:
+            chunks = []
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+            return b"".join(chunks).decode()
+        finally:
+            os.close(fd)
 
     def write(self, rel: str, value: str) -> None:
         """Replace the file's value (one write(2), as the kernel wants it); OSError when the kernel refuses."""

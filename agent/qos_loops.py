@@ -54,6 +54,19 @@ MIN_SUPPRESS_QUOTA_US = 2000
 """The smallest besteffort CFS quota the cfsQuota suppress policy writes (spec §5.5.1), and the fail-safe's."""
 
 
+def _pod_identity(node_pod: actuate.NodePod) -> tuple[object, ...]:
+    """What of a pod the static loops read: a change of it makes them run at once."""
+    meta = node_pod.pod.metadata
+    return (
+        meta.uid,
+        meta.resource_version,
+        frozenset(meta.labels.items()),
+        frozenset(meta.annotations.items()),
+        node_pod.pod.status.phase,
+        frozenset(node_pod.containers.items()),
+    )
+
+
 def _spelled(resource: str, values: dict[int, int]) -> str:
     spelled = "{}={:d}" if resource == "MB" else "{}={:x}"
     return f"{resource}:" + ";".join(spelled.format(k, v) for k, v in sorted(values.items()))
@@ -132,6 +145,14 @@ class QosLoops:
         self._throttling: dict[str, tuple[float, int, int]] = {}
         """container id → (when, nr_periods, nr_throttled) of its last cpu.stat reading."""
         self._buckets: dict[str, burst.TokenBucket] = {}
+        self._be_request: int | None = None
+        self._quota_seen: dict[str, int] = {}
+        """container id → its CFS quota as last read or written by the quota burst."""
+        self._reconciled: tuple[int, int] | None = None
+        """(NodeSLO revision, pod list digest) of the last full pass of the static loops."""
+        self._next_reconcile = 0.0
+        self._burst_static_problems: list[Problem] = []
+        """What the last CFS burst pass met (kept in the cpu-burst events of the rounds in between)."""
 
     @property
     def dry_run(self) -> bool:
@@ -186,20 +207,33 @@ class QosLoops:
         self, pods: list[actuate.NodePod] | None, slo: dict[str, Any], now: float, tick: Tick | None
     ) -> list[tuple[ActuationLoop, _LoopResult]]:
         budget = [self.settings.max_writes_per_round]
+        self._cgroups.new_round()
+        self._resctrl.new_round()
         layout = self._layout()
         out: list[tuple[ActuationLoop, _LoopResult]] = []
-        if pods is not None and layout is not None:
+        static = pods is not None and self._reconcile_due(pods, now)
+        if pods is not None and layout is not None and static:
             out.append(("be-cgroup", self._be_cgroups(pods, layout, slo, budget)))
-        if pods is not None:
+        if pods is not None and static:
             out.append(("resctrl", self._resctrl_loop(pods, layout, slo, budget)))
         if layout is not None:
             out.append(("failsafe", self._failsafe(layout, slo, now, budget)))
         if layout is not None and pods is not None and not self._failsafe_active:
-            out.append(("cpu-suppress", self._cpu_suppress(pods, layout, slo, now, tick, budget)))
-            out += self._evictions(pods, layout, slo, now, tick)
+            out.append(("cpu-suppress", self._cpu_suppress(pods, layout, slo, now, tick, budget, static=static)))
+            out += self._evictions(pods, layout, slo, now, tick, static=static)
         if layout is not None and pods is not None:
-            out.append(("cpu-burst", self._cpu_burst(pods, layout, slo, now, tick, budget)))
+            out.append(("cpu-burst", self._cpu_burst(pods, layout, slo, now, tick, budget, static=static)))
+        if static:
+            # a pass cut short by the round's bound is finished next round, not in reconcile_interval
+            self._next_reconcile = now + (self.settings.reconcile_interval if budget[0] > 0 else 0.0)
         return out
+
+    def _reconcile_due(self, pods: list[actuate.NodePod], now: float) -> bool:
+        key = (self.slo.revision, hash(tuple(_pod_identity(p) for p in pods)))
+        if key != self._reconciled or now >= self._next_reconcile:
+            self._reconciled = key
+            return True
+        return False
 
     def _layout(self) -> actuate.Layout | None:
         found = collect.detect_layout(self._agent_settings)
@@ -384,9 +418,12 @@ class QosLoops:
         now: float,
         tick: Tick | None,
         budget: list[int],
+        *,
+        static: bool,
     ) -> _LoopResult:
         """§5.5.1: the besteffort cgroup's CFS quota or cpuset follows what BE may use now; when the strategy is
-        off, both are released (quota unlimited, every CPU)."""
+        off, both are released (quota unlimited, every CPU). The pods' and containers' cpusets are checked when the
+        besteffort one moves and on the static passes (new pods start with the kubelet's full set)."""
         result = _LoopResult()
         threshold = slo["resourceUsedThresholdWithBE"]
         quota_name = "cpu.max" if layout.version == 2 else "cpu.cfs_quota_us"
@@ -402,7 +439,7 @@ class QosLoops:
         if not threshold.get("enable"):
             released = "CPU suppress is off: BE quota unlimited and every CPU (§5.5.1)"
             self._apply_wants([actuate.Want(path=quota_path, value=unlimited, reason=released)], result, budget)
-            self._set_be_cpuset(layout, every_cpu, released, result, budget)
+            self._set_be_cpuset(layout, every_cpu, released, result, budget, full=static)
             return result
         if tick is None or tick.node is None or now - tick.at > self.settings.usage_max_age:
             result.problems.append(Problem(target="usage", reason="no fresh CPU usage sample: BE CPU left as is"))
@@ -426,13 +463,15 @@ class QosLoops:
             if target is not None:
                 reason = f"BE may use {allowance.explanation}: CFS quota {target} µs per 100 ms (§5.5.1)"
                 self._apply_wants([actuate.Want(path=quota_path, value=str(target), reason=reason)], result, budget)
-            self._set_be_cpuset(layout, every_cpu, "cfsQuota policy: BE cpuset is every CPU", result, budget)
+            self._set_be_cpuset(
+                layout, every_cpu, "cfsQuota policy: BE cpuset is every CPU", result, budget, full=static
+            )
             return result
         old = self._read_cpuset(layout.file("cpuset", be_dir, "cpuset.cpus")) or every_cpu
         size = suppress.cpuset_size(allowance.milli, old_size=len(old), logical_cpus=len(all_cpus))
         chosen = set(suppress.pick_cpus(all_cpus, size))
         reason = f"BE may use {allowance.explanation}: {size} CPUs (§5.5.1)"
-        self._set_be_cpuset(layout, chosen, reason, result, budget)
+        self._set_be_cpuset(layout, chosen, reason, result, budget, full=static)
         quota_reason = "cpuset policy: BE CFS quota unlimited"
         self._apply_wants([actuate.Want(path=quota_path, value=unlimited, reason=quota_reason)], result, budget)
         return result
@@ -445,12 +484,15 @@ class QosLoops:
             return None
 
     def _set_be_cpuset(
-        self, layout: actuate.Layout, cpus: set[int], reason: str, result: _LoopResult, budget: list[int]
+        self, layout: actuate.Layout, cpus: set[int], reason: str, result: _LoopResult, budget: list[int], *, full: bool
     ) -> None:
         """Every cpuset cgroup under besteffort gets `cpus`: first the union of old and new, top down, then the new
-        set, bottom up, so no child ever holds a CPU its parent lacks."""
-        top = layout.file("cpuset", layout.qos_dir(vocab.KUBE_QOS_BESTEFFORT), "")
-        dirs = self._subtree(top.rstrip("/"), depth=2)
+        set, bottom up, so no child ever holds a CPU its parent lacks. Unless `full`, nothing below besteffort is
+        read when besteffort already holds `cpus`."""
+        top = layout.file("cpuset", layout.qos_dir(vocab.KUBE_QOS_BESTEFFORT), "").rstrip("/")
+        if not full and self._read_cpuset(f"{top}/cpuset.cpus") in (cpus, None):
+            return
+        dirs = self._subtree(top, depth=2)
         current = {d: self._read_cpuset(f"{d}/cpuset.cpus") for d in dirs}
         stale = [d for d in dirs if current[d] is not None and current[d] != cpus]
         if not stale:
@@ -500,7 +542,11 @@ class QosLoops:
         now: float,
         tick: Tick | None,
         budget: list[int],
+        *,
+        static: bool,
     ) -> _LoopResult:
+        """CFS quota burst every round; CFS burst values (which only change with the pods or the NodeSLO) when
+        `static`."""
         result = _LoopResult()
         node_config = slo["cpuBurstStrategy"]
         if tick is not None and (not self._burst_ticks or self._burst_ticks[-1].at != tick.at):
@@ -511,6 +557,7 @@ class QosLoops:
             layout.file("cpu", layout.qos_dir(vocab.KUBE_QOS_BURSTABLE), burst_file)
         )
         wants: list[actuate.Want] = []
+        static_result = _LoopResult()
         said_no_burst = False
         latest = self._burst_ticks[-1] if self._burst_ticks else None
         container_usage = {c.container_id: c.sample[1] for p in (latest.pods if latest else ()) for c in p.containers}
@@ -525,9 +572,11 @@ class QosLoops:
                 result.problems.append(Problem(target=node_pod.key, reason=str(e)))
                 continue
             cfs_burst_on = policy in ("cpuBurstOnly", "auto")
-            if cfs_burst_on and not kernel_has_burst:
+            if not static:
+                pass
+            elif cfs_burst_on and not kernel_has_burst:
                 if not said_no_burst:
-                    result.problems.append(
+                    static_result.problems.append(
                         Problem(target=burst_file, reason="this kernel has no CFS burst (Linux ≥ 5.14): not applied")
                     )
                     said_no_burst = True
@@ -552,11 +601,21 @@ class QosLoops:
                                 depth=1,
                             )
                         )
-            self._quota_burst(node_pod, pod_dir, layout, config, state, now, container_usage, result, budget)
-        self._apply_wants(wants, result, budget)
+            self._quota_burst(
+                node_pod, pod_dir, layout, config, state, now, container_usage, result, budget, static=static
+            )
+        if static:
+            self._apply_wants(wants, static_result, budget)
+            self._burst_static_problems = static_result.problems
+        result.changes = static_result.changes + result.changes
+        result.problems = self._burst_static_problems + result.problems
         # a container's budget is forgotten after 2 periods unused (it left, or its pod's policy changed)
         period = node_config.get("cfsQuotaBurstPeriodSeconds", -1)
         self._buckets = {k: b for k, b in self._buckets.items() if now - b.last_used <= 2 * max(period, 1)}
+        if static:
+            running = {cid for p in pods for _, cid in p.containers.values()}
+            self._quota_seen = {k: v for k, v in self._quota_seen.items() if k in running}
+            self._throttling = {k: v for k, v in self._throttling.items() if k in running}
         return result
 
     def _pool_state(self, pods: list[actuate.NodePod], config: dict[str, Any]) -> burst.PoolState:
@@ -588,7 +647,11 @@ class QosLoops:
         container_usage: dict[str, float],
         result: _LoopResult,
         budget: list[int],
+        *,
+        static: bool,
     ) -> None:
+        """A container's quota is read on static passes and remembered in between (what we wrote is what it holds,
+        unless the kubelet reset it: then the next static pass sees it); cpu.stat is read every round."""
         quota_file = "cpu.max" if layout.version == 2 else "cpu.cfs_quota_us"
         on = config.get("policy", "none") in ("cfsQuotaBurstOnly", "auto")
         percent = config.get("cfsQuotaBurstPercent", 300)
@@ -601,15 +664,20 @@ class QosLoops:
                 continue
             directory = layout.container_dir(pod_dir, runtime, container_id)
             path = layout.file("cpu", directory, quota_file)
+            known = None if static else self._quota_seen.get(container_id)
+            if known == -1:
+                continue  # no quota to burst (unlimited or missing): looked at again on the next static pass
             try:
-                text = actuate.normalize(path, self._cgroups.read(path))
+                text = str(known) if known is not None else actuate.normalize(path, self._cgroups.read(path))
+                if text is None or text in ("-1", "max"):
+                    self._quota_seen[container_id] = -1
+                    continue
                 stat = self._cgroups.read(layout.file("cpu", directory, "cpu.stat")) or ""
             except (OSError, PathRejected) as e:
                 result.problems.append(Problem(target=path, reason=f"cannot read: {e}"))
                 continue
-            if text is None or text in ("-1", "max"):
-                continue
             current = int(text)
+            self._quota_seen[container_id] = current
             counters = dict(collect.keyed_ints(stat))
             reading = (counters.get("nr_periods", 0), counters.get("nr_throttled", 0))
             previous = self._throttling.get(container_id)
@@ -649,6 +717,8 @@ class QosLoops:
                 if self._write(self._cgroups, file, str(after), result):
                     result.changes.append(Change(path=file, before=str(before), after=str(after), reason=reason))
                     budget[0] -= 1
+                    if file == path:
+                        self._quota_seen[container_id] = after
 
     # --- evictions (§5.5.2, §5.5.3)
 
@@ -659,6 +729,8 @@ class QosLoops:
         slo: dict[str, Any],
         now: float,
         tick: Tick | None,
+        *,
+        static: bool,
     ) -> list[tuple[ActuationLoop, _LoopResult]]:
         features = self.settings.evict_feature_set
         threshold = slo["resourceUsedThresholdWithBE"]
@@ -677,7 +749,7 @@ class QosLoops:
             out.append(("memory-evict", self._memory_evict(pods, threshold, features, now, tick)))
         if fresh and evict.BE_CPU in features:
             assert tick is not None
-            out.append(("cpu-evict", self._cpu_evict(pods, layout, threshold, now, tick)))
+            out.append(("cpu-evict", self._cpu_evict(pods, layout, threshold, now, tick, static=static)))
         return out
 
     def _memory_evict(
@@ -709,7 +781,14 @@ class QosLoops:
         return result
 
     def _cpu_evict(
-        self, pods: list[actuate.NodePod], layout: actuate.Layout, threshold: dict[str, Any], now: float, tick: Tick
+        self,
+        pods: list[actuate.NodePod],
+        layout: actuate.Layout,
+        threshold: dict[str, Any],
+        now: float,
+        tick: Tick,
+        *,
+        static: bool,
     ) -> _LoopResult:
         result = _LoopResult()
         lower = threshold.get("cpuEvictBESatisfactionLowerPercent")
@@ -726,9 +805,9 @@ class QosLoops:
             result.problems.append(Problem(target="besteffort", reason="cannot read the BE cpuset or CFS quota"))
             return result
         be_usage = sum(int(p.sample[1] * 1000) for p in tick.pods if p.pod.kube_qos == vocab.KUBE_QOS_BESTEFFORT)
-        self._cpu_window.append(
-            evict.CpuSample(at=tick.at, usage=be_usage, request=evict.be_request_milli(pods), limit=limit)
-        )
+        if static or self._be_request is None:
+            self._be_request = evict.be_request_milli(pods)  # changes only with the pods: a static pass follows
+        self._cpu_window.append(evict.CpuSample(at=tick.at, usage=be_usage, request=self._be_request, limit=limit))
         window_seconds = max(float(threshold.get("cpuEvictTimeWindowSeconds") or 1), 1.0)
         while self._cpu_window and self._cpu_window[0].at <= tick.at - window_seconds:
             self._cpu_window.popleft()

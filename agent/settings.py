@@ -105,6 +105,10 @@ class QosSettings:
     """Skip TLS verification of the kubelet (its serving certificate is self-signed by default)."""
     round_interval: float = 1.0
     """Seconds between two rounds of the QoS loops (koordlet: 1 s)."""
+    reconcile_interval: float = 10.0
+    """Seconds between two full passes of the loops whose targets only change with the pods or the NodeSLO (BE
+    cgroups, resctrl schemata and tasks, CFS burst); they also run at once on any such change. The usage-driven
+    loops (CPU suppress, CFS quota burst, evictions) run every round."""
     slo_poll_interval: float = 5.0
     """Seconds between two reads of this node's NodeSLO key."""
     max_writes_per_round: int = 256

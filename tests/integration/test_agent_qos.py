@@ -582,3 +582,26 @@ async def test_cpu_burst_on_a_kernel_without_cfs_burst_is_one_problem(tmp_path: 
     events = {e.loop: e for e in await qos_loops.round()}
     assert [p.target for p in events["cpu-burst"].problems] == ["cpu.cfs_burst_us"]
     assert "cpu-burst" not in {e.loop for e in await qos_loops.round()}
+
+
+async def test_static_loops_run_on_change_or_every_reconcile_interval(tmp_path: Path) -> None:
+    files = v1_tree(tmp_path / "cg")
+    clock = Clock()
+    bus = await slo_bus({})
+    qos_loops = loops(
+        tmp_path, bus, StaticPods(be_pod()), cgroup_root=tmp_path / "cg", clock=clock, reconcile_interval=10
+    )
+    await qos_loops.round()
+    shares = f"cpu/kubepods/besteffort/pod{UID}/cpu.shares"
+    files[shares].write_text("1024\n")  # the kubelet put its own value back
+    clock.now += 1
+    await qos_loops.round()
+    assert values(files)[shares] == "1024"  # nothing changed in the inputs, the next pass is not due yet
+    clock.now += 10
+    await qos_loops.round()
+    assert values(files)[shares] == "2048"  # the periodic pass repairs it
+    files[shares].write_text("1024\n")
+    await put_slo(bus, {"cpuBurstStrategy": {"policy": "auto"}})  # a new NodeSLO revision: a pass at once
+    clock.now += 6  # past the 5 s NodeSLO poll
+    await qos_loops.round()
+    assert values(files)[shares] == "2048"
