@@ -15,7 +15,7 @@ pytestmark = pytest.mark.e2e
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "agent.py"
 KEYS = {
     "bench", "pods", "seconds", "cpu_percent_of_one_core", "peak_rss_mb", "qos_rounds", "collections",
-    "first_round_writes", "steady_writes", "qos_problems", "target_held", "command",
+    "convergence_writes", "steady_writes", "qos_problems", "target_held", "command",
 }  # fmt: skip
 
 
@@ -29,7 +29,7 @@ def test_prints_one_json_line_with_sane_figures() -> None:
     result = json.loads(lines[0])
     assert set(result) == KEYS
     # 3 BE pods × (pod + 2 containers) × 3 files, plus the resctrl groups whose schemata change
-    assert result["first_round_writes"] >= 27
+    assert result["convergence_writes"] >= 27
     assert result["steady_writes"] >= 0 and result["qos_problems"] == 0
     assert result["qos_rounds"] >= 1 and result["collections"] >= 1
     assert result["cpu_percent_of_one_core"] > 0 and result["peak_rss_mb"] > 0
