@@ -172,14 +172,19 @@ def _pod_dirs(base: str, driver: core.Driver) -> Iterator[tuple[str, str, str]]:
 
 def _read_cpu_ns(cgroup_dir: str, version: int) -> int:
     if version == 1:
-        return int(_read_text(os.path.join(cgroup_dir, "cpuacct.usage")).strip())
+        return int(_read_text(f"{cgroup_dir}/cpuacct.usage"))
     stat = dict(keyed_ints(_read_text(os.path.join(cgroup_dir, "cpu.stat"))))
     return stat["usage_usec"] * 1000
 
 
 def _read_memory(cgroup_dir: str, version: int) -> core.MemoryStat:
     names: Mapping[str, str] = _V1_MEMORY_FIELDS if version == 1 else _V2_MEMORY_FIELDS
-    values = {names[k]: v for k, v in keyed_ints(_read_text(os.path.join(cgroup_dir, "memory.stat"))) if k in names}
+    values: dict[str, int] = {}
+    # memory.stat has ~40 lines and we want 5: look at the key before converting anything
+    for line in _read_text(f"{cgroup_dir}/memory.stat").split("\n"):
+        key, _, value = line.partition(" ")
+        if key in names:
+            values[names[key]] = int(value)
     return core.MemoryStat(**values)
 
 
@@ -188,8 +193,8 @@ def read_cgroup(layout: CgroupLayout, rel: str) -> core.CgroupReading | None:
     assert layout.cpu_base is not None and layout.memory_base is not None
     try:
         return core.CgroupReading(
-            cpu_usage_ns=_read_cpu_ns(os.path.join(layout.cpu_base, rel), layout.version),
-            memory=_read_memory(os.path.join(layout.memory_base, rel), layout.version),
+            cpu_usage_ns=_read_cpu_ns(f"{layout.cpu_base}/{rel}", layout.version),
+            memory=_read_memory(f"{layout.memory_base}/{rel}", layout.version),
         )
     except (OSError, KeyError, ValueError):
         return None
@@ -205,9 +210,9 @@ def read_pods(layout: CgroupLayout) -> tuple[core.PodReading, ...]:
         if pod_cgroup is None:
             continue
         containers: list[core.ContainerReading] = []
-        for name in _subdirs(os.path.join(layout.cpu_base, rel)):
+        for name in _subdirs(f"{layout.cpu_base}/{rel}"):
             cid = core.parse_container_dir(name, driver)
-            c_cgroup = read_cgroup(layout, os.path.join(rel, name)) if cid else None
+            c_cgroup = read_cgroup(layout, f"{rel}/{name}") if cid else None
             if cid and c_cgroup is not None:
                 containers.append(core.ContainerReading(container_id=cid, cgroup=c_cgroup))
         pods.append(core.PodReading(uid=uid, kube_qos=kube_qos, cgroup=pod_cgroup, containers=tuple(containers)))
