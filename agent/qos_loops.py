@@ -151,6 +151,8 @@ class QosLoops:
         self._reconciled: tuple[int, int] | None = None
         """(NodeSLO revision, pod list digest) of the last full pass of the static loops."""
         self._next_reconcile = 0.0
+        self._effective: tuple[int, dict[str, Any]] | None = None
+        """(NodeSLO revision, the spec merged onto the defaults): merged again only when the revision moves."""
         self._burst_static_problems: list[Problem] = []
         """What the last CFS burst pass met (kept in the cpu-burst events of the rounds in between)."""
 
@@ -176,7 +178,9 @@ class QosLoops:
         if now >= self._next_slo_read:
             await self.slo.refresh(now)
             self._next_slo_read = now + self.settings.slo_poll_interval
-        slo = effective_slo(self.slo.spec)
+        if self._effective is None or self._effective[0] != self.slo.revision:
+            self._effective = (self.slo.revision, effective_slo(self.slo.spec))
+        slo = self._effective[1]
         pods = await self._list_pods()
         results = await asyncio.to_thread(self._run_loops, pods, slo, now, self._usage())
         events: list[ActuationApplied] = []
