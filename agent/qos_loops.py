@@ -216,17 +216,30 @@ class QosLoops:
         layout = self._layout()
         out: list[tuple[ActuationLoop, _LoopResult]] = []
         static = pods is not None and self._reconcile_due(pods, now)
+
+        def run(loop: ActuationLoop, step: Callable[[], _LoopResult]) -> None:
+            """One loop; a bug or an input nobody foresaw fails that loop for this round, never the others."""
+            try:
+                out.append((loop, step()))
+            except Exception as e:
+                log.exception("node %s: %s failed this round", self.node, loop)
+                out.append((loop, _LoopResult(problems=[Problem(target=loop, reason=f"{type(e).__name__}: {e}")])))
+
         if pods is not None and layout is not None and static:
-            out.append(("be-cgroup", self._be_cgroups(pods, layout, slo, budget)))
+            run("be-cgroup", lambda: self._be_cgroups(pods, layout, slo, budget))
         if pods is not None and static:
-            out.append(("resctrl", self._resctrl_loop(pods, layout, slo, budget)))
+            run("resctrl", lambda: self._resctrl_loop(pods, layout, slo, budget))
         if layout is not None:
-            out.append(("failsafe", self._failsafe(layout, slo, now, budget)))
+            run("failsafe", lambda: self._failsafe(layout, slo, now, budget))
         if layout is not None and pods is not None and not self._failsafe_active:
-            out.append(("cpu-suppress", self._cpu_suppress(pods, layout, slo, now, tick, budget, static=static)))
-            out += self._evictions(pods, layout, slo, now, tick, static=static)
+            run("cpu-suppress", lambda: self._cpu_suppress(pods, layout, slo, now, tick, budget, static=static))
+            try:
+                out.extend(self._evictions(pods, layout, slo, now, tick, static=static))
+            except Exception as e:
+                log.exception("node %s: evictions failed this round", self.node)
+                out.append(("memory-evict", _LoopResult(problems=[Problem(target="evictions", reason=repr(e))])))
         if layout is not None and pods is not None:
-            out.append(("cpu-burst", self._cpu_burst(pods, layout, slo, now, tick, budget, static=static)))
+            run("cpu-burst", lambda: self._cpu_burst(pods, layout, slo, now, tick, budget, static=static))
         if static:
             # a pass cut short by the round's bound is finished next round, not in reconcile_interval
             self._next_reconcile = now + (self.settings.reconcile_interval if budget[0] > 0 else 0.0)

@@ -3,7 +3,8 @@
 Pure. Each sub-strategy of the NodeSLO spec is overlaid (services.slo.render.overlay, Koordinator's MergeCfg) onto
 the koordlet defaults; then in each QoS class a disabled cpuQOS / resctrlQOS / memoryQOS has its values replaced by
 the "none" values, so a loop reading a disabled class can never apply stale numbers. A missing or null sub-strategy
-means the defaults. The table of defaults is spec §5.3 (classes), §5.5 (threshold), §5.6 (burst) and Koordinator's
+means the defaults. `spec_problems` says why a spec cannot be acted on (a bad type or an out-of-range value in any
+field a loop reads): the agent then keeps its previous spec whole. The table of defaults is spec §5.3 (classes), §5.5 (threshold), §5.6 (burst) and Koordinator's
 DefaultSystemStrategy (system: minFreeKbytesFactor 100, watermarkScaleFactor 150, memcgReapBackGround 0).
 """
 
@@ -102,3 +103,70 @@ def effective_slo(spec: Mapping[str, Any] | None) -> dict[str, Any]:
                 qos_class[section] = {**qos_class[section], **disabled, "enable": False}
     merged["hostApplications"] = list(spec.get("hostApplications") or [])
     return merged
+
+
+_Number = (int, float)
+_PERCENT_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
+    "resourceUsedThresholdWithBE": (
+        "cpuSuppressThresholdPercent",
+        "cpuSuppressMinPercent",
+        "memoryEvictThresholdPercent",
+        "memoryEvictLowerPercent",
+        "cpuEvictBESatisfactionLowerPercent",
+        "cpuEvictBESatisfactionUpperPercent",
+        "cpuEvictBEUsageThresholdPercent",
+    ),
+    "cpuBurstStrategy": ("sharePoolThresholdPercent",),
+}
+_CHOICES: Final[Mapping[tuple[str, str], frozenset[str]]] = {
+    ("resourceUsedThresholdWithBE", "cpuSuppressPolicy"): frozenset({"cpuset", "cfsQuota"}),
+    ("resourceUsedThresholdWithBE", "cpuEvictPolicy"): frozenset({"evictByRealLimit", "evictByAllocatable"}),
+    ("cpuBurstStrategy", "policy"): frozenset({"none", "cpuBurstOnly", "cfsQuotaBurstOnly", "auto"}),
+}
+
+
+def _in_range(value: object, low: float, high: float) -> bool:
+    return not isinstance(value, bool) and isinstance(value, _Number) and low <= value <= high
+
+
+def spec_problems(spec: Mapping[str, Any] | None) -> list[str]:
+    """Why the agent cannot act on this NodeSLO spec (empty: it can): every field a loop reads, merged onto the
+    defaults, with its type and range. The slo service only renders valid specs; this guards against anything else
+    that writes the bucket, so that a bad value is refused whole instead of crashing a loop or being written."""
+    if spec is not None and not isinstance(spec, Mapping):
+        return ["the spec is not an object"]
+    try:
+        merged = effective_slo(spec)
+    except (TypeError, AttributeError, ValueError) as e:
+        return [f"the spec does not merge onto the defaults: {e}"]
+    problems: list[str] = []
+    for section, fields in _PERCENT_FIELDS.items():
+        for name in fields:
+            value = merged[section].get(name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, _Number) or not 0 <= value <= 100
+            ):
+                problems.append(f"{section}.{name}: {value!r} is not a percent in [0, 100]")
+    for (section, name), allowed in _CHOICES.items():
+        value = merged[section].get(name)
+        if value not in allowed:
+            problems.append(f"{section}.{name}: {value!r} is not one of {', '.join(sorted(allowed))}")
+    if not isinstance(merged["resourceUsedThresholdWithBE"].get("enable"), bool):
+        problems.append("resourceUsedThresholdWithBE.enable is not a boolean")
+    burst = merged["cpuBurstStrategy"]
+    for name, low, high in (("cpuBurstPercent", 0, 10000), ("cfsQuotaBurstPercent", 0, 100000)):
+        value = burst.get(name)
+        if not _in_range(value, low, high):
+            problems.append(f"cpuBurstStrategy.{name}: {value!r} is not in [{low}, {high}]")
+    period = burst.get("cfsQuotaBurstPeriodSeconds")
+    if isinstance(period, bool) or not isinstance(period, int) or period < -1:
+        problems.append(f"cpuBurstStrategy.cfsQuotaBurstPeriodSeconds: {period!r} is not an integer ≥ -1")
+    for qos_class in QOS_CLASSES:
+        resctrl = merged["resourceQOSStrategy"].get(qos_class, {}).get("resctrlQOS", {})
+        for name in ("catRangeStartPercent", "catRangeEndPercent", "mbaPercent"):
+            value = resctrl.get(name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, _Number) or not 0 <= value <= 100
+            ):
+                problems.append(f"resourceQOSStrategy.{qos_class}.resctrlQOS.{name}: {value!r} is not in [0, 100]")
+    return problems

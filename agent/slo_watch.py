@@ -3,7 +3,8 @@
 `SloSource.refresh()` reads only this node's key (one direct read; nothing else in the bucket is touched). A value
 that decodes becomes the spec in effect and is saved atomically to `<state_dir>/nodeslo.json`; at start that file
 is loaded, so an agent restarted while NATS is down applies its last good settings, not the defaults. A key that
-does not decode (or a malformed spec) keeps the previous spec and is counted. A deleted key (the node left the
+does not decode, or holds a spec with a bad type or an out-of-range value, keeps the previous spec whole (no
+partial application) and is counted. A deleted key (the node left the
 cluster, then came back before the slo service re-rendered it) means the defaults. `silent_for(now)` is how long
 the bucket has not been readable: the fail-safe's input.
 """
@@ -19,6 +20,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from agent.slo import spec_problems
 from bus import streams, subjects
 from bus.api import Delivery
 from bus.errors import BusError
@@ -44,6 +46,8 @@ class SloSource:
         self.last_contact = now
         """When the bucket was last readable (start-up counts: the fail-safe waits a full period first)."""
         self.unreadable = 0
+        self.rejected_revision = 0
+        """The last revision refused as malformed (not read again)."""
         self.read_failures = 0
         self._load_cache()
 
@@ -61,21 +65,26 @@ class SloSource:
         self.last_contact = now
         if stored is None or stored.headers.get("KV-Operation") in ("DEL", "PURGE"):
             return self._take(None, stored.stream_seq if stored is not None else 0)
-        if stored.stream_seq == self.revision:
+        if stored.stream_seq in (self.revision, self.rejected_revision):
             return False
         try:
-            value = NODE_SLO_DECODER.decode(stored.data)
+            spec = NODE_SLO_DECODER.decode(stored.data).spec
         except msgspec.DecodeError as e:
+            problems = [str(e)]
+        else:
+            problems = spec_problems(spec)
+        if problems:
             self.unreadable += 1
+            self.rejected_revision = stored.stream_seq
             log.warning(
-                "node %s: NodeSLO revision %d is malformed (%s); keeping %d",
+                "node %s: NodeSLO revision %d refused (%s); keeping revision %d",
                 self._node,
                 stored.stream_seq,
-                e,
+                "; ".join(problems[:3]),
                 self.revision,
             )
             return False
-        return self._take(value.spec, stored.stream_seq)
+        return self._take(spec, stored.stream_seq)
 
     def _take(self, spec: Mapping[str, Any] | None, revision: int) -> bool:
         changed = spec != self.spec
@@ -106,8 +115,8 @@ class SloSource:
             with open(self._cache) as f:
                 saved = json.load(f)
             spec = saved["spec"]
-            if spec is not None and not isinstance(spec, dict):
-                raise ValueError("spec is not an object")
+            if spec is not None and (not isinstance(spec, dict) or spec_problems(spec)):
+                raise ValueError("the saved spec is not a valid NodeSLO spec")
             self.spec, self.revision = spec, int(saved["revision"])
             log.info("node %s: NodeSLO revision %d loaded from %s", self._node, self.revision, self._cache)
         except (OSError, ValueError, KeyError, TypeError) as e:

@@ -605,3 +605,41 @@ async def test_static_loops_run_on_change_or_every_reconcile_interval(tmp_path: 
     clock.now += 6  # past the 5 s NodeSLO poll
     await qos_loops.round()
     assert values(files)[shares] == "2048"
+
+
+async def test_a_malformed_nodeslo_keeps_the_previous_one_whole(tmp_path: Path) -> None:
+    v1_tree(tmp_path / "cg")
+    clock = Clock()
+    good = {"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressPolicy": "cfsQuota"}}
+    bus = await slo_bus(good)
+    qos_loops = loops(tmp_path, bus, StaticPods(be_pod()), cgroup_root=tmp_path / "cg", clock=clock)
+    await qos_loops.round()
+    assert qos_loops.slo.spec == good and qos_loops.slo.revision == 1
+    await put_slo(bus, {"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressThresholdPercent": 250}})
+    clock.now += 6
+    await qos_loops.round()
+    assert qos_loops.slo.spec == good and qos_loops.slo.revision == 1 and qos_loops.slo.unreadable == 1
+    await bus.publish(subjects.slo_key(NODE), b"{not json", msg_id="broken")
+    clock.now += 6
+    await qos_loops.round()
+    assert qos_loops.slo.spec == good and qos_loops.slo.unreadable == 2
+    clock.now += 6
+    await qos_loops.round()
+    assert qos_loops.slo.unreadable == 2  # a refused revision is not read again
+
+
+async def test_one_failing_loop_does_not_stop_the_others(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    files = v1_tree(tmp_path / "cg")
+    bus = await slo_bus({})
+    qos_loops = loops(tmp_path, bus, StaticPods(be_pod()), cgroup_root=tmp_path / "cg")
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("an input nobody foresaw")
+
+    monkeypatch.setattr(qos_loops, "_cpu_suppress", broken)
+    events = {e.loop: e for e in await qos_loops.round()}
+    assert events["cpu-suppress"].problems[0].reason == "RuntimeError: an input nobody foresaw"
+    assert (
+        len(events["be-cgroup"].changes) == 6
+        and values(files)[f"cpu/kubepods/besteffort/pod{UID}/cpu.shares"] == "2048"
+    )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.slo import AGENT_DEFAULTS, effective_slo
+from agent.slo import AGENT_DEFAULTS, effective_slo, spec_problems
 from services.slo.render import parse_slo_config, render_node_slo
 
 
@@ -64,3 +64,34 @@ def test_a_rendered_nodeslo_round_trips_into_the_agent_view() -> None:
     assert slo["resourceUsedThresholdWithBE"]["cpuSuppressThresholdPercent"] == 55
     assert slo["hostApplications"] == [{"name": "nginx", "qos": "LS"}]
     assert slo["systemStrategy"]["minFreeKbytesFactor"] == 100
+
+
+def test_spec_problems_accepts_rendered_specs_and_refuses_bad_values() -> None:
+    assert spec_problems(None) == [] and spec_problems({}) == []
+    good = {
+        "resourceUsedThresholdWithBE": {
+            "enable": True,
+            "cpuSuppressThresholdPercent": 50,
+            "cpuSuppressPolicy": "cfsQuota",
+        },
+        "cpuBurstStrategy": {"policy": "auto", "cfsQuotaBurstPeriodSeconds": 60},
+    }
+    assert spec_problems(good) == []
+    bad = {
+        "resourceUsedThresholdWithBE": {
+            "enable": "yes",
+            "cpuSuppressThresholdPercent": "65",
+            "memoryEvictThresholdPercent": 120,
+        },
+        "resourceQOSStrategy": {"beClass": {"resctrlQOS": {"enable": True, "mbaPercent": -1}}},
+        "cpuBurstStrategy": {"policy": "sometimes", "cfsQuotaBurstPeriodSeconds": 1.5},
+    }
+    problems = spec_problems(bad)
+    assert any("cpuSuppressThresholdPercent: '65'" in p for p in problems)
+    assert any("memoryEvictThresholdPercent: 120" in p for p in problems)
+    assert any("enable is not a boolean" in p for p in problems)
+    assert any("beClass.resctrlQOS.mbaPercent: -1" in p for p in problems)
+    assert any("policy: 'sometimes'" in p for p in problems)
+    assert any("cfsQuotaBurstPeriodSeconds: 1.5" in p for p in problems)
+    assert spec_problems([1, 2]) == ["the spec is not an object"]  # type: ignore[arg-type]
+    assert spec_problems({"cpuBurstStrategy": "auto"}) == []  # a non-object section is ignored (defaults apply)
