@@ -1,11 +1,12 @@
 """The agent's effective NodeSLO (spec §5.2): the rendered spec merged onto the agent's full defaults.
 
-Pure. Each sub-strategy of the NodeSLO spec is overlaid (services.slo.render.overlay, Koordinator's MergeCfg) onto
+Pure. Each sub-strategy of the NodeSLO spec is overlaid (schemas.jsonmerge.overlay, Koordinator's MergeCfg) onto
 the koordlet defaults; then in each QoS class a disabled cpuQOS / resctrlQOS / memoryQOS has its values replaced by
 the "none" values, so a loop reading a disabled class can never apply stale numbers. A missing or null sub-strategy
 means the defaults. `spec_problems` says why a spec cannot be acted on (a bad type or an out-of-range value in any
-field a loop reads): the agent then keeps its previous spec whole. The table of defaults is spec §5.3 (classes), §5.5 (threshold), §5.6 (burst) and Koordinator's
-DefaultSystemStrategy (system: minFreeKbytesFactor 100, watermarkScaleFactor 150, memcgReapBackGround 0).
+field a loop reads): the agent then keeps its previous spec whole. The table of defaults is spec §5.3 (classes),
+§5.5 (threshold), §5.6 (burst) and Koordinator's DefaultSystemStrategy (system: minFreeKbytesFactor 100,
+watermarkScaleFactor 150, memcgReapBackGround 0).
 """
 
 from __future__ import annotations
