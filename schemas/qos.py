@@ -31,6 +31,10 @@ class SloConfigStatus(msgspec.Struct, frozen=True, kw_only=True, tag="slo.config
 
     errors: dict[str, str]
     at: float
+    configmap_namespace: str = ""
+    configmap_name: str = ""
+    resource_version: str = ""
+    """Of the ConfigMap content these errors are about."""
 
 
 class Change(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

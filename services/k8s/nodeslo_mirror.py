@@ -5,6 +5,8 @@
 re-applies every node's latest spec) and hands each to services.k8s.latest_writer: a NodeSLO is created when
 missing, its spec replaced (guarded by resourceVersion, re-read on 409) when it differs, deleted when the key is
 (the node left). Labels and annotations others put on the object are kept; koordbus adds its managed-by label.
+The bucket's `_config` key (the slo-controller-config keys in error) becomes a Warning Event on the ConfigMap, and a
+Normal one when they are fixed, as the noderesource service's colocation errors do.
 `desired_nodeslo` is the object we want, `nodeslo_update` the replacement (None when nothing differs). Where the
 writes go is a NodeSloSink: the API server (`KubeNodeSloSink`) or, in record-only mode, `RecordingNodeSloSink`.
 Built by the composition root.
@@ -19,18 +21,22 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
-from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
+from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 from prometheus_client import CollectorRegistry, Counter
 
 from bus import streams, subjects
 from bus.api import Bus, Consumer, ConsumerSpec, Delivery
-from schemas.qos import NODE_SLO_DECODER
-from services.k8s import sinks
+from schemas.qos import NODE_SLO_DECODER, SLO_CONFIG_STATUS_DECODER, SloConfigStatus
+from services.k8s import sinks, writes
 from services.k8s.latest_writer import LatestWriter
 from services.k8s.settings import K8sSettings
 from services.k8s.sinks import WriteFailedError
 
 SERVICE: Final = "k8s-nodeslo-mirror"
+CONFIG_KEY: Final = "\x00config"
+"""The writer's key for the ConfigMap Event (never a node name)."""
+EVENT_REASONS: Final = ("InvalidSloConfig", "SloConfigApplied")
+EVENT_COMPONENT: Final = "koordbus-slo"
 CONSUMER: Final = "k8s-nodeslo-mirror"
 GROUP, VERSION, PLURAL = "slo.koordinator.sh", "v1alpha1", "nodeslos"
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "koordbus"}
@@ -64,10 +70,15 @@ class NodeSloSink(Protocol):
 
     async def delete(self, node: str) -> str: ...
 
+    async def write_event(self, event: Json) -> str:
+        """Create a core/v1 Event; created, or unchanged when it exists (a repeat)."""
+        ...
+
 
 class KubeNodeSloSink:
     def __init__(self, api_client: ApiClient, *, conflict_retries: int = 5, request_timeout: float = 30.0) -> None:
         self._custom = CustomObjectsApi(api_client)
+        self._core = CoreV1Api(api_client)
         self._attempts = conflict_retries + 1
         self._timeout = request_timeout
 
@@ -106,6 +117,15 @@ class KubeNodeSloSink:
         sinks.parsed(status, body, f"delete NodeSLO {node}")
         return "deleted"
 
+    async def write_event(self, event: Json) -> str:
+        meta = event["metadata"]
+        body: Any = event
+        status, text = await self._request(self._core.create_namespaced_event(meta["namespace"], body, **self._opts()))
+        if status == HTTP_CONFLICT:
+            return "unchanged"
+        sinks.parsed(status, text, f"create Event {meta['namespace']}/{meta['name']}")
+        return "created"
+
     def _opts(self) -> dict[str, Any]:
         return {"_preload_content": False, "_request_timeout": self._timeout}
 
@@ -138,6 +158,12 @@ class RecordingNodeSloSink:
         self.log.append({"at": self._clock(), "node": node, "action": "deleted"})
         return "deleted"
 
+    async def write_event(self, event: Json) -> str:
+        self.log.append(
+            {"at": self._clock(), "event": event["reason"], "message": event["message"], "action": "created"}
+        )
+        return "created"
+
     def export(self) -> Json:
         return {"objects": dict(self.objects), "writes": list(self.log)}
 
@@ -149,6 +175,8 @@ class _Handler:
     async def handle(self, delivery: Delivery) -> None:
         node = subjects.node_of_slo_key(delivery.subject)
         if node is None:
+            if delivery.subject == subjects.SLO_CONFIG_STATUS:
+                self._mirror.offer_config_status(SLO_CONFIG_STATUS_DECODER.decode(delivery.data))
             return
         if delivery.headers.get("KV-Operation") in ("DEL", "PURGE"):
             self._mirror.offer(node, None)
@@ -173,6 +201,7 @@ class NodeSloMirror:
         self.sink = sink
         self._consumer: Consumer | None = None
         writes = Counter("koordbus_k8s_nodeslo_writes", "NodeSLO writes by outcome", ["action"], registry=registry)
+        self._config_error: str | None = None
         self._writer: LatestWriter[Json | None] = LatestWriter(
             "nodeslo mirror: nodeslo",
             self._write,
@@ -215,7 +244,30 @@ class NodeSloMirror:
     def offer(self, node: str, spec: Json | None) -> None:
         self._writer.offer(node, spec)
 
+    def offer_config_status(self, status: SloConfigStatus) -> None:
+        """A Warning Event on the ConfigMap for keys in error, a Normal one when they are fixed."""
+        error = "; ".join(f"{key}: {reason}" for key, reason in sorted(status.errors.items())) or None
+        previous, self._config_error = self._config_error, error
+        if not status.configmap_name or error == previous:
+            return
+        event = writes.configmap_event(
+            namespace=status.configmap_namespace,
+            name=status.configmap_name,
+            error=error,
+            previous_error=previous,
+            resource_version=status.resource_version,
+            at=status.at,
+            reasons=EVENT_REASONS,
+            what="the slo-controller-config NodeSLO keys",
+            component=EVENT_COMPONENT,
+        )
+        if event is not None:
+            self._writer.offer(CONFIG_KEY, event)
+
     async def _write(self, node: str, spec: Json | None) -> str:
+        if node == CONFIG_KEY:
+            assert spec is not None
+            return await self.sink.write_event(spec)
         if spec is None:
             return await self.sink.delete(node)
         return await self.sink.write(desired_nodeslo(node, spec))

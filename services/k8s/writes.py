@@ -136,24 +136,50 @@ def nodemetric_deleted(node: str, *, existed: bool) -> WriteResult:
 
 
 def config_event(status: ColocationConfigStatus, *, namespace: str, name: str) -> Json | None:
-    """The core/v1 Event on the ConfigMap `namespace/name` for a config status: Warning with the error, Normal on a
-    recovery (no error, a previous one); None when there is nothing to tell (no error and none before).
+    """The core/v1 Event on the ConfigMap `namespace/name` for a colocation config status (`configmap_event`)."""
+    return configmap_event(
+        namespace=namespace,
+        name=name,
+        error=status.error,
+        previous_error=status.previous_error,
+        resource_version=status.resource_version,
+        at=status.at,
+        reasons=(EVENT_REASON_INVALID, EVENT_REASON_RECOVERED),
+        what="the colocation config",
+        component=EVENT_COMPONENT,
+    )
 
-    The Event's name is derived from the ConfigMap and the status's error and resourceVersion, so a redelivered or
+
+def configmap_event(
+    *,
+    namespace: str,
+    name: str,
+    error: str | None,
+    previous_error: str | None,
+    resource_version: str,
+    at: float,
+    reasons: tuple[str, str],
+    what: str,
+    component: str,
+) -> Json | None:
+    """A core/v1 Event on the ConfigMap `namespace/name` about `what` in it: Warning with the error (reason
+    `reasons[0]`), Normal on a recovery (no error, a previous one; `reasons[1]`); None when there is nothing to tell.
+
+    The Event's name is derived from the ConfigMap, the error and the resourceVersion, so a redelivered or
     republished status (a restart) names the same Event and its creation is an AlreadyExists, not a duplicate.
     """
-    if status.error is None and status.previous_error is None:
+    if error is None and previous_error is None:
         return None
-    if status.error is not None:
-        event_type, reason, message = "Warning", EVENT_REASON_INVALID, status.error
+    if error is not None:
+        event_type, reason, message = "Warning", reasons[0], error
     else:
-        event_type, reason = "Normal", EVENT_REASON_RECOVERED
-        message = f"the colocation config is in effect again (previous error: {status.previous_error})"
+        event_type, reason = "Normal", reasons[1]
+        message = f"{what} is in effect again (previous error: {previous_error})"
     if len(message) > EVENT_MESSAGE_LIMIT:
         message = message[: EVENT_MESSAGE_LIMIT - 1] + "…"
-    identity = "\x1f".join((namespace, name, event_type, status.error or "", status.resource_version))
+    identity = "\x1f".join((namespace, name, event_type, error or "", resource_version, reason))
     digest = hashlib.blake2b(identity.encode(), digest_size=8).hexdigest()
-    timestamp = koordinator.format_rfc3339(status.at)
+    timestamp = koordinator.format_rfc3339(at)
     return {
         "apiVersion": "v1",
         "kind": "Event",
@@ -163,13 +189,13 @@ def config_event(status: ColocationConfigStatus, *, namespace: str, name: str) -
             "kind": "ConfigMap",
             "namespace": namespace,
             "name": name,
-            **({"resourceVersion": status.resource_version} if status.resource_version else {}),
+            **({"resourceVersion": resource_version} if resource_version else {}),
         },
         "type": event_type,
         "reason": reason,
         "message": message,
-        "source": {"component": EVENT_COMPONENT},
-        "reportingComponent": EVENT_COMPONENT,
+        "source": {"component": component},
+        "reportingComponent": component,
         "firstTimestamp": timestamp,
         "lastTimestamp": timestamp,
         "count": 1,

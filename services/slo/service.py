@@ -72,7 +72,9 @@ class SloService:
     ) -> None:
         self.bus = bus
         self.state = SloState(configmap_namespace=configmap_namespace, configmap_name=configmap_name)
+        self._configmap = (configmap_namespace, configmap_name)
         self._configmap_subject = subjects.cluster_configmap(configmap_namespace, configmap_name)
+        self._configmap_version = ""
         self._clock = clock
         self._registry = registry
         self._startup_timeout = startup_timeout_seconds
@@ -147,6 +149,8 @@ class SloService:
                 log.warning("slo: bucket key %s is unreadable (%s); it will be rewritten", delivery.subject, e)
 
     def apply(self, event: NodeObserved | ConfigMapObserved) -> None:
+        if isinstance(event, ConfigMapObserved) and (event.namespace, event.name) == self._configmap:
+            self._configmap_version = event.resource_version
         for node, spec in self.state.apply(event).items():
             self._pending[node] = spec
 
@@ -195,6 +199,13 @@ class SloService:
             return
         for key, reason in sorted(errors.items()):
             log.warning("slo: slo-controller-config key %s: %s (its last good value stays in effect)", key, reason)
-        data = _ENCODER.encode(SloConfigStatus(errors=errors, at=now))
+        status = SloConfigStatus(
+            errors=errors,
+            at=now,
+            configmap_namespace=self._configmap[0],
+            configmap_name=self._configmap[1],
+            resource_version=self._configmap_version,
+        )
+        data = _ENCODER.encode(status)
         await self._put_key(subjects.SLO_CONFIG_STATUS, data)
         self._errors_in_bucket = errors

@@ -142,6 +142,22 @@ async def test_a_configmap_change_reaches_a_real_cgroup_through_nats_kv(
         nodeslo = kube_api.get("NodeSLO", NODE)
         assert nodeslo is not None and nodeslo["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "koordbus"
 
+        # A bad key: a Warning Event on the ConfigMap; fixed: a Normal one.
+        bad = {"clusterStrategy": {"cpuBurstPercent": -5}}
+        data = {"resource-threshold-config": json.dumps(threshold), "cpu-burst-config": json.dumps(bad)}
+        meta = {"name": "slo-controller-config", "namespace": "koordinator-system"}
+        kube_api.put("configmaps", {"metadata": meta, "data": data})
+
+        def events(kind: str) -> list[dict[str, Any]]:
+            reasons = ("InvalidSloConfig", "SloConfigApplied")
+            return [e for e in kube_api.objects("Event") if e["type"] == kind and e["reason"] in reasons]
+
+        await eventually(lambda: events("Warning"), timeout=15)
+        (warning,) = events("Warning")
+        assert "cpu-burst-config" in warning["message"] and warning["involvedObject"]["name"] == "slo-controller-config"
+        kube_api.put("configmaps", {"metadata": meta, "data": {"resource-threshold-config": json.dumps(threshold)}})
+        await eventually(lambda: events("Normal"), timeout=15)
+
         # The node goes: its NodeSLO is deleted.
         kube_api.remove("nodes", NODE)
 
