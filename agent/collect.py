@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from agent import core, kidled
@@ -150,10 +150,12 @@ def detect_layout(settings: AgentSettings) -> CgroupLayout:
 # --- cgroups
 
 
-def _subdirs(path: str) -> list[str]:
+def _subdirs(path: str, wanted: Callable[[str], object] = bool) -> list[str]:
+    """Subdirectories of `path` whose name `wanted` accepts, sorted. The name is looked at first: a cgroup
+    directory holds dozens of control files and only a few subdirectories."""
     try:
         with os.scandir(path) as it:
-            return sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
+            return sorted(e.name for e in it if wanted(e.name) and e.is_dir(follow_symlinks=False))
     except (FileNotFoundError, NotADirectoryError):
         return []
 
@@ -162,7 +164,7 @@ def _pod_dirs(base: str, driver: core.Driver) -> Iterator[tuple[str, str, str]]:
     """(relative path, uid, kube QoS) of every pod cgroup under kubepods."""
     for kube_qos in (vocab.KUBE_QOS_GUARANTEED, vocab.KUBE_QOS_BURSTABLE, vocab.KUBE_QOS_BESTEFFORT):
         qos_rel = core.qos_dir(driver, kube_qos)
-        for name in _subdirs(os.path.join(base, qos_rel)):
+        for name in _subdirs(os.path.join(base, qos_rel), lambda n: core.parse_pod_dir(n, driver)):
             parsed = core.parse_pod_dir(name, driver)
             # For systemd the QoS is in the slice name too; a pod slice in the wrong parent is not ours to read.
             if parsed is None or (driver == "systemd" and parsed[1] != kube_qos):
@@ -210,7 +212,7 @@ def read_pods(layout: CgroupLayout) -> tuple[core.PodReading, ...]:
         if pod_cgroup is None:
             continue
         containers: list[core.ContainerReading] = []
-        for name in _subdirs(f"{layout.cpu_base}/{rel}"):
+        for name in _subdirs(f"{layout.cpu_base}/{rel}", lambda n: core.parse_container_dir(n, driver)):
             cid = core.parse_container_dir(name, driver)
             c_cgroup = read_cgroup(layout, f"{rel}/{name}") if cid else None
             if cid and c_cgroup is not None:

@@ -105,6 +105,15 @@ class _LoopResult:
     victims: list[evict.Victim] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class _BurstTarget:
+    pod: actuate.NodePod
+    pod_dir: str
+    config: dict[str, Any]
+    containers: tuple[tuple[str, str, int], ...]
+    """(container id, directory, CPU limit in millicores) of each running container with a limit."""
+
+
 class QosLoops:
     def __init__(
         self,
@@ -146,6 +155,9 @@ class QosLoops:
         """container id → (when, nr_periods, nr_throttled) of its last cpu.stat reading."""
         self._buckets: dict[str, burst.TokenBucket] = {}
         self._be_request: int | None = None
+        self._cpus_seen: list[suppress.Cpu] | None = None
+        self._burst_targets: list[_BurstTarget] = []
+        """Per eligible pod: its directory, config and containers with a CPU limit (rebuilt on static passes)."""
         self._quota_seen: dict[str, int] = {}
         """container id → its CFS quota as last read or written by the quota burst."""
         self._reconciled: tuple[int, int] | None = None
@@ -448,7 +460,7 @@ class QosLoops:
         quota_path = layout.file("cpu", be_dir, quota_name)
         unlimited = "max" if layout.version == 2 else "-1"
         try:
-            all_cpus = read_cpus(self.settings.sys_root)
+            all_cpus = self._cpu_topology(static)
         except (OSError, ValueError) as e:
             result.problems.append(Problem(target=self.settings.sys_root, reason=f"cannot read the CPUs: {e}"))
             return result
@@ -492,6 +504,12 @@ class QosLoops:
         quota_reason = "cpuset policy: BE CFS quota unlimited"
         self._apply_wants([actuate.Want(path=quota_path, value=unlimited, reason=quota_reason)], result, budget)
         return result
+
+    def _cpu_topology(self, refresh: bool) -> list[suppress.Cpu]:
+        """The node's CPUs, read again on static passes (CPU hot-plug is rare; sysfs is not free)."""
+        if refresh or self._cpus_seen is None:
+            self._cpus_seen = read_cpus(self.settings.sys_root)
+        return self._cpus_seen
 
     def _read_cpuset(self, path: str) -> set[int] | None:
         try:
@@ -570,57 +588,39 @@ class QosLoops:
             self._burst_ticks.append(tick)
         state = self._pool_state(pods, node_config)
         burst_file = "cpu.max.burst" if layout.version == 2 else "cpu.cfs_burst_us"
-        kernel_has_burst = self._cgroups.exists(
-            layout.file("cpu", layout.qos_dir(vocab.KUBE_QOS_BURSTABLE), burst_file)
-        )
         wants: list[actuate.Want] = []
         static_result = _LoopResult()
-        said_no_burst = False
         latest = self._burst_ticks[-1] if self._burst_ticks else None
         container_usage = {c.container_id: c.sample[1] for p in (latest.pods if latest else ()) for c in p.containers}
-        for node_pod in pods:
-            if not burst.eligible(node_pod):
-                continue
-            config = burst.pod_config(node_config, node_pod)
-            policy = config.get("policy", "none")
-            try:
-                pod_dir = layout.pod_dir(node_pod.pod.status.qos_class or vocab.KUBE_QOS_BURSTABLE, node_pod.uid)
-            except AgentNameError as e:
-                result.problems.append(Problem(target=node_pod.key, reason=str(e)))
-                continue
-            cfs_burst_on = policy in ("cpuBurstOnly", "auto")
-            if not static:
-                pass
-            elif cfs_burst_on and not kernel_has_burst:
-                if not said_no_burst:
-                    static_result.problems.append(
-                        Problem(target=burst_file, reason="this kernel has no CFS burst (Linux ≥ 5.14): not applied")
+        if static:
+            burstable = layout.qos_dir(vocab.KUBE_QOS_BURSTABLE)
+            kernel_has_burst = self._cgroups.exists(layout.file("cpu", burstable, burst_file))
+            self._burst_targets = []
+            for node_pod in pods:
+                if not burst.eligible(node_pod):
+                    continue
+                config = burst.pod_config(node_config, node_pod)
+                try:
+                    pod_dir = layout.pod_dir(node_pod.pod.status.qos_class or vocab.KUBE_QOS_BURSTABLE, node_pod.uid)
+                    limits = {c.name: burst.cpu_limit_milli(c) for c in node_pod.pod.spec.containers or ()}
+                    containers = tuple(
+                        (cid, layout.container_dir(pod_dir, runtime, cid), limits[name])
+                        for name, (runtime, cid) in sorted(node_pod.containers.items())
+                        if limits.get(name, 0) > 0
                     )
-                    said_no_burst = True
-            elif kernel_has_burst:
-                pod_value, values = burst.cfs_burst_values(node_pod, config)
-                reason = f"cfs burst ({policy}): CPU limit × cpuBurstPercent {config.get('cpuBurstPercent')}% (§5.6)"
-                wants.append(
-                    actuate.Want(
-                        path=layout.file("cpu", pod_dir, burst_file),
-                        value=str(pod_value if cfs_burst_on else 0),
-                        reason=reason,
-                    )
-                )
-                for name, (runtime, container_id) in node_pod.containers.items():
-                    if name in values:
-                        directory = layout.container_dir(pod_dir, runtime, container_id)
-                        wants.append(
-                            actuate.Want(
-                                path=layout.file("cpu", directory, burst_file),
-                                value=str(values[name] if cfs_burst_on else 0),
-                                reason=reason,
-                                depth=1,
-                            )
-                        )
-            self._quota_burst(
-                node_pod, pod_dir, layout, config, state, now, container_usage, result, budget, static=static
-            )
+                except (AgentNameError, ValueError) as e:
+                    static_result.problems.append(Problem(target=node_pod.key, reason=str(e)))
+                    continue
+                self._burst_targets.append(_BurstTarget(node_pod, pod_dir, config, containers))
+                wants += self._cfs_burst_wants(node_pod, pod_dir, config, layout, burst_file)
+            policies = {t.config.get("policy", "none") for t in self._burst_targets}
+            if not kernel_has_burst and policies & {"cpuBurstOnly", "auto"}:
+                reason = "this kernel has no CFS burst (Linux ≥ 5.14): not applied"
+                static_result.problems.append(Problem(target=burst_file, reason=reason))
+            if not kernel_has_burst:
+                wants = []
+        for target in self._burst_targets:
+            self._quota_burst(target, layout, state, now, container_usage, result, budget, static=static)
         if static:
             self._apply_wants(wants, static_result, budget)
             self._burst_static_problems = static_result.problems
@@ -634,6 +634,26 @@ class QosLoops:
             self._quota_seen = {k: v for k, v in self._quota_seen.items() if k in running}
             self._throttling = {k: v for k, v in self._throttling.items() if k in running}
         return result
+
+    @staticmethod
+    def _cfs_burst_wants(
+        node_pod: actuate.NodePod, pod_dir: str, config: dict[str, Any], layout: actuate.Layout, burst_file: str
+    ) -> list[actuate.Want]:
+        policy = config.get("policy", "none")
+        on = policy in ("cpuBurstOnly", "auto")
+        pod_value, values = burst.cfs_burst_values(node_pod, config)
+        reason = f"cfs burst ({policy}): CPU limit × cpuBurstPercent {config.get('cpuBurstPercent')}% (§5.6)"
+        wants = [
+            actuate.Want(path=layout.file("cpu", pod_dir, burst_file), value=str(pod_value if on else 0), reason=reason)
+        ]
+        for name, (runtime, container_id) in node_pod.containers.items():
+            if name in values:
+                directory = layout.container_dir(pod_dir, runtime, container_id)
+                value = str(values[name] if on else 0)
+                wants.append(
+                    actuate.Want(path=layout.file("cpu", directory, burst_file), value=value, reason=reason, depth=1)
+                )
+        return wants
 
     def _pool_state(self, pods: list[actuate.NodePod], config: dict[str, Any]) -> burst.PoolState:
         ticks = [t for t in self._burst_ticks if t.node is not None]
@@ -655,10 +675,8 @@ class QosLoops:
 
     def _quota_burst(
         self,
-        node_pod: actuate.NodePod,
-        pod_dir: str,
+        target: _BurstTarget,
         layout: actuate.Layout,
-        config: dict[str, Any],
         state: burst.PoolState,
         now: float,
         container_usage: dict[str, float],
@@ -670,16 +688,14 @@ class QosLoops:
         """A container's quota is read on static passes and remembered in between (what we wrote is what it holds,
         unless the kubelet reset it: then the next static pass sees it); cpu.stat is read every round."""
         quota_file = "cpu.max" if layout.version == 2 else "cpu.cfs_quota_us"
+        config = target.config
         on = config.get("policy", "none") in ("cfsQuotaBurstOnly", "auto")
         percent = config.get("cfsQuotaBurstPercent", 300)
         period = config.get("cfsQuotaBurstPeriodSeconds", -1)
-        limits = {c.name: burst.cpu_limit_milli(c) for c in node_pod.pod.spec.containers or ()}
-        pod_quota_path = layout.file("cpu", pod_dir, quota_file)
-        for name, (runtime, container_id) in sorted(node_pod.containers.items()):
-            limit = limits.get(name, 0)
-            if limit <= 0 or budget[0] < 2:
-                continue
-            directory = layout.container_dir(pod_dir, runtime, container_id)
+        pod_quota_path = layout.file("cpu", target.pod_dir, quota_file)
+        for container_id, directory, limit in target.containers:
+            if budget[0] < 2:
+                return
             path = layout.file("cpu", directory, quota_file)
             known = None if static else self._quota_seen.get(container_id)
             if known == -1:
@@ -714,15 +730,15 @@ class QosLoops:
                 allows = bucket.allows(now=now, usage_percent=burst.usage_percent(used, limit))
             decision = burst.decide(quota_burst_on=on, limiter_allows=allows, throttled_ratio=ratio, state=state)
             base, ceil = burst.quota_bounds(limit, percent)
-            target = burst.quota_target(current, decision, base, ceil)
-            delta = target - current
+            wanted = burst.quota_target(current, decision, base, ceil)
+            delta = wanted - current
             if delta == 0:
                 continue
             reason = (
                 f"cfs quota burst: {decision} (throttled {ratio if ratio is not None else 'n/a'}, pool {state}), "
                 f"within [{base}, {ceil}] µs (§5.6)"
             )
-            writes = [(path, current, target)]
+            writes = [(path, current, wanted)]
             pod_text = actuate.normalize(pod_quota_path, self._cgroups.read(pod_quota_path))
             if pod_text not in (None, "-1", "max"):
                 assert pod_text is not None
@@ -853,7 +869,7 @@ class QosLoops:
         cpus = self._read_cpuset(layout.file("cpuset", be_dir, "cpuset.cpus"))
         if cpus is None:
             try:
-                cpus = {c.id for c in read_cpus(self.settings.sys_root)}
+                cpus = {c.id for c in self._cpu_topology(False)}
             except (OSError, ValueError):
                 return None
         limit = len(cpus) * 1000
