@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import pytest
 
+import agent.qos_loops
 from agent import actuate, suppress
 from agent.core import PodSample, Tick
 from agent.pods import PodList
@@ -636,7 +637,7 @@ async def test_one_failing_loop_does_not_stop_the_others(tmp_path: Path, monkeyp
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("an input nobody foresaw")
 
-    monkeypatch.setattr(qos_loops, "_cpu_suppress", broken)
+    monkeypatch.setattr(agent.qos_loops, "cpu_suppress", broken)
     events = {e.loop: e for e in await qos_loops.round()}
     assert events["cpu-suppress"].problems[0].reason == "RuntimeError: an input nobody foresaw"
     assert (

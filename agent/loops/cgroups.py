@@ -1,0 +1,57 @@
+"""The be-cgroup loop (spec §5.7: BE pods' and containers' CPU shares/weight, CFS quota and memory limit) and the
+fail-safe (the besteffort CFS quota pinned at its minimum while no NodeSLO can be read, released after)."""
+
+from __future__ import annotations
+
+import logging
+
+from agent import actuate, qos
+from agent.loops.base import Actuator, LoopResult, Round
+from schemas import vocab
+from schemas.qos import Problem
+
+log = logging.getLogger(__name__)
+
+MIN_QUOTA_US = 2000
+"""The smallest besteffort CFS quota the cfsQuota suppress policy writes (spec §5.5.1), and the fail-safe's."""
+
+
+def be_cgroups(act: Actuator, rnd: Round) -> LoopResult:
+    wants, problems = actuate.be_cgroup_wants(rnd.pods, rnd.layout, rnd.slo)
+    result = LoopResult(problems=[Problem(target=p.target, reason=p.reason) for p in problems])
+    act.apply_wants(wants, result, rnd)
+    return result
+
+
+class Failsafe:
+    """Active while the control plane has been silent for longer than `after` seconds."""
+
+    def __init__(self, *, after: float, cpus: int) -> None:
+        self.after = after
+        self.cpus = cpus
+        self.active = False
+
+    def run(self, act: Actuator, rnd: Round, *, silent_for: float, node: str) -> LoopResult:
+        result = LoopResult()
+        silent = silent_for > self.after
+        if not silent and not self.active:
+            return result
+        layout = rnd.layout
+        name = "cpu.max" if layout.version == 2 else "cpu.cfs_quota_us"
+        path = layout.file("cpu", layout.qos_dir(vocab.KUBE_QOS_BESTEFFORT), name)
+        if silent:
+            min_percent = rnd.slo["resourceUsedThresholdWithBE"].get("cpuSuppressMinPercent") or 0
+            value = str(max(MIN_QUOTA_US, self.cpus * qos.QUOTA_PERIOD_US * int(min_percent) // 100))
+            reason = (
+                f"fail-safe: no NodeSLO readable for {silent_for:.0f} s (> {self.after:g} s): BE CPU pinned at its "
+                "minimum, no new evictions"
+            )
+        else:
+            value = "max" if layout.version == 2 else "-1"
+            reason = "fail-safe over: the control plane is back, BE CPU quota released"
+        act.apply_wants([actuate.Want(path=path, value=value, reason=reason)], result, rnd)
+        if not any(p.target == path for p in result.problems):
+            if silent and not self.active:
+                log.warning("node %s: %s", node, reason)
+            self.active = silent
+        return result

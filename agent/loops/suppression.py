@@ -1,0 +1,116 @@
+"""The cpu-suppress loop (spec §5.5.1): the besteffort cgroup's CFS quota or cpuset follows what BE pods may use now
+(agent.suppress); released (quota unlimited, every CPU) when the strategy is off. Also `be_real_limit`, the CPU the
+BE pods can get now, which the CPU satisfaction eviction reads."""
+
+from __future__ import annotations
+
+from agent import actuate, qos, suppress
+from agent.files import PathRejected
+from agent.loops.base import Actuator, LoopResult, Round
+from schemas import vocab
+from schemas.qos import Change, Problem
+
+
+def cpu_suppress(act: Actuator, rnd: Round, *, usage_max_age: float, reserved_cpu_milli: int) -> LoopResult:
+    """The pods' and containers' cpusets are checked when the besteffort one moves and on static passes (new pods
+    start with the kubelet's full set)."""
+    result = LoopResult()
+    layout = rnd.layout
+    threshold = rnd.slo["resourceUsedThresholdWithBE"]
+    be_dir = layout.qos_dir(vocab.KUBE_QOS_BESTEFFORT)
+    quota_path = layout.file("cpu", be_dir, "cpu.max" if layout.version == 2 else "cpu.cfs_quota_us")
+    unlimited = "max" if layout.version == 2 else "-1"
+    try:
+        all_cpus = act.cpu_topology(rnd.static)
+    except (OSError, ValueError) as e:
+        result.problems.append(Problem(target=act.sys_root, reason=f"cannot read the CPUs: {e}"))
+        return result
+    every_cpu = {cpu.id for cpu in all_cpus}
+    if not threshold.get("enable"):
+        released = "CPU suppress is off: BE quota unlimited and every CPU (§5.5.1)"
+        act.apply_wants([actuate.Want(path=quota_path, value=unlimited, reason=released)], result, rnd)
+        set_be_cpuset(act, rnd, every_cpu, released, result)
+        return result
+    tick = rnd.tick
+    if tick is None or tick.node is None or rnd.now - tick.at > usage_max_age:
+        result.problems.append(Problem(target="usage", reason="no fresh CPU usage sample: BE CPU left as is"))
+        return result
+    allowance = suppress.be_allowance(
+        capacity_milli=len(all_cpus) * 1000,
+        node_used_milli=int(tick.node[1] * 1000),
+        pod_used_milli={p.pod.uid: int(p.sample[1] * 1000) for p in tick.pods},
+        pods=rnd.pods,
+        threshold_percent=threshold.get("cpuSuppressThresholdPercent", 65),
+        min_percent=threshold.get("cpuSuppressMinPercent"),
+        node_reserved_milli=reserved_cpu_milli,
+    )
+    if threshold.get("cpuSuppressPolicy") == "cfsQuota":
+        current_text = actuate.normalize(quota_path, act.cgroups.read(quota_path))
+        if current_text is None:
+            result.problems.append(Problem(target=quota_path, reason="cgroup file missing"))
+            return result
+        current = -1 if current_text in ("-1", "max") else int(current_text)
+        target = suppress.cfs_quota_target(allowance.milli, current=current, cpus=len(all_cpus))
+        if target is not None:
+            reason = f"BE may use {allowance.explanation}: CFS quota {target} µs per 100 ms (§5.5.1)"
+            act.apply_wants([actuate.Want(path=quota_path, value=str(target), reason=reason)], result, rnd)
+        set_be_cpuset(act, rnd, every_cpu, "cfsQuota policy: BE cpuset is every CPU", result)
+        return result
+    old = act.read_cpuset(layout.file("cpuset", be_dir, "cpuset.cpus")) or every_cpu
+    size = suppress.cpuset_size(allowance.milli, old_size=len(old), logical_cpus=len(all_cpus))
+    chosen = set(suppress.pick_cpus(all_cpus, size))
+    set_be_cpuset(act, rnd, chosen, f"BE may use {allowance.explanation}: {size} CPUs (§5.5.1)", result)
+    quota_reason = "cpuset policy: BE CFS quota unlimited"
+    act.apply_wants([actuate.Want(path=quota_path, value=unlimited, reason=quota_reason)], result, rnd)
+    return result
+
+
+def set_be_cpuset(act: Actuator, rnd: Round, cpus: set[int], reason: str, result: LoopResult) -> None:
+    """Every cpuset cgroup under besteffort gets `cpus`: first the union of old and new, top down, then the new set,
+    bottom up, so no child ever holds a CPU its parent lacks. Outside static passes nothing below besteffort is read
+    when besteffort already holds `cpus`."""
+    top = rnd.layout.file("cpuset", rnd.layout.qos_dir(vocab.KUBE_QOS_BESTEFFORT), "").rstrip("/")
+    if not rnd.static and act.read_cpuset(f"{top}/cpuset.cpus") in (cpus, None):
+        return
+    dirs = act.subdirs(top, depth=2)
+    current = {d: act.read_cpuset(f"{d}/cpuset.cpus") for d in dirs}
+    stale = [d for d in dirs if current[d] is not None and current[d] != cpus]
+    if not stale:
+        return
+    if len(stale) * 2 > rnd.budget:
+        result.deferred += len(stale)
+        return
+    for d in dirs:  # top down
+        have = current[d]
+        if have is not None and have | cpus != have:
+            act.write(act.cgroups, f"{d}/cpuset.cpus", suppress.format_cpuset(have | cpus), result)
+    for d in reversed(dirs):  # bottom up
+        have = current[d]
+        if have is not None and have != cpus:
+            path = f"{d}/cpuset.cpus"
+            after = suppress.format_cpuset(cpus)
+            if act.write(act.cgroups, path, after, result):
+                result.changes.append(
+                    Change(path=path, before=suppress.format_cpuset(have), after=after, reason=reason)
+                )
+    rnd.budget -= len(stale) * 2
+
+
+def be_real_limit(act: Actuator, layout: actuate.Layout) -> int | None:
+    """What BE pods can get now, millicores: min(CPUs in the besteffort cpuset × 1000, its CFS quota)."""
+    be_dir = layout.qos_dir(vocab.KUBE_QOS_BESTEFFORT)
+    cpus = act.read_cpuset(layout.file("cpuset", be_dir, "cpuset.cpus"))
+    if cpus is None:
+        try:
+            cpus = {c.id for c in act.cpu_topology(False)}
+        except (OSError, ValueError):
+            return None
+    limit = len(cpus) * 1000
+    quota_path = layout.file("cpu", be_dir, "cpu.max" if layout.version == 2 else "cpu.cfs_quota_us")
+    try:
+        quota = actuate.normalize(quota_path, act.cgroups.read(quota_path))
+    except (OSError, PathRejected):
+        quota = None
+    if quota is not None and quota not in ("-1", "max"):
+        limit = min(limit, int(quota) * 1000 // qos.QUOTA_PERIOD_US)
+    return limit
