@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -28,6 +29,11 @@ _V1_MEMORY_FIELDS = {
     "total_inactive_file": "inactive_file",
 }
 _V2_MEMORY_FIELDS = {name: name for name in _V1_MEMORY_FIELDS.values()}
+_MEMORY_LINE = {
+    version: re.compile(rf"^({'|'.join(map(re.escape, fields))}) (\d+)$", re.MULTILINE)
+    for version, fields in ((1, _V1_MEMORY_FIELDS), (2, _V2_MEMORY_FIELDS))
+}
+"""The memory.stat lines we read (5 of ~40), found in one scan."""
 _IDLE_PAGE_STATS = "memory.idle_page_stats"
 
 log = logging.getLogger(__name__)
@@ -181,13 +187,8 @@ def _read_cpu_ns(cgroup_dir: str, version: int) -> int:
 
 def _read_memory(cgroup_dir: str, version: int) -> core.MemoryStat:
     names: Mapping[str, str] = _V1_MEMORY_FIELDS if version == 1 else _V2_MEMORY_FIELDS
-    values: dict[str, int] = {}
-    # memory.stat has ~40 lines and we want 5: look at the key before converting anything
-    for line in _read_text(f"{cgroup_dir}/memory.stat").split("\n"):
-        key, _, value = line.partition(" ")
-        if key in names:
-            values[names[key]] = int(value)
-    return core.MemoryStat(**values)
+    text = _read_text(f"{cgroup_dir}/memory.stat")
+    return core.MemoryStat(**{names[key]: int(value) for key, value in _MEMORY_LINE[version].findall(text)})
 
 
 def read_cgroup(layout: CgroupLayout, rel: str) -> core.CgroupReading | None:

@@ -48,8 +48,11 @@ log = logging.getLogger(__name__)
 
 
 def _pod_identity(node_pod: actuate.NodePod) -> tuple[object, ...]:
-    """What of a pod the static loops read: a change of it makes them run at once."""
+    """What of a pod the static loops read: a change of it makes them run at once. The kubelet's pods carry a
+    resourceVersion that moves with any change of the object; the containers' IDs come from its status too."""
     meta = node_pod.pod.metadata
+    if meta.resource_version:
+        return (meta.uid, meta.resource_version, node_pod.pod.status.phase, frozenset(node_pod.containers.items()))
     return (
         meta.uid,
         meta.resource_version,
@@ -107,6 +110,7 @@ class QosLoops:
         )
         self._burst = CpuBurst(cpus=cpus)
         self._next_slo_read = 0.0
+        self._layout_found: tuple[float, actuate.Layout] | None = None
         self._last_event: dict[str, tuple[Any, ...]] = {}
         self._stopping = False
         self._reconciled: tuple[int, int] | None = None
@@ -183,11 +187,19 @@ class QosLoops:
         return listed.pods
 
     def _layout(self) -> actuate.Layout | None:
+        """Where kubepods is, looked up again every reconcile_interval (or while it is not there)."""
+        now = self._clock()
+        if self._layout_found is not None and now - self._layout_found[0] < self.settings.reconcile_interval:
+            return self._layout_found[1]
         found = collect.detect_layout(self._agent_settings)
-        if not found.driver:
-            return None
         driver: Any = found.driver
-        return actuate.Layout(version=found.version, driver=driver, parent=self._agent_settings.kubepods_parent)
+        layout = (
+            actuate.Layout(version=found.version, driver=driver, parent=self._agent_settings.kubepods_parent)
+            if found.driver
+            else None
+        )
+        self._layout_found = (now, layout) if layout is not None else None
+        return layout
 
     def _reconcile_due(self, pods: list[actuate.NodePod], now: float) -> bool:
         key = (self.slo.revision, hash(tuple(_pod_identity(p) for p in pods)))

@@ -96,6 +96,7 @@ def build_node(base: Path, pods: int) -> tuple[Path, Path, list[NodePod]]:
                     "name": f"pod-{i}",
                     "namespace": "bench",
                     "uid": uid,
+                    "resourceVersion": str(1000 + i),
                     "labels": {"koordinator.sh/qosClass": "BE" if be else "LS"},
                     "annotations": {"node.koordinator.sh/extended-resource-spec": BATCH} if be else {},
                 },
