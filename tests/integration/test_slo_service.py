@@ -8,6 +8,7 @@ import json
 
 import httpx
 import msgspec
+import nats
 from prometheus_client import CollectorRegistry
 
 from bus import streams, subjects
@@ -146,3 +147,19 @@ async def test_the_api_serves_a_nodes_slo_and_its_recent_actuations(koordbus_bus
         assert (await api.get("/api/v1/nodes/n1/actuations", params={"limit": 0})).status_code == 422
     async with _api(None) as api:
         assert (await api.get("/api/v1/nodes/n1/slo")).status_code == 503
+
+
+async def test_the_bucket_is_a_jetstream_key_value_bucket(koordbus_nats_url: str, koordbus_bus: JetStreamBus) -> None:
+    """What `nats kv get KOORD_SLO <node>` reads: the same value, through nats-py's own KeyValue API."""
+    await publish_events(koordbus_bus, _node("node-a.example"))
+    service = await _start(koordbus_bus)
+    await service.stop()
+    nc = await nats.connect(koordbus_nats_url)
+    try:
+        kv = await nc.jetstream().key_value(subjects.SLO_BUCKET)
+        entry = await kv.get(subjects.encode_token("node-a.example"))
+        assert entry.value is not None
+        assert NODE_SLO_DECODER.decode(entry.value).node == "node-a.example"
+        assert await kv.keys() == [subjects.encode_token("node-a.example")]
+    finally:
+        await nc.close()
