@@ -10,6 +10,7 @@ elsewhere, or when that file cannot be read or parsed, the reading simply has no
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -178,44 +179,103 @@ def _pod_dirs(base: str, driver: core.Driver) -> Iterator[tuple[str, str, str]]:
             yield os.path.join(qos_rel, name), parsed[0], kube_qos
 
 
-def _read_cpu_ns(cgroup_dir: str, version: int) -> int:
+class OpenFiles:
+    """Keeps the files a collection reads open until the next one and re-reads them with one pread at offset 0
+    (a cgroup file regenerates its content on every read from the start): one syscall per file and collection
+    instead of open, read and close. A file not read during a collection is closed by `sweep` (its cgroup is gone);
+    one that fails to read is closed and opened again once (a cgroup removed and created again under the same
+    path). Past `max_open` files it falls back to open-read-close, so the agent never runs out of descriptors."""
+
+    def __init__(self, *, max_open: int = 4096) -> None:
+        self.max_open = max_open
+        self._fds: dict[str, int] = {}
+        self._used: set[str] = set()
+
+    def read(self, path: str) -> str:
+        self._used.add(path)
+        fd = self._fds.get(path)
+        if fd is None:
+            if len(self._fds) >= self.max_open:
+                return _read_text(path)
+            fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            return self._pread(fd)
+        except OSError:
+            self._close(path)
+            fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                return self._pread(fd)
+            except OSError as e:
+                self._close(path)
+                raise OSError(e.errno, e.strerror, path) from None
+
+    @staticmethod
+    def _pread(fd: int) -> str:
+        chunks = [os.pread(fd, 65536, 0)]
+        while len(chunks[-1]) == 65536:
+            chunks.append(os.pread(fd, 65536, 65536 * len(chunks)))
+        return b"".join(chunks).decode()
+
+    def sweep(self) -> None:
+        for path in [p for p in self._fds if p not in self._used]:
+            self._close(path)
+        self._used.clear()
+
+    def _close(self, path: str) -> None:
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            with contextlib.suppress(OSError):  # already invalid: what made the read fail
+                os.close(fd)
+
+    def close(self) -> None:
+        for path in list(self._fds):
+            self._close(path)
+
+    def __del__(self) -> None:
+        self.close()
+
+
+Reader = Callable[[str], str]
+
+
+def _read_cpu_ns(cgroup_dir: str, version: int, read: Reader) -> int:
     if version == 1:
-        return int(_read_text(f"{cgroup_dir}/cpuacct.usage"))
-    stat = dict(keyed_ints(_read_text(os.path.join(cgroup_dir, "cpu.stat"))))
+        return int(read(f"{cgroup_dir}/cpuacct.usage"))
+    stat = dict(keyed_ints(read(f"{cgroup_dir}/cpu.stat")))
     return stat["usage_usec"] * 1000
 
 
-def _read_memory(cgroup_dir: str, version: int) -> core.MemoryStat:
+def _read_memory(cgroup_dir: str, version: int, read: Reader) -> core.MemoryStat:
     names: Mapping[str, str] = _V1_MEMORY_FIELDS if version == 1 else _V2_MEMORY_FIELDS
-    text = _read_text(f"{cgroup_dir}/memory.stat")
+    text = read(f"{cgroup_dir}/memory.stat")
     return core.MemoryStat(**{names[key]: int(value) for key, value in _MEMORY_LINE[version].findall(text)})
 
 
-def read_cgroup(layout: CgroupLayout, rel: str) -> core.CgroupReading | None:
+def read_cgroup(layout: CgroupLayout, rel: str, read: Reader = _read_text) -> core.CgroupReading | None:
     """CPU and memory counters of one cgroup, or None if it vanished (or lost a file) while being read."""
     assert layout.cpu_base is not None and layout.memory_base is not None
     try:
         return core.CgroupReading(
-            cpu_usage_ns=_read_cpu_ns(f"{layout.cpu_base}/{rel}", layout.version),
-            memory=_read_memory(f"{layout.memory_base}/{rel}", layout.version),
+            cpu_usage_ns=_read_cpu_ns(f"{layout.cpu_base}/{rel}", layout.version, read),
+            memory=_read_memory(f"{layout.memory_base}/{rel}", layout.version, read),
         )
     except (OSError, KeyError, ValueError):
         return None
 
 
-def read_pods(layout: CgroupLayout) -> tuple[core.PodReading, ...]:
+def read_pods(layout: CgroupLayout, read: Reader = _read_text) -> tuple[core.PodReading, ...]:
     if layout.cpu_base is None or layout.driver not in ("cgroupfs", "systemd"):
         return ()
     driver: core.Driver = "systemd" if layout.driver == "systemd" else "cgroupfs"
     pods: list[core.PodReading] = []
     for rel, uid, kube_qos in _pod_dirs(layout.cpu_base, driver):
-        pod_cgroup = read_cgroup(layout, rel)
+        pod_cgroup = read_cgroup(layout, rel, read)
         if pod_cgroup is None:
             continue
         containers: list[core.ContainerReading] = []
         for name in _subdirs(f"{layout.cpu_base}/{rel}", lambda n: core.parse_container_dir(n, driver)):
             cid = core.parse_container_dir(name, driver)
-            c_cgroup = read_cgroup(layout, f"{rel}/{name}") if cid else None
+            c_cgroup = read_cgroup(layout, f"{rel}/{name}", read) if cid else None
             if cid and c_cgroup is not None:
                 containers.append(core.ContainerReading(container_id=cid, cgroup=c_cgroup))
         pods.append(core.PodReading(uid=uid, kube_qos=kube_qos, cgroup=pod_cgroup, containers=tuple(containers)))
@@ -243,12 +303,14 @@ def read_cold_page_bytes(cgroup_root: str, version: int) -> int | None:
 
 class Collector:
     """One call = one full reading of the node. The layout is re-detected each time (a few stat calls) so an
-    agent started before the kubelet picks pods up once kubepods appears."""
+    agent started before the kubelet picks pods up once kubepods appears. The cgroup files stay open between calls
+    (OpenFiles); `close()` closes them."""
 
     def __init__(self, settings: AgentSettings) -> None:
         self.settings = settings
         self._ticks_per_second = clock_ticks_per_second()
         self._kidled_error = ""
+        self._files = OpenFiles()
 
     def __call__(self, now: float) -> core.NodeReading:
         layout = detect_layout(self.settings)
@@ -261,9 +323,18 @@ class Collector:
             memory=read_meminfo(self.settings.proc_root),
             cgroup_version=layout.version,
             cgroup_driver=layout.driver,
-            pods=read_pods(layout),
+            pods=self._read_pods(layout),
             cold_page_bytes=self._cold_page_bytes(layout.version),
         )
+
+    def _read_pods(self, layout: CgroupLayout) -> tuple[core.PodReading, ...]:
+        try:
+            return read_pods(layout, self._files.read)
+        finally:
+            self._files.sweep()
+
+    def close(self) -> None:
+        self._files.close()
 
     def _cold_page_bytes(self, version: int) -> int | None:
         """A broken idle_page_stats costs the hot-page sample of this tick, never the whole reading; the

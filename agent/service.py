@@ -100,6 +100,9 @@ class AgentService:
             if next_at < now:
                 next_at = now
             await self._sleep(next_at - now)
+        close = getattr(self._collect, "close", None)
+        if close is not None:
+            close()  # the collector's open cgroup files
 
     async def collect_once(self) -> None:
         """One iteration: read the node, sample, close a finished window, then publish what is due."""

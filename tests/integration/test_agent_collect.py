@@ -386,3 +386,32 @@ async def test_run_loop_stops_and_samples_on_the_collect_interval(tmp_path: Path
     assert [b.window_start for b in batches] == [1_700_000_000.0, 1_700_000_010.0, 1_700_000_020.0]
     assert len(batches[0].node_samples) == 4  # t=6..9: the first reading at t=5 has no baseline
     assert len(batches[1].node_samples) == 10
+
+
+def test_open_files_reread_changes_and_close_what_was_not_read(tmp_path: Path) -> None:
+    files = collect.OpenFiles(max_open=2)
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    a.write_text("1\n")
+    b.write_text("x" * 70_000)  # more than one pread
+    c.write_text("3\n")
+    assert files.read(str(a)) == "1\n"
+    a.write_text("22\n")  # rewritten in place, as a cgroup file's content changes
+    assert files.read(str(a)) == "22\n"
+    assert files.read(str(b)) == "x" * 70_000
+    assert files.read(str(c)) == "3\n"  # past max_open: read with open-read-close, not kept
+    assert len(files._fds) == 2
+    files.sweep()
+    assert files.read(str(a)) == "22\n"
+    files.sweep()  # b was not read in this collection: closed
+    assert set(files._fds) == {str(a)}
+    # A read that fails (a removed cgroup's descriptor answers ENODEV; here the descriptor is closed under it) opens
+    # the path again once: a cgroup created again reads fresh, a path that is no file any more fails.
+    os.close(files._fds[str(a)])
+    assert files.read(str(a)) == "22\n"
+    os.close(files._fds[str(a)])
+    a.unlink()
+    a.mkdir()
+    with pytest.raises(OSError):
+        files.read(str(a))
+    assert files._fds == {}
+    files.close()
