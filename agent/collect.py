@@ -16,6 +16,7 @@ import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from agent import core, kidled
 from agent.settings import AgentSettings
@@ -36,6 +37,7 @@ _MEMORY_LINE = {
 }
 """The memory.stat lines we read (5 of ~40), found in one scan."""
 _IDLE_PAGE_STATS = "memory.idle_page_stats"
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -157,24 +159,29 @@ def detect_layout(settings: AgentSettings) -> CgroupLayout:
 # --- cgroups
 
 
-def _subdirs(path: str, wanted: Callable[[str], object] = bool) -> list[str]:
-    """Subdirectories of `path` whose name `wanted` accepts, sorted. The name is looked at first: a cgroup
-    directory holds dozens of control files and only a few subdirectories."""
+def _subdirs(path: str, parse: Callable[[str], _T | None]) -> list[tuple[str, _T]]:
+    """(name, parsed) of the subdirectories of `path` whose name `parse` accepts, sorted by name. The name is looked
+    at first: a cgroup directory holds dozens of control files and only a few subdirectories."""
+    out: list[tuple[str, _T]] = []
     try:
         with os.scandir(path) as it:
-            return sorted(e.name for e in it if wanted(e.name) and e.is_dir(follow_symlinks=False))
+            for entry in it:
+                parsed = parse(entry.name)
+                if parsed is not None and entry.is_dir(follow_symlinks=False):
+                    out.append((entry.name, parsed))
     except (FileNotFoundError, NotADirectoryError):
         return []
+    out.sort(key=lambda item: item[0])
+    return out
 
 
 def _pod_dirs(base: str, driver: core.Driver) -> Iterator[tuple[str, str, str]]:
     """(relative path, uid, kube QoS) of every pod cgroup under kubepods."""
     for kube_qos in (vocab.KUBE_QOS_GUARANTEED, vocab.KUBE_QOS_BURSTABLE, vocab.KUBE_QOS_BESTEFFORT):
         qos_rel = core.qos_dir(driver, kube_qos)
-        for name in _subdirs(os.path.join(base, qos_rel), lambda n: core.parse_pod_dir(n, driver)):
-            parsed = core.parse_pod_dir(name, driver)
+        for name, parsed in _subdirs(os.path.join(base, qos_rel), lambda n: core.parse_pod_dir(n, driver)):
             # For systemd the QoS is in the slice name too; a pod slice in the wrong parent is not ours to read.
-            if parsed is None or (driver == "systemd" and parsed[1] != kube_qos):
+            if driver == "systemd" and parsed[1] != kube_qos:
                 continue
             yield os.path.join(qos_rel, name), parsed[0], kube_qos
 
@@ -273,10 +280,9 @@ def read_pods(layout: CgroupLayout, read: Reader = _read_text) -> tuple[core.Pod
         if pod_cgroup is None:
             continue
         containers: list[core.ContainerReading] = []
-        for name in _subdirs(f"{layout.cpu_base}/{rel}", lambda n: core.parse_container_dir(n, driver)):
-            cid = core.parse_container_dir(name, driver)
-            c_cgroup = read_cgroup(layout, f"{rel}/{name}", read) if cid else None
-            if cid and c_cgroup is not None:
+        for name, cid in _subdirs(f"{layout.cpu_base}/{rel}", lambda n: core.parse_container_dir(n, driver)):
+            c_cgroup = read_cgroup(layout, f"{rel}/{name}", read)
+            if c_cgroup is not None:
                 containers.append(core.ContainerReading(container_id=cid, cgroup=c_cgroup))
         pods.append(core.PodReading(uid=uid, kube_qos=kube_qos, cgroup=pod_cgroup, containers=tuple(containers)))
     return tuple(pods)
