@@ -20,9 +20,9 @@ from agent.actuate import NodePod
 from schemas import kube
 
 
-class ContainerStatus(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class ContainerStatus(msgspec.Struct, frozen=True, kw_only=True):
     name: str = ""
-    container_id: str = ""
+    container_id: str = msgspec.field(default="", name="containerID")
 
 
 class _Status(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

@@ -1,0 +1,85 @@
+"""`koordbus agent` as a DaemonSet runs it: a real process against a real nats-server, reading its NodeSLO from the
+KOORD_SLO bucket and its pods from a kubelet pod list (the fake API's pods of the node), on a generated cgroup tree:
+`--apply` writes the BE pod's cgroups and publishes what it did, `--dry-run` publishes the plan and writes nothing,
+Ctrl-C stops it cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from bus import streams, subjects
+from bus.jetstream import JetStreamBus
+from schemas.qos import ACTUATION_DECODER, ActuationApplied, NodeSloRendered
+from tests.e2e.test_qos_e2e import _be_pod
+from tests.fakes.kube_api import FakeKubeApi
+from tests.integration.test_agent_qos import v1_tree
+from tests.support.waiting import eventually
+from tests.unit.test_agent_actuate import UID
+
+pytestmark = pytest.mark.e2e
+
+NODE = "node-e2e"  # the node _be_pod is scheduled on
+
+
+async def _events(bus: JetStreamBus) -> list[ActuationApplied]:
+    stored = await bus.read_recent(streams.KOORD_NODE, subjects.node_actuation(NODE), since=0, limit=100)
+    return [ACTUATION_DECODER.decode(d.data) for d in stored]
+
+
+async def _run_agent(tmp_path: Path, nats_url: str, kube_api: FakeKubeApi, mode: str) -> asyncio.subprocess.Process:
+    command = [
+        sys.executable, "-m", "koordbus.cli", "agent", "--nats-url", nats_url, "--node-name", NODE,
+        "--cgroup-root", str(tmp_path / "cg"), mode, "--state-dir", str(tmp_path / "state"),
+        "--resctrl-root", str(tmp_path / "no-resctrl"),
+        "--kubelet-pods-url", f"{kube_api.url}/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}",
+    ]  # fmt: skip
+    env = {**os.environ, "KOORDBUS_CGROUP_DRIVER": "cgroupfs", "KOORDBUS_CGROUP_VERSION": "1"}
+    return await asyncio.create_subprocess_exec(
+        *command, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+
+
+async def _stop(process: asyncio.subprocess.Process) -> str:
+    if process.returncode is None:
+        process.send_signal(signal.SIGINT)
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=30)
+    return output.decode()
+
+
+@pytest.mark.parametrize("mode", ["--apply", "--dry-run"])
+async def test_the_agent_command_applies_or_plans_the_be_cgroups(
+    tmp_path: Path, koordbus_nats_url: str, koordbus_bus: JetStreamBus, kube_api: FakeKubeApi, mode: str
+) -> None:
+    files = v1_tree(tmp_path / "cg")
+    shares = files[f"cpu/kubepods/besteffort/pod{UID}/cpu.shares"]
+    kube_api.put("pods", _be_pod())
+    slo = NodeSloRendered(node=NODE, spec={}, rendered_at=1.0)
+    await koordbus_bus.publish(subjects.slo_key(NODE), msgspec.json.encode(slo), msg_id="slo")
+    process = await _run_agent(tmp_path, koordbus_nats_url, kube_api, mode)
+    try:
+
+        async def reported() -> bool:
+            assert process.returncode is None, "koordbus agent exited early"
+            return any(e.loop == "be-cgroup" for e in await _events(koordbus_bus))
+
+        await eventually(reported, timeout=30)
+    finally:
+        output = await _stop(process)
+    assert process.returncode == 0, output
+    (event,) = [e for e in await _events(koordbus_bus) if e.loop == "be-cgroup"]
+    assert event.slo_revision == 1 and len(event.changes) == 6
+    if mode == "--apply":
+        assert not event.dry_run and shares.read_text().strip() == "2048"
+        assert "QoS loops apply" in output
+    else:
+        assert event.dry_run and shares.read_text().strip() == "1024"
+    saved = json.loads((tmp_path / "state" / "nodeslo.json").read_text())
+    assert saved == {"revision": 1, "spec": {}}
