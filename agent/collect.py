@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import re
+import resource
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
@@ -193,8 +194,8 @@ class OpenFiles:
     one that fails to read is closed and opened again once (a cgroup removed and created again under the same
     path). Past `max_open` files it falls back to open-read-close, so the agent never runs out of descriptors."""
 
-    def __init__(self, *, max_open: int = 4096) -> None:
-        self.max_open = max_open
+    def __init__(self, *, max_open: int | None = None) -> None:
+        self.max_open = max_open if max_open is not None else _descriptor_budget()
         self._fds: dict[str, int] = {}
         self._used: set[str] = set()
 
@@ -240,6 +241,19 @@ class OpenFiles:
 
     def __del__(self) -> None:
         self.close()
+
+
+def _descriptor_budget(cap: int = 4096) -> int:
+    """How many files OpenFiles may keep open: half the process's descriptor limit, which is first raised to its
+    hard limit where that is allowed (as Go programs do at start; a DaemonSet usually gets a high hard limit)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = min(hard, 65536) if hard != resource.RLIM_INFINITY else 65536
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+    limit = cap if soft == resource.RLIM_INFINITY else soft
+    return max(0, min(cap, limit // 2 - 64))
 
 
 Reader = Callable[[str], str]

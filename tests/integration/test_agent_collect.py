@@ -415,3 +415,16 @@ def test_open_files_reread_changes_and_close_what_was_not_read(tmp_path: Path) -
         files.read(str(a))
     assert files._fds == {}
     files.close()
+
+
+def test_open_files_budget_follows_the_descriptor_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    limits = {"soft": 1024, "hard": 1024}
+    monkeypatch.setattr(collect.resource, "getrlimit", lambda _: (limits["soft"], limits["hard"]))
+
+    def setrlimit(_: int, value: tuple[int, int]) -> None:
+        limits["soft"] = value[0]
+
+    monkeypatch.setattr(collect.resource, "setrlimit", setrlimit)
+    assert collect.OpenFiles().max_open == 1024 // 2 - 64  # a low hard limit: half of it, never all
+    limits["hard"] = 1_000_000
+    assert collect.OpenFiles().max_open == 4096 and limits["soft"] == 65536  # raised towards the hard limit
