@@ -180,6 +180,16 @@ def add_parsers(sub: Any) -> None:
     )
     service.set_defaults(run=lambda a: asyncio.run(run_service(a)))
 
+    db = sub.add_parser(
+        "db",
+        help="database schema: bring it to this version (the migration step of a deployment)",
+        description="upgrade: apply every alembic migration the database lacks (idempotent; concurrent runs "
+        "serialize on a lock). Services also migrate at start; a deployment runs this once before them.",
+    )
+    db.add_argument("action", choices=["upgrade"], help="what to do")
+    _add_common(db, embedded=False)
+    db.set_defaults(run=lambda a: asyncio.run(run_db(a)))
+
     api = sub.add_parser("api", help="run the REST API against an existing NATS and database")
     _add_common(api, embedded=False)
     api.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
@@ -775,6 +785,21 @@ async def _run_nodemetric(args: argparse.Namespace) -> int:
             before_metrics=(service.refresh_gauges,),
         )
         await stop.wait()
+    return 0
+
+
+async def run_db(args: argparse.Namespace) -> int:
+    from koordbus import runtime
+    from services.common import db
+
+    common = _common(args)
+    runtime.configure_logging(args.log_level or common.log_level)
+    url = _require(common.database_url, "--database-url")
+    await db.run_migrations(url)
+    from sqlalchemy.engine import make_url
+
+    shown = make_url(url).render_as_string(hide_password=True)
+    print(f"koordbus db: {shown} is at the newest schema", flush=True)
     return 0
 
 
