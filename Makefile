@@ -4,7 +4,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv up test lint typecheck unit bench clean
+COMPOSE_SCHEMA := $(VENV)/compose-spec.json
+
+.PHONY: venv up test lint typecheck unit bench clean compose-tokens
 
 venv: $(STAMP)
 
@@ -23,8 +25,21 @@ lint: venv
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
-test: lint
+test: lint $(COMPOSE_SCHEMA)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The Compose specification's JSON schema, for tests/deploy/test_compose.py (taken from the docker-compose wheel on
+# PyPI; kept in the venv, never committed).
+$(COMPOSE_SCHEMA): $(STAMP)
+	$(BIN)/python -m pip download --quiet --no-deps --dest $(VENV)/downloads docker-compose==1.29.2
+	$(BIN)/python -c "import glob, zipfile; w = glob.glob('$(VENV)/downloads/docker_compose-1.29.2-*.whl')[0]; \
+	open('$@', 'wb').write(zipfile.ZipFile(w).read('compose/config/compose_spec.json'))"
+
+# An admin token for the API of docker-compose.yml (deploy/compose/api-tokens, not committed).
+compose-tokens: venv
+	test -f deploy/compose/api-tokens || $(BIN)/python -c "import secrets; \
+	print(secrets.token_urlsafe(32), 'admin', 'compose')" > deploy/compose/api-tokens
+	chmod 644 deploy/compose/api-tokens  # read by the API container's unprivileged user
 
 bench: venv
 	$(BIN)/python bench/nodemetric_ingest.py $(ARGS)
