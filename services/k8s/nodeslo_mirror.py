@@ -30,7 +30,6 @@ from schemas.qos import NODE_SLO_DECODER, SLO_CONFIG_STATUS_DECODER, SloConfigSt
 from services.k8s import sinks, writes
 from services.k8s.latest_writer import LatestWriter
 from services.k8s.settings import K8sSettings
-from services.k8s.sinks import WriteFailedError
 
 SERVICE: Final = "k8s-nodeslo-mirror"
 CONFIG_KEY: Final = "\x00config"
@@ -83,30 +82,15 @@ class KubeNodeSloSink:
         self._timeout = request_timeout
 
     async def write(self, desired: Json) -> str:
-        name = desired["metadata"]["name"]
-        for _ in range(self._attempts):
-            status, body = await self._request(
-                self._custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name, **self._opts())
-            )
-            if status == HTTP_NOT_FOUND:
-                status, body = await self._request(
-                    self._custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, desired, **self._opts())
-                )
-                if status == HTTP_CONFLICT:
-                    continue
-                sinks.parsed(status, body, f"create NodeSLO {name}")
-                return "created"
-            update = nodeslo_update(sinks.parsed(status, body, f"get NodeSLO {name}"), desired)
-            if update is None:
-                return "unchanged"
-            status, body = await self._request(
-                self._custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, name, update, **self._opts())
-            )
-            if status == HTTP_CONFLICT:
-                continue
-            sinks.parsed(status, body, f"replace NodeSLO {name}")
-            return "updated"
-        raise WriteFailedError(f"NodeSLO {name}: still changing under us after {self._attempts} tries")
+        return await sinks.upsert_custom_object(
+            self._custom,
+            (GROUP, VERSION, PLURAL),
+            desired,
+            update=nodeslo_update,
+            attempts=self._attempts,
+            timeout=self._timeout,
+            what=f"NodeSLO {desired['metadata']['name']}",
+        )
 
     async def delete(self, node: str) -> str:
         status, body = await self._request(
@@ -118,13 +102,7 @@ class KubeNodeSloSink:
         return "deleted"
 
     async def write_event(self, event: Json) -> str:
-        meta = event["metadata"]
-        body: Any = event
-        status, text = await self._request(self._core.create_namespaced_event(meta["namespace"], body, **self._opts()))
-        if status == HTTP_CONFLICT:
-            return "unchanged"
-        sinks.parsed(status, text, f"create Event {meta['namespace']}/{meta['name']}")
-        return "created"
+        return "created" if await sinks.create_event(self._core, event, timeout=self._timeout) else "unchanged"
 
     def _opts(self) -> dict[str, Any]:
         return {"_preload_content": False, "_request_timeout": self._timeout}

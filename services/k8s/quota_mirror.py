@@ -28,7 +28,6 @@ from schemas.quota_service import QUOTA_STATUS_DECODER, QuotaStatusComputed
 from services.k8s import quota_writes, sinks
 from services.k8s.latest_writer import LatestWriter
 from services.k8s.settings import K8sSettings
-from services.k8s.sinks import WriteFailedError
 
 log = logging.getLogger(__name__)
 
@@ -57,30 +56,20 @@ class KubeQuotaSink:
 
     async def write(self, desired: Json) -> str:
         meta = desired["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
-        where = (quota_writes.GROUP, quota_writes.VERSION, namespace, quota_writes.PLURAL)
-        for _ in range(self._attempts):
-            status, body = await self._request(self._custom.get_namespaced_custom_object(*where, name, **self._opts()))
-            if status == HTTP_NOT_FOUND:
-                status, body = await self._request(
-                    self._custom.create_namespaced_custom_object(*where, desired, **self._opts())
-                )
-                if status == HTTP_CONFLICT:
-                    continue  # created meanwhile: read it and compare
-                sinks.parsed(status, body, f"create ElasticQuota {namespace}/{name}")
-                return "created"
-            current = sinks.parsed(status, body, f"get ElasticQuota {namespace}/{name}")
-            update = quota_writes.quota_update(current, desired)
-            if update is None:
-                return "unchanged"
-            status, body = await self._request(
-                self._custom.replace_namespaced_custom_object(*where, name, update[0], **self._opts())
-            )
-            if status == HTTP_CONFLICT:
-                continue
-            sinks.parsed(status, body, f"replace ElasticQuota {namespace}/{name}")
-            return "updated"
-        raise WriteFailedError(f"ElasticQuota {namespace}/{name}: still changing under us after {self._attempts} tries")
+
+        def update(current: Json, wanted: Json) -> Json | None:
+            change = quota_writes.quota_update(current, wanted)
+            return change[0] if change is not None else None
+
+        return await sinks.upsert_custom_object(
+            self._custom,
+            (quota_writes.GROUP, quota_writes.VERSION, quota_writes.PLURAL),
+            desired,
+            update=update,
+            attempts=self._attempts,
+            timeout=self._timeout,
+            what=f"ElasticQuota {meta['namespace']}/{meta['name']}",
+        )
 
     async def delete(self, namespace: str, name: str) -> str:
         where = (quota_writes.GROUP, quota_writes.VERSION, namespace, quota_writes.PLURAL)

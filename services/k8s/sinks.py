@@ -151,15 +151,8 @@ class KubeSink:
         return writes.nodemetric_deleted(node, existed=True)
 
     async def write_event(self, event: Json) -> writes.WriteResult:
-        metadata = event["metadata"]
-        body_json: Any = event  # raw JSON, as every call here (the stubs ask for a CoreV1Event model)
-        status, body = await self._request(
-            self._core.create_namespaced_event(metadata["namespace"], body_json, **self._options())
-        )
-        if status == HTTP_CONFLICT:  # AlreadyExists: this status was told before (a redelivery or a restart)
-            return writes.event_result(event, created=False)
-        parsed(status, body, f"create Event {metadata['namespace']}/{metadata['name']}")
-        return writes.event_result(event, created=True)
+        created = await create_event(self._core, event, timeout=self._timeout)
+        return writes.event_result(event, created=created)
 
     async def write_node_resources(self, decision: NodeResourceComputed) -> writes.WriteResult:
         name = decision.node
@@ -248,6 +241,65 @@ async def raw_request(call: Awaitable[object]) -> tuple[int, bytes]:
             return response.status, await response.read()
     except (aiohttp.ClientError, TimeoutError, OSError) as err:
         raise WriteFailedError(f"request failed: {type(err).__name__}: {err}") from err
+
+
+async def upsert_custom_object(
+    custom: CustomObjectsApi,
+    resource: tuple[str, str, str],
+    desired: Json,
+    *,
+    update: Callable[[Json, Json], Json | None],
+    attempts: int,
+    timeout: float,
+    what: str,
+) -> str:
+    """Make the custom object (group, version, plural) `desired` names exist as `update(current, desired)` wants
+    it: created when missing, replaced (guarded by the resourceVersion `update` keeps) when `update` returns a new
+    object, left alone when it returns None. A 409 (created or changed meanwhile) reads it again, `attempts` times.
+    Namespaced when `desired` has a namespace, else cluster-scoped. Returns created / updated / unchanged."""
+    group, version, plural = resource
+    meta = desired["metadata"]
+    name, namespace = meta["name"], meta.get("namespace")
+    options: dict[str, Any] = {"_preload_content": False, "_request_timeout": timeout}
+    scope: tuple[str, ...] = (group, version, namespace, plural) if namespace else (group, version, plural)
+    # the namespaced and the cluster calls differ only in the namespace argument (the stubs type each separately)
+    calls: tuple[Any, Any, Any] = (
+        (custom.get_namespaced_custom_object, custom.create_namespaced_custom_object,
+         custom.replace_namespaced_custom_object)
+        if namespace
+        else (custom.get_cluster_custom_object, custom.create_cluster_custom_object,
+              custom.replace_cluster_custom_object)
+    )  # fmt: skip
+    get, create, replace = calls
+    for _ in range(attempts):
+        status, body = await raw_request(get(*scope, name, **options))
+        if status == HTTP_NOT_FOUND:
+            status, body = await raw_request(create(*scope, desired, **options))
+            if status == HTTP_CONFLICT:
+                continue  # created meanwhile: read it and compare
+            parsed(status, body, f"create {what}")
+            return "created"
+        replacement = update(parsed(status, body, f"get {what}"), desired)
+        if replacement is None:
+            return "unchanged"
+        status, body = await raw_request(replace(*scope, name, replacement, **options))
+        if status == HTTP_CONFLICT:
+            continue
+        parsed(status, body, f"replace {what}")
+        return "updated"
+    raise WriteFailedError(f"{what}: still changing under us after {attempts} tries")
+
+
+async def create_event(core_api: CoreV1Api, event: Json, *, timeout: float) -> bool:
+    """Create a core/v1 Event; False when an Event of that name exists (a repeat: redelivery or restart)."""
+    metadata = event["metadata"]
+    body: Any = event  # raw JSON, as every call here (the stubs ask for a CoreV1Event model)
+    options: dict[str, Any] = {"_preload_content": False, "_request_timeout": timeout}
+    status, text = await raw_request(core_api.create_namespaced_event(metadata["namespace"], body, **options))
+    if status == HTTP_CONFLICT:
+        return False
+    parsed(status, text, f"create Event {metadata['namespace']}/{metadata['name']}")
+    return True
 
 
 def parsed(status: int, body: bytes, what: str) -> Json:
