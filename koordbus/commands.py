@@ -122,6 +122,12 @@ def add_parsers(sub: Any) -> None:
     )
     agent.add_argument("--resctrl-root", default=None, help="resctrl mount (default /sys/fs/resctrl)")
     agent.add_argument(
+        "--port",
+        type=int,
+        default=9100,
+        help="/healthz, /readyz (NATS reachable) and /metrics on this port (default 9100; 0 = off)",
+    )
+    agent.add_argument(
         "--evict",
         default=None,
         metavar="FEATURES",
@@ -492,11 +498,14 @@ async def _record_quotas(
 
 
 async def run_agent(args: argparse.Namespace) -> int:
+    from agent.metrics import AgentMetrics
     from agent.pods import KubeletPods
     from agent.qos_loops import QosLoops
     from agent.service import AgentService
     from agent.settings import AgentSettings, QosSettings
     from koordbus import runtime
+    from services.common import observe
+    from services.common.metrics import new_registry
 
     common = _common(args)
     runtime.configure_logging(args.log_level or common.log_level)
@@ -535,6 +544,9 @@ async def run_agent(args: argparse.Namespace) -> int:
                 stack.push_async_callback(pods.close)
             loops = QosLoops(settings, qos_settings, bus, pods=pods, usage=lambda: agent.latest_tick)
             runtime.background(stack, loops.run(), name="qos")
+        registry = new_registry()
+        registry.register(AgentMetrics(agent, loops))
+        await _serve_service_port(stack, args.port, registry, readiness=(("bus", observe.bus_ready(bus)),))
         print(
             f"koordbus agent {settings.node_name}: metrics every {settings.collect_interval:g} s, QoS loops "
             f"{qos_settings.qos_mode}" + ("" if qos_settings.kubelet_pods_url else " (no kubelet: node-level only)"),

@@ -12,6 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
+import httpx
 import msgspec
 import pytest
 
@@ -19,6 +20,7 @@ from bus import streams, subjects
 from bus.jetstream import JetStreamBus
 from schemas.qos import ACTUATION_DECODER, ActuationApplied, NodeSloRendered
 from tests.e2e.test_qos_e2e import _be_pod
+from tests.e2e.test_up import free_port
 from tests.fakes.kube_api import FakeKubeApi
 from tests.integration.test_agent_qos import v1_tree
 from tests.support.waiting import eventually
@@ -34,12 +36,15 @@ async def _events(bus: JetStreamBus) -> list[ActuationApplied]:
     return [ACTUATION_DECODER.decode(d.data) for d in stored]
 
 
-async def _run_agent(tmp_path: Path, nats_url: str, kube_api: FakeKubeApi, mode: str) -> asyncio.subprocess.Process:
+async def _run_agent(
+    tmp_path: Path, nats_url: str, kube_api: FakeKubeApi, mode: str, port: int
+) -> asyncio.subprocess.Process:
     command = [
         sys.executable, "-m", "koordbus.cli", "agent", "--nats-url", nats_url, "--node-name", NODE,
         "--cgroup-root", str(tmp_path / "cg"), mode, "--state-dir", str(tmp_path / "state"),
         "--resctrl-root", str(tmp_path / "no-resctrl"),
         "--kubelet-pods-url", f"{kube_api.url}/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}",
+        "--port", str(port),
     ]  # fmt: skip
     env = {**os.environ, "KOORDBUS_CGROUP_DRIVER": "cgroupfs", "KOORDBUS_CGROUP_VERSION": "1"}
     return await asyncio.create_subprocess_exec(
@@ -63,7 +68,8 @@ async def test_the_agent_command_applies_or_plans_the_be_cgroups(
     kube_api.put("pods", _be_pod())
     slo = NodeSloRendered(node=NODE, spec={}, rendered_at=1.0)
     await koordbus_bus.publish(subjects.slo_key(NODE), msgspec.json.encode(slo), msg_id="slo")
-    process = await _run_agent(tmp_path, koordbus_nats_url, kube_api, mode)
+    port = free_port()
+    process = await _run_agent(tmp_path, koordbus_nats_url, kube_api, mode, port)
     try:
 
         async def reported() -> bool:
@@ -71,6 +77,14 @@ async def test_the_agent_command_applies_or_plans_the_be_cgroups(
             return any(e.loop == "be-cgroup" for e in await _events(koordbus_bus))
 
         await eventually(reported, timeout=30)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            assert (await http.get("/readyz")).status_code == 200
+            metrics = (await http.get("/metrics")).text
+        labels = f'node="{NODE}",part="qos"'
+        writes = 6.0 if mode == "--apply" else 0.0
+        assert f"koordbus_agent_writes_total{{{labels}}} {writes}" in metrics
+        assert f"koordbus_agent_slo_revision{{{labels}}} 1.0" in metrics
+        assert f'koordbus_agent_collections_total{{node="{NODE}",part="metrics"}}' in metrics
     finally:
         output = await _stop(process)
     assert process.returncode == 0, output
