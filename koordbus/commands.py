@@ -209,6 +209,14 @@ def add_parsers(sub: Any) -> None:
     api.set_defaults(run=lambda a: asyncio.run(run_api(a)))
 
 
+async def _open_bus(stack: AsyncExitStack, common: CommonSettings, *, name: str) -> Any:
+    """The bus of a process joining an existing NATS (KOORDBUS_NATS_URL), its streams at KOORDBUS_STREAM_REPLICAS."""
+    from koordbus import runtime
+
+    url = _require(common.nats_url, "--nats-url")
+    return await runtime.open_bus(stack, url, name=name, replicas=common.stream_replicas)
+
+
 def prepare_data_dir(path: str) -> Path:
     data_dir = Path(path).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -529,7 +537,7 @@ async def run_agent(args: argparse.Namespace) -> int:
     )
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
-        bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name=f"agent-{settings.node_name}")
+        bus = await _open_bus(stack, common, name=f"agent-{settings.node_name}")
         agent = AgentService(settings, bus)
         runtime.background(stack, agent.run(), name="agent")
         loops = None
@@ -590,7 +598,7 @@ async def _run_noderesource(args: argparse.Namespace) -> int:
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
-        bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name="noderesource")
+        bus = await _open_bus(stack, common, name="noderesource")
         engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=True)
         store = NodeResourceStore(engine, history_limit=settings.history_limit)
         service = NodeResourceService(bus, settings, registry=registry, store=store)
@@ -620,7 +628,7 @@ async def _run_slo(args: argparse.Namespace) -> int:
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
-        bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name="slo")
+        bus = await _open_bus(stack, common, name="slo")
         service = SloService(bus, registry=registry)
         await service.start()
         stack.push_async_callback(service.stop)
@@ -655,7 +663,7 @@ async def _run_quota(args: argparse.Namespace) -> int:
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
-        bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name="quota")
+        bus = await _open_bus(stack, common, name="quota")
         engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=True)
         _, store = await start_quota(stack, bus, engine, registry)
         await _serve_service_port(
@@ -714,7 +722,7 @@ async def _run_migration(args: argparse.Namespace) -> int:
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
-        bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name="migration")
+        bus = await _open_bus(stack, common, name="migration")
         engine = None
         if common.database_url:
             engine = await runtime.open_database(stack, common.database_url, migrate=True)
@@ -754,7 +762,7 @@ async def _run_k8s(args: argparse.Namespace) -> int:
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
-        bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name="k8s")
+        bus = await _open_bus(stack, common, name="k8s")
         bridge = await _bridge_cluster(
             stack, bus, registry, kubeconfig=args.kubeconfig, record_only_without_config=False, dry_run=args.dry_run
         )
@@ -782,7 +790,7 @@ async def _run_nodemetric(args: argparse.Namespace) -> int:
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
-        bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name="nodemetric")
+        bus = await _open_bus(stack, common, name="nodemetric")
         engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=True)
         store = NodeMetricStore(engine)
         service = NodeMetricService(bus, store, settings_loader.load(NodeMetricSettings), registry=registry)
@@ -844,7 +852,7 @@ async def run_api(args: argparse.Namespace) -> int:
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
-        bus = await runtime.open_bus(stack, _require(common.nats_url, "--nats-url"), name="api")
+        bus = await _open_bus(stack, common, name="api")
         engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=False)
         app = create_app(
             ApiContext(

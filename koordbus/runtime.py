@@ -42,10 +42,11 @@ async def open_embedded_nats(stack: AsyncExitStack, data_dir: Path) -> str:
     return server.url
 
 
-async def open_bus(stack: AsyncExitStack, url: str, *, name: str) -> JetStreamBus:
+async def open_bus(stack: AsyncExitStack, url: str, *, name: str, replicas: int = 1) -> JetStreamBus:
+    """Connect, and create or bring koordbus's streams to their spec with `replicas` replicas each."""
     bus = await JetStreamBus.connect(url, name=name)
     stack.push_async_callback(bus.close)
-    await bus.ensure_streams(streams.all_streams())
+    await bus.ensure_streams(streams.all_streams(replicas=replicas))
     return bus
 
 

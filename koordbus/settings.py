@@ -16,3 +16,5 @@ class CommonSettings:
     """Where `koordbus up` keeps the embedded nats-server store, its log and the SQLite database."""
     log_level: str = "INFO"
     """Python logging level name."""
+    stream_replicas: int = 1
+    """JetStream replicas of koordbus's streams (KOORDBUS_STREAM_REPLICAS): 3 on a 3-server NATS cluster."""

@@ -191,7 +191,6 @@ class NodeSloMirror:
         )
 
     async def start(self) -> None:
-        await self.bus.ensure_streams([streams.slo_stream()])
         spec = ConsumerSpec(
             durable=CONSUMER,
             stream=streams.KV_KOORD_SLO,

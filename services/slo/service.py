@@ -100,7 +100,6 @@ class SloService:
         self._nodes = Gauge("koordbus_slo_nodes", "Nodes with a rendered NodeSLO", registry=registry)
 
     async def start(self) -> None:
-        await self.bus.ensure_streams([streams.slo_stream()])
         await self._read_bucket()
         self._consumer = self.bus.consume(
             ConsumerSpec(

@@ -1,0 +1,54 @@
+{{/* The release's name prefix for every object. */}}
+{{- define "koordbus.fullname" -}}
+{{- printf "%s-koordbus" .Release.Name | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "koordbus.labels" -}}
+app.kubernetes.io/name: koordbus
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "koordbus.image" -}}
+{{ printf "%s:%s" .Values.image.repository .Values.image.tag }}
+{{- end -}}
+
+{{/* Where NATS is: the bundled StatefulSet's Service, or the configured URL. */}}
+{{- define "koordbus.natsUrl" -}}
+{{- if .Values.nats.bundled.enabled -}}
+{{ printf "nats://%s-nats:4222" (include "koordbus.fullname" .) }}
+{{- else -}}
+{{ .Values.nats.url }}
+{{- end -}}
+{{- end -}}
+
+{{- define "koordbus.databaseSecret" -}}
+{{- .Values.database.existingSecret | default (printf "%s-database" (include "koordbus.fullname" .)) -}}
+{{- end -}}
+
+{{/* The environment every service container gets. */}}
+{{- define "koordbus.env" -}}
+- name: KOORDBUS_NATS_URL
+  value: {{ include "koordbus.natsUrl" . | quote }}
+- name: KOORDBUS_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "koordbus.databaseSecret" . }}
+      key: database-url
+- name: KOORDBUS_STREAM_REPLICAS
+  value: {{ ternary .Values.nats.bundled.streamReplicas 1 .Values.nats.bundled.enabled | quote }}
+{{- end -}}
+
+{{- define "koordbus.securityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
