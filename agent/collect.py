@@ -39,6 +39,8 @@ _MEMORY_LINE = {
 """The memory.stat lines we read (5 of ~40), found in one scan."""
 _IDLE_PAGE_STATS = "memory.idle_page_stats"
 _T = TypeVar("_T")
+CONTAINER_RELIST_COLLECTIONS = 5
+"""A pod's container directories are listed again every this many collections (5 s at the default interval)."""
 
 log = logging.getLogger(__name__)
 
@@ -284,21 +286,65 @@ def read_cgroup(layout: CgroupLayout, rel: str, read: Reader = _read_text) -> co
         return None
 
 
-def read_pods(layout: CgroupLayout, read: Reader = _read_text) -> tuple[core.PodReading, ...]:
+class ContainerListings:
+    """Each pod's container directories, listed again every `every` collections rather than every second: listing a
+    pod directory walks its dozens of control files and was 40% of a collection. A container that appears is
+    sampled from the next listing on (within `every` collections); one that cannot be read any more (it stopped)
+    makes its pod's directory be listed again at the next collection."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self._collection = 0
+        self._listed: dict[str, tuple[int, list[tuple[str, str]]]] = {}
+
+    def begin(self) -> None:
+        self._collection += 1
+
+    def containers(self, pod_dir: str, driver: core.Driver) -> list[tuple[str, str]]:
+        entry = self._listed.get(pod_dir)
+        if entry is None or self._collection - entry[0] >= self.every:
+            entry = (self._collection, _subdirs(pod_dir, lambda n: core.parse_container_dir(n, driver)))
+            self._listed[pod_dir] = entry
+        return entry[1]
+
+    def forget(self, pod_dir: str) -> None:
+        self._listed.pop(pod_dir, None)
+
+    def keep_only(self, pod_dirs: set[str]) -> None:
+        self._listed = {k: v for k, v in self._listed.items() if k in pod_dirs}
+
+
+def read_pods(
+    layout: CgroupLayout, read: Reader = _read_text, listings: ContainerListings | None = None
+) -> tuple[core.PodReading, ...]:
+    """Every pod cgroup under kubepods with its containers' (`listings`: container directories listed every few
+    collections; None: every time)."""
     if layout.cpu_base is None or layout.driver not in ("cgroupfs", "systemd"):
         return ()
     driver: core.Driver = "systemd" if layout.driver == "systemd" else "cgroupfs"
     pods: list[core.PodReading] = []
+    seen: set[str] = set()
     for rel, uid, kube_qos in _pod_dirs(layout.cpu_base, driver):
         pod_cgroup = read_cgroup(layout, rel, read)
         if pod_cgroup is None:
             continue
+        pod_dir = f"{layout.cpu_base}/{rel}"
+        seen.add(pod_dir)
+        listed = (
+            listings.containers(pod_dir, driver)
+            if listings is not None
+            else _subdirs(pod_dir, lambda n: core.parse_container_dir(n, driver))
+        )
         containers: list[core.ContainerReading] = []
-        for name, cid in _subdirs(f"{layout.cpu_base}/{rel}", lambda n: core.parse_container_dir(n, driver)):
+        for name, cid in listed:
             c_cgroup = read_cgroup(layout, f"{rel}/{name}", read)
             if c_cgroup is not None:
                 containers.append(core.ContainerReading(container_id=cid, cgroup=c_cgroup))
+            elif listings is not None:
+                listings.forget(pod_dir)
         pods.append(core.PodReading(uid=uid, kube_qos=kube_qos, cgroup=pod_cgroup, containers=tuple(containers)))
+    if listings is not None:
+        listings.keep_only(seen)
     return tuple(pods)
 
 
@@ -331,6 +377,7 @@ class Collector:
         self._ticks_per_second = clock_ticks_per_second()
         self._kidled_error = ""
         self._files = OpenFiles()
+        self._listings = ContainerListings(CONTAINER_RELIST_COLLECTIONS)
 
     def __call__(self, now: float) -> core.NodeReading:
         layout = detect_layout(self.settings)
@@ -348,8 +395,9 @@ class Collector:
         )
 
     def _read_pods(self, layout: CgroupLayout) -> tuple[core.PodReading, ...]:
+        self._listings.begin()
         try:
-            return read_pods(layout, self._files.read)
+            return read_pods(layout, self._files.read, self._listings)
         finally:
             self._files.sweep()
 

@@ -428,3 +428,28 @@ def test_open_files_budget_follows_the_descriptor_limit(monkeypatch: pytest.Monk
     assert collect.OpenFiles().max_open == 1024 // 2 - 64  # a low hard limit: half of it, never all
     limits["hard"] = 1_000_000
     assert collect.OpenFiles().max_open == 4096 and limits["soft"] == 65536  # raised towards the hard limit
+
+
+def test_container_directories_are_listed_every_few_collections_and_at_once_after_a_stop(tmp_path: Path) -> None:
+    tree = build_tree(tmp_path, 1, "cgroupfs")
+    layout = collect.detect_layout(settings_for(tree))
+    listings = collect.ContainerListings(every=3)
+
+    def containers_of(uid: str) -> set[str]:
+        listings.begin()
+        pods = {p.uid: p for p in collect.read_pods(layout, listings=listings)}
+        return {c.container_id for c in pods[uid].containers}
+
+    assert containers_of(UID_B) == {CID["c-burst"]}
+    new = "e" * 64
+    tree.add_container(UID_B, "Burstable", new, active_anon=1 * MiB)
+    tree.write()
+    assert containers_of(UID_B) == {CID["c-burst"]}  # listed one collection ago: not seen yet
+    assert containers_of(UID_B) == {CID["c-burst"]}
+    assert containers_of(UID_B) == {CID["c-burst"], new}  # the third collection lists again
+    tree.remove(f"{pod_rel('cgroupfs', UID_B, 'Burstable')}/{new}")
+    tree.write()
+    assert containers_of(UID_B) == {CID["c-burst"]}  # a container that cannot be read is not reported …
+    tree.add_container(UID_B, "Burstable", "f" * 64, active_anon=1 * MiB)
+    tree.write()
+    assert containers_of(UID_B) == {CID["c-burst"], "f" * 64}  # … and its pod is listed again at once
