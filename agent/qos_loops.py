@@ -149,16 +149,18 @@ class QosLoops:
             self._effective = (self.slo.revision, effective_slo(self.slo.spec))
         pods = await self._list_pods()
         layout = self._layout()
-        if pods is None or layout is None:  # no kubepods here, or the kubelet away: nothing to act on
+        if layout is None:  # no kubepods on this node: nothing to act on
             self.stats.rounds += 1
             return []
         rnd = Round(
-            pods=pods,
+            pods=pods or [],
+            pods_known=pods is not None,
             layout=layout,
             slo=self._effective[1],
             now=now,
             tick=self._usage(),
-            static=self._reconcile_due(pods, now),
+            # without the kubelet's pods the per-pod loops wait; the node-level ones (fail-safe, suppress) go on
+            static=pods is not None and self._reconcile_due(pods, now),
             budget=self.settings.max_writes_per_round,
         )
         results = await asyncio.to_thread(self._run_loops, rnd)
@@ -239,7 +241,8 @@ class QosLoops:
                     act, rnd, usage_max_age=settings.usage_max_age, reserved_cpu_milli=settings.reserved_cpu_milli
                 ),
             )
-            run("memory-evict", lambda: self._evictions.run(act, rnd))
+            if rnd.pods_known:  # no victims can be picked without the pods
+                run("memory-evict", lambda: self._evictions.run(act, rnd))
         run("cpu-burst", lambda: self._burst.run(act, rnd))
         if rnd.static:
             # a pass cut short by the round's bound is finished next round, not in reconcile_interval

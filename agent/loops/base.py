@@ -46,6 +46,8 @@ class Round:
     """One round's inputs, shared by the loops; `budget` is what is left of max_writes_per_round."""
 
     pods: list[actuate.NodePod]
+    pods_known: bool
+    """False when the kubelet's pod list could not be read this round (`pods` is then empty)."""
     layout: actuate.Layout
     slo: dict[str, Any]
     now: float

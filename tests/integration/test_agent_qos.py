@@ -319,13 +319,17 @@ async def test_a_restart_with_the_bus_away_keeps_the_last_good_nodeslo(tmp_path:
 
 
 async def test_a_kubelet_that_fails_leaves_node_loops_running(tmp_path: Path) -> None:
-    v1_tree(tmp_path / "cg")
+    files = v1_tree(tmp_path / "cg")
     pods = StaticPods(be_pod())
     pods.fail = True
-    bus = await slo_bus({})
-    qos_loops = loops(tmp_path, bus, pods, cgroup_root=tmp_path / "cg")
-    assert await qos_loops.round() == []
+    clock = Clock()
+    qos_loops = loops(tmp_path, AwayBus(), pods, cgroup_root=tmp_path / "cg", clock=clock, failsafe_after=60)
+    assert await qos_loops.round() == []  # nothing to do yet, and no pod is touched without the pod list
     assert qos_loops.stats.pod_list_failures == 1 and qos_loops.stats.rounds == 1
+    assert values(files)[f"cpu/kubepods/besteffort/pod{UID}/cpu.shares"] == "1024"
+    clock.now += 61  # the control plane silent too: the fail-safe still pins BE CPU
+    await qos_loops.round()
+    assert qos_loops.failsafe_active and values(files)["cpu/kubepods/besteffort/cpu.cfs_quota_us"] == "2000"
 
 
 # --- this machine's real cgroup v1 filesystem
