@@ -101,8 +101,20 @@ def test_production_values_use_the_external_nats_and_database() -> None:
 
 
 def test_a_missing_database_is_refused_with_a_clear_message() -> None:
-    with pytest.raises(Exception, match=r"database.url \(or database.existingSecret\) is required"):
+    with pytest.raises(Exception, match=r"database.url \(or database.existingSecret, or database.bundled.enabled\)"):
         render({})
+    with pytest.raises(Exception, match=r"database.bundled.password is required"):
+        render({"database": {"bundled": {"enabled": True}}})
+
+
+def test_a_bundled_postgresql_is_valid_and_wired() -> None:
+    objects = render({"database": {"bundled": {"enabled": True, "password": "s3cret/+"}}})
+    for obj in objects:
+        kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+    assert by_kind(objects, "StatefulSet")["prod-koordbus-postgresql"]["spec"]["replicas"] == 1
+    secret = by_kind(objects, "Secret")["prod-koordbus-database"]["stringData"]
+    assert secret["database-url"] == "postgresql://koordbus:s3cret%2F%2B@prod-koordbus-postgresql:5432/koordbus"
+    assert secret["postgres-password"] == "s3cret/+"
 
 
 def test_helm_lint_finds_nothing_wrong() -> None:

@@ -52,3 +52,14 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end -}}
+
+{{/* The database URL the release's Secret holds: the configured one, else the bundled PostgreSQL's. */}}
+{{- define "koordbus.databaseUrl" -}}
+{{- if .Values.database.url -}}
+{{ .Values.database.url }}
+{{- else if .Values.database.bundled.enabled -}}
+{{ printf "postgresql://koordbus:%s@%s-postgresql:5432/koordbus" (required "database.bundled.password is required" .Values.database.bundled.password | urlquery) (include "koordbus.fullname" .) }}
+{{- else -}}
+{{ required "database.url (or database.existingSecret, or database.bundled.enabled) is required" .Values.database.url }}
+{{- end -}}
+{{- end -}}
