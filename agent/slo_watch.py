@@ -32,7 +32,7 @@ CACHE_FILE = "nodeslo.json"
 
 
 class KeyReader(Protocol):
-    async def last_on_subject(self, stream: str, subject: str) -> Delivery | None: ...
+    async def last_on_subject(self, stream: str, subject: str, *, direct: bool = False) -> Delivery | None: ...
 
 
 class SloSource:
@@ -57,7 +57,8 @@ class SloSource:
     async def refresh(self, now: float) -> bool:
         """Read the key; True when the spec in effect changed."""
         try:
-            stored = await self._reader.last_on_subject(streams.KV_KOORD_SLO, subjects.slo_key(self._node))
+            # a direct get: the one read of the bucket an agent's NATS user is allowed (its own key)
+            stored = await self._reader.last_on_subject(streams.KV_KOORD_SLO, subjects.slo_key(self._node), direct=True)
         except (BusError, TimeoutError, OSError) as e:
             self.read_failures += 1
             log.debug("node %s: NodeSLO not readable (%s); keeping revision %d", self._node, e, self.revision)

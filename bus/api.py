@@ -35,6 +35,9 @@ class StreamSpec:
     max_msgs_per_subject: int = -1
     replicas: int = 1
     storage: Literal["file", "memory"] = "file"
+    allow_direct: bool = False
+    """Serve direct gets (`$JS.API.DIRECT.GET.<stream>.<subject>`): reads of one subject that NATS permissions can
+    grant subject by subject (an agent reads only its own NodeSLO key)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,8 +177,9 @@ class Bus(Protocol):
         and recreates the durable first, so its deliver policy applies again."""
         ...
 
-    async def last_on_subject(self, stream: str, subject: str) -> Delivery | None:
-        """The newest message stored on exactly this subject, or None."""
+    async def last_on_subject(self, stream: str, subject: str, *, direct: bool = False) -> Delivery | None:
+        """The newest message stored on exactly this subject, or None. `direct` reads it with a direct get (the
+        stream must allow them), which a NATS permission can grant for this subject alone."""
         ...
 
     async def stream_info(self, stream: str) -> tuple[int, int]:

@@ -80,6 +80,7 @@ def stream_config(spec: StreamSpec) -> js_api.StreamConfig:
         duplicate_window=spec.duplicate_window_seconds,
         num_replicas=spec.replicas,
         storage=js_api.StorageType(spec.storage),
+        allow_direct=spec.allow_direct or None,
     )
 
 
@@ -93,6 +94,7 @@ def stream_differs(have: js_api.StreamConfig, want: js_api.StreamConfig) -> bool
         or have.max_msgs_per_subject != want.max_msgs_per_subject
         or (have.num_replicas or 1) != want.num_replicas
         or have.storage != want.storage
+        or bool(have.allow_direct) != bool(want.allow_direct)
     )
 
 
@@ -155,8 +157,17 @@ class JetStreamBus:
         self._ack_waiters: dict[str, asyncio.Future[Msg]] = {}
 
     @classmethod
-    async def connect(cls, url: str, *, name: str, max_in_flight: int = 1024) -> JetStreamBus:
-        """Connect and keep reconnecting forever (with nats-py's backoff) if the server goes away."""
+    async def connect(
+        cls,
+        url: str,
+        *,
+        name: str,
+        max_in_flight: int = 1024,
+        user: str | None = None,
+        password: str | None = None,
+    ) -> JetStreamBus:
+        """Connect (as `user` when given) and keep reconnecting forever (with nats-py's backoff) if the server goes
+        away."""
 
         async def on_error(e: Exception) -> None:
             log.warning("nats %s: %s", name, e)
@@ -176,6 +187,8 @@ class JetStreamBus:
                 error_cb=on_error,
                 disconnected_cb=on_disconnected,
                 reconnected_cb=on_reconnected,
+                user=user,
+                password=password,
             )
         except (OSError, *_UNAVAILABLE, nats.errors.NoServersError) as e:
             raise BusUnavailableError(f"cannot connect to {url}: {e}") from e
@@ -205,9 +218,12 @@ class JetStreamBus:
         info = await self._api(self._js.stream_info(stream), f"stream info {stream}")
         return info.state.messages, info.state.last_seq
 
-    async def last_on_subject(self, stream: str, subject: str) -> Delivery | None:
+    async def last_on_subject(self, stream: str, subject: str, *, direct: bool = False) -> Delivery | None:
         try:
-            raw = await self._js.get_last_msg(stream, subject)
+            if direct:  # $JS.API.DIRECT.GET.<stream>.<subject>: a request a permission can name key by key
+                raw = await self._js.get_msg(stream, subject=subject, direct=True)
+            else:
+                raw = await self._js.get_last_msg(stream, subject)
         except nats.js.errors.NotFoundError as e:
             if e.err_code == ERR_STREAM_NOT_FOUND:
                 raise BusError(f"stream {stream} not found") from e

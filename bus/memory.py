@@ -173,7 +173,7 @@ class MemoryBus:
         s.prune(self._now())
         return len(s.messages), s.last_seq
 
-    async def last_on_subject(self, stream: str, subject: str) -> Delivery | None:
+    async def last_on_subject(self, stream: str, subject: str, *, direct: bool = False) -> Delivery | None:
         s = self._stream(stream)
         s.prune(self._now())
         seq = s.last_seq_on(subject)

@@ -117,6 +117,7 @@ def slo_stream(*, replicas: int = 1) -> StreamSpec:
         max_msgs_per_subject=1,
         duplicate_window_seconds=DUPLICATE_WINDOW_SECONDS,
         replicas=replicas,
+        allow_direct=True,
     )
 
 

@@ -340,6 +340,15 @@ async def test_last_on_subject(bus: AnyBus, names: Names) -> None:
     assert last.published_at > 1_600_000_000
 
 
+async def test_last_on_subject_by_direct_get(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names, allow_direct=True, max_msgs_per_subject=1)
+    assert await bus.last_on_subject(names.stream, names.subject("k"), direct=True) is None
+    await bus.publish(names.subject("k"), b"1", msg_id="k1")
+    await bus.publish(names.subject("k"), b"2", msg_id="k2", options=api.PublishOptions(headers={"K": "v"}))
+    last = await bus.last_on_subject(names.stream, names.subject("k"), direct=True)
+    assert last is not None and (last.data, last.stream_seq, last.headers.get("K")) == (b"2", 2, "v")
+
+
 async def test_read_recent_returns_the_newest_matching_messages_oldest_first(bus: AnyBus, names: Names) -> None:
     await ready(bus, names)
     assert await bus.read_recent(names.stream, names.subject("n1", "*"), since=0, limit=10) == []

@@ -56,7 +56,7 @@ class Clock:
 class AwayBus:
     """A bus that is down: every read and publish fails as an unreachable NATS does."""
 
-    async def last_on_subject(self, stream: str, subject: str) -> Delivery | None:
+    async def last_on_subject(self, stream: str, subject: str, *, direct: bool = False) -> Delivery | None:
         raise BusUnavailableError("nats: no servers available")
 
     async def publish(self, subject: str, data: bytes, *, msg_id: str) -> object:
