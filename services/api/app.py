@@ -12,15 +12,17 @@ log, never to the client. Every /api/v1 route needs a bearer token with role vie
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import Counter
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -190,9 +192,46 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(migrations.router, responses=responses, dependencies=viewer)
     app.include_router(nodeslo.router, responses=responses, dependencies=viewer)
     app.add_middleware(CatchAllMiddleware)
+    _add_audit_log(app, context)
     _add_health_routes(app, context)
     _add_error_handlers(app)
     return app
+
+
+AUDIT = logging.getLogger("koordbus.audit")
+READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _add_audit_log(app: FastAPI, context: ApiContext) -> None:
+    """Every write (any method but GET, HEAD, OPTIONS), allowed or refused, becomes one JSON line on the
+    `koordbus.audit` logger — who (the token's name and role; "unknown" without a valid token), what, the answer —
+    and is counted in koordbus_api_writes_total."""
+    writes = Counter(
+        "koordbus_api_writes", "API write requests by role and answer", ["role", "method", "status"],
+        registry=context.registry,
+    )  # fmt: skip
+
+    @app.middleware("http")
+    async def audit(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if request.method in READS:
+            return await call_next(request)
+        started = time.monotonic()
+        response = await call_next(request)
+        identity: auth.Identity | None = getattr(request.state, "identity", None)
+        record = {
+            "who": identity.name if identity else "unknown",
+            "role": identity.role if identity else "",
+            "method": request.method,
+            "path": request.url.path,
+            "query": request.url.query,
+            "status": response.status_code,
+            "idempotency_key": request.headers.get("Idempotency-Key", ""),
+            "client": request.client.host if request.client else "",
+            "ms": round((time.monotonic() - started) * 1000, 1),
+        }
+        AUDIT.info(json.dumps(record))
+        writes.labels(role=record["role"] or "none", method=request.method, status=str(response.status_code)).inc()
+        return response
 
 
 def _add_health_routes(app: FastAPI, context: ApiContext) -> None:

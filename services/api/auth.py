@@ -137,7 +137,9 @@ def require(role: str) -> Callable[..., Awaitable[Identity]]:
     ) -> Identity:
         store: TokenStore = request.app.state.context.tokens
         if not store.enabled:
-            return Identity(name="anonymous (auth disabled)", role=ADMIN)
+            anonymous = Identity(name="anonymous (auth disabled)", role=ADMIN)
+            request.state.identity = anonymous
+            return anonymous
         if credentials is None or not credentials.credentials:
             raise HTTPException(
                 401, f"missing bearer token: send 'Authorization: Bearer <token>' with role {role} or higher", BEARER
@@ -145,6 +147,7 @@ def require(role: str) -> Callable[..., Awaitable[Identity]]:
         identity = store.lookup(credentials.credentials)
         if identity is None:
             raise HTTPException(401, "unknown bearer token", BEARER)
+        request.state.identity = identity  # who, for the audit log
         if not identity.has(role):
             raise HTTPException(403, f"role {role} needed; {identity.name} has role {identity.role}")
         return identity

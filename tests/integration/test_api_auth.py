@@ -5,6 +5,7 @@ token file errors with line numbers, the generated admin token of `up` and `api`
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import stat
@@ -105,6 +106,27 @@ async def test_role_hierarchy(client: httpx.AsyncClient, role: str, path: str, s
     else:
         needed = path.rsplit("/", 1)[1].replace("quota", auth.QUOTA_ADMIN)
         assert response.json() == {"error": f"role {needed} needed; test-{role} has role {role}"}
+
+
+async def test_every_write_allowed_or_refused_is_in_the_audit_log(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="koordbus.audit"):
+        await client.post(
+            "/test/quota?dryRun=true", headers={**api_auth.headers(auth.QUOTA_ADMIN), "Idempotency-Key": "k1"}
+        )
+        await client.post("/test/admin", headers=api_auth.headers(auth.VIEWER))
+        await client.post("/test/admin")
+        await client.get(READ, headers=api_auth.headers(auth.VIEWER))  # a read: not audited
+    records = [json.loads(r.getMessage()) for r in caplog.records if r.name == "koordbus.audit"]
+    assert [(r["who"], r["role"], r["path"], r["status"]) for r in records] == [
+        ("test-quota-admin", auth.QUOTA_ADMIN, "/test/quota", 200),
+        ("test-viewer", auth.VIEWER, "/test/admin", 403),
+        ("unknown", "", "/test/admin", 401),
+    ]
+    assert records[0]["query"] == "dryRun=true" and records[0]["idempotency_key"] == "k1"
+    metrics = (await client.get("/metrics")).text
+    assert 'koordbus_api_writes_total{method="POST",role="viewer",status="403"} 1.0' in metrics
 
 
 async def test_health_metrics_and_docs_stay_open(client: httpx.AsyncClient) -> None:
