@@ -230,6 +230,14 @@ def add_parsers(sub: Any) -> None:
     api.add_argument(
         "--no-auth", action="store_true", help="INSECURE: serve every route to anyone, without bearer tokens"
     )
+    api.add_argument(
+        "--token-review-roles",
+        default=os.environ.get("KOORDBUS_TOKEN_REVIEW_ROLES", ""),
+        metavar="MAPPING",
+        help="also accept tokens Kubernetes vouches for (TokenReview, in-cluster or --kubeconfig), with roles by user "
+        "or group, e.g. 'group:koordbus-viewers=viewer,user:alice=admin' (or KOORDBUS_TOKEN_REVIEW_ROLES)",
+    )
+    api.add_argument("--kubeconfig", default=None, help="with --token-review-roles: the cluster (default: in-cluster)")
     api.set_defaults(run=lambda a: asyncio.run(run_api(a)))
 
 
@@ -874,8 +882,24 @@ async def run_db(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _token_review(stack: AsyncExitStack, roles: dict[str, str], kubeconfig: str | None) -> Any:
+    """Tokens Kubernetes vouches for, with `roles`: a TokenReview client on the cluster."""
+    from services.api import auth
+    from services.k8s.client import KubeConfigError, api_client
+    from services.k8s.settings import K8sSettings
+    from services.k8s.token_review import KubeTokenReviewer
+
+    try:
+        client = await api_client(settings_loader.load(K8sSettings, {"kubeconfig": kubeconfig}))
+    except KubeConfigError as e:
+        raise SystemExit(f"koordbus api: TokenReview needs a cluster: {e}") from None
+    stack.push_async_callback(client.close)
+    return auth.ReviewedTokens(KubeTokenReviewer(client), roles)
+
+
 async def run_api(args: argparse.Namespace) -> int:
     from koordbus import runtime
+    from services.api import auth
     from services.api.app import ApiContext, create_app
     from services.api.settings import ApiSettings
     from services.common import observe
@@ -900,9 +924,14 @@ async def run_api(args: argparse.Namespace) -> int:
         },
     )
     tokens = api_tokens(settings, command="api")
+    try:
+        review_roles = auth.parse_role_mapping(args.token_review_roles)
+    except ValueError as e:
+        raise SystemExit(f"koordbus api: --token-review-roles: {e}") from None
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
+        reviewed = await _token_review(stack, review_roles, args.kubeconfig) if review_roles else None
         bus = await _open_bus(stack, common, name="api")
         engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=False)
         app = create_app(
@@ -917,6 +946,7 @@ async def run_api(args: argparse.Namespace) -> int:
                 slo_reader=SloReader(bus),
                 registry=registry,
                 tokens=tokens,
+                reviewed_tokens=reviewed,
                 readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
             )
         )

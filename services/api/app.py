@@ -77,6 +77,8 @@ class ApiContext:
     slo_reader: SloReader | None = None
     """Node QoS reads (NodeSLO, actuations) from the bus; None: those routes answer 503."""
     tokens: auth.TokenStore = field(default_factory=auth.TokenStore)
+    reviewed_tokens: auth.ReviewedTokens | None = None
+    """Tokens not in `tokens` are asked about with a Kubernetes TokenReview (and mapped to roles); None: not."""
     """Accepted bearer tokens; the default accepts none (auth.TokenStore.disabled() only for `--no-auth`)."""
 
 

@@ -13,10 +13,11 @@ import hashlib
 import hmac
 import os
 import secrets
-from collections.abc import Awaitable, Callable, Iterable
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Protocol
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -74,6 +75,70 @@ class TokenStore:
             if hmac.compare_digest(entry_digest, wanted) and found is None:
                 found = identity
         return found
+
+
+class TokenReviewer(Protocol):
+    """Asks Kubernetes who a bearer token belongs to (a TokenReview): (username, groups), or None when it is not
+    a valid token there. services.k8s.token_review.KubeTokenReviewer is the real one."""
+
+    async def review(self, token: str) -> tuple[str, list[str]] | None: ...
+
+
+def parse_role_mapping(text: str) -> dict[str, str]:
+    """`user:alice=admin,group:koordbus-viewers=viewer` → {"user:alice": "admin", …}; ValueError naming the entry."""
+    mapping: dict[str, str] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        subject, sep, role = entry.rpartition("=")
+        if not sep or not subject.startswith(("user:", "group:")) or role not in ROLES:
+            raise ValueError(
+                f"role mapping entry {entry!r}: expected user:<name>=<role> or group:<name>=<role>, role one of "
+                f"{', '.join(ROLES)}"
+            )
+        mapping[subject] = role
+    return mapping
+
+
+def role_for(username: str, groups: Iterable[str], mapping: Mapping[str, str]) -> str | None:
+    """The highest role the user or one of its groups is mapped to; None when none is."""
+    found = [mapping[k] for k in (f"user:{username}", *(f"group:{g}" for g in groups)) if k in mapping]
+    return max(found, key=ROLES.index) if found else None
+
+
+class ReviewedTokens:
+    """Tokens Kubernetes vouches for (TokenReview), given a role by `mapping`; answers are kept for `ttl` seconds
+    (by the token's digest), so a busy client costs one review a minute, not one per request."""
+
+    def __init__(
+        self,
+        reviewer: TokenReviewer,
+        mapping: Mapping[str, str],
+        *,
+        ttl: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._reviewer = reviewer
+        self._mapping = dict(mapping)
+        self._ttl = ttl
+        self._clock = clock
+        self._cache: dict[bytes, tuple[float, Identity | None]] = {}
+
+    async def lookup(self, token: str) -> Identity | None:
+        key = digest(token)
+        now = self._clock()
+        cached = self._cache.get(key)
+        if cached is not None and now - cached[0] < self._ttl:
+            return cached[1]
+        reviewed = await self._reviewer.review(token)
+        identity = None
+        if reviewed is not None:
+            role = role_for(reviewed[0], reviewed[1], self._mapping)
+            identity = Identity(name=reviewed[0], role=role) if role is not None else None
+        if len(self._cache) > 10_000:
+            self._cache.clear()
+        self._cache[key] = (now, identity)
+        return identity
 
 
 def parse_token_file(text: str, *, source: str = "token file") -> TokenStore:
@@ -145,6 +210,9 @@ def require(role: str) -> Callable[..., Awaitable[Identity]]:
                 401, f"missing bearer token: send 'Authorization: Bearer <token>' with role {role} or higher", BEARER
             )
         identity = store.lookup(credentials.credentials)
+        reviewed: ReviewedTokens | None = request.app.state.context.reviewed_tokens
+        if identity is None and reviewed is not None:
+            identity = await reviewed.lookup(credentials.credentials)
         if identity is None:
             raise HTTPException(401, "unknown bearer token", BEARER)
         request.state.identity = identity  # who, for the audit log

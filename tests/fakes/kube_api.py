@@ -128,6 +128,8 @@ class FakeKubeApi:
         self._clock = clock or (lambda: datetime.now(UTC))
         self._random = random.Random(seed)
         self._runner: web.AppRunner | None = None
+        self.tokens: dict[str, tuple[str, list[str]]] = {}
+        """Bearer tokens a TokenReview authenticates: token → (username, groups)."""
         self.eviction_blocked: set[tuple[str, str]] = set()
         """(namespace, pod) pairs whose eviction is refused with 429, as a PodDisruptionBudget would."""
         self.on_evicted: Callable[[Json], None] | None = None
@@ -306,6 +308,8 @@ class FakeKubeApi:
             if (discovery := self._discovery(segments)) is not None:
                 self.requests.append(RecordedRequest("get", request.path, content_type))
                 return web.json_response(discovery)
+            if segments == ["apis", "authentication.k8s.io", "v1", "tokenreviews"] and request.method == "POST":
+                return self._review_token(await request.read())
             if (
                 len(segments) == 7
                 and segments[:3] == ["api", "v1", "namespaces"]
@@ -338,6 +342,18 @@ class FakeKubeApi:
         except ApiError as error:
             headers = {"Retry-After": "1"} if error.code == 429 else None
             return web.json_response(error.status(), status=error.code, headers=headers)
+
+    def _review_token(self, raw: bytes) -> web.StreamResponse:
+        """POST tokenreviews: authenticated as `tokens[token]` = (username, groups), else not."""
+        review = json.loads(raw)
+        self.requests.append(
+            RecordedRequest("create", "/apis/authentication.k8s.io/v1/tokenreviews", "application/json")
+        )
+        known = self.tokens.get(review.get("spec", {}).get("token", ""))
+        status: Json = {"authenticated": False}
+        if known is not None:
+            status = {"authenticated": True, "user": {"username": known[0], "groups": list(known[1])}}
+        return web.json_response({**review, "status": status}, status=201)
 
     def _evict(self, request: web.Request, namespace: str, name: str, raw: bytes) -> web.StreamResponse:
         """POST pods/<name>/eviction (policy/v1): 409 when deleteOptions.preconditions.uid names another pod, 429
