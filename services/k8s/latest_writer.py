@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Final, Generic, TypeVar
 
+from services.common.tasks import cancel_and_wait
 from services.k8s.sinks import WriteFailedError
 from services.k8s.writes import WriteHealth
 
@@ -57,9 +58,7 @@ class LatestWriter(Generic[Intent]):
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     @property

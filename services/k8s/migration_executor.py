@@ -18,7 +18,6 @@ with their Reservations (a failed ReservationFirst job's Reservation goes at onc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import json
 import logging
@@ -34,6 +33,7 @@ from bus import streams, subjects
 from bus.api import Bus, Consumer, ConsumerSpec, Delivery, msg_id
 from schemas import kube, migration
 from schemas import migration_events as ev
+from services.common.tasks import cancel_and_wait
 from services.k8s import sinks
 from services.k8s.sinks import WriteFailedError
 from services.migration.args import MigrationArgs, duration_seconds
@@ -115,9 +115,7 @@ class MigrationExecutor:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         if self._consumer is not None:
             await self._consumer.stop()

@@ -20,7 +20,6 @@ composition root (koordbus) with an ApiClient from services.k8s.client; read bac
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import itertools
 import logging
@@ -37,6 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from bus import subjects
 from bus.api import Bus, msg_id
 from schemas import cluster, kube, migration, migration_events, topology
+from services.common.tasks import cancel_and_wait
 from services.k8s import core
 from services.k8s.settings import K8sSettings
 from services.k8s.watch import Collection, KubeCollection, Reflector
@@ -338,8 +338,7 @@ class ClusterObserver:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         self._tasks = []
         if self.registry is not None and self._collector is not None:
             self.registry.unregister(self._collector)

@@ -47,6 +47,7 @@ from schemas.noderesource import (
     NodeResourceComputed,
 )
 from services.common import observe
+from services.common.tasks import cancel_and_wait
 from services.k8s import core, writes
 from services.k8s.settings import K8sSettings
 from services.k8s.sinks import WriteFailedError, WriteSink
@@ -204,9 +205,7 @@ class ClusterWriter:
             observe.retire_consumers(self.registry, service=SERVICE, names=tuple(self._consumers))
         self._consumers = {}
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     def _spec(self, durable: str, stream: str, subject_filter: str) -> ConsumerSpec:

@@ -40,6 +40,7 @@ from schemas.node import NodeMetricComputed
 from services.common import observe
 from services.common.projection import BatchProjector
 from services.common.startup import wait_replayed
+from services.common.tasks import cancel_and_wait
 from services.migration import arbiter
 from services.migration.args import MigrationArgs, duration_seconds
 from services.migration.lownodeload import LowNodeLoadArgs, NodeLoad, plan
@@ -201,14 +202,10 @@ class MigrationService:
 
     async def stop(self) -> None:
         if self._descheduler is not None:
-            self._descheduler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._descheduler
+            await cancel_and_wait(self._descheduler)
             self._descheduler = None
         if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
+            await cancel_and_wait(self._ticker)
             self._ticker = None
         if self._projector is not None:
             await self._projector.stop()

@@ -15,7 +15,6 @@ Called by the CLI (`koordbus up`, `koordbus service nodemetric`) and the integra
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -38,6 +37,7 @@ from schemas.node import (
     NodeStateReported,
 )
 from services.common import observe
+from services.common.tasks import cancel_and_wait
 from services.nodemetric.core import effective_policy, report_phase
 from services.nodemetric.settings import NodeMetricSettings
 from services.nodemetric.store import NodeMetricStore, NodeSeen
@@ -326,9 +326,7 @@ class NodeMetricService:
         for consumer in self._consumers:
             await consumer.stop()
         for task in self._writers:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         if self._writers:
             await self.node_rows.close()
             await self.computed_rows.close()

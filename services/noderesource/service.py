@@ -49,6 +49,7 @@ from schemas.noderesource import (
 from services.common import observe
 from services.common.projection import BatchProjector
 from services.common.startup import wait_replayed
+from services.common.tasks import cancel_and_wait
 from services.noderesource import config as colocation
 from services.noderesource.settings import NodeResourceSettings
 from services.noderesource.state import (
@@ -268,9 +269,7 @@ class NodeResourceService:
 
     async def stop(self) -> None:
         if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
+            await cancel_and_wait(self._ticker)
             self._ticker = None
         for consumer in self._consumers:
             await consumer.stop()

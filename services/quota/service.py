@@ -65,6 +65,7 @@ from schemas.quota_service import (
 from services.common import observe
 from services.common.projection import BatchProjector
 from services.common.startup import wait_replayed
+from services.common.tasks import cancel_and_wait
 from services.quota import aggregate, profiles
 from services.quota.model import QuotaModel
 from services.quota.settings import QuotaSettings
@@ -238,9 +239,7 @@ class QuotaService:
 
     async def stop(self) -> None:
         if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
+            await cancel_and_wait(self._ticker)
             self._ticker = None
         for responder in self._responders:
             await responder.stop()
