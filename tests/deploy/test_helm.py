@@ -4,6 +4,8 @@ strict: no unknown fields), and what the chart promises checked on the objects."
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "koordbus"
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "koordbus"
 KUBERNETES = "1.30.0"
 DEFAULTS: dict[str, Any] = {"database": {"url": "postgresql://koordbus:secret@postgres:5432/koordbus"}}
 PRODUCTION: dict[str, Any] = {
@@ -121,3 +124,31 @@ def test_helm_lint_finds_nothing_wrong() -> None:
     report = helm_python.lint(CHART, values=DEFAULTS)
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] > 1] == []  # 1: INFO (e.g. "icon is recommended")
+
+
+def test_monitoring_objects_and_the_dashboard_use_metrics_that_exist() -> None:
+    objects = render({**DEFAULTS, "monitoring": {"serviceMonitor": True, "grafanaDashboard": True}})
+    core = [o for o in objects if not o["apiVersion"].startswith("monitoring.coreos.com/")]
+    for obj in core:
+        kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+    monitor = by_kind(objects, "ServiceMonitor")["prod-koordbus"]
+    assert monitor["spec"]["endpoints"][0]["port"] == "http"  # every koordbus Service names its port http
+    services = by_kind(objects, "Service")
+    assert all(any(p["name"] == "http" for p in s["spec"]["ports"]) for n, s in services.items() if "nats" not in n)
+    assert by_kind(objects, "PodMonitor")["prod-koordbus-agent"]["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    dashboard = json.loads(by_kind(objects, "ConfigMap")["prod-koordbus-dashboard"]["data"]["koordbus.json"])
+    names = {
+        re.sub(r"_(total|bucket|sum|count)$", "", name)
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"koordbus_[a-z_]+", target["expr"])
+    }
+    source = "\n".join(p.read_text() for d in ("services", "agent") for p in (ROOT / d).rglob("*.py"))
+    defined = (
+        set(re.findall(r'"(koordbus_[a-z_]+)"', source))
+        | {f"koordbus_consumer_{n}" for n in ("delivered", "acked", "naked", "termed", "dead_lettered")}
+        | {f"koordbus_agent_{n}" for n in re.findall(r'^    "([a-z_]+)": "', source, flags=re.M)}
+    )
+    defined |= {"koordbus_agent_slo_revision", "koordbus_agent_slo_silent_seconds"}
+    assert names and names <= defined, names - defined
+    assert "prod-koordbus-dashboard" not in by_kind(render(DEFAULTS), "ConfigMap")  # off unless asked for
