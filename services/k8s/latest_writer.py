@@ -5,7 +5,8 @@ a writer task drains it, writing each key at most once every `interval` seconds 
 returns the action taken: created / updated / unchanged / deleted …). A write that raises WriteFailedError is kept
 and retried with exponential backoff (up to MAX_BACKOFF_SECONDS) until it succeeds or a newer intent replaces it; a
 non-retryable failure or any other exception is logged and dropped. After `unhealthy_after` consecutive failures
-`healthy` is False until one succeeds (for /readyz). Used by services.k8s.quota_mirror and services.k8s.nodeslo_mirror.
+`healthy` is False until one succeeds (for /readyz). `Mirror` wraps it with the consumer that feeds it: the base of
+services.k8s.quota_mirror and services.k8s.nodeslo_mirror.
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Final, Generic, TypeVar
 
+from prometheus_client import CollectorRegistry, Counter
+
+from bus.api import Bus, Consumer, ConsumerSpec, Handler
 from services.common.tasks import cancel_and_wait
+from services.k8s.settings import K8sSettings
 from services.k8s.sinks import WriteFailedError
 from services.k8s.writes import WriteHealth
 
@@ -121,3 +126,71 @@ class LatestWriter(Generic[Intent]):
         self._failures[key] = failures
         self._pending[key] = intent
         self._not_before[key] = self._clock() + min(MAX_BACKOFF_SECONDS, self._backoff_initial * 2 ** (failures - 1))
+
+
+class Mirror(Generic[Intent]):
+    """A consumer whose handler offers intents to a LatestWriter: what the quota and NodeSLO mirrors share — the
+    durable consumer (reset at start, last value per subject), the writer task, health for /readyz and wait_idle
+    for tests. A subclass gives the consumer spec, the handler, and `_write(key, intent) -> action`."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        what: str,
+        metric: str,
+        settings: K8sSettings,
+        registry: CollectorRegistry,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.bus = bus
+        self._what = what
+        self._consumer: Consumer | None = None
+        writes = Counter(metric, f"{what} writes by outcome", ["action"], registry=registry)
+        self._writer: LatestWriter[Intent] = LatestWriter(
+            f"{what} mirror",
+            self._write,
+            interval=settings.quota_write_interval_seconds,
+            backoff_initial=settings.backoff_initial_seconds,
+            unhealthy_after=settings.unhealthy_after_write_failures,
+            on_action=lambda action: writes.labels(action=action).inc(),
+            clock=clock,
+        )
+
+    def _consumer_spec(self) -> ConsumerSpec:
+        raise NotImplementedError
+
+    def _handler(self) -> Handler:
+        raise NotImplementedError
+
+    async def _write(self, key: str, intent: Intent) -> str:
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        self._consumer = self.bus.consume(self._consumer_spec(), self._handler(), reset=True)
+        self._writer.start()
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+        await self._writer.stop()
+
+    def healthy(self) -> bool:
+        return self._writer.health.healthy
+
+    async def readiness(self) -> str | None:
+        if self._writer.health.healthy:
+            return None
+        return f"{self._what} writes failing: {self._writer.health.last_error}"
+
+    @property
+    def pending(self) -> int:
+        return self._writer.pending
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """True once the consumer is drained and nothing waits to be written (tests)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        if self._consumer is not None and not await self._consumer.wait_idle(timeout):
+            return False
+        return await self._writer.wait_drained(deadline)

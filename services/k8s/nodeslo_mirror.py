@@ -14,7 +14,6 @@ Built by the composition root.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import time
 from collections import deque
@@ -22,13 +21,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
 from bus import streams, subjects
-from bus.api import Bus, Consumer, ConsumerSpec, Delivery
+from bus.api import Bus, ConsumerSpec, Delivery, Handler
 from schemas.qos import NODE_SLO_DECODER, SLO_CONFIG_STATUS_DECODER, SloConfigStatus
 from services.k8s import sinks, writes
-from services.k8s.latest_writer import LatestWriter
+from services.k8s.latest_writer import Mirror
 from services.k8s.settings import K8sSettings
 
 SERVICE: Final = "k8s-nodeslo-mirror"
@@ -165,7 +164,7 @@ class _Handler:
         return None
 
 
-class NodeSloMirror:
+class NodeSloMirror(Mirror[Json | None]):
     def __init__(
         self,
         bus: Bus,
@@ -175,48 +174,24 @@ class NodeSloMirror:
         registry: CollectorRegistry,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.bus = bus
-        self.sink = sink
-        self._consumer: Consumer | None = None
-        writes = Counter("koordbus_k8s_nodeslo_writes", "NodeSLO writes by outcome", ["action"], registry=registry)
-        self._config_error: str | None = None
-        self._writer: LatestWriter[Json | None] = LatestWriter(
-            "nodeslo mirror: nodeslo",
-            self._write,
-            interval=settings.quota_write_interval_seconds,
-            backoff_initial=settings.backoff_initial_seconds,
-            unhealthy_after=settings.unhealthy_after_write_failures,
-            on_action=lambda action: writes.labels(action=action).inc(),
+        super().__init__(
+            bus, what="NodeSLO", metric="koordbus_k8s_nodeslo_writes", settings=settings, registry=registry,
             clock=clock,
-        )
+        )  # fmt: skip
+        self.sink = sink
+        self._config_error: str | None = None
 
-    async def start(self) -> None:
-        spec = ConsumerSpec(
+    def _consumer_spec(self) -> ConsumerSpec:
+        return ConsumerSpec(
             durable=CONSUMER,
             stream=streams.KV_KOORD_SLO,
             filter_subjects=(subjects.SLO_ALL,),
             service=SERVICE,
             deliver_policy="last_per_subject",
         )
-        self._consumer = self.bus.consume(spec, _Handler(self), reset=True)
-        self._writer.start()
 
-    async def stop(self) -> None:
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
-        await self._writer.stop()
-
-    async def readiness(self) -> str | None:
-        if self._writer.health.healthy:
-            return None
-        return f"NodeSLO writes failing: {self._writer.health.last_error}"
-
-    async def wait_idle(self, timeout: float) -> bool:
-        deadline = asyncio.get_running_loop().time() + timeout
-        if self._consumer is not None and not await self._consumer.wait_idle(timeout):
-            return False
-        return await self._writer.wait_drained(deadline)
+    def _handler(self) -> Handler:
+        return _Handler(self)
 
     def offer(self, node: str, spec: Json | None) -> None:
         self._writer.offer(node, spec)

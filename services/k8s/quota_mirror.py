@@ -13,20 +13,19 @@ re-read and retried on 409) or, in record-only mode, a `RecordingQuotaSink`. Bui
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
 from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
 from bus import streams, subjects
-from bus.api import Bus, Consumer, ConsumerSpec, Delivery
+from bus.api import Bus, ConsumerSpec, Delivery, Handler
 from schemas.quota_service import QUOTA_STATUS_DECODER, QuotaStatusComputed
 from services.k8s import quota_writes, sinks
-from services.k8s.latest_writer import LatestWriter
+from services.k8s.latest_writer import Mirror
 from services.k8s.settings import K8sSettings
 
 log = logging.getLogger(__name__)
@@ -117,7 +116,7 @@ class _Handler:
         return None
 
 
-class QuotaMirror:
+class QuotaMirror(Mirror[QuotaStatusComputed]):
     def __init__(
         self,
         bus: Bus,
@@ -127,56 +126,24 @@ class QuotaMirror:
         registry: CollectorRegistry,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.bus = bus
+        super().__init__(
+            bus, what="ElasticQuota", metric="koordbus_k8s_quota_writes", settings=settings, registry=registry,
+            clock=clock,
+        )  # fmt: skip
         self.sink = sink
         self.settings = settings
-        self._consumer: Consumer | None = None
-        writes = Counter("koordbus_k8s_quota_writes", "ElasticQuota writes by outcome", ["action"], registry=registry)
-        self._writer: LatestWriter[QuotaStatusComputed] = LatestWriter(
-            "quota mirror: elasticquota",
-            self._write,
-            interval=settings.quota_write_interval_seconds,
-            backoff_initial=settings.backoff_initial_seconds,
-            unhealthy_after=settings.unhealthy_after_write_failures,
-            on_action=lambda action: writes.labels(action=action).inc(),
-            clock=clock,
-        )
 
-    async def start(self) -> None:
-        spec = ConsumerSpec(
+    def _consumer_spec(self) -> ConsumerSpec:
+        return ConsumerSpec(
             durable=CONSUMER,
             stream=streams.KOORD_QUOTA_STATUS,
             filter_subjects=(subjects.QUOTA_STATUS_ALL,),
             service=SERVICE,
             deliver_policy="last_per_subject",
         )
-        self._consumer = self.bus.consume(spec, _Handler(self), reset=True)
-        self._writer.start()
 
-    async def stop(self) -> None:
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
-        await self._writer.stop()
-
-    def healthy(self) -> bool:
-        return self._writer.health.healthy
-
-    async def readiness(self) -> str | None:
-        if self._writer.health.healthy:
-            return None
-        return f"ElasticQuota writes failing: {self._writer.health.last_error}"
-
-    @property
-    def pending(self) -> int:
-        return self._writer.pending
-
-    async def wait_idle(self, timeout: float) -> bool:
-        """True once the consumer is drained and nothing waits to be written (tests)."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        if self._consumer is not None and not await self._consumer.wait_idle(timeout):
-            return False
-        return await self._writer.wait_drained(deadline)
+    def _handler(self) -> Handler:
+        return _Handler(self)
 
     def offer(self, status: QuotaStatusComputed) -> None:
         self._writer.offer(status.quota, status)
