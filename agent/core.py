@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Final, Literal
+
+import msgspec
 
 from agent import kidled
 from schemas import vocab
@@ -104,8 +105,7 @@ def validate_parent(parent: str) -> str:
 # --- readings (filled by agent/collect.py)
 
 
-@dataclass(frozen=True, kw_only=True)
-class CpuTicks:
+class CpuTicks(msgspec.Struct, frozen=True, kw_only=True):
     """The first `cpu` line of /proc/stat, in clock ticks."""
 
     user: int
@@ -123,8 +123,7 @@ class CpuTicks:
         return self.user + self.nice + self.system + self.irq + self.softirq
 
 
-@dataclass(frozen=True, kw_only=True)
-class MemInfo:
+class MemInfo(msgspec.Struct, frozen=True, kw_only=True):
     """/proc/meminfo fields in kB."""
 
     total_kb: int
@@ -132,8 +131,7 @@ class MemInfo:
     available_kb: int
 
 
-@dataclass(frozen=True, kw_only=True)
-class MemoryStat:
+class MemoryStat(msgspec.Struct, frozen=True, kw_only=True):
     """memory.stat fields in bytes (v1 `total_*` hierarchical fields, v2 plain fields)."""
 
     inactive_anon: int = 0
@@ -143,28 +141,24 @@ class MemoryStat:
     inactive_file: int = 0
 
 
-@dataclass(frozen=True, kw_only=True)
-class CgroupReading:
+class CgroupReading(msgspec.Struct, frozen=True, kw_only=True):
     cpu_usage_ns: int
     memory: MemoryStat
 
 
-@dataclass(frozen=True, kw_only=True)
-class ContainerReading:
+class ContainerReading(msgspec.Struct, frozen=True, kw_only=True):
     container_id: str
     cgroup: CgroupReading
 
 
-@dataclass(frozen=True, kw_only=True)
-class PodReading:
+class PodReading(msgspec.Struct, frozen=True, kw_only=True):
     uid: str
     kube_qos: str
     cgroup: CgroupReading
     containers: tuple[ContainerReading, ...] = ()
 
 
-@dataclass(frozen=True, kw_only=True)
-class NodeReading:
+class NodeReading(msgspec.Struct, frozen=True, kw_only=True):
     """Everything one collection read, taken at `at` (unix seconds)."""
 
     at: float
@@ -228,23 +222,20 @@ def system_usage(node: tuple[float, int], pods: Iterable[tuple[float, int]]) -> 
 # --- sampling
 
 
-@dataclass(frozen=True, kw_only=True)
-class ContainerSample:
+class ContainerSample(msgspec.Struct, frozen=True, kw_only=True):
     container_id: str
     sample: Sample
     memory_with_page_cache: int
 
 
-@dataclass(frozen=True, kw_only=True)
-class PodSample:
+class PodSample(msgspec.Struct, frozen=True, kw_only=True):
     pod: PodRef
     sample: Sample
     memory_with_page_cache: int
     containers: tuple[ContainerSample, ...] = ()
 
 
-@dataclass(frozen=True, kw_only=True)
-class Tick:
+class Tick(msgspec.Struct, frozen=True, kw_only=True):
     """The samples one reading produced; `node` and `system` are None on the first reading."""
 
     at: float

@@ -65,6 +65,8 @@ class Actuator:
         self.dry_run = dry_run
         self.stats = stats
         self._cpus: list[suppress.Cpu] | None = None
+        self.be_cpuset_settled = False
+        """False while the cpu-suppress loop's cpuset change under besteffort is unfinished (loops.suppression)."""
 
     def new_round(self) -> None:
         self.cgroups.new_round()

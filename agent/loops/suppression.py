@@ -66,34 +66,55 @@ def cpu_suppress(act: Actuator, rnd: Round, *, usage_max_age: float, reserved_cp
 
 
 def set_be_cpuset(act: Actuator, rnd: Round, cpus: set[int], reason: str, result: LoopResult) -> None:
-    """Every cpuset cgroup under besteffort gets `cpus`: first the union of old and new, top down, then the new set,
-    bottom up, so no child ever holds a CPU its parent lacks. Outside static passes nothing below besteffort is read
-    when besteffort already holds `cpus`."""
+    """Every cpuset cgroup under besteffort gets `cpus`, in an order that never leaves a child with a CPU its parent
+    lacks: first each directory missing one of `cpus` is widened to what it has plus `cpus`, parents first; once none
+    misses any, each holding more than `cpus` is narrowed to it, children first. Every single write keeps that rule,
+    so the round's write bound may stop the work anywhere and a later round goes on from what it reads
+    (`act.be_cpuset_settled` is False until then). Once settled, outside static passes nothing below besteffort is
+    read while besteffort itself holds `cpus`."""
     top = rnd.layout.file("cpuset", rnd.layout.qos_dir(vocab.KUBE_QOS_BESTEFFORT), "").rstrip("/")
-    if not rnd.static and act.read_cpuset(f"{top}/cpuset.cpus") in (cpus, None):
+    if not rnd.static and act.be_cpuset_settled and act.read_cpuset(f"{top}/cpuset.cpus") in (cpus, None):
         return
     dirs = act.subdirs(top, depth=2)
     current = {d: act.read_cpuset(f"{d}/cpuset.cpus") for d in dirs}
-    stale = [d for d in dirs if current[d] is not None and current[d] != cpus]
-    if not stale:
-        return
-    if len(stale) * 2 > rnd.budget:
-        result.deferred += len(stale)
-        return
-    for d in dirs:  # top down
+    settled = _move_cpusets(act, rnd, dirs, current, cpus, reason, result, widen=True) and _move_cpusets(
+        act, rnd, dirs[::-1], current, cpus, reason, result, widen=False
+    )
+    if not settled:
+        result.deferred += sum(1 for have in current.values() if have is not None and have != cpus)
+    act.be_cpuset_settled = settled
+
+
+def _move_cpusets(
+    act: Actuator,
+    rnd: Round,
+    dirs: list[str],
+    current: dict[str, set[int] | None],
+    cpus: set[int],
+    reason: str,
+    result: LoopResult,
+    *,
+    widen: bool,
+) -> bool:
+    """One pass of set_be_cpuset over `dirs` in the given order; `current` follows the writes. False when the round's
+    bound or a refused write stopped it (a child cannot be given what its parent could not)."""
+    for d in dirs:
         have = current[d]
-        if have is not None and have | cpus != have:
-            act.write(act.cgroups, f"{d}/cpuset.cpus", suppress.format_cpuset(have | cpus), result)
-    for d in reversed(dirs):  # bottom up
-        have = current[d]
-        if have is not None and have != cpus:
-            path = f"{d}/cpuset.cpus"
-            after = suppress.format_cpuset(cpus)
-            if act.write(act.cgroups, path, after, result):
-                result.changes.append(
-                    Change(path=path, before=suppress.format_cpuset(have), after=after, reason=reason)
-                )
-    rnd.budget -= len(stale) * 2
+        if have is None or (cpus <= have if widen else have == cpus):
+            continue
+        if rnd.budget <= 0:
+            return False
+        after = have | cpus if widen else cpus
+        path = f"{d}/cpuset.cpus"
+        if not act.write(act.cgroups, path, suppress.format_cpuset(after), result):
+            return False
+        why = f"{reason}; widened first so no child holds a CPU its parent lacks" if after != cpus else reason
+        result.changes.append(
+            Change(path=path, before=suppress.format_cpuset(have), after=suppress.format_cpuset(after), reason=why)
+        )
+        current[d] = after
+        rnd.budget -= 1
+    return True
 
 
 def be_real_limit(act: Actuator, layout: actuate.Layout) -> int | None:

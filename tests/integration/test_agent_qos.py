@@ -480,6 +480,61 @@ async def test_cpu_suppress_cpuset_policy_shrinks_and_grows_be_cpus_within_bound
     assert "no fresh CPU usage sample" in event.problems[0].reason
 
 
+async def test_cpu_suppress_cpuset_change_larger_than_the_write_bound_finishes_over_rounds(tmp_path: Path) -> None:
+    """More cpuset directories than one round may write: each round moves what it may, never leaving a child with
+    a CPU its parent lacks, and the change completes (it once stayed deferred for ever)."""
+    cg = tmp_path / "cg"
+    v1_tree(cg)
+    cpusets = cpuset_tree(cg)  # besteffort, the pod, its container
+    second = cg / "cpuset" / "kubepods/besteffort/pod-other-uid"  # a second BE cgroup: 4 directories in all
+    second.mkdir()
+    (second / "cpuset.cpus").write_text("0-7\n")
+    cpusets.append(second / "cpuset.cpus")
+    clock = Clock()
+    usage = [tick(T0, node=6.0, be=1.0, ls=3.0)]
+    bus = await slo_bus({"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressThresholdPercent": 65}})
+    ls = be_pod(LS_UID, label="LS", name="web", kube_qos="Burstable")
+    qos_loops = loops(
+        tmp_path,
+        bus,
+        StaticPods(be_pod(), ls),
+        cgroup_root=cg,
+        clock=clock,
+        sys_root=sys_tree(tmp_path / "sys"),
+        max_writes_per_round=3,
+    )
+    qos_loops._usage = lambda: usage[0]
+
+    def cpus() -> list[set[int]]:
+        return [suppress.parse_cpuset(f.read_text()) for f in cpusets]
+
+    def parents_hold_their_children() -> bool:
+        top, pod, container, other = cpus()
+        return container <= pod <= top and other <= top
+
+    deferred = []
+    for _ in range(8):  # the static pass's own writes take the first rounds' bound too
+        events = {e.loop: e for e in await qos_loops.round()}
+        deferred.append(events["cpu-suppress"].deferred if "cpu-suppress" in events else 0)
+        assert parents_hold_their_children()
+        clock.now += 1
+        usage[0] = tick(clock.now, node=6.0, be=1.0, ls=3.0)
+    assert cpus() == [{0, 4}] * 4
+    assert max(deferred) > 0  # it did take more than one round
+    # Growing again under the same bound: parents are widened first, then the rest follows in later rounds.
+    usage[0] = tick(clock.now, node=0.5, be=0.2, ls=0.1)
+    sizes = []
+    for _ in range(6):
+        await qos_loops.round()
+        assert parents_hold_their_children()
+        sizes.append(len(cpus()[0]))
+        clock.now += 1
+        usage[0] = tick(clock.now, node=0.5, be=0.2, ls=0.1)
+    # 5200m − LS 100m − system 200m = 4900m → 5 CPUs, reached one CPU per round (the growth limit)
+    assert sizes == [3, 4, 5, 5, 5, 5]
+    assert all(c == cpus()[0] for c in cpus())
+
+
 async def test_cpu_suppress_cfs_quota_policy_and_release_when_off(tmp_path: Path) -> None:
     cg = tmp_path / "cg"
     files = v1_tree(cg)
