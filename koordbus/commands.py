@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import socket
+import sys
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -546,14 +547,21 @@ async def _record_quotas(
 
 
 async def run_agent(args: argparse.Namespace) -> int:
+    # Only what the agent needs: it runs on every node (no FastAPI, SQLAlchemy or aiohttp; bench/agent.py).
+    if "nats" not in sys.modules:
+        # nats-py imports aiohttp, when installed, for ws:// URLs only: 15 MB of every agent for a transport agents
+        # do not use. Such a URL then fails with nats-py's "Could not import aiohttp transport".
+        sys.modules.setdefault("aiohttp", None)  # type: ignore[arg-type]
+    from prometheus_client import CollectorRegistry
+
     from agent.metrics import AgentMetrics
     from agent.pods import KubeletPods
+    from agent.port import AgentPort
     from agent.qos_loops import QosLoops
     from agent.service import AgentService
     from agent.settings import AgentSettings, QosSettings
+    from bus import streams, subjects
     from koordbus import runtime
-    from services.common import observe
-    from services.common.metrics import new_registry
 
     common = _common(args)
     runtime.configure_logging(args.log_level or common.log_level)
@@ -593,9 +601,16 @@ async def run_agent(args: argparse.Namespace) -> int:
                 stack.push_async_callback(pods.close)
             loops = QosLoops(settings, qos_settings, bus, pods=pods, usage=lambda: agent.latest_tick)
             runtime.background(stack, loops.run(), name="qos")
-        registry = new_registry()
+        registry = CollectorRegistry(auto_describe=True)
         registry.register(AgentMetrics(agent, loops))
-        await _serve_service_port(stack, args.port, registry, readiness=(("bus", observe.bus_ready(bus)),))
+
+        async def bus_answers() -> None:  # the one read an agent's NATS user may make: its own NodeSLO key
+            await bus.last_on_subject(streams.KV_KOORD_SLO, subjects.slo_key(settings.node_name), direct=True)
+
+        if args.port:
+            port = AgentPort(registry, readiness=(("bus", bus_answers),))
+            await port.start("0.0.0.0", args.port)
+            stack.push_async_callback(port.stop)
         print(
             f"koordbus agent {settings.node_name}: metrics every {settings.collect_interval:g} s, QoS loops "
             f"{qos_settings.qos_mode}" + ("" if qos_settings.kubelet_pods_url else " (no kubelet: node-level only)"),

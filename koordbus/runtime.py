@@ -1,7 +1,8 @@
 """Building blocks the subcommands compose: bus, database, services, agent, API server, simulated nodes.
 
 Each `open_*` function enters its resource into an AsyncExitStack so shutdown runs in reverse
-order of start-up (simulation → agent → API → services → bus → embedded nats-server).
+order of start-up (simulation → agent → API → services → bus → embedded nats-server). The web server and the
+database toolkit are imported where they are used: `koordbus agent` uses neither and runs on every node.
 """
 
 from __future__ import annotations
@@ -14,15 +15,16 @@ import socket
 from collections.abc import Awaitable
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import uvicorn
-from fastapi import FastAPI
-from sqlalchemy.ext.asyncio import AsyncEngine
-
-import services.common.db as db
 from bus import auth, streams
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
+
+if TYPE_CHECKING:
+    import uvicorn
+    from fastapi import FastAPI
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = logging.getLogger("koordbus")
 
@@ -70,6 +72,8 @@ async def open_bus(
 
 
 async def open_database(stack: AsyncExitStack, url: str, *, migrate: bool) -> AsyncEngine:
+    import services.common.db as db
+
     if migrate:
         await db.run_migrations(url)
     engine: AsyncEngine = db.create_engine(url)
@@ -88,6 +92,8 @@ def port_is_free(host: str, port: int) -> bool:
 
 async def serve_http(stack: AsyncExitStack, app: FastAPI, *, host: str, port: int) -> uvicorn.Server:
     """Run uvicorn inside this event loop until the stack closes."""
+    import uvicorn
+
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", access_log=False)
     server = uvicorn.Server(config)
     # The CLI owns SIGINT/SIGTERM (stop_event_on_signals); uvicorn must not take them over.

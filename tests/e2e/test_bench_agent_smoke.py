@@ -1,5 +1,5 @@
-"""bench/agent.py at toy size: one JSON line with the documented keys; the first round writes the BE pods' values
-and the steady rounds write nothing."""
+"""bench/agent.py at toy size: the real agent process runs, one JSON line with the documented keys; the first rounds
+write the BE pods' values, and the agent warns of nothing but its start-up."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.e2e
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "agent.py"
 KEYS = {
-    "bench", "pods", "seconds", "cpu_percent_of_one_core", "peak_rss_mb", "qos_rounds", "collections",
+    "bench", "pods", "seconds", "cpu_percent_of_one_core", "rss_mb", "peak_rss_mb", "qos_rounds", "collections",
     "convergence_writes", "steady_writes", "qos_problems", "target_held", "command",
 }  # fmt: skip
 
@@ -30,7 +30,11 @@ def test_prints_one_json_line_with_sane_figures() -> None:
     assert set(result) == KEYS
     # 3 BE pods × (pod + 2 containers) × 3 files, plus the resctrl groups whose schemata change
     assert result["convergence_writes"] >= 27
-    assert result["steady_writes"] >= 0 and result["qos_problems"] == 0
+    assert result["steady_writes"] >= 0
+    # the only problem allowed: the first rounds run before the collector has two readings to give a usage sample
+    loop_warnings = [line for line in run.stderr.splitlines() if "WARNING agent." in line]
+    assert all("no fresh CPU usage sample" in line for line in loop_warnings), run.stderr
+    assert result["qos_problems"] <= 3
     assert result["qos_rounds"] >= 1 and result["collections"] >= 1
     assert result["cpu_percent_of_one_core"] > 0 and result["peak_rss_mb"] > 0
 

@@ -38,8 +38,10 @@ class StaticPods:
     def __init__(self, *pods: actuate.NodePod) -> None:
         self.pods = list(pods)
         self.fail = False
+        self.lists = 0
 
     async def list(self) -> PodList:
+        self.lists += 1
         if self.fail:
             raise OSError("kubelet refused the connection")
         return PodList(pods=list(self.pods), unreadable=0)
@@ -134,6 +136,7 @@ def loops(
         state_dir=str(tmp_path / "state"),
         resctrl_root=str(settings.pop("resctrl_root", tmp_path / "no-resctrl")),
         sys_root=str(settings.pop("sys_root", "/sys")),
+        pods_poll_interval=settings.pop("pods_poll_interval", 0.0),  # tests change the pods between rounds
         **settings,
     )
     return QosLoops(agent_settings, qos_settings, bus, pods=pods, clock=clock or Clock(), cpu_count=8)
@@ -330,6 +333,24 @@ async def test_a_kubelet_that_fails_leaves_node_loops_running(tmp_path: Path) ->
     clock.now += 61  # the control plane silent too: the fail-safe still pins BE CPU
     await qos_loops.round()
     assert qos_loops.failsafe_active and values(files)["cpu/kubepods/besteffort/cpu.cfs_quota_us"] == "2000"
+
+
+async def test_the_pod_list_is_read_once_per_poll_interval_and_again_right_after_a_failure(tmp_path: Path) -> None:
+    v1_tree(tmp_path / "cg")
+    pods = StaticPods(be_pod())
+    clock = Clock()
+    qos_loops = loops(tmp_path, AwayBus(), pods, cgroup_root=tmp_path / "cg", clock=clock, pods_poll_interval=5)
+    for _ in range(5):  # rounds within the interval use the list read first
+        await qos_loops.round()
+        clock.now += 1
+    assert pods.lists == 1
+    pods.fail = True
+    await qos_loops.round()
+    assert (pods.lists, qos_loops.stats.pod_list_failures) == (2, 1)
+    clock.now += 1
+    pods.fail = False
+    await qos_loops.round()  # a failed read is not cached: the next round asks again
+    assert pods.lists == 3
 
 
 # --- this machine's real cgroup v1 filesystem
