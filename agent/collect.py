@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from agent import core, kidled
+from agent.files import pread_all
 from agent.settings import AgentSettings
 from schemas import vocab
 
@@ -32,11 +33,15 @@ _V1_MEMORY_FIELDS = {
     "total_inactive_file": "inactive_file",
 }
 _V2_MEMORY_FIELDS = {name: name for name in _V1_MEMORY_FIELDS.values()}
-_MEMORY_LINE = {
-    version: re.compile(rf"^({'|'.join(map(re.escape, fields))}) (\d+)$", re.MULTILINE)
+_MEMORY_FIELD_BY_KEY = {
+    version: {key.encode(): field for key, field in fields.items()}
     for version, fields in ((1, _V1_MEMORY_FIELDS), (2, _V2_MEMORY_FIELDS))
 }
-"""The memory.stat lines we read (5 of ~40), found in one scan."""
+_MEMORY_LINE = {
+    version: re.compile(rb"^(" + b"|".join(re.escape(key) for key in keys) + rb") (\d+)$", re.MULTILINE)
+    for version, keys in _MEMORY_FIELD_BY_KEY.items()
+}
+"""The memory.stat lines we read (5 of ~40), found in one scan of the file's bytes."""
 _IDLE_PAGE_STATS = "memory.idle_page_stats"
 _T = TypeVar("_T")
 CONTAINER_RELIST_COLLECTIONS = 5
@@ -55,7 +60,7 @@ class CgroupLayout:
     memory_base: str | None
 
 
-def _read_text(path: str) -> str:
+def _read_bytes(path: str) -> bytes:
     # O_NOFOLLOW: a planted symlink in a pod directory must not make us read an arbitrary file. Plain os.read:
     # a collection reads ~6 files per pod every second, and the io module's buffered text layer costs more than
     # the read itself. A directory opens fine and fails here with EISDIR.
@@ -68,7 +73,11 @@ def _read_text(path: str) -> str:
         raise OSError(e.errno, e.strerror, path) from None
     finally:
         os.close(fd)
-    return b"".join(chunks).decode()
+    return b"".join(chunks)
+
+
+def _read_text(path: str) -> str:
+    return _read_bytes(path).decode()
 
 
 def keyed_ints(text: str) -> Iterator[tuple[str, int]]:
@@ -197,34 +206,27 @@ class OpenFiles:
     path). Past `max_open` files it falls back to open-read-close, so the agent never runs out of descriptors."""
 
     def __init__(self, *, max_open: int | None = None) -> None:
-        self.max_open = max_open if max_open is not None else _descriptor_budget()
+        self.max_open = max_open if max_open is not None else descriptor_budget()
         self._fds: dict[str, int] = {}
         self._used: set[str] = set()
 
-    def read(self, path: str) -> str:
+    def read(self, path: str) -> bytes:
         self._used.add(path)
         fd = self._fds.get(path)
         if fd is None:
             if len(self._fds) >= self.max_open:
-                return _read_text(path)
+                return _read_bytes(path)
             fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         try:
-            return self._pread(fd)
+            return pread_all(fd)
         except OSError:
             self._close(path)
             fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
             try:
-                return self._pread(fd)
+                return pread_all(fd)
             except OSError as e:
                 self._close(path)
                 raise OSError(e.errno, e.strerror, path) from None
-
-    @staticmethod
-    def _pread(fd: int) -> str:
-        chunks = [os.pread(fd, 65536, 0)]
-        while len(chunks[-1]) == 65536:
-            chunks.append(os.pread(fd, 65536, 65536 * len(chunks)))
-        return b"".join(chunks).decode()
 
     def sweep(self) -> None:
         for path in [p for p in self._fds if p not in self._used]:
@@ -245,9 +247,10 @@ class OpenFiles:
         self.close()
 
 
-def _descriptor_budget(cap: int = 4096) -> int:
-    """How many files OpenFiles may keep open: half the process's descriptor limit, which is first raised to its
-    hard limit where that is allowed (as Go programs do at start; a DaemonSet usually gets a high hard limit)."""
+def descriptor_budget(*, share: int = 2, cap: int = 4096) -> int:
+    """How many files one cache may keep open: 1/`share` of the process's descriptor limit (the collector's
+    OpenFiles a half, the QoS loops' RootedFiles a quarter), which is first raised to its hard limit where that is
+    allowed (as Go programs do at start; a DaemonSet usually gets a high hard limit)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = min(hard, 65536) if hard != resource.RLIM_INFINITY else 65536
     if soft != resource.RLIM_INFINITY and soft < wanted:
@@ -255,26 +258,27 @@ def _descriptor_budget(cap: int = 4096) -> int:
             resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
             soft = wanted
     limit = cap if soft == resource.RLIM_INFINITY else soft
-    return max(0, min(cap, limit // 2 - 64))
+    return max(0, min(cap, limit // share - 64))
 
 
-Reader = Callable[[str], str]
+Reader = Callable[[str], bytes]
+"""A file's content as bytes: the counters are ASCII numbers that int() reads from bytes as well."""
 
 
 def _read_cpu_ns(cgroup_dir: str, version: int, read: Reader) -> int:
     if version == 1:
         return int(read(f"{cgroup_dir}/cpuacct.usage"))
-    stat = dict(keyed_ints(read(f"{cgroup_dir}/cpu.stat")))
+    stat = dict(keyed_ints(read(f"{cgroup_dir}/cpu.stat").decode()))
     return stat["usage_usec"] * 1000
 
 
 def _read_memory(cgroup_dir: str, version: int, read: Reader) -> core.MemoryStat:
-    names: Mapping[str, str] = _V1_MEMORY_FIELDS if version == 1 else _V2_MEMORY_FIELDS
-    text = read(f"{cgroup_dir}/memory.stat")
-    return core.MemoryStat(**{names[key]: int(value) for key, value in _MEMORY_LINE[version].findall(text)})
+    names: Mapping[bytes, str] = _MEMORY_FIELD_BY_KEY[version]
+    data = read(f"{cgroup_dir}/memory.stat")
+    return core.MemoryStat(**{names[key]: int(value) for key, value in _MEMORY_LINE[version].findall(data)})
 
 
-def read_cgroup(layout: CgroupLayout, rel: str, read: Reader = _read_text) -> core.CgroupReading | None:
+def read_cgroup(layout: CgroupLayout, rel: str, read: Reader = _read_bytes) -> core.CgroupReading | None:
     """CPU and memory counters of one cgroup, or None if it vanished (or lost a file) while being read."""
     assert layout.cpu_base is not None and layout.memory_base is not None
     try:
@@ -315,7 +319,7 @@ class ContainerListings:
 
 
 def read_pods(
-    layout: CgroupLayout, read: Reader = _read_text, listings: ContainerListings | None = None
+    layout: CgroupLayout, read: Reader = _read_bytes, listings: ContainerListings | None = None
 ) -> tuple[core.PodReading, ...]:
     """Every pod cgroup under kubepods with its containers' (`listings`: container directories listed every few
     collections; None: every time)."""

@@ -105,7 +105,7 @@ def validate_parent(parent: str) -> str:
 # --- readings (filled by agent/collect.py)
 
 
-class CpuTicks(msgspec.Struct, frozen=True, kw_only=True):
+class CpuTicks(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """The first `cpu` line of /proc/stat, in clock ticks."""
 
     user: int
@@ -123,7 +123,7 @@ class CpuTicks(msgspec.Struct, frozen=True, kw_only=True):
         return self.user + self.nice + self.system + self.irq + self.softirq
 
 
-class MemInfo(msgspec.Struct, frozen=True, kw_only=True):
+class MemInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """/proc/meminfo fields in kB."""
 
     total_kb: int
@@ -131,7 +131,7 @@ class MemInfo(msgspec.Struct, frozen=True, kw_only=True):
     available_kb: int
 
 
-class MemoryStat(msgspec.Struct, frozen=True, kw_only=True):
+class MemoryStat(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """memory.stat fields in bytes (v1 `total_*` hierarchical fields, v2 plain fields)."""
 
     inactive_anon: int = 0
@@ -141,24 +141,24 @@ class MemoryStat(msgspec.Struct, frozen=True, kw_only=True):
     inactive_file: int = 0
 
 
-class CgroupReading(msgspec.Struct, frozen=True, kw_only=True):
+class CgroupReading(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     cpu_usage_ns: int
     memory: MemoryStat
 
 
-class ContainerReading(msgspec.Struct, frozen=True, kw_only=True):
+class ContainerReading(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     container_id: str
     cgroup: CgroupReading
 
 
-class PodReading(msgspec.Struct, frozen=True, kw_only=True):
+class PodReading(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     uid: str
     kube_qos: str
     cgroup: CgroupReading
     containers: tuple[ContainerReading, ...] = ()
 
 
-class NodeReading(msgspec.Struct, frozen=True, kw_only=True):
+class NodeReading(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Everything one collection read, taken at `at` (unix seconds)."""
 
     at: float
@@ -222,20 +222,20 @@ def system_usage(node: tuple[float, int], pods: Iterable[tuple[float, int]]) -> 
 # --- sampling
 
 
-class ContainerSample(msgspec.Struct, frozen=True, kw_only=True):
+class ContainerSample(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     container_id: str
     sample: Sample
     memory_with_page_cache: int
 
 
-class PodSample(msgspec.Struct, frozen=True, kw_only=True):
+class PodSample(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     pod: PodRef
     sample: Sample
     memory_with_page_cache: int
     containers: tuple[ContainerSample, ...] = ()
 
 
-class Tick(msgspec.Struct, frozen=True, kw_only=True):
+class Tick(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """The samples one reading produced; `node` and `system` are None on the first reading."""
 
     at: float

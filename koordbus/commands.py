@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import re
@@ -611,6 +612,7 @@ async def run_agent(args: argparse.Namespace) -> int:
             port = AgentPort(registry, readiness=(("bus", bus_answers),))
             await port.start("0.0.0.0", args.port)
             stack.push_async_callback(port.stop)
+        gc.freeze()  # what start-up built lives as long as the process: later collections need not scan it
         print(
             f"koordbus agent {settings.node_name}: metrics every {settings.collect_interval:g} s, QoS loops "
             f"{qos_settings.qos_mode}" + ("" if qos_settings.kubelet_pods_url else " (no kubelet: node-level only)"),

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent import actuate, evict, suppress
+from agent.collect import descriptor_budget
 from agent.core import Tick
 from agent.cpus import read_cpus
 from agent.files import PathRejected, RootedFiles
@@ -59,8 +60,8 @@ class Round:
 
 class Actuator:
     def __init__(self, *, cgroup_root: str, resctrl_root: str, sys_root: str, dry_run: bool, stats: QosStats) -> None:
-        self.cgroups = RootedFiles(cgroup_root)
-        self.resctrl = RootedFiles(resctrl_root)
+        self.cgroups = RootedFiles(cgroup_root, max_open=descriptor_budget(share=4))
+        self.resctrl = RootedFiles(resctrl_root, max_open=64)
         self.sys_root = sys_root
         self.dry_run = dry_run
         self.stats = stats
@@ -68,9 +69,17 @@ class Actuator:
         self.be_cpuset_settled = False
         """False while the cpu-suppress loop's cpuset change under besteffort is unfinished (loops.suppression)."""
 
-    def new_round(self) -> None:
-        self.cgroups.new_round()
-        self.resctrl.new_round()
+    def new_round(self, *, static: bool) -> None:
+        """Path verdicts are forgotten every round; kept descriptors not read since the last static pass are closed
+        at the next one."""
+        for files in (self.cgroups, self.resctrl):
+            files.new_round()
+            if static:
+                files.sweep()
+
+    def close(self) -> None:
+        self.cgroups.close()
+        self.resctrl.close()
 
     def apply_wants(self, wants: Sequence[actuate.Want], result: LoopResult, rnd: Round) -> None:
         """Read the wanted cgroup files, write the differences in a safe order within the round's budget."""

@@ -36,7 +36,8 @@ def test_prints_one_json_line_with_sane_figures() -> None:
     assert all("no fresh CPU usage sample" in line for line in loop_warnings), run.stderr
     assert result["qos_problems"] <= 3
     assert result["qos_rounds"] >= 1 and result["collections"] >= 1
-    assert result["cpu_percent_of_one_core"] > 0 and result["peak_rss_mb"] > 0
+    # CPU is counted in clock ticks (10 ms): at toy size over 2 s it may round to 0
+    assert result["cpu_percent_of_one_core"] >= 0 and result["peak_rss_mb"] > 10
 
 
 def test_bad_arguments_are_a_usage_error() -> None:

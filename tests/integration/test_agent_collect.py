@@ -394,20 +394,20 @@ def test_open_files_reread_changes_and_close_what_was_not_read(tmp_path: Path) -
     a.write_text("1\n")
     b.write_text("x" * 70_000)  # more than one pread
     c.write_text("3\n")
-    assert files.read(str(a)) == "1\n"
+    assert files.read(str(a)) == b"1\n"
     a.write_text("22\n")  # rewritten in place, as a cgroup file's content changes
-    assert files.read(str(a)) == "22\n"
-    assert files.read(str(b)) == "x" * 70_000
-    assert files.read(str(c)) == "3\n"  # past max_open: read with open-read-close, not kept
+    assert files.read(str(a)) == b"22\n"
+    assert files.read(str(b)) == b"x" * 70_000
+    assert files.read(str(c)) == b"3\n"  # past max_open: read with open-read-close, not kept
     assert len(files._fds) == 2
     files.sweep()
-    assert files.read(str(a)) == "22\n"
+    assert files.read(str(a)) == b"22\n"
     files.sweep()  # b was not read in this collection: closed
     assert set(files._fds) == {str(a)}
     # A read that fails (a removed cgroup's descriptor answers ENODEV; here the descriptor is closed under it) opens
     # the path again once: a cgroup created again reads fresh, a path that is no file any more fails.
     os.close(files._fds[str(a)])
-    assert files.read(str(a)) == "22\n"
+    assert files.read(str(a)) == b"22\n"
     os.close(files._fds[str(a)])
     a.unlink()
     a.mkdir()
