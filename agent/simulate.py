@@ -18,7 +18,16 @@ import numpy as np
 import numpy.typing as npt
 
 from schemas import vocab
-from schemas.node import NodeMetricsReported, PodRef, PodSampleColumns, Sample
+from schemas.node import (
+    CPU_DTYPE,
+    INDEX_DTYPE,
+    MEMORY_DTYPE,
+    TIME_DTYPE,
+    NodeMetricsReported,
+    PodRef,
+    PodSampleColumns,
+    Sample,
+)
 
 GiB = 1024**3
 DAY = 86_400.0
@@ -231,7 +240,13 @@ def _columns(runs: list[_Run], t: FloatArray, cpu: FloatArray, mem: FloatArray) 
     masks = np.stack([full if run.mask is None else run.mask for run in runs])
     pod_index, second = np.nonzero(masks)  # row-major: runs in order, seconds ascending within a run
     rows = np.array([run.row for run in runs], dtype=np.int64)[pod_index]
-    return PodSampleColumns.of(pod=pod_index, t=t[second], cpu=cpu[rows, second], memory=mem[rows, second])
+    # packed from the arrays directly (the columns' little-endian types), far faster than through Python lists
+    return PodSampleColumns(
+        pod=pod_index.astype(INDEX_DTYPE).tobytes(),
+        t=t[second].astype(TIME_DTYPE).tobytes(),
+        cpu=cpu[rows, second].astype(CPU_DTYPE).tobytes(),
+        memory=mem[rows, second].astype(MEMORY_DTYPE).tobytes(),
+    )
 
 
 def _samples(times: list[float], cpu: FloatArray, mem: FloatArray) -> list[Sample]:

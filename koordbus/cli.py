@@ -10,24 +10,30 @@ import argparse
 import sys
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; for `command` "agent" only the subcommands of koordbus.commands, so the node agent's
+    process never loads the calculators' control-plane modules (numpy among them: 16 MB on every node)."""
     parser = argparse.ArgumentParser(
         prog="koordbus",
         description="Co-location control plane for Kubernetes over NATS JetStream.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    from koordbus import calc, commands, migration, quota
+    from koordbus import commands
 
     commands.add_parsers(sub)
-    quota.add_parser(sub)
-    migration.add_parser(sub)
-    calc.add_parser(sub)
+    if command != "agent":
+        from koordbus import calc, migration, quota
+
+        quota.add_parser(sub)
+        migration.add_parser(sub)
+        calc.add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(command=argv[0] if argv else None)
     args = parser.parse_args(argv)
     result: int = args.run(args)
     return result

@@ -9,18 +9,26 @@ Wire format: the node subjects (`koord.v1.node.<node>.metrics|state`) carry msgp
 float-heavy batches are the hottest input of the system (about half the bytes of JSON and cheaper to
 decode); every other subject carries JSON. `encode_node_event` and `NODE_EVENT_DECODER` are the only
 place that choice is made: publishers and the ingest consumer go through them.
+
+The binary sample columns are checked where they cross a trust boundary, when decoded (NODE_EVENT_DECODER), with
+numpy; building a batch (the agent) packs the columns with the standard library's `array` and checks nothing, so
+an agent never loads numpy (16 MB of every node's agent). numpy is imported on first use.
 """
 
 from __future__ import annotations
 
+import array
 import hashlib
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import msgspec
-import numpy as np
-import numpy.typing as npt
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 # --- constrained scalars
 
@@ -70,11 +78,13 @@ class ContainerRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
 
 # --- binary sample columns
 
-INDEX_DTYPE = np.dtype("<u2")
+INDEX_DTYPE = "<u2"
 """Row -> pod (container) index: at most 65,535 pods or containers per batch."""
-TIME_DTYPE = np.dtype("<f8")
-CPU_DTYPE = np.dtype("<f8")
-MEMORY_DTYPE = np.dtype("<i8")
+TIME_DTYPE = "<f8"
+CPU_DTYPE = "<f8"
+MEMORY_DTYPE = "<i8"
+_ARRAY_CODE = {INDEX_DTYPE: "H", TIME_DTYPE: "d", MEMORY_DTYPE: "q"}
+"""The standard library's `array` type code of each little-endian column type (the same sizes on every platform)."""
 _TIME_RANGE = (0.0, 4_102_444_800.0)
 _CPU_RANGE = (0.0, 100_000.0)
 _MEMORY_RANGE = (0, 2**53)
@@ -99,8 +109,14 @@ class SampleArrays:
         return list(zip(self.index.tolist(), self.t.tolist(), self.cpu.tolist(), self.memory.tolist(), strict=True))
 
 
-def _pack(values: Sequence[float] | npt.ArrayLike, dtype: np.dtype[Any]) -> bytes:
-    return np.asarray(values).astype(dtype, casting="unsafe").tobytes()
+def _pack(values: Sequence[float], dtype: str) -> bytes:
+    try:
+        packed = array.array(_ARRAY_CODE[dtype], values)
+    except (OverflowError, TypeError) as e:
+        raise ValueError(f"a value does not fit a {dtype} column: {e}") from None
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
 
 
 class _SampleColumns(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -126,6 +142,8 @@ class _SampleColumns(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
 
     def arrays(self) -> SampleArrays:
         """The columns as numpy views of the message's buffers (no copy)."""
+        import numpy as np
+
         return SampleArrays(
             index=np.frombuffer(self._index_bytes(), INDEX_DTYPE),
             t=np.frombuffer(self.t, TIME_DTYPE),
@@ -135,9 +153,12 @@ class _SampleColumns(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
         )
 
     def __len__(self) -> int:
-        return len(self._index_bytes()) // INDEX_DTYPE.itemsize
+        return len(self._index_bytes()) // 2  # INDEX_DTYPE's size
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
+        """ValueError, saying what is wrong, when the columns are inconsistent or a value is out of range."""
+        import numpy as np
+
         table, index_name = self._table, self._index_name
         index = _column(table, index_name, self._index_bytes(), INDEX_DTYPE, None)
         rows = index.size
@@ -167,13 +188,12 @@ class _SampleColumns(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
             )
 
 
-def _column(
-    table: str, name: str, raw: bytes, dtype: np.dtype[Any], bounds: tuple[float, float] | None
-) -> npt.NDArray[Any]:
-    if len(raw) % dtype.itemsize:
-        raise ValueError(
-            f"{table}: `{name}` holds {len(raw)} bytes, not a whole number of {dtype.itemsize}-byte values"
-        )
+def _column(table: str, name: str, raw: bytes, dtype: str, bounds: tuple[float, float] | None) -> npt.NDArray[Any]:
+    import numpy as np
+
+    itemsize = np.dtype(dtype).itemsize
+    if len(raw) % itemsize:
+        raise ValueError(f"{table}: `{name}` holds {len(raw)} bytes, not a whole number of {itemsize}-byte values")
     values = np.frombuffer(raw, dtype)
     if bounds is None or not values.size:
         return values
@@ -203,13 +223,14 @@ class PodSampleColumns(_SampleColumns, frozen=True, kw_only=True, omit_defaults=
     def of(
         cls,
         *,
-        pod: npt.ArrayLike,
-        t: npt.ArrayLike,
-        cpu: npt.ArrayLike,
-        memory: npt.ArrayLike,
-        memory_with_page_cache: npt.ArrayLike = (),
+        pod: Sequence[int],
+        t: Sequence[float],
+        cpu: Sequence[float],
+        memory: Sequence[int],
+        memory_with_page_cache: Sequence[int] = (),
     ) -> PodSampleColumns:
-        """Columns from per-row sequences (or arrays); raises ValueError like decoding an inconsistent batch."""
+        """Columns from per-row sequences (not checked: see the module docstring); ValueError when a value does not
+        fit its column type."""
         return cls(
             pod=_pack(pod, INDEX_DTYPE),
             t=_pack(t, TIME_DTYPE),
@@ -232,7 +253,7 @@ class ContainerSampleColumns(_SampleColumns, frozen=True, kw_only=True, omit_def
 
     @classmethod
     def of(
-        cls, *, container: npt.ArrayLike, t: npt.ArrayLike, cpu: npt.ArrayLike, memory: npt.ArrayLike
+        cls, *, container: Sequence[int], t: Sequence[float], cpu: Sequence[float], memory: Sequence[int]
     ) -> ContainerSampleColumns:
         return cls(
             container=_pack(container, INDEX_DTYPE),
@@ -254,6 +275,8 @@ def _require_grouped(table: str, index: list[int], what: str) -> None:
 
 
 def _require_in_range(table: str, index: Sequence[int] | npt.NDArray[Any], size: int, listed: str) -> None:
+    import numpy as np
+
     if len(index) and (highest := int(np.max(index))) >= size:
         raise ValueError(f"{table}: index {highest} is out of range, the batch lists {size} {listed}")
 
@@ -288,7 +311,16 @@ class NodeMetricsReported(
     change and periodically, see agent.batch.PodListThinner); a reader that does not hold that list cannot
     attribute the pod rows and drops them, and only them."""
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
+        """ValueError, saying what is wrong, when the sample columns are inconsistent, out of range, or point
+        outside the pod and container lists (NODE_EVENT_DECODER calls it on every batch it decodes)."""
+        import numpy as np
+
+        for table, columns in (("pod_samples", self.pod_samples), ("container_samples", self.container_samples)):
+            try:
+                columns.check()
+            except ValueError as e:
+                raise ValueError(f"{e} - at `$.{table}`") from None
         pod_rows = np.frombuffer(self.pod_samples.pod, INDEX_DTYPE)
         container_pods = [c.pod for c in self.containers]
         _require_grouped("containers", container_pods, "pod")
@@ -420,6 +452,23 @@ def encode_node_event(event: NodeEvent) -> bytes:
     return _NODE_EVENT_ENCODER.encode(event)
 
 
+class NodeEventDecoder:
+    """msgspec's decoder of node events, then the checks of NodeMetricsReported.check: a bad batch fails decoding
+    with msgspec.ValidationError like any other invalid message."""
+
+    def __init__(self) -> None:
+        self._decoder: msgspec.msgpack.Decoder[NodeEvent] = msgspec.msgpack.Decoder(NodeEvent)
+
+    def decode(self, data: bytes | bytearray | memoryview) -> NodeEvent:
+        event = self._decoder.decode(data)
+        if isinstance(event, NodeMetricsReported):
+            try:
+                event.check()
+            except ValueError as e:
+                raise msgspec.ValidationError(str(e)) from None
+        return event
+
+
 _NODE_EVENT_ENCODER = msgspec.msgpack.Encoder()
-NODE_EVENT_DECODER: msgspec.msgpack.Decoder[NodeEvent] = msgspec.msgpack.Decoder(NodeEvent)
+NODE_EVENT_DECODER = NodeEventDecoder()
 """Decodes (and validates) what `encode_node_event` wrote; raises msgspec.DecodeError/ValidationError otherwise."""

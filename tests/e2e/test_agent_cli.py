@@ -37,7 +37,7 @@ async def _events(bus: JetStreamBus) -> list[ActuationApplied]:
 
 
 async def _run_agent(
-    tmp_path: Path, nats_url: str, kube_api: FakeKubeApi, mode: str, port: int
+    tmp_path: Path, nats_url: str, kube_api: FakeKubeApi, mode: str, port: int, **extra_env: str
 ) -> asyncio.subprocess.Process:
     command = [
         sys.executable, "-m", "koordbus.cli", "agent", "--nats-url", nats_url, "--node-name", NODE,
@@ -46,7 +46,7 @@ async def _run_agent(
         "--kubelet-pods-url", f"{kube_api.url}/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}",
         "--port", str(port),
     ]  # fmt: skip
-    env = {**os.environ, "KOORDBUS_CGROUP_DRIVER": "cgroupfs", "KOORDBUS_CGROUP_VERSION": "1"}
+    env = {**os.environ, "KOORDBUS_CGROUP_DRIVER": "cgroupfs", "KOORDBUS_CGROUP_VERSION": "1", **extra_env}
     return await asyncio.create_subprocess_exec(
         *command, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
@@ -97,3 +97,37 @@ async def test_the_agent_command_applies_or_plans_the_be_cgroups(
         assert event.dry_run and shares.read_text().strip() == "1024"
     saved = json.loads((tmp_path / "state" / "nodeslo.json").read_text())
     assert saved == {"revision": 1, "spec": {}}
+
+
+CONTROL_PLANE_LIBRARIES = ("numpy", "fastapi", "starlette", "pydantic", "sqlalchemy", "uvicorn", "aiohttp", "yarl")
+
+
+async def test_the_agent_process_loads_none_of_the_control_planes_libraries(
+    tmp_path: Path, koordbus_nats_url: str, koordbus_bus: JetStreamBus, kube_api: FakeKubeApi
+) -> None:
+    """An agent runs on every node: what it imports is paid on every node (bench/agent.py). Python's import profile
+    (PYTHONPROFILEIMPORTTIME) lists every module the running agent loaded."""
+    v1_tree(tmp_path / "cg")
+    kube_api.put("pods", _be_pod())
+    port = free_port()
+    process = await _run_agent(tmp_path, koordbus_nats_url, kube_api, "--apply", port, PYTHONPROFILEIMPORTTIME="1")
+    try:
+
+        async def serving() -> bool:
+            assert process.returncode is None, "koordbus agent exited early"
+            try:
+                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+                    return (await http.get("/metrics")).status_code == 200
+            except httpx.ConnectError:
+                return False  # not listening yet
+
+        await eventually(serving, timeout=30)
+        await asyncio.sleep(2)  # a few collections and rounds: whatever they import is imported by now
+    finally:
+        output = await _stop(process)
+    imported = {line.rpartition("|")[2].strip() for line in output.splitlines() if line.startswith("import time:")}
+    assert "agent.qos_loops" in imported and "nats" in imported  # the profile is there
+    # a package counts as loaded when one of its submodules was (a refused `import aiohttp` is profiled too: nats-py
+    # tries it, and the agent blocks it, see koordbus.commands.run_agent)
+    loaded = {m.split(".")[0] for m in imported if "." in m} | {m for m in imported if m == "yarl"}
+    assert sorted(loaded & set(CONTROL_PLANE_LIBRARIES)) == []

@@ -152,7 +152,19 @@ def test_inconsistent_batches_fail_decoding_with_a_clear_message(changes: dict[s
     assert message in str(raised.value)
 
 
-def test_construction_checks_like_decoding() -> None:
+def test_building_checks_nothing_until_check_or_decoding() -> None:
+    """Producers (the agent) build batches without numpy; the checks run at the trust boundary, when decoding."""
     event = decode(wire())
+    broken = msgspec.structs.replace(event, pods=event.pods[:1])  # building does not check
     with pytest.raises(ValueError, match="index 1 is out of range, the batch lists 1 pods"):
-        msgspec.structs.replace(event, pods=event.pods[:1])
+        broken.check()
+    with pytest.raises(msgspec.ValidationError, match="index 1 is out of range, the batch lists 1 pods"):
+        NODE_EVENT_DECODER.decode(encode_node_event(broken))
+
+
+def test_columns_pack_with_the_standard_library_and_refuse_values_that_do_not_fit() -> None:
+    columns = PodSampleColumns.of(pod=[0, 1], t=[1.5, 2.5], cpu=[0.25, 1.0], memory=[7, 2**40])
+    assert columns.pod == np.asarray([0, 1], "<u2").tobytes()
+    assert columns.memory == np.asarray([7, 2**40], "<i8").tobytes()
+    with pytest.raises(ValueError, match="does not fit a <u2 column"):
+        PodSampleColumns.of(pod=[70_000], t=[1.0], cpu=[0.0], memory=[0])
