@@ -1,4 +1,5 @@
-"""The `koordbus` command line (composition root): `up`, `agent`, `service`, `api`, `quota`, `migration`, `calc`.
+"""The `koordbus` command line (composition root): `up`, `agent`, `service`, `api`, `quota`, `migration`, `calc`,
+`crds`.
 
 Each subcommand builds its settings at the edge, wires the bus, stores and services, and
 runs until interrupted. Nothing below `koordbus` knows which subcommand started it.
@@ -17,12 +18,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    from koordbus import calc, commands, migration, quota
+    from koordbus import calc, commands, crds, migration, quota
 
     commands.add_parsers(sub)
     quota.add_parser(sub)
     migration.add_parser(sub)
     calc.add_parser(sub)
+    crds.add_parser(sub)
     return parser
 
 
