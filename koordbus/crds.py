@@ -130,13 +130,21 @@ def _schema_hook(cls: type) -> Json:
     raise NotImplementedError
 
 
-def structural(node: Json, defs: Mapping[str, Json], *, open_defs: Mapping[str, str], where: str = "$") -> Json:
-    """msgspec's JSON schema `node` as a Kubernetes structural schema (see the module docstring)."""
+def structural(
+    node: Json,
+    defs: Mapping[str, Json],
+    *,
+    open_defs: Mapping[str, str],
+    where: str = "$",
+    inside: tuple[str, ...] = (),
+) -> Json:
+    """msgspec's JSON schema `node` as a Kubernetes structural schema (see the module docstring); `where` is its
+    JSON path, `inside` the structs being inlined around it."""
     if "$ref" in node:
         name = node["$ref"].rsplit("/", 1)[-1]
-        if f"<{name}>" in where:
+        if name in inside:
             raise SchemaError(f"{where}: {name} contains itself; a CRD schema cannot be recursive")
-        out = structural(defs[name], defs, open_defs=open_defs, where=f"{where}<{name}>")
+        out = structural(defs[name], defs, open_defs=open_defs, where=where, inside=(*inside, name))
         if name in open_defs:
             out[_PRESERVE] = True
         return out
@@ -149,7 +157,7 @@ def structural(node: Json, defs: Mapping[str, Json], *, open_defs: Mapping[str, 
         options = [o for o in node["anyOf"] if o != {"type": "null"}]
         if len(options) != 1 or len(node["anyOf"]) != 2:
             raise SchemaError(f"{where}: a union of {node['anyOf']} has no structural form (only `X | None` has)")
-        out = structural(options[0], defs, open_defs=open_defs, where=where)
+        out = structural(options[0], defs, open_defs=open_defs, where=where, inside=inside)
         out["nullable"] = True
         return out
     out = {}
@@ -158,11 +166,11 @@ def structural(node: Json, defs: Mapping[str, Json], *, open_defs: Mapping[str, 
             continue
         if key == "properties":
             out[key] = {
-                name: structural(sub, defs, open_defs=open_defs, where=f"{where}.{name}")
+                name: structural(sub, defs, open_defs=open_defs, where=f"{where}.{name}", inside=inside)
                 for name, sub in sorted(value.items())
             }
         elif key in ("items", "additionalProperties"):
-            out[key] = structural(value, defs, open_defs=open_defs, where=f"{where}[]")
+            out[key] = structural(value, defs, open_defs=open_defs, where=f"{where}[]", inside=inside)
         elif key == "required":
             if value:
                 out[key] = sorted(value)
@@ -175,6 +183,8 @@ def structural(node: Json, defs: Mapping[str, Json], *, open_defs: Mapping[str, 
         if kinds not in ({str}, {int}):
             raise SchemaError(f"{where}: an enum of {sorted(map(str, kinds))} values has no structural type")
         out["type"] = "string" if kinds == {str} else "integer"
+    if out.get("type") == "array" and "items" not in out:
+        out["items"] = {_PRESERVE: True}  # `list[Any]`
     if out.get("type") == "integer":
         out.setdefault("format", "int64")  # what the API server stores: JSON integers are int64 in Go
     if out.get("type") == "object" and out.get("additionalProperties") == {_PRESERVE: True}:
