@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 
 COMPOSE_SCHEMA := $(VENV)/compose-spec.json
 
-.PHONY: venv up test lint typecheck unit bench clean compose-tokens
+.PHONY: venv up test lint typecheck unit bench clean compose-tokens crds
 
 venv: $(STAMP)
 
@@ -40,6 +40,10 @@ compose-tokens: venv
 	test -f deploy/compose/api-tokens || $(BIN)/python -c "import secrets; \
 	print(secrets.token_urlsafe(32), 'admin', 'compose')" > deploy/compose/api-tokens
 	chmod 644 deploy/compose/api-tokens  # read by the API container's unprivileged user
+
+# The Helm chart's CRDs, generated from koordbus' schemas (tests/deploy/test_crds.py fails while they are stale).
+crds: venv
+	$(BIN)/koordbus crds --out deploy/helm/koordbus/crds
 
 bench: venv
 	$(BIN)/python bench/nodemetric_ingest.py $(ARGS)

@@ -1,4 +1,5 @@
-"""The `koordbus` command line (composition root): `up`, `agent`, `service`, `api`, `quota`, `migration`, `calc`.
+"""The `koordbus` command line (composition root): `up`, `agent`, `service`, `api`, `quota`, `migration`, `calc`,
+`crds`.
 
 Each subcommand builds its settings at the edge, wires the bus, stores and services, and
 runs until interrupted. Nothing below `koordbus` knows which subcommand started it.
@@ -23,11 +24,12 @@ def build_parser(*, command: str | None = None) -> argparse.ArgumentParser:
 
     commands.add_parsers(sub)
     if command != "agent":
-        from koordbus import calc, migration, quota
+        from koordbus import calc, crds, migration, quota
 
         quota.add_parser(sub)
         migration.add_parser(sub)
         calc.add_parser(sub)
+        crds.add_parser(sub)
     return parser
 
 

@@ -24,12 +24,23 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal, NamedTuple
+from typing import Annotated, Final, Literal, NamedTuple
+
+import msgspec
 
 from schemas import resources
 
 QuantityFormat = Literal["DecimalSI", "BinarySI", "DecimalExponent"]
-RawQuantity = str | int | float
+QUANTITY_PATTERN: Final = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+"""The API server's syntax of a quantity string: what a CRD checks an int-or-string quantity field against."""
+RawQuantity = Annotated[
+    str | int | float,
+    msgspec.Meta(extra_json_schema={"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}),
+]
+"""A quantity as written in an object (string or bare number); its JSON schema is Kubernetes' int-or-string
+quantity, which koordbus.crds turns into the CRDs' quantity fields."""
 
 DECIMAL_SI: QuantityFormat = "DecimalSI"
 BINARY_SI: QuantityFormat = "BinarySI"

@@ -204,8 +204,12 @@ FORMATS.checks("date-time", raises=ValueError)(_is_date_time)
 
 @functools.cache
 def crd_validator(filename: str) -> jsonschema.Draft7Validator:
-    schema = served_version(load_crd(filename))["schema"]["openAPIV3Schema"]
-    return jsonschema.Draft7Validator(_k8s_schema(schema), format_checker=FORMATS)
+    return schema_validator(served_version(load_crd(filename))["schema"]["openAPIV3Schema"])
+
+
+def schema_validator(openapi_schema: Json) -> jsonschema.Draft7Validator:
+    """A validator for any CRD's openAPIV3Schema (koordbus' own CRDs too), with the same strictness."""
+    return jsonschema.Draft7Validator(_k8s_schema(openapi_schema), format_checker=FORMATS)
 
 
 def _field_path(parts: Iterable[str | int]) -> str:
