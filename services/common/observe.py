@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bus import streams
-from bus.api import Bus, Consumer, ConsumerStats, Distribution
+from bus.api import Bus, Consumer, ConsumerSpec, ConsumerStats, Distribution
 
 METRIC_PREFIX: Final = "koordbus_consumer_"
 LABELS: Final = ("consumer", "service")
@@ -218,6 +218,18 @@ def retire_consumers(registry: CollectorRegistry, *, service: str, names: Iterab
     collector = collector_for(registry)
     for name in names:
         collector.retire(service=service, name=name)
+
+
+def watch_consumer(registry: CollectorRegistry, spec: ConsumerSpec, consumer: Consumer) -> Consumer:
+    """Export one consumer's stats under its spec's durable name and service (the dead-letter subject's); returns
+    the consumer, so `watch_consumer(registry, spec, bus.consume(spec, handler))` reads as one step."""
+    collector_for(registry).watch(service=spec.service, name=spec.durable, consumer=consumer)
+    return consumer
+
+
+def retire_consumer(registry: CollectorRegistry, spec: ConsumerSpec) -> None:
+    """`retire_consumers` for the consumer `watch_consumer` exported under `spec`."""
+    collector_for(registry).retire(service=spec.service, name=spec.durable)
 
 
 # --- readiness checks: None when ready, else a one-line reason (raising also means "not ready")
