@@ -15,7 +15,6 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter
 
-KUBE_WRITES: Final = "koordbus_k8s_writes"
 OBJECT_ELASTICQUOTA: Final = "elasticquota"
 OBJECT_NODESLO: Final = "nodeslo"
 OBJECT_EVICTION: Final = "eviction"
@@ -31,7 +30,7 @@ def kube_writes(registry: CollectorRegistry) -> Counter:
         counter = _COUNTERS.get(registry)
         if counter is None:
             counter = Counter(
-                KUBE_WRITES,
+                "koordbus_k8s_writes",
                 "Writes to Kubernetes by object kind and outcome (created, updated, unchanged, deleted, skipped, "
                 "failed, rejected; evictions: evicted, gone, replaced, blocked, expired, failed)",
                 ["object", "outcome"],
