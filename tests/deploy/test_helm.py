@@ -128,6 +128,19 @@ def test_helm_lint_finds_nothing_wrong() -> None:
     assert [m for m in report["messages"] if m["severity"] > 1] == []  # 1: INFO (e.g. "icon is recommended")
 
 
+def test_the_log_format_reaches_every_koordbus_container() -> None:
+    for log_format in ("text", "json"):
+        objects = render({**DEFAULTS, "logFormat": log_format})
+        workloads = [o for o in objects if o["kind"] in ("Deployment", "DaemonSet", "Job")]
+        containers = [
+            c for o in workloads for c in o["spec"]["template"]["spec"]["containers"] if "koordbus" in c["image"]
+        ]
+        assert len(containers) == 9  # six services, the API, the agent and the migration Job
+        for container in containers:
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            assert env["KOORDBUS_LOG_FORMAT"] == log_format, container["name"]
+
+
 def test_monitoring_objects_and_the_dashboard_use_metrics_that_exist() -> None:
     objects = render({**DEFAULTS, "monitoring": {"serviceMonitor": True, "grafanaDashboard": True}})
     core = [o for o in objects if not o["apiVersion"].startswith("monitoring.coreos.com/")]
