@@ -5,6 +5,9 @@ outstanding) whose fetched items carry an `Acker`; `LoopConsumer` drives the han
 and implements `bus.api.Consumer`. `decide` is the retry policy the architecture promises
 (TemporaryError → nak(delay), PermanentError or a msgspec decode/validation error → term and a
 copy to `koord.v1.dlq.<service>`, anything else → temporary), kept pure so it is tested alone.
+The loop also keeps the consumer's observations in its `ConsumerStats` (delivery-to-ack seconds, event age at
+handling, the lag the server reports with each message) and marks each message as the one being handled
+(`bus.event_context`) from its handler call until it is settled, so log lines can name it.
 """
 
 from __future__ import annotations
@@ -12,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import msgspec
 
-from bus import subjects
+from bus import event_context, subjects
 from bus.api import (
     HEADER_DLQ_CONSUMER,
     HEADER_DLQ_REASON,
@@ -199,15 +203,28 @@ class LoopConsumer:
                 await asyncio.sleep(self._spec.linger_seconds)  # not in a batch: stop() may cancel it here
 
     async def _process(self, batch: list[Fetched]) -> None:
+        delivered_at = time.monotonic()
         succeeded: list[Fetched] = []
         for item in batch:
+            d = item.delivery
             self._stats.delivered += 1
+            if d.pending >= 0:
+                self._stats.pending = d.pending
+            if d.published_at > 0:  # server time against ours: a clock ahead of ours must not make it negative
+                self._stats.event_age_seconds.observe(max(0.0, time.time() - d.published_at))
+            token = event_context.enter(
+                event_context.HandlingEvent(
+                    event_id=d.msg_id, subject=d.subject, stream_seq=d.stream_seq, consumer=self._spec.durable
+                )
+            )
             try:
-                await self._handler.handle(item.delivery)
+                await self._handler.handle(d)
             except Exception as e:
                 await self._settle_failure(item, e)
             else:
                 succeeded.append(item)
+            finally:
+                event_context.leave(token)
         try:
             await self._handler.flush()
         except Exception as e:
@@ -220,6 +237,9 @@ class LoopConsumer:
         for item in succeeded:
             await item.acker.ack()
             self._stats.acked += 1
+        acked_at = time.monotonic()
+        for _ in succeeded:
+            self._stats.handle_seconds.observe(acked_at - delivered_at)
 
     async def _settle_failure(self, item: Fetched, error: Exception) -> None:
         d = item.delivery

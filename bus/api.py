@@ -7,6 +7,7 @@ contract suite on both buses.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -76,6 +77,9 @@ class Delivery:
     num_delivered: int
     published_at: float
     """Server time the message was stored, unix seconds."""
+    pending: int = -1
+    """How many messages after this one the consumer had still to be delivered when this one was sent (the
+    server's count: the consumer's lag); -1 when the bus does not know."""
 
     @property
     def msg_id(self) -> str:
@@ -89,9 +93,52 @@ class PublishAck:
     duplicate: bool = False
 
 
+HANDLE_SECONDS_BUCKETS: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+"""Upper bounds (seconds) of the delivery-to-ack buckets: a batch is flushed in milliseconds, or held up for
+seconds by a slow database or Kubernetes API."""
+EVENT_AGE_SECONDS_BUCKETS: tuple[float, ...] = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0,
+)  # fmt: skip
+"""Upper bounds (seconds) of the event-age buckets: a live event is handled within a second of its publication; a
+replay at start-up or a backlog after an outage handles events minutes or hours old."""
+
+
+@dataclass(kw_only=True)
+class Distribution:
+    """Observations counted into fixed buckets: the data of a Prometheus histogram, kept without the dependency."""
+
+    bounds: tuple[float, ...]
+    """Increasing upper bounds; a value lands in the first bucket whose bound is ≥ it, or in the overflow."""
+    counts: list[int] = field(default_factory=list)
+    """Per bucket, not cumulative: len(bounds) + 1 entries, the last for values above every bound."""
+    total: float = 0.0
+    """Sum of the observed values."""
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def plus(self, other: Distribution) -> Distribution:
+        """Both distributions' observations together (same bounds)."""
+        if other.bounds != self.bounds:
+            raise ValueError(f"cannot add distributions with different buckets: {self.bounds} and {other.bounds}")
+        counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        return Distribution(bounds=self.bounds, counts=counts, total=self.total + other.total)
+
+
 @dataclass(kw_only=True)
 class ConsumerStats:
-    """Counters a consumer keeps; the service exports them as metrics."""
+    """Counters, distributions and the lag a consumer keeps; the service exports them as metrics."""
 
     delivered: int = 0
     acked: int = 0
@@ -101,6 +148,13 @@ class ConsumerStats:
     flush_failures: int = 0
     fetch_errors: int = 0
     last_error: str = ""
+    pending: int = 0
+    """The lag: messages after the last one delivered that the consumer has yet to receive (that delivery's
+    `Delivery.pending`; 0 before the first)."""
+    handle_seconds: Distribution = field(default_factory=lambda: Distribution(bounds=HANDLE_SECONDS_BUCKETS))
+    """Seconds from a message's delivery (its batch fetched) to its ack: handling, the batch's flush and the ack."""
+    event_age_seconds: Distribution = field(default_factory=lambda: Distribution(bounds=EVENT_AGE_SECONDS_BUCKETS))
+    """Age of each delivered message when its handler is called: now − the time the stream stored it."""
 
 
 class Handler(Protocol):

@@ -559,6 +559,7 @@ def _delivery(msg: Msg) -> Delivery:
         stream_seq=meta.sequence.stream,
         num_delivered=meta.num_delivered,
         published_at=_timestamp(meta.timestamp),
+        pending=meta.num_pending if meta.num_pending is not None else -1,
     )
 
 

@@ -283,10 +283,10 @@ class MemoryBus:
         stream = self._stream(durable.spec.stream)
         now = self._now()
         stream.prune(now)
-        out: list[Fetched] = []
+        out: list[tuple[_Stored, _Pending]] = []
         for seq in sorted(durable.pending):
             if len(out) >= limit:
-                return out
+                break
             p = durable.pending[seq]
             stored = stream.messages.get(seq)
             if stored is None:
@@ -304,19 +304,32 @@ class MemoryBus:
             if stored is not None and durable.wants(stored):
                 p = durable.pending[stored.seq] = _Pending(num_delivered=0, due=now)
                 out.append(self._hand_out(durable, stored, p, now))
-        return out
+        if not out:
+            return []
+        # Like JetStream's num_pending: what is still to be sent after each message (the batch's later new ones too).
+        unsent = self._unsent(stream, durable)
+        new_after = sum(1 for _, p in out if p.num_delivered == 1)
+        batch: list[Fetched] = []
+        for stored, p in out:
+            if p.num_delivered == 1:
+                new_after -= 1
+            delivery = _delivery(stored, num_delivered=p.num_delivered, pending=unsent + new_after)
+            batch.append(Fetched(delivery, _MemoryAcker(self, durable, stored.seq)))
+        return batch
 
-    def _hand_out(self, durable: _Durable, stored: _Stored, p: _Pending, now: float) -> Fetched:
+    @staticmethod
+    def _hand_out(durable: _Durable, stored: _Stored, p: _Pending, now: float) -> tuple[_Stored, _Pending]:
         p.num_delivered += 1
         p.due = now + durable.spec.ack_wait_seconds
-        delivery = _delivery(stored, num_delivered=p.num_delivered)
-        return Fetched(delivery, _MemoryAcker(self, durable, stored.seq))
+        return stored, p
+
+    def _unsent(self, stream: _Stream, durable: _Durable) -> int:
+        return sum(1 for seq in range(durable.next_seq, stream.last_seq + 1) if self._wanted(stream, durable, seq))
 
     def outstanding(self, durable: _Durable) -> int:
         stream = self._stream(durable.spec.stream)
         stream.prune(self._now())
-        unsent = sum(1 for seq in range(durable.next_seq, stream.last_seq + 1) if self._wanted(stream, durable, seq))
-        return unsent + len(durable.pending)
+        return self._unsent(stream, durable) + len(durable.pending)
 
     @staticmethod
     def _wanted(stream: _Stream, durable: _Durable, seq: int) -> bool:
@@ -381,7 +394,7 @@ class _MemoryResponder:
         self._bus._unserve(self)
 
 
-def _delivery(stored: _Stored, *, num_delivered: int) -> Delivery:
+def _delivery(stored: _Stored, *, num_delivered: int, pending: int = -1) -> Delivery:
     return Delivery(
         subject=stored.subject,
         data=stored.data,
@@ -389,6 +402,7 @@ def _delivery(stored: _Stored, *, num_delivered: int) -> Delivery:
         stream_seq=stored.seq,
         num_delivered=num_delivered,
         published_at=stored.time,
+        pending=pending,
     )
 
 

@@ -63,6 +63,13 @@ def _add_common(p: argparse.ArgumentParser, *, embedded: bool) -> None:
         + (" (default: SQLite in the data dir)" if embedded else " (or KOORDBUS_DATABASE_URL)"),
     )
     p.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING …")
+    p.add_argument(
+        "--log-format",
+        default=None,
+        choices=("text", "json"),
+        help="text (default) or json: one JSON object per line, with the event id and node while an event is "
+        "handled (or KOORDBUS_LOG_FORMAT)",
+    )
     if not embedded:
         p.add_argument(
             "--nats-creds",
@@ -319,7 +326,7 @@ async def run_up(args: argparse.Namespace) -> int:
     from services.slo.service import SloService
 
     common = _common(args)
-    runtime.configure_logging(args.log_level or common.log_level)
+    runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     data_dir = prepare_data_dir(common.data_dir)
     if not runtime.port_is_free(args.host, args.port):
         raise SystemExit(f"koordbus up: port {args.port} on {args.host} is in use; pass --port")
@@ -565,7 +572,7 @@ async def run_agent(args: argparse.Namespace) -> int:
     from koordbus import runtime
 
     common = _common(args)
-    runtime.configure_logging(args.log_level or common.log_level)
+    runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     overrides = {
         "node_name": args.node_name or local_node_name(),
         "proc_root": args.proc_root,
@@ -651,7 +658,7 @@ async def _run_noderesource(args: argparse.Namespace) -> int:
     from services.noderesource.store import NodeResourceStore
 
     common = _common(args)
-    runtime.configure_logging(args.log_level or common.log_level)
+    runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     settings = settings_loader.load(NodeResourceSettings)
     registry = new_registry()
     async with AsyncExitStack() as stack:
@@ -682,7 +689,7 @@ async def _run_slo(args: argparse.Namespace) -> int:
     from services.slo.service import SloService
 
     common = _common(args)
-    runtime.configure_logging(args.log_level or common.log_level)
+    runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
@@ -717,7 +724,7 @@ async def _run_quota(args: argparse.Namespace) -> int:
     from services.quota.client import QuotaClient
 
     common = _common(args)
-    runtime.configure_logging(args.log_level or common.log_level)
+    runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
@@ -775,7 +782,7 @@ async def _run_migration(args: argparse.Namespace) -> int:
     from services.common.metrics import new_registry
 
     common = _common(args)
-    runtime.configure_logging(args.log_level or common.log_level)
+    runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     settings = migration_settings(args.args_file)  # a bad args file stops here, before anything connects
     registry = new_registry()
     async with AsyncExitStack() as stack:
@@ -816,7 +823,7 @@ async def _run_k8s(args: argparse.Namespace) -> int:
     from services.common.metrics import new_registry
 
     common = _common(args)
-    runtime.configure_logging(args.log_level or common.log_level)
+    runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
@@ -844,7 +851,7 @@ async def _run_nodemetric(args: argparse.Namespace) -> int:
     from services.nodemetric.store import NodeMetricStore
 
     common = _common(args)
-    runtime.configure_logging(args.log_level or common.log_level)
+    runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
@@ -889,7 +896,7 @@ async def run_db(args: argparse.Namespace) -> int:
     from services.common import db
 
     common = _common(args)
-    runtime.configure_logging(args.log_level or common.log_level)
+    runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     url = _require(common.database_url, "--database-url")
     await db.run_migrations(url)
     from sqlalchemy.engine import make_url
@@ -930,7 +937,7 @@ async def run_api(args: argparse.Namespace) -> int:
     from services.slo.reader import SloReader
 
     common = _common(args)
-    runtime.configure_logging(args.log_level or common.log_level)
+    runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     settings = settings_loader.load(
         ApiSettings,
         {

@@ -17,9 +17,10 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bus import auth, streams
+from bus import auth, event_context, streams
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
+from koordbus import logs
 
 if TYPE_CHECKING:
     import uvicorn
@@ -29,11 +30,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("koordbus")
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-    )
+def configure_logging(level: str, log_format: str = "text") -> None:
+    """Log to stderr at `level` as text or JSON lines (koordbus.logs), with the handled event's fields on each
+    record (bus.event_context)."""
+    try:
+        chosen = logs.formatter(log_format)
+    except ValueError as e:
+        raise SystemExit(f"koordbus: --log-format / KOORDBUS_LOG_FORMAT: {e}") from None
+    handler = logging.StreamHandler()
+    handler.setFormatter(chosen)
+    handler.addFilter(event_context.EventContextFilter())
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
 
 
 async def open_embedded_nats(stack: AsyncExitStack, data_dir: Path) -> str:

@@ -16,6 +16,9 @@ class CommonSettings:
     """Where `koordbus up` keeps the embedded nats-server store, its log and the SQLite database."""
     log_level: str = "INFO"
     """Python logging level name."""
+    log_format: str = "text"
+    """KOORDBUS_LOG_FORMAT: "text" (human lines) or "json" (one JSON object per line with time, level, logger,
+    message and, while an event is handled, its event_id, subject, stream_seq, consumer and node)."""
     nats_creds: str = ""
     """A NATS credentials file (KOORDBUS_NATS_CREDS, from `koordbus creds`): connect as that user. Empty: anonymous
     (only `koordbus up`'s embedded server on loopback allows that)."""

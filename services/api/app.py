@@ -22,7 +22,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -195,6 +195,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(nodeslo.router, responses=responses, dependencies=viewer)
     app.add_middleware(CatchAllMiddleware)
     _add_audit_log(app, context)
+    _add_request_metrics(app, context)
     _add_health_routes(app, context)
     _add_error_handlers(app)
     return app
@@ -233,6 +234,33 @@ def _add_audit_log(app: FastAPI, context: ApiContext) -> None:
         }
         AUDIT.info(json.dumps(record))
         writes.labels(role=record["role"] or "none", method=request.method, status=str(response.status_code)).inc()
+        return response
+
+
+REQUEST_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+"""Reads answer from the database in milliseconds; commands wait on the bus (and a quota service) for longer."""
+KNOWN_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE"})
+
+
+def _add_request_metrics(app: FastAPI, context: ApiContext) -> None:
+    """Every request's handling time in koordbus_api_request_seconds, labelled by its route's template (never the
+    path itself, which names nodes and quotas), the method and the status."""
+    seconds = Histogram(
+        "koordbus_api_request_seconds",
+        "HTTP requests by method, route template (unmatched: no route serves the path) and status: seconds until "
+        "the response starts",
+        ["method", "route", "status"],
+        buckets=REQUEST_SECONDS_BUCKETS,
+        registry=context.registry,
+    )
+
+    @app.middleware("http")
+    async def timed(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        started = time.monotonic()
+        response = await call_next(request)
+        route = getattr(request.scope.get("route"), "path", None) or "unmatched"
+        method = request.method if request.method in KNOWN_METHODS else "other"
+        seconds.labels(method=method, route=route, status=str(response.status_code)).observe(time.monotonic() - started)
         return response
 
 

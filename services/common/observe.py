@@ -1,11 +1,14 @@
-"""Observability shared by services: bus consumer statistics as Prometheus counters, and readiness checks.
+"""Observability shared by services: bus consumer statistics as Prometheus metrics, and readiness checks.
 
-A service calls `watch_consumers(registry, service=…, consumers=…)` when it starts its consumer
-loops and `retire_consumers(…)` when it stops them (NodeMetricService does; later services will
-too); the API's `/metrics` renders the registry. One `ConsumerStatsCollector` serves a registry,
-so every service in a process (or one service started twice) shares the same metric families
-instead of colliding on "Duplicated timeseries". Counters stay monotonic across a restart: a
-retired consumer's final counts are carried into the next consumer of the same name.
+Every service calls `watch_consumers(registry, service=…, consumers=…)` when it starts its consumer
+loops and `retire_consumers(…)` when it stops them; the API's `/metrics` renders the registry. One
+`ConsumerStatsCollector` serves a registry, so every service in a process (or one service started twice) shares
+the same metric families instead of colliding on "Duplicated timeseries". Per consumer it exports the counters
+(`koordbus_consumer_<field>_total`), two histograms (`koordbus_consumer_handle_seconds`: delivery to ack;
+`koordbus_consumer_event_age_seconds`: now − publish time at handling) and the lag gauge
+(`koordbus_consumer_pending_messages`), labelled by consumer (durable) and service — names fixed in code, never a
+node or pod. Counters and histograms stay monotonic across a restart: a retired consumer's final counts are carried
+into the next consumer of the same name; the lag is exported for running consumers only.
 `database_ready` and `bus_ready` build the checks the composition root hands to the API's `/readyz`.
 """
 
@@ -18,11 +21,11 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bus import streams
-from bus.api import Bus, Consumer, ConsumerStats
+from bus.api import Bus, Consumer, ConsumerSpec, ConsumerStats, Distribution
 
 METRIC_PREFIX: Final = "koordbus_consumer_"
 LABELS: Final = ("consumer", "service")
@@ -36,6 +39,18 @@ COUNTERS: Final[Mapping[str, str]] = {
     "fetch_errors": "Failed fetches from the bus (the loop backs off and retries)",
 }
 """ConsumerStats field → help text; each becomes `koordbus_consumer_<field>_total`."""
+HISTOGRAMS: Final[Mapping[str, str]] = {
+    "handle_seconds": "Seconds from a message's delivery to the consumer (its batch fetched) until its ack: "
+    "handling, the batch's flush (a database transaction, a Kubernetes write queue) and the ack",
+    "event_age_seconds": "Age of a message when its handler is called: now minus the time the stream stored it "
+    "(large during a replay or after a backlog; redeliveries included)",
+}
+"""ConsumerStats Distribution field → help text; each becomes the histogram `koordbus_consumer_<field>`."""
+PENDING_METRIC: Final = METRIC_PREFIX + "pending_messages"
+PENDING_HELP: Final = (
+    "Consumer lag: messages in the stream after the last one delivered that the consumer has yet to receive "
+    "(the server's count sent with each message)"
+)
 
 ConsumerKey = tuple[str, str]
 """(service, consumer name)."""
@@ -50,12 +65,35 @@ def add_counts(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
     return {name: a.get(name, 0) + b.get(name, 0) for name in COUNTERS}
 
 
+def distributions_of(stats: ConsumerStats) -> dict[str, Distribution]:
+    return {name: getattr(stats, name) for name in HISTOGRAMS}
+
+
+def add_distributions(a: Mapping[str, Distribution], b: Mapping[str, Distribution]) -> dict[str, Distribution]:
+    """Both sides' observations per name, as new objects (a live consumer keeps changing its own)."""
+    merged = dict(a)
+    for name, distribution in b.items():
+        merged[name] = merged.get(name, Distribution(bounds=distribution.bounds)).plus(distribution)
+    return merged
+
+
+def histogram_buckets(distribution: Distribution) -> list[tuple[str, float]]:
+    """Cumulative (le, count) pairs ending with +Inf, as HistogramMetricFamily takes them."""
+    buckets: list[tuple[str, float]] = []
+    running = 0
+    for bound, count in zip((*distribution.bounds, float("inf")), distribution.counts, strict=True):
+        running += count
+        buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
+    return buckets
+
+
 class ConsumerStatsCollector:
     """A custom Prometheus collector over the consumers it watches; create it with `collector_for`."""
 
     def __init__(self) -> None:
         self._live: dict[ConsumerKey, Consumer] = {}
         self._carried: dict[ConsumerKey, dict[str, int]] = {}
+        self._carried_distributions: dict[ConsumerKey, dict[str, Distribution]] = {}
         # A scrape may run on another thread (prometheus_client's own HTTP server) while a service restarts.
         self._lock = threading.Lock()
 
@@ -90,26 +128,66 @@ class ConsumerStatsCollector:
                 for key in keys
             }
 
+    def distributions(self) -> dict[ConsumerKey, dict[str, Distribution]]:
+        """Histogram data per (service, consumer): carried-over observations plus the live consumer's."""
+        with self._lock:
+            keys = sorted(set(self._live) | set(self._carried_distributions))
+            return {
+                key: add_distributions(
+                    self._carried_distributions.get(key, {}),
+                    distributions_of(self._live[key].stats) if key in self._live else {},
+                )
+                for key in keys
+            }
+
+    def pending(self) -> dict[ConsumerKey, int]:
+        """The lag of each running consumer."""
+        with self._lock:
+            return {key: consumer.stats.pending for key, consumer in sorted(self._live.items())}
+
     def describe(self) -> list[Metric]:
         # Declares the family names so the registry rejects a second collector exporting them.
-        return list(_empty_families().values())
+        return [*_counter_families().values(), *_histogram_families().values(), _pending_family()]
 
     def collect(self) -> Iterator[Metric]:
-        families = _empty_families()
+        counters = _counter_families()
         for (service, consumer), counts in self.totals().items():
-            for name, family in families.items():
+            for name, family in counters.items():
                 family.add_metric([consumer, service], counts[name])
-        yield from families.values()
+        histograms = _histogram_families()
+        for (service, consumer), distributions in self.distributions().items():
+            for name, distribution in distributions.items():
+                histograms[name].add_metric([consumer, service], histogram_buckets(distribution), distribution.total)
+        lag = _pending_family()
+        for (service, consumer), pending in self.pending().items():
+            lag.add_metric([consumer, service], pending)
+        yield from counters.values()
+        yield from histograms.values()
+        yield lag
 
     def _carry(self, key: ConsumerKey, consumer: Consumer) -> None:
         self._carried[key] = add_counts(self._carried.get(key, {}), counts_of(consumer.stats))
+        self._carried_distributions[key] = add_distributions(
+            self._carried_distributions.get(key, {}), distributions_of(consumer.stats)
+        )
 
 
-def _empty_families() -> dict[str, CounterMetricFamily]:
+def _counter_families() -> dict[str, CounterMetricFamily]:
     return {
         name: CounterMetricFamily(METRIC_PREFIX + name, help_text, labels=LABELS)
         for name, help_text in COUNTERS.items()
     }
+
+
+def _histogram_families() -> dict[str, HistogramMetricFamily]:
+    return {
+        name: HistogramMetricFamily(METRIC_PREFIX + name, help_text, labels=LABELS)
+        for name, help_text in HISTOGRAMS.items()
+    }
+
+
+def _pending_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily(PENDING_METRIC, PENDING_HELP, labels=LABELS)
 
 
 # Memo, not a plugin registry: the collector belongs to the registry it was created for and dies with it.
@@ -140,6 +218,18 @@ def retire_consumers(registry: CollectorRegistry, *, service: str, names: Iterab
     collector = collector_for(registry)
     for name in names:
         collector.retire(service=service, name=name)
+
+
+def watch_consumer(registry: CollectorRegistry, spec: ConsumerSpec, consumer: Consumer) -> Consumer:
+    """Export one consumer's stats under its spec's durable name and service (the dead-letter subject's); returns
+    the consumer, so `watch_consumer(registry, spec, bus.consume(spec, handler))` reads as one step."""
+    collector_for(registry).watch(service=spec.service, name=spec.durable, consumer=consumer)
+    return consumer
+
+
+def retire_consumer(registry: CollectorRegistry, spec: ConsumerSpec) -> None:
+    """`retire_consumers` for the consumer `watch_consumer` exported under `spec`."""
+    collector_for(registry).retire(service=spec.service, name=spec.durable)
 
 
 # --- readiness checks: None when ready, else a one-line reason (raising also means "not ready")

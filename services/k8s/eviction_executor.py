@@ -26,7 +26,8 @@ from bus import streams, subjects
 from bus.api import Bus, Consumer, ConsumerSpec, Delivery
 from bus.errors import TemporaryError
 from schemas.qos import EVICTION_DECODER, PodEvictionRequested
-from services.k8s import sinks
+from services.common import observe
+from services.k8s import instruments, sinks
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,9 @@ class EvictionExecutor:
         self.evictor = evictor
         self._max_age = max_age_seconds
         self._clock = clock
+        self._registry = registry
         self._consumer: Consumer | None = None
+        self._writes = instruments.kube_writes(registry)
         self._answers = Counter(
             "koordbus_k8s_node_evictions",
             "Agents' eviction requests by answer and feature",
@@ -127,11 +130,13 @@ class EvictionExecutor:
             service=SERVICE,
             deliver_policy="new",
         )
-        self._consumer = self.bus.consume(spec, _Handler(self))
+        self._consumer = observe.watch_consumer(self._registry, spec, self.bus.consume(spec, _Handler(self)))
+        self._spec = spec
 
     async def stop(self) -> None:
         if self._consumer is not None:
             await self._consumer.stop()
+            observe.retire_consumer(self._registry, self._spec)
             self._consumer = None
 
     async def wait_idle(self, timeout: float) -> bool:
@@ -152,6 +157,7 @@ class EvictionExecutor:
                 log.warning("evictions: %s from node %s: %s", pod, request.node, e)
             answer = ANSWERS.get(status, "failed")
         self._answers.labels(answer=answer, feature=request.feature).inc()
+        self._writes.labels(object=instruments.OBJECT_EVICTION, outcome=answer).inc()
         log.log(
             logging.INFO if answer in ("evicted", "gone") else logging.WARNING,
             "evictions: %s from node %s (%s): %s — %s",

@@ -21,7 +21,9 @@ from typing import Final, Generic, TypeVar
 from prometheus_client import CollectorRegistry, Counter
 
 from bus.api import Bus, Consumer, ConsumerSpec, Handler
+from services.common import observe
 from services.common.tasks import cancel_and_wait
+from services.k8s import instruments
 from services.k8s.settings import K8sSettings
 from services.k8s.sinks import WriteFailedError
 from services.k8s.writes import WriteHealth
@@ -145,15 +147,22 @@ class Mirror(Generic[Intent]):
     ) -> None:
         self.bus = bus
         self._what = what
+        self._registry = registry
         self._consumer: Consumer | None = None
         writes = Counter(metric, f"{what} writes by outcome", ["action"], registry=registry)
+        kube_writes = instruments.kube_writes(registry).labels  # object: the kind in lower case, e.g. nodeslo
+
+        def count(action: str) -> None:
+            writes.labels(action=action).inc()
+            kube_writes(object=what.lower(), outcome=action).inc()
+
         self._writer: LatestWriter[Intent] = LatestWriter(
             f"{what} mirror",
             self._write,
             interval=settings.quota_write_interval_seconds,
             backoff_initial=settings.backoff_initial_seconds,
             unhealthy_after=settings.unhealthy_after_write_failures,
-            on_action=lambda action: writes.labels(action=action).inc(),
+            on_action=count,
             clock=clock,
         )
 
@@ -167,12 +176,15 @@ class Mirror(Generic[Intent]):
         raise NotImplementedError
 
     async def start(self) -> None:
-        self._consumer = self.bus.consume(self._consumer_spec(), self._handler(), reset=True)
+        spec = self._consumer_spec()
+        consumer = self.bus.consume(spec, self._handler(), reset=True)
+        self._consumer = observe.watch_consumer(self._registry, spec, consumer)
         self._writer.start()
 
     async def stop(self) -> None:
         if self._consumer is not None:
             await self._consumer.stop()
+            observe.retire_consumer(self._registry, self._consumer_spec())
             self._consumer = None
         await self._writer.stop()
 

@@ -33,8 +33,10 @@ from bus import streams, subjects
 from bus.api import Bus, Consumer, ConsumerSpec, Delivery, msg_id
 from schemas import kube, migration
 from schemas import migration_events as ev
+from services.common import observe
 from services.common.tasks import cancel_and_wait
-from services.k8s import sinks
+from services.k8s import instruments, sinks
+from services.k8s.eviction_executor import ANSWERS
 from services.k8s.sinks import WriteFailedError
 from services.migration.args import MigrationArgs, duration_seconds
 from services.migration.limiter import EvictionRate, ObjectLimiters
@@ -101,6 +103,8 @@ class MigrationExecutor:
         """Finished jobs already garbage-collected."""
         """Refused cluster jobs whose Failed status is written."""
         self._consumer: Consumer | None = None
+        self._registry = registry
+        self._writes = instruments.kube_writes(registry)
         self._task: asyncio.Task[None] | None = None
         self.evictions = Counter(
             "koordbus_migration_evictions", "Eviction requests by answer", ["answer"], registry=registry
@@ -110,7 +114,9 @@ class MigrationExecutor:
         spec = ConsumerSpec(
             durable=CONSUMER, stream=streams.KOORD_MIGRATION, filter_subjects=(subjects.MIGRATION_ALL,), service=SERVICE
         )
-        self._consumer = self.bus.consume(spec, _Handler(self), reset=True)
+        consumer = self.bus.consume(spec, _Handler(self), reset=True)
+        self._consumer = observe.watch_consumer(self._registry, spec, consumer)
+        self._spec = spec
         self._task = asyncio.create_task(self._loop(), name="migration-executor")
 
     async def stop(self) -> None:
@@ -119,6 +125,7 @@ class MigrationExecutor:
             self._task = None
         if self._consumer is not None:
             await self._consumer.stop()
+            observe.retire_consumer(self._registry, self._spec)
             self._consumer = None
 
     async def wait_idle(self, timeout: float) -> bool:
@@ -265,6 +272,7 @@ class MigrationExecutor:
                 if answer not in (HTTP_NOT_FOUND, HTTP_TOO_MANY_REQUESTS):
                     self._limiters.evicted(pod, now=self._clock(), replicas=self._replicas.get(job.metadata.name))
                 self.evictions.labels(answer=str(answer)).inc()
+                self._writes.labels(object=instruments.OBJECT_EVICTION, outcome=ANSWERS.get(answer, "failed")).inc()
                 if answer == HTTP_TOO_MANY_REQUESTS:
                     return False  # a disruption budget holds it: tried again later, never failed
                 if answer == HTTP_NOT_FOUND:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import msgspec
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Gauge
 
 from bus import streams, subjects
 from bus.api import Bus, Consumer, ConsumerSpec, Delivery
@@ -48,7 +48,7 @@ from schemas.noderesource import (
 )
 from services.common import observe
 from services.common.tasks import cancel_and_wait
-from services.k8s import core, writes
+from services.k8s import core, instruments, writes
 from services.k8s.settings import K8sSettings
 from services.k8s.sinks import WriteFailedError, WriteSink
 
@@ -151,12 +151,7 @@ class ClusterWriter:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._consumers: dict[str, Consumer] = {}
-        self._writes = Counter(
-            "koordbus_k8s_writes",
-            "Writes to Kubernetes by object kind and outcome (created, updated, unchanged, skipped, failed, rejected)",
-            ["object", "outcome"],
-            registry=registry,
-        )
+        self._writes = instruments.kube_writes(registry)
         Gauge(
             "koordbus_k8s_pending_writes",
             "Objects with a write waiting (coalesced, rate-limited or backing off)",

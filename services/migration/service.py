@@ -78,6 +78,13 @@ class _Instruments:
         self.decisions = Counter(
             "koordbus_migration_decisions", "Decisions appended, by outcome", ["outcome"], registry=registry
         )
+        self.decision_reasons = Counter(
+            "koordbus_migration_decision_reasons",
+            "Decisions appended, by outcome and why: the filter that held or failed the job (MaxMigratingPerNode, "
+            "DaemonSet …), Koordinator's reason for a rejection (ForbiddenMigratePod, InvalidPodRef), none for a pass",
+            ["outcome", "reason"],
+            registry=registry,
+        )
         self.conflicts = Counter(
             "koordbus_migration_round_conflicts",
             "Rounds not stored because another arbiter appended first",
@@ -155,6 +162,8 @@ class MigrationService:
         self._registry = registry
         self._consumers: list[Consumer] = []
         self._projector: Consumer | None = None
+        self._watched_specs: list[ConsumerSpec] = []
+        """Consumers exported under their spec (observe.watch_consumer), retired at stop."""
         self._ticker: asyncio.Task[None] | None = None
         self._descheduler: asyncio.Task[None] | None = None
         self._progress = asyncio.Event()
@@ -183,7 +192,9 @@ class MigrationService:
                 lambda d: (d.stream_seq, ev.decode_migration_event(d.data)),
                 lambda batch: store.apply_events(batch, consumer=PROJECTOR_CONSUMER, stream=streams.KOORD_MIGRATION),
             )
-            self._projector = self.bus.consume(spec, projector, reset=True)
+            consumer = self.bus.consume(spec, projector, reset=True)
+            self._projector = observe.watch_consumer(self._registry, spec, consumer)
+            self._watched_specs.append(spec)
         for name, handler in ((EVENTS_CONSUMER, _EventsHandler(self)), (CLUSTER_CONSUMER, _ClusterHandler(self))):
             consumer = self.bus.consume(self._spec(name), handler, reset=True)
             self._consumers.append(consumer)
@@ -196,8 +207,10 @@ class MigrationService:
         )
         self._ticker = asyncio.create_task(self._loop(), name="migration-arbiter")
         if self.settings.low_node_load.enabled:
-            metrics = self.bus.consume(self._spec(NODEMETRIC_CONSUMER), _NodeMetricHandler(self), reset=True)
-            self._consumers.append(metrics)
+            metrics_spec = self._spec(NODEMETRIC_CONSUMER)
+            metrics = self.bus.consume(metrics_spec, _NodeMetricHandler(self), reset=True)
+            self._consumers.append(observe.watch_consumer(self._registry, metrics_spec, metrics))
+            self._watched_specs.append(metrics_spec)
             self._descheduler = asyncio.create_task(self._deschedule_loop(), name="migration-descheduler")
 
     async def stop(self) -> None:
@@ -215,6 +228,9 @@ class MigrationService:
         if self._consumers:
             observe.retire_consumers(self._registry, service=SERVICE, names=(EVENTS_CONSUMER, CLUSTER_CONSUMER))
         self._consumers = []
+        for spec in self._watched_specs:
+            observe.retire_consumer(self._registry, spec)
+        self._watched_specs = []
 
     def _spec(self, durable: str) -> ConsumerSpec:
         policy: DeliverPolicy
@@ -379,6 +395,8 @@ class MigrationService:
             expected = self._appended_seq = ack.seq
             for decision in chunk:
                 self._metrics.decisions.labels(outcome=decision.outcome).inc()
+                why = decision.filter or decision.reason or "none"
+                self._metrics.decision_reasons.labels(outcome=decision.outcome, reason=why).inc()
 
     # --- load-aware descheduling
 

@@ -30,6 +30,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Final
 
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -51,6 +52,7 @@ from services.common.projection import BatchProjector
 from services.common.startup import wait_replayed
 from services.common.tasks import cancel_and_wait
 from services.noderesource import config as colocation
+from services.noderesource import core
 from services.noderesource.settings import NodeResourceSettings
 from services.noderesource.state import (
     PROBLEM_CONFIG_ERROR,
@@ -80,9 +82,19 @@ YIELD_EVERY_DECISIONS = 200
 """A decision with 100 pods costs about 0.15 ms; the event loop gets a turn after this many (~30 ms)."""
 
 
+DECISION_REASONS: Final = {
+    "": "none",
+    core.REASON_DISABLED: "DisableInConfig",
+    core.REASON_BATCH_DEGRADED: "degradedByBatchResource",
+    core.REASON_MID_DEGRADED: "degradedByMidResource",
+}
+"""A decision's reason → the `reason` label (Koordinator's reason token); any other text counts as "other"."""
+
+
 @dataclass
 class _Instruments:
     recomputations: Counter
+    decisions: Counter
     published: Counter
     repeats: Counter
     writes_due: Counter
@@ -95,6 +107,13 @@ class _Instruments:
         return cls(
             recomputations=Counter(
                 "koordbus_noderesource_recomputations", "Node decisions computed", registry=registry
+            ),
+            decisions=Counter(
+                "koordbus_noderesource_decisions",
+                "Node decisions computed, by outcome (computed, degraded: NodeMetric missing or stale, disabled: "
+                "colocation off) and Koordinator's reason (none, DisableInConfig, degradedByBatchResource …)",
+                ["outcome", "reason"],
+                registry=registry,
             ),
             published=Counter(
                 "koordbus_noderesource_decisions_published",
@@ -231,12 +250,16 @@ class NodeResourceService:
             )
             self._projector = self.bus.consume(self._projector_spec(projected), projector, reset=True)
             observe.watch_consumers(self._registry, service=SERVICE, consumers={PROJECTOR_CONSUMER: self._projector})
-        history = self.bus.consume(self._spec(HISTORY_CONSUMER), _HistoryHandler(self), reset=True)
+        history_spec = self._spec(HISTORY_CONSUMER)
+        history = observe.watch_consumer(
+            self._registry, history_spec, self.bus.consume(history_spec, _HistoryHandler(self), reset=True)
+        )
         try:
             if not await wait_replayed(history, what="noderesource: last decisions", stall_seconds=timeout):
                 log.warning("noderesource: last decisions stalled for %.0f s, starting without the rest", timeout)
         finally:
             await history.stop()
+            observe.retire_consumer(self._registry, history_spec)  # its start-up replay stays counted
         self._consumers = [
             self.bus.consume(
                 self._spec(CLUSTER_CONSUMER), _StateHandler(self, CLUSTER_EVENT_DECODER.decode), reset=True
@@ -425,6 +448,8 @@ class NodeResourceService:
                 continue
             self._decided_at[node] = self._clock()
             self._metrics.recomputations.inc()
+            reason = DECISION_REASONS.get(decision.reason, "other")
+            self._metrics.decisions.labels(outcome=decision.outcome, reason=reason).inc()
             if is_repeat(previous, decision):
                 self._metrics.repeats.inc()
                 continue

@@ -20,7 +20,7 @@ says why, with the numbers.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Final
+from typing import Final, Literal
 
 import msgspec
 
@@ -42,6 +42,12 @@ class CheckOptions(msgspec.Struct, frozen=True, kw_only=True):
 DEFAULT_OPTIONS: Final = CheckOptions()
 
 
+VerdictCode = Literal["fits", "no-quota", "parent-quota", "detached", "over-limit", "over-min", "over-parent-runtime"]
+"""A verdict's kind, for counting: the pod fits, no quota applies, the quota is a parent or detached, or (the first
+check that failed) the request exceeds the quota's runtime or max, its min for non-preemptible pods, or an
+ancestor's runtime."""
+
+
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     """One pod's answer: the quota it resolved to, whether it fits, and each reason it does not."""
 
@@ -56,6 +62,8 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     """The quota's runtime (or max) it was checked against."""
     used: resources.ResourceList = {}
     """The quota's used before this pod (including pods admitted earlier in the same check)."""
+    code: VerdictCode = "fits"
+    """What decided the verdict (the first failed check when several failed)."""
 
 
 TreeLookup = QuotaTree | Callable[[str], QuotaTree]
@@ -79,24 +87,26 @@ def check_pod(
     name = index.resolve_pod(pod, disable_default_quota=options.disable_default_quota)
     tree = None if name is None else _tree(trees, name)
     if name is None or tree is None or name not in tree:
-        return Verdict(pod=key, quota=None, fits=True, reasons=("no quota: the check does not apply",))
+        return Verdict(pod=key, quota=None, fits=True, reasons=("no quota: the check does not apply",), code="no-quota")
     spec = tree.spec(name)
     if spec.is_parent and not options.support_parent_quota_submit_pod:
         reason = f"quota {name} is a parent quota (is-parent=true): pods cannot be placed in it"
-        return Verdict(pod=key, quota=name, fits=False, reasons=(reason,))
+        return Verdict(pod=key, quota=name, fits=False, reasons=(reason,), code="parent-quota")
     ancestors = tree.ancestors(name)
     if ancestors is None and name != ROOT:
         reason = f"quota {name} is detached (parent {spec.parent!r} unknown or a cycle): it has no runtime"
-        return Verdict(pod=key, quota=name, fits=False, reasons=(reason,))
+        return Verdict(pod=key, quota=name, fits=False, reasons=(reason,), code="detached")
     extra = reserved or {}
     request = resources.mask(pod_load(pod, ignore_overhead=options.ignore_overhead).request, spec.max.keys())
     limit = tree.runtime(name) if options.enable_runtime_quota else dict(spec.max)
     used = resources.add(tree.used(name), extra.get(name, {}))
     limit_name = "runtime" if options.enable_runtime_quota else "max"
     reasons = _exceeds(name, used, request, limit, limit_name, keys=None)
+    code: VerdictCode = "over-limit" if reasons else "fits"
     if is_non_preemptible(pod):
         np_used = resources.add(tree.non_preemptible_used(name), extra.get(_np(name), {}))
         reasons += _exceeds(name, np_used, request, spec.min, "min (non-preemptible pods)", keys=None)
+        code = "over-min" if reasons and code == "fits" else code
     if options.enable_check_parent_quota:
         for ancestor in ancestors or ():
             if ancestor == ROOT:
@@ -104,8 +114,16 @@ def check_pod(
             ancestor_used = resources.add(tree.used(ancestor), extra.get(ancestor, {}))
             runtime = tree.runtime(ancestor)
             reasons += _exceeds(ancestor, ancestor_used, request, runtime, "runtime (parent check)", keys=request)
+            code = "over-parent-runtime" if reasons and code == "fits" else code
     return Verdict(
-        pod=key, quota=name, fits=not reasons, reasons=tuple(reasons), request=request, limit=limit, used=used
+        pod=key,
+        quota=name,
+        fits=not reasons,
+        reasons=tuple(reasons),
+        request=request,
+        limit=limit,
+        used=used,
+        code=code,
     )
 
 

@@ -101,6 +101,13 @@ class _Instruments:
             "koordbus_quota_status_published", "Quota and tree statuses published", registry=registry
         )
         self.checks = Counter("koordbus_quota_checks", "Pods checked by the admission check", registry=registry)
+        self.verdicts = Counter(
+            "koordbus_quota_check_verdicts",
+            "Admission check verdicts by what decided them: fits, no-quota, parent-quota, detached, over-limit "
+            "(runtime or max), over-min (non-preemptible pods), over-parent-runtime",
+            ["verdict"],
+            registry=registry,
+        )
         self.invariants = Gauge(
             "koordbus_quota_invariant_violations",
             "Quotas breaking an invariant now (used above max, children's runtimes above their parent's)",
@@ -170,6 +177,7 @@ class QuotaService:
         """Set whenever the model sees a quota event (commands wait on it)."""
         self._consumers: list[Consumer] = []
         self._projectors: list[Consumer] = []
+        self._projector_specs: list[ConsumerSpec] = []
         self._responders: list[Responder] = []
         self._ticker: asyncio.Task[None] | None = None
         self._published: dict[str, bytes] = {}
@@ -215,7 +223,10 @@ class QuotaService:
                     deliver_policy="by_start_sequence",
                     opt_start_seq=projected + 1,
                 )
-                self._projectors.append(self.bus.consume(spec, handler, reset=True))
+                self._projectors.append(
+                    observe.watch_consumer(self._registry, spec, self.bus.consume(spec, handler, reset=True))
+                )
+                self._projector_specs.append(spec)
         events = self.bus.consume(self._spec(EVENTS_CONSUMER), _EventsHandler(self), reset=True)
         self._consumers.append(events)
         if not await wait_replayed(events, what="quota: event log", stall_seconds=timeout):
@@ -246,7 +257,10 @@ class QuotaService:
         self._responders = []
         for consumer in [*self._consumers, *self._projectors]:
             await consumer.stop()
+        for spec in self._projector_specs:
+            observe.retire_consumer(self._registry, spec)
         self._projectors = []
+        self._projector_specs = []
         if self._consumers:
             observe.retire_consumers(self._registry, service=SERVICE, names=(EVENTS_CONSUMER, CLUSTER_CONSUMER))
         self._consumers = []
@@ -464,6 +478,8 @@ class QuotaService:
         options = self.settings.check_options(enable_check_parent_quota=request.enable_check_parent_quota)
         verdicts = self.model.check(request.pods, options=options)  # synchronous: nothing interleaves
         self._metrics.checks.inc(len(verdicts))
+        for verdict in verdicts:
+            self._metrics.verdicts.labels(verdict=verdict.code).inc()
         reply = CheckReply(verdicts=[msgspec.to_builtins(v) for v in verdicts], fits=all(v.fits for v in verdicts))
         return msgspec.json.encode(reply)
 

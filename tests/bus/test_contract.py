@@ -124,6 +124,20 @@ async def test_consume_delivers_in_order_with_metadata(bus: AnyBus, names: Names
     assert consumer.stats.delivered == 5 and consumer.stats.acked == 5
 
 
+async def test_each_delivery_says_how_many_matching_messages_are_still_to_come(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    for i in range(3):
+        await bus.publish(names.subject("a"), f"a{i}".encode(), msg_id=f"a-{i}")
+        await bus.publish(names.subject("b"), f"b{i}".encode(), msg_id=f"b-{i}")  # not the consumer's
+    rec = Recorder()
+    consumer = bus.consume(names.consumer(filter_subjects=(names.subject("a"),), batch_size=2), rec)
+    await wait_until(lambda: len(rec.committed) == 3)
+    await consumer.stop()
+    assert [(d.data, d.pending) for d in rec.committed] == [(b"a0", 2), (b"a1", 1), (b"a2", 0)]
+    assert consumer.stats.pending == 0
+    assert consumer.stats.event_age_seconds.count == 3 and consumer.stats.handle_seconds.count == 3
+
+
 async def test_duplicate_msg_id_is_stored_once(bus: AnyBus, names: Names) -> None:
     await ready(bus, names)
     first = await bus.publish(names.subject("a"), b"one", msg_id="same")

@@ -14,6 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from services.common import observe
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "koordbus"
 KUBERNETES = "1.30.0"
@@ -126,6 +128,19 @@ def test_helm_lint_finds_nothing_wrong() -> None:
     assert [m for m in report["messages"] if m["severity"] > 1] == []  # 1: INFO (e.g. "icon is recommended")
 
 
+def test_the_log_format_reaches_every_koordbus_container() -> None:
+    for log_format in ("text", "json"):
+        objects = render({**DEFAULTS, "logFormat": log_format})
+        workloads = [o for o in objects if o["kind"] in ("Deployment", "DaemonSet", "Job")]
+        containers = [
+            c for o in workloads for c in o["spec"]["template"]["spec"]["containers"] if "koordbus" in c["image"]
+        ]
+        assert len(containers) == 9  # six services, the API, the agent and the migration Job
+        for container in containers:
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            assert env["KOORDBUS_LOG_FORMAT"] == log_format, container["name"]
+
+
 def test_monitoring_objects_and_the_dashboard_use_metrics_that_exist() -> None:
     objects = render({**DEFAULTS, "monitoring": {"serviceMonitor": True, "grafanaDashboard": True}})
     core = [o for o in objects if not o["apiVersion"].startswith("monitoring.coreos.com/")]
@@ -137,18 +152,40 @@ def test_monitoring_objects_and_the_dashboard_use_metrics_that_exist() -> None:
     assert all(any(p["name"] == "http" for p in s["spec"]["ports"]) for n, s in services.items() if "nats" not in n)
     assert by_kind(objects, "PodMonitor")["prod-koordbus-agent"]["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     dashboard = json.loads(by_kind(objects, "ConfigMap")["prod-koordbus-dashboard"]["data"]["koordbus.json"])
-    names = {
-        re.sub(r"_(total|bucket|sum|count)$", "", name)
+    charted = {
+        name
         for panel in dashboard["panels"]
         for target in panel["targets"]
-        for name in re.findall(r"koordbus_[a-z_]+", target["expr"])
+        for name in re.findall(r"koordbus_[a-z0-9_]+", target["expr"])
     }
+    names = {re.sub(r"_(total|bucket|sum|count)$", "", name) for name in charted}
     source = "\n".join(p.read_text() for d in ("services", "agent") for p in (ROOT / d).rglob("*.py"))
+    consumer_families = {family.name: family.type for family in observe.ConsumerStatsCollector().describe()}
     defined = (
-        set(re.findall(r'"(koordbus_[a-z_]+)"', source))
-        | {f"koordbus_consumer_{n}" for n in ("delivered", "acked", "naked", "termed", "dead_lettered")}
+        set(re.findall(r'"(koordbus_[a-z0-9_]+)"', source))
+        | set(consumer_families)
         | {f"koordbus_agent_{n}" for n in re.findall(r'^    "([a-z_]+)": "', source, flags=re.M)}
     )
     defined |= {"koordbus_agent_slo_revision", "koordbus_agent_slo_silent_seconds"}
     assert names and names <= defined, names - defined
+    # A series suffix must fit the family's type: _bucket only of a histogram, _sum/_count of a histogram or summary,
+    # _total of a counter; a counter or histogram is never charted by its bare name.
+    kinds = {"Counter": "counter", "Gauge": "gauge", "Histogram": "histogram", "Summary": "summary"}
+    constructed = r'\b(Counter|Gauge|Histogram|Summary)(?:MetricFamily)?\(\s*f?"(koordbus_[a-z0-9_]+)"'
+    typed = {name: kinds[kind] for kind, name in re.findall(constructed, source)} | consumer_families
+    assert {"koordbus_consumer_handle_seconds", "koordbus_api_request_seconds"} <= {
+        name for name, kind in typed.items() if kind == "histogram"
+    }
+    for name in sorted(charted):
+        base, _, suffix = name.rpartition("_")
+        kind = typed.get(base) if suffix in ("total", "bucket", "sum", "count") else typed.get(name)
+        match suffix:
+            case "bucket":
+                assert kind == "histogram", f"{name}: {base} is a {kind}, not a histogram"
+            case "sum" | "count" if base in typed:
+                assert kind in ("histogram", "summary"), f"{name}: {base} is a {kind}"
+            case "total" if base in typed:
+                assert kind == "counter", f"{name}: {base} is a {kind}, not a counter"
+            case _ if name in typed:
+                assert kind not in ("counter", "histogram"), f"{name} is a {kind}: chart one of its series"
     assert "prod-koordbus-dashboard" not in by_kind(render(DEFAULTS), "ConfigMap")  # off unless asked for

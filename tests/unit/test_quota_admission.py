@@ -64,6 +64,7 @@ def test_a_pod_fits_up_to_the_runtime_and_not_a_millicore_more() -> None:
     over = check(pod("p", "2001m"))
     assert not over.fits
     assert over.reasons == ("insufficient quota a: cpu used 3 + request 2001m = 5001m exceeds runtime 5",)
+    assert (fits.code, over.code) == ("fits", "over-limit")
 
 
 def test_without_runtime_quota_the_limit_is_max() -> None:
@@ -79,6 +80,7 @@ def test_a_non_preemptible_pod_is_capped_at_min() -> None:
     assert verdict.reasons == (
         "insufficient quota a: cpu used 3 + request 1500m = 4500m exceeds min (non-preemptible pods) 4",
     )
+    assert verdict.code == "over-min"
     assert check(pod("p", "1500m")).fits  # the same pod, preemptible, only meets the runtime
 
 
@@ -92,19 +94,20 @@ def test_the_parent_check_is_off_by_default_and_uses_ancestor_runtimes() -> None
     assert verdict.reasons == (
         "insufficient quota team: cpu used 8 + request 1500m = 9500m exceeds runtime (parent check) 9",
     )
+    assert verdict.code == "over-parent-runtime"
     assert check(pod("p", "1"), t, enable_check_parent_quota=True).fits
 
 
 def test_parent_and_detached_quotas_refuse_pods_and_pods_without_quota_pass() -> None:
     verdict = check(pod("p", "1", quota="team"))
-    assert not verdict.fits and "parent quota" in verdict.reasons[0]
+    assert not verdict.fits and "parent quota" in verdict.reasons[0] and verdict.code == "parent-quota"
     assert check(pod("p", "1", quota="team"), support_parent_quota_submit_pod=True).quota == "team"
     t = tree()
     t.set_quota(spec("orphan", 0, 1_000, parent="nowhere"))
     detached = check(pod("p", "1", quota="orphan"), t)
-    assert not detached.fits and "detached" in detached.reasons[0]
+    assert not detached.fits and "detached" in detached.reasons[0] and detached.code == "detached"
     loose = check(pod("p", "1", quota=""), disable_default_quota=True)
-    assert loose.fits and loose.quota is None
+    assert loose.fits and loose.quota is None and loose.code == "no-quota"
 
 
 def test_an_over_used_key_fails_every_pod_as_koordinator_does() -> None:

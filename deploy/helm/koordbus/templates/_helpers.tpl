@@ -39,6 +39,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
       key: database-url
 - name: KOORDBUS_STREAM_REPLICAS
   value: {{ ternary .Values.nats.bundled.streamReplicas 1 .Values.nats.bundled.enabled | quote }}
+- name: KOORDBUS_LOG_FORMAT
+  value: {{ .Values.logFormat | quote }}
 {{- end -}}
 
 {{- define "koordbus.securityContext" -}}
