@@ -135,6 +135,7 @@ async def test_a_killed_service_restarts_into_the_clean_replay(
     rng = random.Random(seed)
     case = cases.build(service, rng)
     run = Run(case=case, nats_url=nats_url, bus=bus, tmp_path=tmp_path, seed=seed)
+    load: asyncio.Task[None] | None = None
     try:
         await case.setup(bus)
         killed = run.process("killed")
@@ -147,13 +148,13 @@ async def test_a_killed_service_restarts_into_the_clean_replay(
             timeout=CATCH_UP_TIMEOUT_SECONDS,
             what=f"{run.context()}: consumers started",
         )
+        await case.after_start(bus)
         kill_after = rng.uniform(0.0, case.kill_window)
         await asyncio.sleep(kill_after)
         killed.assert_alive()
         killed.kill()
         killed.start()
         await load
-        await case.after_load(bus)
         await run.caught_up(killed)
         killed.stop()
         heads = await run.decision_heads()
@@ -171,9 +172,12 @@ async def test_a_killed_service_restarts_into_the_clean_replay(
             f"{[d for d in after if d not in before]}"
         )
         case.assert_no_duplicates(before, what)
+        assert not (repeated := await case.repeats(bus)), f"{what}: decisions republished unchanged: {repeated}"
         assert case.enough(before), f"{what}: the load produced too few decisions to test anything: {len(before)}"
         restarted, clean = await run.projection("killed"), await run.projection("replay")
         assert restarted == clean, f"{what}: the restarted service's projection differs from a clean replay"
     finally:
+        if load is not None and not load.done():
+            load.cancel()
         for process in run.started:
             process.kill()
