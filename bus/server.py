@@ -3,7 +3,8 @@
 Used by `koordbus up` (the embedded default) and by the test fixtures (tests/fixtures/nats.py).
 It writes a config file and the server log into the caller's data dir, binds 127.0.0.1 on a
 free port (the server picks it; we read it back from the ports file the server writes), waits
-until the server answers a client with its INFO line, and stops it with SIGTERM, then SIGKILL.
+until the server answers a client with its INFO line, and stops it with SIGTERM, then SIGKILL (`kill` skips the
+SIGTERM, for the failure tests in tests/faults/).
 """
 
 from __future__ import annotations
@@ -165,6 +166,17 @@ class EmbeddedNatsServer:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             await process.wait()
+
+    async def kill(self) -> None:
+        """SIGKILL, as a crash or a lost node would: the server keeps only what JetStream had already synced to disk
+        (every acknowledged message with sync_interval "always"). For failure tests; `start` runs it again."""
+        process, self._process = self._process, None
+        self._url = None
+        if process is None or process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
 
     async def __aenter__(self) -> EmbeddedNatsServer:
         await self.start()
