@@ -397,7 +397,9 @@ class QuotaTree:
         self.set_load(name, replace(self._node(name).load, request=dict(request)))
 
     def refresh(self) -> frozenset[str]:
-        """Recompute every dirty parent of the attached tree, top-down; returns the quotas whose runtime changed."""
+        """Recompute every dirty parent of the attached tree, top-down; returns the quotas whose status may have
+        changed: every child of a recomputed parent (its runtime, or only its explanation — the parent's total and
+        scaled mins — as when a node joins and a child stays capped at its max)."""
         changed: set[str] = set()
         heap: list[tuple[int, str]] = []
         for name in self._dirty:
@@ -561,7 +563,8 @@ class QuotaTree:
         )
 
     def _recompute(self, name: str) -> list[str]:
-        """Redistribute `name`'s total among its children; returns the children whose runtime changed."""
+        """Redistribute `name`'s total among its children; returns them all (each one's explanation is this
+        distribution); those whose runtime changed and have children become dirty in turn."""
         self._dirty.discard(name)
         parent = self._nodes[name]
         if name == ROOT:
@@ -581,15 +584,13 @@ class QuotaTree:
             key: distribute.distribute(total.get(key, 0), [self._claim(c, key, strict=strict) for c in children])
             for key in keys
         }
-        changed: list[str] = []
         for child in children:
             runtime = {key: parent.dists[key].runtimes[child.spec.name] for key in keys}
             if runtime != child.runtime_full:
                 child.runtime_full = runtime
-                changed.append(child.spec.name)
                 if child.children:
                     self._dirty.add(child.spec.name)
-        return changed
+        return [child.spec.name for child in children]
 
 
 _Contribution = tuple[

@@ -78,6 +78,8 @@ EVENTS_CONSUMER = "quota-events"
 CLUSTER_CONSUMER = "quota-cluster"
 HISTORY_PROJECTOR = "quota-history-projector"
 STATUS_PROJECTOR = "quota-status-projector"
+LAST_STATUS_READER = "quota-last-status"
+"""Reads the last status per subject at start-up (_read_last_statuses)."""
 RPC_QUEUE = "quota"
 PUBLISH_RETRY_DELAY_SECONDS = 1.0
 MAX_TREE_PROBLEMS = 20
@@ -181,7 +183,11 @@ class QuotaService:
         self._responders: list[Responder] = []
         self._ticker: asyncio.Task[None] | None = None
         self._published: dict[str, bytes] = {}
-        """Quota or tree subject → the content last published (without its timestamps)."""
+        """Quota or tree subject → the content last published (without its timestamps); read back from the stream
+        at start."""
+        self._last_seq: dict[str, int] = {}
+        """Quota or tree subject → the stream sequence of its last status: part of the next status's msg id, so a
+        status returning to an earlier value (A → B → A) is not dropped as a duplicate of the first A."""
         self._ready = False
         self.profile_errors: dict[str, str] = {}
         """Profile → why its root quota could not be written (shown with the profile's tree)."""
@@ -238,6 +244,7 @@ class QuotaService:
         observe.watch_consumers(
             self._registry, service=SERVICE, consumers={EVENTS_CONSUMER: events, CLUSTER_CONSUMER: cluster}
         )
+        await self._read_last_statuses(timeout)
         self._ready = True
         await self.publish_changes()
         for subject, answer in (
@@ -387,10 +394,11 @@ class QuotaService:
             if not messages:
                 return
             try:
-                await self.bus.publish_many(messages)
+                acks = await self.bus.publish_many(messages)
             except Exception as e:
                 raise TemporaryError(f"publishing quota status failed: {e}", delay=PUBLISH_RETRY_DELAY_SECONDS) from e
             self._published.update(published)
+            self._last_seq.update((subject, ack.seq) for (subject, _, _), ack in zip(messages, acks, strict=True))
             self._metrics.status_published.inc(len(messages))
 
     def _status_message(
@@ -463,8 +471,34 @@ class QuotaService:
             events_seq = self.model.events_seq
         stamped = msgspec.structs.replace(content, computed_at=now, events_seq=events_seq)
         digest = hashlib.blake2b(key, digest_size=16).hexdigest()
-        messages.append((subject, msgspec.json.encode(stamped), msg_id("quota.status", subject, digest)))
+        # the previous status's sequence makes the id unique per change, yet the same for the same change made
+        # again after a restart (which reads the sequences back), so JetStream drops only true repeats
+        identity = msg_id("quota.status", subject, self._last_seq.get(subject, 0), digest)
+        messages.append((subject, msgspec.json.encode(stamped), identity))
         published[subject] = key
+
+    async def _read_last_statuses(self, timeout: float) -> None:
+        """The last status on each quota and tree subject, as `_queue` compares and identifies them: a restarted
+        service publishes only what changed while it was away."""
+        reader = _LastStatuses()
+        spec = ConsumerSpec(
+            durable=self._durable(LAST_STATUS_READER),
+            stream=streams.KOORD_QUOTA_STATUS,
+            filter_subjects=(subjects.QUOTA_STATUS_ALL, subjects.QUOTA_TREES_ALL),
+            service=SERVICE,
+            batch_size=self.settings.batch_size,
+            linger_seconds=0.0,
+            deliver_policy="last_per_subject",
+        )
+        consumer = self.bus.consume(spec, reader, reset=True)
+        try:
+            if not await wait_replayed(consumer, what="quota: last statuses", stall_seconds=timeout):
+                log.warning("quota: reading the last statuses stalled for %.0f s; some may be published again", timeout)
+        finally:
+            await consumer.stop()
+        for subject, (seq, key) in reader.found.items():
+            self._published[subject] = key
+            self._last_seq[subject] = seq
 
     # --- requests
 
@@ -605,3 +639,22 @@ def _version_conflict(what: str, current: str, wanted: str) -> str:
         f"{what} has resourceVersion {current or '(none: it does not exist)'}, not {wanted}: it changed since it "
         "was read; read it again and retry"
     )
+
+
+class _LastStatuses:
+    """Collects each subject's last status (stream sequence, content without its timestamps) at start-up."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, tuple[int, bytes]] = {}
+
+    async def handle(self, delivery: Delivery) -> None:
+        try:
+            event = QUOTA_STATUS_DECODER.decode(delivery.data)
+        except msgspec.ValidationError as e:  # not ours to judge here: the next status replaces it
+            log.warning("quota: unreadable status on %s: %s", delivery.subject, e)
+            return
+        content = msgspec.structs.replace(event, computed_at=0.0, events_seq=0)
+        self.found[delivery.subject] = (delivery.stream_seq, msgspec.json.encode(content))
+
+    async def flush(self) -> None:
+        return None

@@ -127,20 +127,7 @@ async def _drive_load(run: Run, load: Callable[[int], Awaitable[None]], *, steps
         await asyncio.sleep(interval)
 
 
-QUOTA_STATUS_DEDUP_BUG = (
-    "quota statuses are published under msg id (subject, content digest): a status that returns within the 300 s "
-    "duplicate window to a value it had before is dropped by JetStream's dedup, so the last-value subject (and the "
-    "projection) keeps the intermediate value; the clean replay then publishes the right one (seeds 11, 12)"
-)
-
-
-@pytest.mark.parametrize(
-    "service",
-    [
-        pytest.param(s, marks=pytest.mark.xfail(reason=QUOTA_STATUS_DEDUP_BUG, strict=False)) if s == "quota" else s
-        for s in cases.SERVICES
-    ],
-)
+@pytest.mark.parametrize("service", cases.SERVICES)
 async def test_a_killed_service_restarts_into_the_clean_replay(
     service: str, nats: tuple[str, JetStreamBus], tmp_path: Path, seed: int
 ) -> None:

@@ -138,6 +138,33 @@ async def test_commands_append_events_and_statuses_follow(koordbus_bus: JetStrea
         await service.stop()
 
 
+async def test_a_status_that_returns_to_an_earlier_value_is_published_again(koordbus_bus: JetStreamBus) -> None:
+    """A → B → A within JetStream's duplicate window: the third status must not be taken for a duplicate of the
+    first (it once was, leaving B as the quota's status), and a restarted service publishes nothing unchanged."""
+    await observe(koordbus_bus, node("n1", "40"))
+    service = await started(koordbus_bus)
+    try:
+        await build_team(koordbus_bus)
+
+        async def a_uses(cpu: int) -> bool:
+            held = await status(koordbus_bus, "a")
+            return held is not None and held.state is not None and held.state.used.get("cpu", 0) == cpu
+
+        for quota_name, used_by_a in (("a", 30_000), ("b", 0), ("a", 30_000)):
+            await observe(koordbus_bus, pod("p1", "30", quota_name=quota_name, node_name="n1"))
+            await eventually(lambda used=used_by_a: a_uses(used))  # type: ignore[misc]
+    finally:
+        await service.stop()
+    before, _ = await koordbus_bus.stream_info(streams.KOORD_QUOTA_STATUS)
+    restarted = await started(koordbus_bus)
+    try:
+        await restarted.publish_changes()
+        after, _ = await koordbus_bus.stream_info(streams.KOORD_QUOTA_STATUS)
+        assert after == before  # the last statuses on the stream were read back: nothing to publish again
+    finally:
+        await restarted.stop()
+
+
 async def test_an_object_version_guards_updates(koordbus_bus: JetStreamBus) -> None:
     service = await started(koordbus_bus)
     try:

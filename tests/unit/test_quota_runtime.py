@@ -281,6 +281,19 @@ def test_lazy_runtime_refreshes_only_the_path() -> None:
     assert tree.runtime("t2a") == {"cpu": 35}
 
 
+def test_a_child_whose_runtime_stays_but_whose_explanation_moves_is_reported() -> None:
+    """A node joins: the total grows, a child capped at its max keeps its runtime, but its status explains the new
+    total — refresh must name it, or the service keeps publishing the old explanation (found by tests/faults)."""
+    tree = rt.QuotaTree({"cpu": 40_000})
+    tree.set_quota(spec("capped", 0, 10_000))
+    tree.set_request("capped", {"cpu": 30_000})
+    tree.refresh()
+    before = tree.explain("capped")
+    tree.set_total({"cpu": 46_000})
+    assert "capped" in tree.refresh()
+    assert tree.runtime("capped") == {"cpu": 10_000} and tree.explain("capped") != before
+
+
 def test_unknown_parent_and_cycles_are_detached_until_fixed() -> None:
     tree = rt.QuotaTree({"cpu": 100})
     tree.set_quota(spec("child", 0, parent="later"))
