@@ -15,7 +15,6 @@ into the next consumer of the same name; the lag is exported for running consume
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, Final
 
@@ -26,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bus import streams
 from bus.api import Bus, Consumer, ConsumerSpec, ConsumerStats, Distribution
+from services.common.metrics import once_per_registry
 
 METRIC_PREFIX: Final = "koordbus_consumer_"
 LABELS: Final = ("consumer", "service")
@@ -190,20 +190,15 @@ def _pending_family() -> GaugeMetricFamily:
     return GaugeMetricFamily(PENDING_METRIC, PENDING_HELP, labels=LABELS)
 
 
-# Memo, not a plugin registry: the collector belongs to the registry it was created for and dies with it.
-_COLLECTORS: weakref.WeakKeyDictionary[CollectorRegistry, ConsumerStatsCollector] = weakref.WeakKeyDictionary()
-_COLLECTORS_LOCK = threading.Lock()
-
-
 def collector_for(registry: CollectorRegistry) -> ConsumerStatsCollector:
     """The registry's consumer collector, registered on first use."""
-    with _COLLECTORS_LOCK:
-        collector = _COLLECTORS.get(registry)
-        if collector is None:
-            collector = ConsumerStatsCollector()
-            registry.register(collector)
-            _COLLECTORS[registry] = collector
+
+    def create(registry: CollectorRegistry) -> ConsumerStatsCollector:
+        collector = ConsumerStatsCollector()
+        registry.register(collector)
         return collector
+
+    return once_per_registry(registry, "consumer-stats", create)
 
 
 def watch_consumers(registry: CollectorRegistry, *, service: str, consumers: Mapping[str, Consumer]) -> None:

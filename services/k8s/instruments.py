@@ -9,32 +9,27 @@ A registry holds one such counter, however many writers share it.
 
 from __future__ import annotations
 
-import threading
-import weakref
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter
+
+from services.common.metrics import once_per_registry
 
 OBJECT_ELASTICQUOTA: Final = "elasticquota"
 OBJECT_NODESLO: Final = "nodeslo"
 OBJECT_EVICTION: Final = "eviction"
 
-# Memo, not a plugin registry: the counter belongs to the registry it was created on and dies with it.
-_COUNTERS: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
-
 
 def kube_writes(registry: CollectorRegistry) -> Counter:
     """The registry's write counter, created on first use."""
-    with _LOCK:
-        counter = _COUNTERS.get(registry)
-        if counter is None:
-            counter = Counter(
-                "koordbus_k8s_writes",
-                "Writes to Kubernetes by object kind and outcome (created, updated, unchanged, deleted, skipped, "
-                "failed, rejected; evictions: evicted, gone, replaced, blocked, expired, failed)",
-                ["object", "outcome"],
-                registry=registry,
-            )
-            _COUNTERS[registry] = counter
-        return counter
+    return once_per_registry(registry, "koordbus_k8s_writes", _create)
+
+
+def _create(registry: CollectorRegistry) -> Counter:
+    return Counter(
+        "koordbus_k8s_writes",
+        "Writes to Kubernetes by object kind and outcome (created, updated, unchanged, deleted, skipped, "
+        "failed, rejected; evictions: evicted, gone, replaced, blocked, expired, failed)",
+        ["object", "outcome"],
+        registry=registry,
+    )

@@ -40,7 +40,7 @@ ELASTIC_QUOTA, PROFILE, PMJ = "ElasticQuota", "ElasticQuotaProfile", "PodMigrati
 # --- NodeMetric
 
 
-def _nodemetric_status(*, span: int) -> node.NodeMetricStatus:
+def nodemetric_status(*, span: int) -> node.NodeMetricStatus:
     """A status from the real core over `span` seconds of 1 s samples (0: no data, 100: cold start)."""
     now = 1795317300.0
     samples = [(now - i, 2.5 + (i % 7) / 10, 8 * 2**30 + i) for i in range(span)]
@@ -101,9 +101,9 @@ koordbus models."""
 def nodemetrics() -> Iterator[tuple[str, Json]]:
     policy = node.MetricCollectPolicy()
     for label, span in (("full", 400), ("cold", 100), ("empty", 0)):
-        yield f"rendered-{label}", koordinator.nodemetric_object("node-a", policy, _nodemetric_status(span=span))
+        yield f"rendered-{label}", koordinator.nodemetric_object("node-a", policy, nodemetric_status(span=span))
     integers = koordinator.nodemetric_object("node-a", policy, None)
-    integers["status"] = koordinator.nodemetric_status_to_json(_nodemetric_status(span=400), quantities=False)
+    integers["status"] = koordinator.nodemetric_status_to_json(nodemetric_status(span=400), quantities=False)
     yield "rendered-integers", integers
     yield "spec-only", writes.nodemetric_with_spec("node-b", node.MetricCollectPolicy(durations_seconds=(300,)))
     yield "koordlet", copy.deepcopy(KOORDLET_NODEMETRIC)

@@ -16,8 +16,8 @@ import msgspec
 import pytest
 
 from schemas import koordinator, node
-from services.nodemetric import core
 from tests.support.crd import NODEMETRIC_CRD, crd_errors, crd_validator
+from tests.support.koordinator_objects import nodemetric_status
 
 RFC3339_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
 
@@ -119,20 +119,7 @@ def test_format_error_reroots_its_path() -> None:
 
 def _status(*, cold: bool = False, empty: bool = False) -> node.NodeMetricStatus:
     """A status from the real core: 400 s of 1 s samples (or 100 s, to hit cold start; or none at all)."""
-    now = 1795317300.0
-    span = 0 if empty else (100 if cold else 400)
-    samples = [(now - i, 2.5 + (i % 7) / 10, 8 * 2**30 + i) for i in range(span)]
-    pods = [
-        core.PodSeries("default", "web", [(now - i, 0.25, 512 * 2**20) for i in range(span)], "koord-prod", "LS"),
-        core.PodSeries("batch", "job", [(now - i, 1.5, 2**30) for i in range(span)], "koord-batch", "BE"),
-    ]
-    return core.compute_from_samples(
-        report_time=now,
-        spec=node.MetricCollectPolicy(durations_seconds=(300, 600)),
-        node_samples=samples,
-        system_samples=samples[::3],
-        pods=pods,
-    )
+    return nodemetric_status(span=0 if empty else (100 if cold else 400))
 
 
 def test_status_shape_with_integers() -> None:
