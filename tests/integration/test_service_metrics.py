@@ -89,7 +89,7 @@ async def test_noderesource_counts_decisions_by_outcome_and_reason(koordbus_bus:
         await publish_events(koordbus_bus, config_event({"enable": False}, rv="2"))
         disabled = {"outcome": "disabled", "reason": "DisableInConfig"}
         await eventually(lambda: exported(registry, "koordbus_noderesource_decisions_total", **disabled) == 1)
-        assert handled(registry, NODERESOURCE_CLUSTER) == (acked + 1, aged + 1)
+        await eventually(lambda: handled(registry, NODERESOURCE_CLUSTER) == (acked + 1, aged + 1))  # acked after
     finally:
         await service.stop()
 
@@ -106,9 +106,8 @@ async def test_quota_counts_check_verdicts_by_what_decided_them(koordbus_bus: Je
             quota_support.pod("p1", "30", quota_name="a", node_name="n1"),
             quota_support.pod("p2", "5", quota_name="b"),
         )
-        await eventually(lambda: service.model.state.quotas.get("a") is not None)
-        events_acked, _ = handled(registry, "quota-events")
-        assert events_acked == 3  # the three CreateQuota events of the log
+        # the three CreateQuota events of the log (acked after the model applied them: wait, don't race)
+        await eventually(lambda: handled(registry, "quota-events")[0] == 3)
 
         async def p1_counted() -> bool:
             check = CheckRequest(pods=[quota_support.pod("q1", "10", quota_name="a")])
@@ -123,7 +122,7 @@ async def test_quota_counts_check_verdicts_by_what_decided_them(koordbus_bus: Je
         for verdict in ("fits", "parent-quota"):
             assert exported(registry, "koordbus_quota_check_verdicts_total", verdict=verdict) == 1
         assert exported(registry, "koordbus_quota_check_verdicts_total", verdict="over-limit") >= 1
-        assert handled(registry, "quota-cluster")[1] >= 3  # the node and the pods
+        await eventually(lambda: handled(registry, "quota-cluster")[1] >= 3)  # the node and the pods
     finally:
         await service.stop()
 
@@ -163,18 +162,21 @@ async def test_kubernetes_writes_are_counted_by_kind_and_outcome_across_writers(
         writes = "koordbus_k8s_writes_total"
         await publish_decision(koordbus_bus, decision("n1"))
         await eventually(lambda: exported(registry, writes, object="node", outcome="updated") == 1)
-        assert handled(registry, NODERESOURCE_CONSUMER) == (1, 1)
+        await eventually(lambda: handled(registry, NODERESOURCE_CONSUMER) == (1, 1))  # acked after the write
 
         request = PodEvictionRequested(
             node="n1", at=time.time(), namespace="default", name="be-0", uid="u-1", feature="BECPUEvict", reason="x"
         )
         await koordbus_bus.publish(subjects.node_eviction("n1"), msgspec.json.encode(request), msg_id="evict-1")
         await eventually(lambda: exported(registry, writes, object="eviction", outcome="evicted") == 1)
-        assert len(evictor.log) == 1 and handled(registry, "k8s-evictions") == (1, 1)
+        await eventually(lambda: handled(registry, "k8s-evictions") == (1, 1))
+        assert len(evictor.log) == 1
 
         await publish_events(koordbus_bus, _node("n2"))
         await eventually(lambda: exported(registry, writes, object="nodeslo", outcome="created") == 1)
-        assert handled(registry, SLO_CLUSTER)[0] >= 1 and handled(registry, "k8s-nodeslo-mirror")[0] >= 1
+        await eventually(
+            lambda: handled(registry, SLO_CLUSTER)[0] >= 1 and handled(registry, "k8s-nodeslo-mirror")[0] >= 1
+        )
     finally:
         for part in reversed(started):
             await part.stop()
