@@ -39,6 +39,9 @@ class StreamSpec:
     allow_direct: bool = False
     """Serve direct gets (`$JS.API.DIRECT.GET.<stream>.<subject>`): reads of one subject that NATS permissions can
     grant subject by subject (an agent reads only its own NodeSLO key)."""
+    subject_transform: tuple[str, str] | None = None
+    """(source, destination): how the stream rewrites a matching subject as it stores it (bus.subject_transform),
+    e.g. appending a node's partition so replicas can each consume a share of the nodes."""
 
 
 @dataclass(frozen=True, kw_only=True)

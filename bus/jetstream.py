@@ -81,6 +81,11 @@ def stream_config(spec: StreamSpec) -> js_api.StreamConfig:
         num_replicas=spec.replicas,
         storage=js_api.StorageType(spec.storage),
         allow_direct=spec.allow_direct or None,
+        subject_transform=(
+            js_api.SubjectTransform(src=spec.subject_transform[0], dest=spec.subject_transform[1])
+            if spec.subject_transform
+            else None
+        ),
     )
 
 
@@ -95,7 +100,13 @@ def stream_differs(have: js_api.StreamConfig, want: js_api.StreamConfig) -> bool
         or (have.num_replicas or 1) != want.num_replicas
         or have.storage != want.storage
         or bool(have.allow_direct) != bool(want.allow_direct)
+        or _transform(have) != _transform(want)
     )
+
+
+def _transform(config: js_api.StreamConfig) -> tuple[str, str] | None:
+    transform = config.subject_transform
+    return (transform.src, transform.dest) if transform is not None else None
 
 
 def _seconds_differ(a: float | None, b: float | None) -> bool:

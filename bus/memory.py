@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from bus import subject_transform
 from bus._loop import Fetched, LoopConsumer
 from bus.api import (
     HEADER_MSG_ID,
@@ -220,17 +221,20 @@ class MemoryBus:
         seen = stream.dedup.get(msg_id) if msg_id else None
         if seen is not None:
             return PublishAck(stream=stream.spec.name, seq=seen[0], duplicate=True)
+        stored_as = subject  # as nats-server stores it: after the stream's subject transform
+        if stream.spec.subject_transform is not None:
+            stored_as = subject_transform.apply(*stream.spec.subject_transform, subject) or subject
         expected = options.expected_last_subject_seq
-        if expected is not None and stream.last_seq_on(subject) != expected:
+        if expected is not None and stream.last_seq_on(stored_as) != expected:
             raise ConflictError(
-                f"wrong last sequence on {subject}: {stream.last_seq_on(subject)}, expected {expected}",
+                f"wrong last sequence on {subject}: {stream.last_seq_on(stored_as)}, expected {expected}",
                 subject=subject,
                 expected=expected,
             )
         headers = dict(options.headers)
         if msg_id:
             headers[HEADER_MSG_ID] = msg_id
-        seq = stream.append(subject, data, headers, now)
+        seq = stream.append(stored_as, data, headers, now)
         if msg_id:
             stream.dedup[msg_id] = (seq, now)
         stream.prune(now)

@@ -17,6 +17,7 @@ KOORD_NODERESOURCE = "KOORD_NODERESOURCE"
 KOORD_QUOTA = "KOORD_QUOTA"
 KOORD_QUOTA_STATUS = "KOORD_QUOTA_STATUS"
 KOORD_MIGRATION = "KOORD_MIGRATION"
+KOORD_MEMBERS = "KOORD_MEMBERS"
 KV_KOORD_SLO = f"KV_{subjects.SLO_BUCKET}"
 
 # Consumers ack within 30 s and try 5 times: dedup must outlive 150 s of redeliveries.
@@ -25,7 +26,8 @@ DUPLICATE_WINDOW_SECONDS = 300.0
 
 def node_stream(*, max_age_seconds: float = 2 * 3600, max_bytes: int = -1, replicas: int = 1) -> StreamSpec:
     """Raw agent reports. Kept longer than the longest aggregation window (30 min) so a restarted
-    nodemetric replica can rebuild its windows from the stream."""
+    nodemetric replica can rebuild its windows from the stream. Stored with each node's partition appended
+    (subjects.NODE_TRANSFORM)."""
     return StreamSpec(
         name=KOORD_NODE,
         subjects=(subjects.NODE_ALL,),
@@ -33,6 +35,7 @@ def node_stream(*, max_age_seconds: float = 2 * 3600, max_bytes: int = -1, repli
         max_bytes=max_bytes,
         duplicate_window_seconds=DUPLICATE_WINDOW_SECONDS,
         replicas=replicas,
+        subject_transform=subjects.NODE_TRANSFORM,
     )
 
 
@@ -131,6 +134,18 @@ def dlq_stream(*, max_age_seconds: float = 7 * 24 * 3600, replicas: int = 1) -> 
     )
 
 
+def members_stream(*, replicas: int = 1) -> StreamSpec:
+    """Service replicas' heartbeats (services.common.membership): the last one per replica, kept a day."""
+    return StreamSpec(
+        name=KOORD_MEMBERS,
+        subjects=(subjects.MEMBERS_ALL,),
+        max_age_seconds=24 * 3600,
+        max_msgs_per_subject=1,
+        duplicate_window_seconds=60.0,
+        replicas=replicas,
+    )
+
+
 def all_streams(*, replicas: int = 1) -> list[StreamSpec]:
     return [
         node_stream(replicas=replicas),
@@ -142,4 +157,5 @@ def all_streams(*, replicas: int = 1) -> list[StreamSpec]:
         migration_stream(replicas=replicas),
         slo_stream(replicas=replicas),
         dlq_stream(replicas=replicas),
+        members_stream(replicas=replicas),
     ]

@@ -9,6 +9,9 @@ names never contain `_`), and any other character becomes `~` plus its UTF-8 byt
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+
+from bus import subject_transform
 
 PREFIX = "koord.v1"
 _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
@@ -63,10 +66,36 @@ def decode_token(token: str) -> str:
 
 
 # --- node agent → control plane (stream KOORD_NODE)
+#
+# Agents publish `koord.v1.node.<node>.<kind>`; the stream stores it as `koord.v1.node.<node>.<kind>.<partition>`
+# (NODE_TRANSFORM: the node token hashed into NODE_PARTITIONS, bus.subject_transform), so replicas of a service can
+# each consume a share of the nodes. Filters on KOORD_NODE go through the stored forms below (`stored`,
+# `node_partition_filters`); the `*_ALL` filters match every partition.
 
+NODE_PARTITIONS = 16
+"""Fixed for the life of the stream: changing it re-partitions only new messages."""
 NODE_ALL = f"{PREFIX}.node.>"
-NODE_METRICS_ALL = f"{PREFIX}.node.*.metrics"
-NODE_STATE_ALL = f"{PREFIX}.node.*.state"
+NODE_TRANSFORM = (
+    f"{PREFIX}.node.*.*",
+    f"{PREFIX}.node.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}.{{{{partition({NODE_PARTITIONS},1)}}}}",
+)
+NODE_METRICS_ALL = f"{PREFIX}.node.*.metrics.*"
+NODE_STATE_ALL = f"{PREFIX}.node.*.state.*"
+
+
+def stored(subject: str) -> str:
+    """The filter that matches `subject` (a node subject as agents publish it) as KOORD_NODE stores it."""
+    return f"{subject}.*"
+
+
+def node_partition_filters(kind: str, partitions: Iterable[int]) -> tuple[str, ...]:
+    """Filters on KOORD_NODE for the `kind` messages (metrics, state, …) of every node in `partitions`."""
+    return tuple(f"{PREFIX}.node.*.{kind}.{p}" for p in sorted(partitions))
+
+
+def node_partition(node: str) -> int:
+    """The partition KOORD_NODE stores `node`'s messages under (what nats-server's transform computes)."""
+    return subject_transform.partition_of(encode_token(node), NODE_PARTITIONS)
 
 
 def node_metrics(node: str) -> str:
@@ -87,8 +116,8 @@ def node_eviction(node: str) -> str:
     return f"{PREFIX}.node.{encode_token(node)}.eviction"
 
 
-NODE_ACTUATION_ALL = f"{PREFIX}.node.*.actuation"
-NODE_EVICTION_ALL = f"{PREFIX}.node.*.eviction"
+NODE_ACTUATION_ALL = f"{PREFIX}.node.*.actuation.*"
+NODE_EVICTION_ALL = f"{PREFIX}.node.*.eviction.*"
 
 
 def node_prefix(node: str) -> str:
@@ -234,3 +263,21 @@ def node_of(subject: str) -> str:
     if len(parts) < 4 or parts[0] + "." + parts[1] != PREFIX or parts[2] not in ("node", "nodemetric"):
         raise SubjectError(f"not a per-node subject: {subject!r}")
     return decode_token(parts[3])
+
+
+# --- service replicas' heartbeats (stream KOORD_MEMBERS, services.common.membership)
+
+MEMBERS_ALL = f"{PREFIX}.members.>"
+
+
+def member(service: str, instance: str) -> str:
+    return f"{PREFIX}.members.{encode_token(service)}.{encode_token(instance)}"
+
+
+def members_of(service: str) -> str:
+    return f"{PREFIX}.members.{encode_token(service)}.*"
+
+
+def member_instance(subject: str) -> str:
+    """The instance a heartbeat subject names."""
+    return decode_token(subject.rsplit(".", 1)[1])

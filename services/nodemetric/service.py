@@ -15,6 +15,7 @@ Called by the CLI (`koordbus up`, `koordbus service nodemetric`) and the integra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -37,6 +38,7 @@ from schemas.node import (
     NodeStateReported,
 )
 from services.common import observe
+from services.common.membership import HEARTBEAT_SECONDS, Membership, owned_partitions
 from services.common.tasks import cancel_and_wait
 from services.nodemetric.core import effective_policy, report_phase
 from services.nodemetric.settings import NodeMetricSettings
@@ -73,6 +75,8 @@ class _Instruments:
     nodes: Gauge
     stale_nodes: Gauge
     unattributed_batches: Gauge
+    partitions: Gauge
+    rebalances: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> _Instruments:
@@ -103,6 +107,16 @@ class _Instruments:
                 "koordbus_nodemetric_unattributed_batches",
                 "Batches (of nodes in memory) whose pod rows were dropped: they named a pod list by digest that "
                 "this replica never received, e.g. right after it started mid-stream",
+                registry=registry,
+            ),
+            partitions=Gauge(
+                "koordbus_nodemetric_owned_partitions",
+                "Node partitions this replica ingests (all of them without an instance name)",
+                registry=registry,
+            ),
+            rebalances=Counter(
+                "koordbus_nodemetric_rebalances",
+                "Times this replica's share of the node partitions changed (a replica joined or left)",
                 registry=registry,
             ),
         )
@@ -256,7 +270,12 @@ class NodeMetricService:
         self._clock = clock
         self._windows: dict[str, NodeWindow] = {}
         self._last_reports: dict[str, float] = {}
-        self._consumers: list[Consumer] = []
+        self._projector: Consumer | None = None
+        self._ingest: Consumer | None = None
+        self._membership: Membership | None = None
+        self._follower: asyncio.Task[None] | None = None
+        self.owned: frozenset[int] | None = None
+        """The node partitions this replica ingests; None: all of them (no instance name)."""
         self._registry = registry
         self._metrics = _Instruments.create(registry)
         self._phases: dict[str, int] = {}
@@ -283,22 +302,13 @@ class NodeMetricService:
         return window
 
     async def start(self) -> None:
-        """Load how far each node was reported, then start both consumers (ingest replays the longest window)."""
+        """Load how far each node was reported, then start both consumers (ingest replays the longest window).
+        A replica with an instance name first joins the members and ingests only the partitions it owns, then
+        follows the members: a partition it gains is replayed like a start-up, one it loses is dropped."""
         self._last_reports = await self.store.last_report_times()
-        projected = await self.store.offset(PROJECTOR_CONSUMER)
-        history = max((*self.spec.durations_seconds, self.spec.aggregate_duration_seconds))
-        replay_from = self._clock() - history - self.settings.replay_slack_seconds
-        ingest = ConsumerSpec(
-            durable=INGEST_CONSUMER,
-            stream=streams.KOORD_NODE,
-            filter_subjects=(subjects.NODE_METRICS_ALL, subjects.NODE_STATE_ALL),
-            service="nodemetric",
-            batch_size=self.settings.ingest_batch_size,
-            deliver_policy="by_start_time",
-            opt_start_time=max(replay_from, 0.0),
-        )
+        projected = await self.store.offset(self._projector_name)
         projector = ConsumerSpec(
-            durable=PROJECTOR_CONSUMER,
+            durable=self._projector_name,
             stream=streams.KOORD_NODEMETRIC,
             filter_subjects=(subjects.NODEMETRIC_COMPUTED_ALL,),
             service="nodemetric",
@@ -312,36 +322,115 @@ class NodeMetricService:
             asyncio.create_task(self.node_rows.run(interval), name="nodemetric-node-rows"),
             asyncio.create_task(self.computed_rows.run(interval), name="nodemetric-computed-rows"),
         ]
-        self._consumers = [
-            self.bus.consume(projector, _ProjectorHandler(self.computed_rows), reset=True),
-            self.bus.consume(ingest, _IngestHandler(self), reset=True),
-        ]
-        observe.watch_consumers(
-            self._registry,
-            service="nodemetric",
-            consumers={PROJECTOR_CONSUMER: self._consumers[0], INGEST_CONSUMER: self._consumers[1]},
+        self._projector = self.bus.consume(projector, _ProjectorHandler(self.computed_rows), reset=True)
+        owned: frozenset[int] | None = None
+        if self.settings.instance:
+            self._membership = Membership(
+                self.bus,
+                service="nodemetric",
+                instance=self.settings.instance,
+                ttl_seconds=self.settings.membership_ttl_seconds,
+                clock=self._clock,
+            )
+            await self._membership.beat()
+            owned = owned_partitions(subjects.NODE_PARTITIONS, await self._membership.members(), self.settings.instance)
+            self._follower = asyncio.create_task(self._follow_members(), name="nodemetric-members")
+        self._start_ingest(owned)
+
+    def _start_ingest(self, owned: frozenset[int] | None) -> None:
+        """The ingest consumer for `owned` partitions (None: all), replaying the longest window."""
+        history = max((*self.spec.durations_seconds, self.spec.aggregate_duration_seconds))
+        replay_from = self._clock() - history - self.settings.replay_slack_seconds
+        filters = (
+            (subjects.NODE_METRICS_ALL, subjects.NODE_STATE_ALL)
+            if owned is None
+            else (*subjects.node_partition_filters("metrics", owned), *subjects.node_partition_filters("state", owned))
         )
+        self.owned = owned
+        self._metrics.partitions.set(subjects.NODE_PARTITIONS if owned is None else len(owned))
+        self._ingest = None
+        if filters:
+            ingest = ConsumerSpec(
+                durable=self._ingest_name,
+                stream=streams.KOORD_NODE,
+                filter_subjects=filters,
+                service="nodemetric",
+                batch_size=self.settings.ingest_batch_size,
+                deliver_policy="by_start_time",
+                opt_start_time=max(replay_from, 0.0),
+            )
+            self._ingest = self.bus.consume(ingest, _IngestHandler(self), reset=True)
+        watched = {PROJECTOR_CONSUMER: self._projector} if self._projector is not None else {}
+        if self._ingest is not None:
+            watched[INGEST_CONSUMER] = self._ingest
+        observe.watch_consumers(self._registry, service="nodemetric", consumers=watched)
+
+    async def _follow_members(self) -> None:
+        assert self._membership is not None
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            try:
+                await self._membership.beat()
+                owned = owned_partitions(
+                    subjects.NODE_PARTITIONS, await self._membership.members(), self.settings.instance
+                )
+                if owned != self.owned:
+                    await self._rebalance(owned)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the bus away: keep the partitions held, try again at the next heartbeat
+                log.warning("nodemetric %s: following the members failed: %s", self.settings.instance, e)
+
+    async def _rebalance(self, owned: frozenset[int]) -> None:
+        """Ingest `owned` from now on: the windows are rebuilt by replaying the longest window, as at start-up
+        (reports already made are skipped, recent ones deduplicated by their msg ids)."""
+        log.info("nodemetric %s: partitions %s → %s", self.settings.instance, sorted(self.owned or ()), sorted(owned))
+        if self._ingest is not None:
+            await self._ingest.stop()
+        await self.node_rows.write()
+        self._windows.clear()
+        self._phases.clear()
+        self._last_reports = await self.store.last_report_times()
+        self._start_ingest(owned)
+        self._metrics.rebalances.inc()
 
     async def stop(self) -> None:
-        for consumer in self._consumers:
-            await consumer.stop()
+        if self._follower is not None:
+            await cancel_and_wait(self._follower)
+            self._follower = None
+        for consumer in (self._projector, self._ingest):
+            if consumer is not None:
+                await consumer.stop()
+        if self._membership is not None:
+            with contextlib.suppress(Exception):  # the others then notice by the TTL instead
+                await self._membership.leave()
+            self._membership = None
         for task in self._writers:
             await cancel_and_wait(task)
         if self._writers:
             await self.node_rows.close()
             await self.computed_rows.close()
         self._writers = []
-        if self._consumers:
+        if self._projector is not None:
             observe.retire_consumers(self._registry, service="nodemetric", names=(PROJECTOR_CONSUMER, INGEST_CONSUMER))
-        self._consumers = []
+        self._projector = self._ingest = None
+
+    @property
+    def _ingest_name(self) -> str:
+        return f"{INGEST_CONSUMER}-{self.settings.instance}" if self.settings.instance else INGEST_CONSUMER
+
+    @property
+    def _projector_name(self) -> str:
+        """Every replica projects every report (upserts keep the newest per node: idempotent across replicas)."""
+        return f"{PROJECTOR_CONSUMER}-{self.settings.instance}" if self.settings.instance else PROJECTOR_CONSUMER
 
     async def _write_node_rows(self, rows: list[tuple[int, NodeSeen | NodeStateReported]]) -> None:
-        await self.store.apply_node_events(rows, consumer=INGEST_CONSUMER, stream=streams.KOORD_NODE)
+        await self.store.apply_node_events(rows, consumer=self._ingest_name, stream=streams.KOORD_NODE)
 
     async def _write_computed_rows(self, rows: list[tuple[int, NodeMetricComputedRecord, str]]) -> None:
         await self.store.apply_computed(
             [(seq, event) for seq, event, _ in rows],
-            consumer=PROJECTOR_CONSUMER,
+            consumer=self._projector_name,
             stream=streams.KOORD_NODEMETRIC,
             msg_ids={seq: mid for seq, _, mid in rows},
         )
@@ -352,7 +441,8 @@ class NodeMetricService:
 
     @property
     def consumers(self) -> list[Consumer]:
-        return list(self._consumers)
+        """The projector, then the ingest (none while a replica owns no partition)."""
+        return [c for c in (self._projector, self._ingest) if c is not None]
 
     def due_report(self, node: str, window: NodeWindow, *, sent_at: float) -> NodeMetricComputed | None:
         """The report this node's window has just reached, if any."""

@@ -33,6 +33,11 @@ class NodeMetricSettings:
     than this, for a tenth of the row writes at 10,000 nodes. 0 writes every batch."""
     projection_max_pending: int = 100_000
     """Past this many unwritten rows of one kind the consumer waits for the database."""
+    instance: str = ""
+    """Set on scaled-out replicas (a Deployment passes the pod name): the replica joins the nodemetric members and
+    handles only its share of the node partitions (services.common.membership); empty: one replica, every node."""
+    membership_ttl_seconds: float = 10.0
+    """A replica not heard from for this long has left: its partitions move to the others."""
 
     def __post_init__(self) -> None:
         if self.liveness_grid_seconds < 0:

@@ -73,7 +73,7 @@ class SloReader:
         """The node's newest `limit` ActuationApplied events stored since `since`, oldest first."""
         out: list[StoredActuation] = []
         for stored in await self._bus.read_recent(
-            streams.KOORD_NODE, subjects.node_actuation(node), since=since, limit=limit
+            streams.KOORD_NODE, subjects.stored(subjects.node_actuation(node)), since=since, limit=limit
         ):
             try:
                 out.append(StoredActuation(ACTUATION_DECODER.decode(stored.data), stored.stream_seq))

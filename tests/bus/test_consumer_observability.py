@@ -173,7 +173,7 @@ async def test_a_line_logged_while_handling_an_event_carries_its_id_and_node(
         "logger": "koordbus.test.events",
         "message": "handling 2 bytes",
         "event_id": "event-42",
-        "subject": subjects.node_state(node),
+        "subject": f"{subjects.node_state(node)}.{subjects.node_partition(node)}",  # as KOORD_NODE stores it
         "stream_seq": 1,
         "consumer": "test-log-context",
         "node": node,

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 
-from bus import api, subjects
+from bus import api, subject_transform, subjects
 from bus.errors import BusUnavailableError, ConflictError, PermanentError, RemoteError, TemporaryError
 from bus.jetstream import JetStreamBus
 from bus.memory import MemoryBus
@@ -516,3 +516,20 @@ async def test_request_times_out_when_the_handler_hangs(bus: AnyBus, names: Name
     finally:
         release.set()
         await responder.stop()
+
+
+async def test_a_stream_subject_transform_stores_each_node_under_its_partition(bus: AnyBus, names: Names) -> None:
+    """nats-server's `{{partition(n,1)}}` and bus.subject_transform agree (the memory bus applies the same)."""
+    source = names.subject("*", "*")
+    destination = names.subject("{{wildcard(1)}}", "{{wildcard(2)}}", "{{partition(8,1)}}")
+    await ready(bus, names, subject_transform=(source, destination))
+    nodes = [subjects.encode_token(n) for n in ("a", "b", "node-1", "worker-7.example.com", "ip-10-0-0-1")]
+    for node in nodes:
+        await bus.publish(names.subject(node, "metrics"), b"x", msg_id=node)
+    stored = await bus.read_recent(names.stream, names.subject("*", "metrics", "*"), since=0, limit=100)
+    expected = {names.subject(n, "metrics", str(subject_transform.partition_of(n, 8))) for n in nodes}
+    assert {d.subject for d in stored} == expected
+    partition = subject_transform.partition_of(nodes[2], 8)
+    only = await bus.read_recent(names.stream, names.subject("*", "metrics", str(partition)), since=0, limit=100)
+    assert names.subject(nodes[2], "metrics", str(partition)) in {d.subject for d in only}
+    assert len({d.subject.rsplit(".", 1)[1] for d in only}) == 1  # one partition's messages, no other

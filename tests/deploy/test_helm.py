@@ -189,3 +189,16 @@ def test_monitoring_objects_and_the_dashboard_use_metrics_that_exist() -> None:
             case _ if name in typed:
                 assert kind not in ("counter", "histogram"), f"{name} is a {kind}: chart one of its series"
     assert "prod-koordbus-dashboard" not in by_kind(render(DEFAULTS), "ConfigMap")  # off unless asked for
+
+
+def test_scaled_out_nodemetric_replicas_get_an_instance_name_and_a_single_one_does_not() -> None:
+    def instance_env(replicas: int) -> list[dict[str, Any]]:
+        values = {**DEFAULTS, "services": {"nodemetric": {"replicas": replicas}}}
+        deployment = by_kind(render(values), "Deployment")["prod-koordbus-nodemetric"]
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert deployment["spec"]["replicas"] == replicas
+        return [e for e in container["env"] if e["name"] == "KOORDBUS_INSTANCE"]
+
+    assert instance_env(1) == []
+    (env,) = instance_env(3)
+    assert env["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # the pod name joins the members

@@ -32,7 +32,9 @@ NODE = "node-e2e"  # the node _be_pod is scheduled on
 
 
 async def _events(bus: JetStreamBus) -> list[ActuationApplied]:
-    stored = await bus.read_recent(streams.KOORD_NODE, subjects.node_actuation(NODE), since=0, limit=100)
+    stored = await bus.read_recent(
+        streams.KOORD_NODE, subjects.stored(subjects.node_actuation(NODE)), since=0, limit=100
+    )
     return [ACTUATION_DECODER.decode(d.data) for d in stored]
 
 

@@ -70,7 +70,7 @@ async def _agent_counters(port: int) -> dict[str, float]:
 async def _stored_windows(url: str) -> list[float]:
     bus = await JetStreamBus.connect(url, name="faults-check")
     try:
-        stored = await stream_messages(bus, streams.KOORD_NODE, subjects.node_metrics(NODE))
+        stored = await stream_messages(bus, streams.KOORD_NODE, subjects.stored(subjects.node_metrics(NODE)))
     finally:
         await bus.close()
     return [msgspec.msgpack.decode(m.data, type=NodeMetricsReported).window_start for m in stored]

@@ -147,7 +147,9 @@ def values(files: Mapping[str, Path]) -> dict[str, str]:
 
 
 async def published(bus: MemoryBus) -> list[ActuationApplied]:
-    stored = await bus.read_recent(streams.KOORD_NODE, subjects.node_actuation(NODE), since=0, limit=1000)
+    stored = await bus.read_recent(
+        streams.KOORD_NODE, subjects.stored(subjects.node_actuation(NODE)), since=0, limit=1000
+    )
     return [ACTUATION_DECODER.decode(d.data) for d in stored]
 
 

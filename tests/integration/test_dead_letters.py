@@ -146,7 +146,7 @@ async def test_poison_messages_are_dead_lettered_with_reasons_and_valid_batches_
         letter = by_payload.get(payload)
         assert letter is not None, f"{name} was not dead-lettered"
         assert reason in letter.headers[HEADER_DLQ_REASON], (name, letter.headers[HEADER_DLQ_REASON])
-        assert letter.headers[HEADER_DLQ_SUBJECT] == subject
+        assert letter.headers[HEADER_DLQ_SUBJECT] == f"{subject}.{subjects.node_partition(NODE)}"  # as stored
         assert letter.headers[HEADER_DLQ_CONSUMER] == INGEST_CONSUMER
         assert int(letter.headers[HEADER_DLQ_STREAM_SEQ]) > 0
         assert letter.subject == subjects.dlq("nodemetric")

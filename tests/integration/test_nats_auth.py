@@ -63,7 +63,7 @@ async def test_agents_act_only_as_their_node(tmp_path: Path) -> None:
             assert ack.stream == streams.KOORD_NODE
             with pytest.raises(DENIED):
                 await asyncio.wait_for(agent.publish(subjects.node_metrics("b"), b"forged", msg_id="b1"), 2)
-            assert await admin.last_on_subject(streams.KOORD_NODE, subjects.node_metrics("b")) is None
+            assert await admin.last_on_subject(streams.KOORD_NODE, subjects.stored(subjects.node_metrics("b"))) is None
 
             own = await agent.last_on_subject(streams.KV_KOORD_SLO, subjects.slo_key("node-a.example"), direct=True)
             assert own is not None and NODE_SLO_DECODER.decode(own.data).node == "node-a.example"
@@ -130,7 +130,9 @@ async def test_the_agent_process_runs_with_its_node_credentials(tmp_path: Path) 
 
         async def reported() -> bool:
             assert process is not None and process.returncode is None, "the agent exited"
-            return await admin.last_on_subject(streams.KOORD_NODE, subjects.node_state(node)) is not None
+            return (
+                await admin.last_on_subject(streams.KOORD_NODE, subjects.stored(subjects.node_state(node))) is not None
+            )
 
         await eventually(reported, timeout=30)
     finally:

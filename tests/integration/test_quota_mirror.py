@@ -63,7 +63,7 @@ async def test_quotas_become_elastic_quota_objects(
         return (obj.get("status") or {}).get("used", {}).get("cpu") == "8"
 
     await eventually(used_8, timeout=15)
-    assert {o["metadata"]["name"] for o in kube_api.objects("ElasticQuota")} >= {"org", "a", "b"}
+    await eventually(lambda: {o["metadata"]["name"] for o in kube_api.objects("ElasticQuota")} >= {"org", "a", "b"})
 
     await command(koordbus_bus, ev.PatchQuota(command_id=cid(), name="b", patch={"spec": {"min": {"cpu": "12"}}}))
 

@@ -115,12 +115,14 @@ async def test_quota_counts_check_verdicts_by_what_decided_them(koordbus_bus: Je
             return not msgspec.json.decode(raw, type=CheckReply).fits
 
         await eventually(p1_counted)
+        verdicts = "koordbus_quota_check_verdicts_total"
+        before = {v: exported(registry, verdicts, verdict=v) for v in ("fits", "parent-quota")}  # the polls counted
         fitting = quota_support.pod("q2", "4", quota_name="b")
         check = CheckRequest(pods=[fitting, quota_support.pod("q3", "1", quota_name="org")])
         raw = await koordbus_bus.request(subjects.QUOTA_RPC_CHECK, msgspec.json.encode(check), timeout=10)
         assert [v["code"] for v in msgspec.json.decode(raw, type=CheckReply).verdicts] == ["fits", "parent-quota"]
         for verdict in ("fits", "parent-quota"):
-            assert exported(registry, "koordbus_quota_check_verdicts_total", verdict=verdict) == 1
+            assert exported(registry, verdicts, verdict=verdict) == before[verdict] + 1
         assert exported(registry, "koordbus_quota_check_verdicts_total", verdict="over-limit") >= 1
         await eventually(lambda: handled(registry, "quota-cluster")[1] >= 3)  # the node and the pods
     finally:
