@@ -214,6 +214,7 @@ class QuotaService:
                     # The database knows what is projected: a fresh database replays the whole stream.
                     deliver_policy="by_start_sequence",
                     opt_start_seq=projected + 1,
+                    retry_flush_in_place=True,  # the store skips sequences below its offset
                 )
                 self._projectors.append(self.bus.consume(spec, handler, reset=True))
         events = self.bus.consume(self._spec(EVENTS_CONSUMER), _EventsHandler(self), reset=True)
