@@ -1,8 +1,8 @@
 """PostgreSQL stops for OUTAGE_SECONDS under running `koordbus service nodemetric` and `noderesource` processes.
 
 A private PostgreSQL cluster (tests/faults/private_postgres.py; never the shared server on 5432) and a private
-nats-server. A feeder publishes, every FEED_INTERVAL_SECONDS, one NodeMetric and one agent state report per node;
-noderesource decides each node from them and publishes its decisions. While the database is down:
+nats-server (`koordbus_nats_url`). A feeder publishes, every FEED_INTERVAL_SECONDS, one NodeMetric and one agent
+state report per node; noderesource decides each node from them and publishes its decisions. While the database is down:
   * both processes stay up and /readyz answers 503 naming the database (the bus stays ready);
   * what does not need the database keeps flowing: noderesource keeps deciding and publishing.
 Once it is back, /readyz answers 200 and the projections catch up: every table the two projectors write equals a
@@ -24,7 +24,6 @@ import pytest_asyncio
 from bus import streams, subjects
 from bus.api import Bus
 from bus.jetstream import JetStreamBus
-from bus.server import EmbeddedNatsServer
 from schemas.node import NodeStateReported, encode_node_event
 from tests.faults import private_postgres
 from tests.faults.private_postgres import PrivatePostgres
@@ -59,16 +58,6 @@ async def postgres() -> AsyncIterator[PrivatePostgres]:
         await asyncio.to_thread(cluster.destroy)
 
 
-@pytest_asyncio.fixture
-async def nats_url(tmp_path: Path) -> AsyncIterator[str]:
-    server = EmbeddedNatsServer(store_dir=tmp_path / "nats")
-    await server.start()
-    try:
-        yield server.url
-    finally:
-        await server.stop()
-
-
 class Feeder:
     """Publishes each node's NodeMetric and agent state report every FEED_INTERVAL_SECONDS until stopped."""
 
@@ -101,11 +90,11 @@ async def all_ready(services: list[ServiceProcess], client: httpx.AsyncClient) -
 
 
 async def test_services_survive_a_postgres_outage_and_catch_up(
-    postgres: PrivatePostgres, nats_url: str, tmp_path: Path
+    postgres: PrivatePostgres, koordbus_nats_url: str, tmp_path: Path
 ) -> None:
+    nats_url = koordbus_nats_url
     database_url = await postgres.create_database("koordbus_outage")
     bus = await JetStreamBus.connect(nats_url, name="pg-outage-feeder")
-    await bus.ensure_streams(streams.all_streams())
     await publish_events(bus, config_event(), *(node_event(node) for node in NODES))
     common = ("--nats-url", nats_url, "--database-url", database_url)
     services = [ServiceProcess(name, *common, log_dir=tmp_path) for name in ("nodemetric", "noderesource")]
