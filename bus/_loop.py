@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -42,6 +43,11 @@ UNEXPECTED_ERROR_DELAY_SECONDS = 1.0
 FLUSH_FAILURE_DELAY_SECONDS = 1.0
 FETCH_BACKOFF_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 IDLE_POLL_SECONDS = 0.05
+FLUSH_RETRY_INITIAL_SECONDS = 0.5
+FLUSH_RETRY_MAX_SECONDS = 5.0
+"""Retries in place (ConsumerSpec.retry_flush_in_place): a recovered database is used again within this long."""
+FLUSH_RETRY_JITTER = 0.2
+"""Each delay is shortened by up to this share, at random, so replicas failing together do not retry together."""
 
 
 class Acker(Protocol):
@@ -52,6 +58,10 @@ class Acker(Protocol):
     async def nak(self, delay: float) -> None: ...
 
     async def term(self) -> None: ...
+
+    async def in_progress(self) -> None:
+        """Still working on it: the server restarts the message's ack_wait instead of redelivering it."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,13 @@ def decide(error: Exception, *, num_delivered: int, max_deliver: int) -> Outcome
     if max_deliver > 0 and num_delivered >= max_deliver:
         return DeadLetter(one_line(f"gave up after {num_delivered} deliveries: {describe(error)}"))
     return Retry(delay)
+
+
+def flush_retry_delay(failures: int, *, jitter: float) -> float:
+    """Delay before retrying a batch in place after `failures` consecutive failed flushes (>= 1): doubling from
+    FLUSH_RETRY_INITIAL_SECONDS up to FLUSH_RETRY_MAX_SECONDS, less `jitter` (0..1) × FLUSH_RETRY_JITTER of it."""
+    capped = min(FLUSH_RETRY_MAX_SECONDS, FLUSH_RETRY_INITIAL_SECONDS * 2.0 ** min(max(failures, 1) - 1, 32))
+    return capped * (1.0 - FLUSH_RETRY_JITTER * min(max(jitter, 0.0), 1.0))
 
 
 def dead_letter_message(delivery: Delivery, reason: str, spec: ConsumerSpec) -> tuple[str, str, dict[str, str]]:
@@ -225,21 +242,74 @@ class LoopConsumer:
                 succeeded.append(item)
             finally:
                 event_context.leave(token)
-        try:
-            await self._handler.flush()
-        except Exception as e:
-            self._stats.flush_failures += 1
-            self._stats.last_error = one_line(f"flush: {describe(e)}")
-            log.warning("consumer %s: flush failed, batch will be redelivered", self._spec.durable, exc_info=True)
-            for item in succeeded:
-                await self._nak(item, FLUSH_FAILURE_DELAY_SECONDS)
-            return
+        if not await self._flush():
+            if self._spec.retry_flush_in_place:
+                succeeded = await self._retry_in_place(succeeded)
+            else:
+                for item in succeeded:
+                    await self._nak(item, FLUSH_FAILURE_DELAY_SECONDS)
+                return
         for item in succeeded:
             await item.acker.ack()
             self._stats.acked += 1
         acked_at = time.monotonic()
         for _ in succeeded:
             self._stats.handle_seconds.observe(acked_at - delivered_at)
+
+    async def _flush(self) -> bool:
+        """Flush the handler; False (counted and logged) when it failed."""
+        try:
+            await self._handler.flush()
+        except Exception as e:
+            self._stats.flush_failures += 1
+            self._stats.last_error = one_line(f"flush: {describe(e)}")
+            if self._stats.flush_failures == 1 or self._stats.flush_failures % 10 == 0:
+                log.warning("consumer %s: flush failed", self._spec.durable, exc_info=True)  # first, then 1 in 10
+            else:
+                log.warning("consumer %s: flush failed: %s", self._spec.durable, self._stats.last_error)
+            return False
+        return True
+
+    async def _retry_in_place(self, batch: list[Fetched]) -> list[Fetched]:
+        """Hand `batch` to the handler again and flush, with backoff, until a flush succeeds; returns the items to
+        ack (a message the handler now refuses is settled as a failure and left out). When the consumer stops
+        meanwhile the batch is nak'ed (redelivered at once) and nothing is returned."""
+        failures = 1
+        while True:
+            delay = flush_retry_delay(failures, jitter=random.random())
+            log.info("consumer %s: retrying a batch of %d in %.1f s", self._spec.durable, len(batch), delay)
+            await self._hold(batch, delay)
+            if self._stopping:
+                for item in batch:
+                    await self._nak(item, 0.0)
+                return []
+            handled: list[Fetched] = []
+            for item in batch:
+                try:
+                    await self._handler.handle(item.delivery)
+                except Exception as e:
+                    await self._settle_failure(item, e)
+                else:
+                    handled.append(item)
+            batch = handled
+            if await self._flush():
+                return batch
+            failures += 1
+
+    async def _hold(self, batch: list[Fetched], seconds: float) -> None:
+        """Wait `seconds` (less if the consumer stops), telling the server every so often that the batch is still
+        being worked on, so it is not redelivered after ack_wait while it waits (an unreachable server is retried
+        at the next round; it redelivers after ack_wait at worst, which the offset-keeping store then skips)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        next_progress = loop.time()
+        while not self._stopping and (left := deadline - loop.time()) > 0:
+            if loop.time() >= next_progress:
+                with contextlib.suppress(Exception):
+                    for item in batch:
+                        await item.acker.in_progress()
+                next_progress = loop.time() + self._spec.ack_wait_seconds / 3
+            await asyncio.sleep(min(left, IDLE_POLL_SECONDS))
 
     async def _settle_failure(self, item: Fetched, error: Exception) -> None:
         d = item.delivery

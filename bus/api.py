@@ -67,6 +67,11 @@ class ConsumerSpec:
     """Unix seconds; only with deliver_policy="by_start_time"."""
     opt_start_seq: int | None = None
     """First stream sequence; only with deliver_policy="by_start_sequence" (a projection resuming from its offset)."""
+    retry_flush_in_place: bool = False
+    """A failed flush is retried with the same batch (capped exponential backoff with jitter) until it succeeds or
+    the consumer stops, and nothing newer is fetched meanwhile; the batch stays unacknowledged. For projections
+    whose store skips sequences at or below its offset: a nak'ed batch comes back after newer messages, and once
+    those are written the store would skip it for good. Off: the batch is nak'ed and redelivered (any order)."""
 
 
 @dataclass(frozen=True, kw_only=True)

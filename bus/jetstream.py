@@ -466,6 +466,9 @@ class _MsgAcker:
     async def term(self) -> None:
         await self._msg.term()
 
+    async def in_progress(self) -> None:
+        await self._msg.in_progress()
+
 
 class _PullSource:
     """A durable pull consumer, bound lazily on the first fetch (so it retries while the bus is away).

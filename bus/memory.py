@@ -351,6 +351,12 @@ class MemoryBus:
             p.due = self._now() + redeliver_in
             self._wake()
 
+    def extend(self, durable: _Durable, seq: int) -> None:
+        """Work in progress: the message's ack_wait starts again."""
+        p = durable.pending.get(seq)
+        if p is not None:
+            p.due = self._now() + durable.spec.ack_wait_seconds
+
     async def wait_for_change(self, timeout: float) -> None:
         changed = self._changed
         with contextlib.suppress(TimeoutError):
@@ -424,6 +430,9 @@ class _MemoryAcker:
 
     async def nak(self, delay: float) -> None:
         self._bus.settle(self._durable, self._seq, redeliver_in=delay)
+
+    async def in_progress(self) -> None:
+        self._bus.extend(self._durable, self._seq)
 
 
 class _MemorySource:

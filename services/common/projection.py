@@ -1,8 +1,11 @@
 """Projecting a stream into the database: one handler shape for every service's projector consumer.
 
 A BatchProjector decodes each delivery of a fetched batch and, at flush, hands the whole batch to the store in one
-call (one transaction). A failed write raises TemporaryError so the batch is redelivered after a short delay; stores
-keep an offset per consumer and skip what they already have, so a redelivery never writes anything twice.
+call (one transaction). A failed write raises TemporaryError; stores keep an offset per consumer and skip what they
+already have, so a batch written twice is written once. Because they skip by offset, a projector's ConsumerSpec sets
+`retry_flush_in_place`: a batch that cannot be written (the database is away) is retried as it is, with backoff,
+before anything newer is fetched. Nak'ed instead, it would come back after newer batches, whose offset would then
+hide it for good (a PostgreSQL outage of a few seconds lost decisions that way: tests/faults/test_postgres_outage.py).
 """
 
 from __future__ import annotations

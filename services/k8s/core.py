@@ -178,11 +178,18 @@ def bookmark_version(raw: bytes) -> str:
     return version
 
 
-def backoff_delay(failures: int, *, initial: float, maximum: float) -> float:
-    """Delay before the next attempt after `failures` consecutive failures (0 when there were none)."""
+BACKOFF_JITTER: Final = 0.2
+"""A retry delay is shortened by up to this share of itself, at random (see backoff_delay)."""
+
+
+def backoff_delay(failures: int, *, initial: float, maximum: float, jitter: float = 0.0) -> float:
+    """Delay before the next attempt after `failures` consecutive failures (0 when there were none): doubling from
+    `initial` up to `maximum`. `jitter` (0 … 1, a random draw the caller makes) shortens it by up to BACKOFF_JITTER
+    of itself, so objects (and replicas) that failed together do not all retry in the same instant."""
     if failures <= 0:
         return 0.0
-    return float(min(maximum, initial * 2 ** min(failures - 1, 32)))
+    capped = min(maximum, initial * 2.0 ** min(failures - 1, 32))
+    return float(capped * (1.0 - BACKOFF_JITTER * min(max(jitter, 0.0), 1.0)))
 
 
 class ReflectorState:

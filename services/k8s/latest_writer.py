@@ -3,7 +3,9 @@
 `LatestWriter.offer(key, intent)` puts an intent in a pending map (a newer one replaces an unwritten older one) and
 a writer task drains it, writing each key at most once every `interval` seconds through the `write` callback (which
 returns the action taken: created / updated / unchanged / deleted …). A write that raises WriteFailedError is kept
-and retried with exponential backoff (up to MAX_BACKOFF_SECONDS) until it succeeds or a newer intent replaces it; a
+and retried with capped exponential backoff (with jitter) until it succeeds; a newer intent offered meanwhile replaces
+it but keeps its backoff (failures count and retry time), so intents arriving faster than the retries do not turn
+into one write each while the API server fails (a write storm the fault tests showed, tests/faults/). A
 non-retryable failure or any other exception is logged and dropped. After `unhealthy_after` consecutive failures
 `healthy` is False until one succeeds (for /readyz). `Mirror` wraps it with the consumer that feeds it: the base of
 services.k8s.quota_mirror and services.k8s.nodeslo_mirror.
@@ -14,23 +16,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import Final, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter
 
 from bus.api import Bus, Consumer, ConsumerSpec, Handler
 from services.common import observe
 from services.common.tasks import cancel_and_wait
-from services.k8s import instruments
+from services.k8s import core, instruments
 from services.k8s.settings import K8sSettings
 from services.k8s.sinks import WriteFailedError
 from services.k8s.writes import WriteHealth
 
 log = logging.getLogger(__name__)
 
-MAX_BACKOFF_SECONDS: Final = 30.0
 Intent = TypeVar("Intent")
 
 
@@ -42,14 +44,18 @@ class LatestWriter(Generic[Intent]):
         *,
         interval: float,
         backoff_initial: float,
+        backoff_max: float,
         unhealthy_after: int,
         on_action: Callable[[str], None] = lambda action: None,
         clock: Callable[[], float] = time.monotonic,
+        jitter: Callable[[], float] = random.random,
     ) -> None:
         self._what = what
         self._write_fn = write
         self._interval = interval
         self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._jitter = jitter
         self._on_action = on_action
         self._clock = clock
         self._pending: dict[str, Intent] = {}
@@ -82,11 +88,15 @@ class LatestWriter(Generic[Intent]):
         return True
 
     def offer(self, key: str, intent: Intent) -> None:
+        """Write `intent` for `key` as soon as the interval since its last write allows, or, while the key's writes
+        are failing, at its next retry (the newer intent takes the older one's place and its backoff)."""
         self._pending[key] = intent
-        self._failures.pop(key, None)
         last = self._last_write.get(key)
         now = self._clock()
-        self._not_before[key] = now if last is None else max(now, last + self._interval)
+        earliest = now if last is None else max(now, last + self._interval)
+        if self._failures.get(key):
+            earliest = max(earliest, self._not_before.get(key, now))
+        self._not_before[key] = earliest
         self._wake.set()
 
     async def _run(self) -> None:
@@ -121,13 +131,18 @@ class LatestWriter(Generic[Intent]):
     def _failed(self, key: str, intent: Intent, reason: str, *, retry: bool) -> None:
         self.health.failed(reason)
         self._on_action("failed")
-        log.warning("%s: %s: %s%s", self._what, key, reason, "" if retry else " (not retried)")
-        if not retry or key in self._pending:  # a newer intent replaces this one
+        if not retry:  # a newer intent, if one came meanwhile, is written as usual
+            log.warning("%s: %s: %s (not retried)", self._what, key, reason)
             return
         failures = self._failures.get(key, 0) + 1
         self._failures[key] = failures
-        self._pending[key] = intent
-        self._not_before[key] = self._clock() + min(MAX_BACKOFF_SECONDS, self._backoff_initial * 2 ** (failures - 1))
+        delay = core.backoff_delay(
+            failures, initial=self._backoff_initial, maximum=self._backoff_max, jitter=self._jitter()
+        )
+        log.warning("%s: %s: %s (%d in a row, retrying in %.1f s)", self._what, key, reason, failures, delay)
+        self._pending.setdefault(key, intent)  # a newer intent offered meanwhile replaces this one
+        self._not_before[key] = max(self._not_before.get(key, 0.0), self._clock() + delay)
+        self._wake.set()
 
 
 class Mirror(Generic[Intent]):
@@ -161,6 +176,7 @@ class Mirror(Generic[Intent]):
             self._write,
             interval=settings.quota_write_interval_seconds,
             backoff_initial=settings.backoff_initial_seconds,
+            backoff_max=settings.backoff_max_seconds,
             unhealthy_after=settings.unhealthy_after_write_failures,
             on_action=count,
             clock=clock,

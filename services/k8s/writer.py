@@ -17,7 +17,8 @@ replayed decision does not bring the object back. It never writes from the consu
 waits in a pending map (a newer one replaces an unwritten older one; a NodeResourceComputed whose write is not due
 is ignored for the Node) and a writer task drains it, with at most one NodeMetric status write per node every
 `nodemetric_status_interval_seconds`. A write that fails is kept and retried with exponential backoff until it
-succeeds or a newer intent replaces it; after `unhealthy_after_write_failures` consecutive failures `healthy()` is
+succeeds or a newer intent replaces it (which inherits the backoff); the delays carry jitter, so objects that failed
+together do not retry together; after `unhealthy_after_write_failures` consecutive failures `healthy()` is
 False (for /readyz) until one succeeds.
 
 Where the writes go is a services.k8s.sinks.WriteSink (the API server, or a record of the writes in
@@ -29,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -130,12 +132,14 @@ class ClusterWriter:
         settings: K8sSettings,
         registry: CollectorRegistry,
         clock: Callable[[], float] = time.time,
+        jitter: Callable[[], float] = random.random,
     ) -> None:
         self.bus = bus
         self.sink = sink
         self.settings = settings
         self.registry = registry
         self._clock = clock
+        self._jitter = jitter
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._specs: dict[str, NodeResourceComputed] = {}
         """Per node, its latest decision carrying a NodeMetric spec (kept while the node is gone, for its return)."""
@@ -394,7 +398,10 @@ class ClusterWriter:
         self._writes.labels(_object_label(kind), "failed" if retry else "rejected").inc()
         failures = waiting.failures + 1
         delay = core.backoff_delay(
-            failures, initial=self.settings.backoff_initial_seconds, maximum=self.settings.backoff_max_seconds
+            failures,
+            initial=self.settings.backoff_initial_seconds,
+            maximum=self.settings.backoff_max_seconds,
+            jitter=self._jitter(),
         )
         log.warning(
             "k8s writer: writing %s/%s failed (%d in a row)%s: %s",

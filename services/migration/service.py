@@ -186,6 +186,7 @@ class MigrationService:
                 service=SERVICE,
                 deliver_policy="by_start_sequence",
                 opt_start_seq=projected + 1,
+                retry_flush_in_place=True,  # the store skips sequences below its offset
             )
             projector = BatchProjector(
                 "migration",

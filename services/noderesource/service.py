@@ -316,6 +316,7 @@ class NodeResourceService:
             # The database, not the durable, knows what is projected: a fresh database replays the whole stream.
             deliver_policy="by_start_sequence",
             opt_start_seq=projected + 1,
+            retry_flush_in_place=True,  # the store skips sequences below its offset
         )
 
     def _spec(self, durable: str) -> ConsumerSpec:

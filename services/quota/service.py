@@ -228,6 +228,7 @@ class QuotaService:
                     # The database knows what is projected: a fresh database replays the whole stream.
                     deliver_policy="by_start_sequence",
                     opt_start_seq=projected + 1,
+                    retry_flush_in_place=True,  # the store skips sequences below its offset
                 )
                 self._projectors.append(
                     observe.watch_consumer(self._registry, spec, self.bus.consume(spec, handler, reset=True))

@@ -533,3 +533,21 @@ async def test_a_stream_subject_transform_stores_each_node_under_its_partition(b
     only = await bus.read_recent(names.stream, names.subject("*", "metrics", str(partition)), since=0, limit=100)
     assert names.subject(nodes[2], "metrics", str(partition)) in {d.subject for d in only}
     assert len({d.subject.rsplit(".", 1)[1] for d in only}) == 1  # one partition's messages, no other
+
+
+async def test_a_failed_flush_retried_in_place_keeps_stream_order(bus: AnyBus, names: Names) -> None:
+    """retry_flush_in_place (projections that skip by offset): the failing batch is handed over again, unacked and
+    not redelivered, until its flush succeeds; messages published meanwhile come after it, never before."""
+    await ready(bus, names)
+    await publish_n(bus, names, 3)
+    rec = Recorder(flush_failures=3)
+    consumer = bus.consume(names.consumer(retry_flush_in_place=True), rec)
+    await wait_until(lambda: len(rec.seen) >= 6)  # the first batch, failing
+    for n in (3, 4):
+        await bus.publish(names.subject("m"), f"m{n}".encode(), msg_id=f"{names.stream}-m{n}")
+    await wait_until(lambda: len(rec.committed) == 5, timeout=20)
+    assert await consumer.wait_idle(5)
+    await consumer.stop()
+    assert rec.committed_data() == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+    assert all(d.num_delivered == 1 for d in rec.committed)
+    assert consumer.stats.flush_failures == 3 and consumer.stats.naked == 0 and consumer.stats.acked == 5

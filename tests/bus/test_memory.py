@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from bus import api
-from bus._loop import DeadLetter, Retry, decide, one_line
+from bus._loop import FLUSH_RETRY_MAX_SECONDS, DeadLetter, Retry, decide, flush_retry_delay, one_line
 from bus.errors import BusError, PermanentError, TemporaryError
 from bus.jetstream import consumer_config, start_time, stream_config, stream_differs
 from bus.memory import MemoryBus, subject_matches
@@ -149,3 +149,10 @@ def test_jetstream_config_translation() -> None:
     assert start_time(1.5).timestamp() == pytest.approx(1.499999, abs=1e-9)
     with pytest.raises(BusError):
         consumer_config(names.consumer(deliver_policy="by_start_time"))
+
+
+def test_flush_retry_delay_doubles_up_to_its_cap_and_jitter_only_shortens_it() -> None:
+    assert [flush_retry_delay(n, jitter=0.0) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
+    assert flush_retry_delay(10_000, jitter=0.0) == FLUSH_RETRY_MAX_SECONDS
+    assert flush_retry_delay(3, jitter=1.0) == pytest.approx(2.0 * 0.8)
+    assert flush_retry_delay(3, jitter=0.5) == pytest.approx(2.0 * 0.9)

@@ -7,7 +7,8 @@ counter bumped on every write, 409 on stale writes, merge / strategic-merge / JS
 subresource rules, watches that resume from a resourceVersion and get a 410 ERROR event once it left
 the retained window, and validation against the CRD schemas in ../shared/reference/koordinator-crds.
 Tests get one from tests/fixtures/kube.py and inspect or steer it through its hooks (`objects`,
-`get`, `put`, `remove`, `requests`, `fail_next`, `drop_watches`, `expire_history`, `bookmark`). The pure
+`get`, `put`, `remove`, `requests`, `fail_next`, `degrade`, `drop_watches`, `expire_history`, `bookmark`;
+`answered` lists every request with its time and status, for tests counting attempts). The pure
 rules (kinds, validation, patches, selectors) live in tests/fakes/kube_rules.py.
 
 Deliberate differences from a real server, to keep it small and our writers honest: fields a CRD
@@ -25,6 +26,7 @@ import asyncio
 import copy
 import json
 import random
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -58,6 +60,27 @@ class RecordedRequest(NamedTuple):
     verb: str
     path: str
     content_type: str
+
+
+class AnsweredRequest(NamedTuple):
+    """A resource request and how it was answered: `at` is time.monotonic() when it arrived."""
+
+    at: float
+    verb: str
+    path: str
+    status: int
+
+
+@dataclass(frozen=True)
+class Degradation:
+    """A slow or failing API server on the paths that start with `path_prefix` ("" = every path): each request
+    waits `latency_seconds`, then fails with `status` with probability `failure_ratio` (0 … 1, from the server's
+    seeded random generator, so a run is repeatable), else is served."""
+
+    path_prefix: str
+    latency_seconds: float = 0.0
+    failure_ratio: float = 0.0
+    status: int = 500
 
 
 @dataclass
@@ -125,8 +148,11 @@ class FakeKubeApi:
         self._oldest_resumable = 0  # a watch may resume from this resourceVersion or later
         self._watches: set[_Watch] = set()
         self._faults: list[_Fault] = []
+        self._degradations: list[Degradation] = []
+        self.answered: list[AnsweredRequest] = []
         self._clock = clock or (lambda: datetime.now(UTC))
         self._random = random.Random(seed)
+        self._fault_random = random.Random(seed)  # its own, so faults leave generated uids and names as they were
         self._runner: web.AppRunner | None = None
         self.tokens: dict[str, tuple[str, list[str]]] = {}
         """Bearer tokens a TokenReview authenticates: token → (username, groups)."""
@@ -226,6 +252,19 @@ class FakeKubeApi:
         delete; main resource or /status) on `kind` with an error Status of this code."""
         self._faults.append(_Fault(verb, self.resource_kind(kind).plural, status, times))
 
+    def degrade(
+        self, path_prefix: str = "", *, latency_seconds: float = 0.0, failure_ratio: float = 0.0, status: int = 500
+    ) -> None:
+        """Make requests under `path_prefix` slow and/or failing (see Degradation) until `recover()`; off by default.
+        The first degradation whose prefix matches a request applies."""
+        if not 0.0 <= failure_ratio <= 1.0 or latency_seconds < 0:
+            raise ValueError("failure_ratio must be within 0 … 1 and latency_seconds not negative")
+        self._degradations.append(Degradation(path_prefix, latency_seconds, failure_ratio, status))
+
+    def recover(self) -> None:
+        """Every degradation off: requests are served at once again."""
+        self._degradations.clear()
+
     def open_watches(self, kind: str) -> int:
         """How many watch streams on `kind` are open now (a test waits for them before dropping watches)."""
         plural = self.resource_kind(kind).plural
@@ -319,6 +358,26 @@ class FakeKubeApi:
             kind, namespace, name, subresource = self._route(segments)
             verb = self._verb(request, name)
             self.requests.append(RecordedRequest(verb, request.path, content_type))
+            arrived = time.monotonic()
+            response = await self._serve(request, kind, namespace, name, subresource, verb, content_type)
+            self.answered.append(AnsweredRequest(arrived, verb, request.path, response.status))
+            return response
+        except ApiError as error:
+            headers = {"Retry-After": "1"} if error.code == 429 else None
+            return web.json_response(error.status(), status=error.code, headers=headers)
+
+    async def _serve(
+        self,
+        request: web.Request,
+        kind: ResourceKind,
+        namespace: str | None,
+        name: str | None,
+        subresource: str | None,
+        verb: str,
+        content_type: str,
+    ) -> web.StreamResponse:
+        try:
+            await self._degrade(request.path, verb)
             self._inject_fault(verb, kind)
             if verb == "create" and kind.namespaced and namespace is None:
                 raise ApiError(405, f"create {kind.resource} needs a namespace in the path")
@@ -466,6 +525,15 @@ class FakeKubeApi:
         if verb is None or (verb == "create") == (name is not None):
             raise ApiError(405, f"{request.method} is not supported on {request.path}")
         return verb
+
+    async def _degrade(self, path: str, verb: str) -> None:
+        degradation = next((d for d in self._degradations if path.startswith(d.path_prefix)), None)
+        if degradation is None:
+            return
+        if degradation.latency_seconds:
+            await asyncio.sleep(degradation.latency_seconds)
+        if self._fault_random.random() < degradation.failure_ratio:
+            raise ApiError(degradation.status, f"injected fault: {verb} {path} answered {degradation.status}")
 
     def _inject_fault(self, verb: str, kind: ResourceKind) -> None:
         for fault in self._faults:

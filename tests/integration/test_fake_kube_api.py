@@ -9,6 +9,7 @@ and the test hooks (seeding, request log, fault injection).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -428,6 +429,32 @@ async def test_fail_next_injects_errors(kube_api: FakeKubeApi, kube_client: ApiC
     assert rejection(throttled)[1] == "TooManyRequests"
     assert (await custom.get_cluster_custom_object(*SLO, "nodemetrics", "n1"))["status"] == NODE_METRIC_STATUS
     assert [r.verb for r in kube_api.requests].count("patch") == 3
+
+
+async def test_degrade_slows_and_fails_one_path_until_recover(kube_api: FakeKubeApi, kube_client: ApiClient) -> None:
+    custom = CustomObjectsApi(kube_client)
+    core_api = CoreV1Api(kube_client)
+    kube_api.put("nodemetrics", node_metric("n1"))
+    kube_api.put("nodes", {"metadata": {"name": "n1"}})
+    kube_api.degrade("/apis/slo.koordinator.sh/", latency_seconds=0.05, failure_ratio=0.5, status=503)
+    statuses = []
+    for _ in range(40):
+        try:
+            await custom.get_cluster_custom_object(*SLO, "nodemetrics", "n1")
+            statuses.append(200)
+        except ApiException as e:
+            statuses.append(e.status)
+    assert set(statuses) == {200, 503} and 8 <= statuses.count(503) <= 32  # about half, from the seeded generator
+    assert (await core_api.read_node("n1")).metadata.name == "n1"  # other paths are untouched
+    degraded = [a for a in kube_api.answered if a.path.startswith("/apis/slo.koordinator.sh/")]
+    assert [a.status for a in degraded] == statuses
+    assert all(b.at - a.at >= 0.05 for a, b in itertools.pairwise(degraded))  # each waited first
+    kube_api.recover()
+    for _ in range(10):
+        await custom.get_cluster_custom_object(*SLO, "nodemetrics", "n1")
+    assert kube_api.answered[-1].status == 200
+    with pytest.raises(ValueError, match="failure_ratio"):
+        kube_api.degrade(failure_ratio=1.5)
 
 
 async def test_kubeconfig_configuration_and_discovery(kube_api: FakeKubeApi, tmp_path: Path) -> None:

@@ -99,6 +99,16 @@ def test_backoff_doubles_up_to_the_bound() -> None:
     assert core.backoff_delay(10_000, initial=0.5, maximum=3.0) == 3.0
 
 
+def test_backoff_jitter_only_shortens_the_delay_by_up_to_its_share() -> None:
+    assert core.backoff_delay(3, initial=0.5, maximum=3.0, jitter=1.0) == pytest.approx(2.0 * (1 - core.BACKOFF_JITTER))
+    assert core.backoff_delay(3, initial=0.5, maximum=3.0, jitter=0.5) == pytest.approx(
+        2.0 * (1 - core.BACKOFF_JITTER / 2)
+    )
+    assert core.backoff_delay(0, initial=0.5, maximum=3.0, jitter=0.7) == 0.0
+    spread = {core.backoff_delay(4, initial=0.5, maximum=3.0, jitter=j / 10) for j in range(11)}
+    assert len(spread) == 11 and min(spread) >= 3.0 * (1 - core.BACKOFF_JITTER) and max(spread) == 3.0
+
+
 # --- state transitions
 
 
