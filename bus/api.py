@@ -72,6 +72,10 @@ class ConsumerSpec:
     the consumer stops, and nothing newer is fetched meanwhile; the batch stays unacknowledged. For projections
     whose store skips sequences at or below its offset: a nak'ed batch comes back after newer messages, and once
     those are written the store would skip it for good. Off: the batch is nak'ed and redelivered (any order)."""
+    inactive_threshold_seconds: float | None = None
+    """The server deletes the durable after this long without a consumer: for durables named after a replica's
+    instance (a Deployment's pod names change with every pod, so old ones would otherwise stay for ever). None:
+    kept until deleted."""
 
 
 @dataclass(frozen=True, kw_only=True)

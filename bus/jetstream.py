@@ -135,6 +135,7 @@ def consumer_config(spec: ConsumerSpec) -> js_api.ConsumerConfig:
         # More than one filter needs nats-server 2.10+ and the plural field.
         filter_subject=filters[0] if len(filters) == 1 else None,
         filter_subjects=filters if len(filters) > 1 else None,
+        inactive_threshold=spec.inactive_threshold_seconds,
     )
 
 

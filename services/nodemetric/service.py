@@ -54,6 +54,8 @@ LATENCY_BUCKETS_SECONDS = (
 )  # fmt: skip
 INGEST_CONSUMER = "nodemetric-ingest"
 PROJECTOR_CONSUMER = "nodemetric-projector"
+INSTANCE_DURABLE_INACTIVE_SECONDS = 3600.0
+"""A replica's own durables (named after its instance) are deleted by the server an hour after it went away."""
 
 
 def collect_policy(settings: NodeMetricSettings) -> MetricCollectPolicy:
@@ -316,6 +318,7 @@ class NodeMetricService:
             # The database, not the durable, knows what is projected: a fresh database replays the whole stream.
             deliver_policy="by_start_sequence",
             opt_start_seq=projected + 1,
+            inactive_threshold_seconds=INSTANCE_DURABLE_INACTIVE_SECONDS if self.settings.instance else None,
         )
         interval = self.settings.projection_write_interval_seconds
         self._writers = [
@@ -358,6 +361,7 @@ class NodeMetricService:
                 batch_size=self.settings.ingest_batch_size,
                 deliver_policy="by_start_time",
                 opt_start_time=max(replay_from, 0.0),
+                inactive_threshold_seconds=INSTANCE_DURABLE_INACTIVE_SECONDS if self.settings.instance else None,
             )
             self._ingest = self.bus.consume(ingest, _IngestHandler(self), reset=True)
         watched = {PROJECTOR_CONSUMER: self._projector} if self._projector is not None else {}

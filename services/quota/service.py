@@ -220,6 +220,7 @@ class QuotaService:
                 projected = await store.offset(name)
                 spec = ConsumerSpec(
                     durable=self._durable(name),
+                    inactive_threshold_seconds=self._inactive_threshold,
                     stream=stream,
                     filter_subjects=filters,
                     service=SERVICE,
@@ -286,6 +287,11 @@ class QuotaService:
     def _durable(self, name: str) -> str:
         return f"{name}-{self.settings.instance}" if self.settings.instance else name
 
+    @property
+    def _inactive_threshold(self) -> float | None:
+        """Durables named after this replica's instance are deleted by the server an hour after it went away."""
+        return 3600.0 if self.settings.instance else None
+
     def _spec(self, durable: str) -> ConsumerSpec:
         policy: DeliverPolicy
         filters: tuple[str, ...]
@@ -299,6 +305,7 @@ class QuotaService:
             )
         return ConsumerSpec(
             durable=self._durable(durable),
+            inactive_threshold_seconds=self._inactive_threshold,
             stream=stream,
             filter_subjects=filters,
             service=SERVICE,
@@ -484,6 +491,7 @@ class QuotaService:
         reader = _LastStatuses()
         spec = ConsumerSpec(
             durable=self._durable(LAST_STATUS_READER),
+            inactive_threshold_seconds=self._inactive_threshold,
             stream=streams.KOORD_QUOTA_STATUS,
             filter_subjects=(subjects.QUOTA_STATUS_ALL, subjects.QUOTA_TREES_ALL),
             service=SERVICE,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from bus import subjects
+from bus import streams, subjects
 from bus.jetstream import JetStreamBus
 from schemas.node import NodeMetricsReported, encode_node_event
 from services.common import db
@@ -66,6 +66,9 @@ async def test_replicas_split_the_nodes_and_a_dead_replicas_partitions_move(
 
         await eventually(split, timeout=20)
         assert first.owned and second.owned  # both hold a share
+        # a replica's own durables go away an hour after it does (pod names change with every pod)
+        info = await koordbus_bus.jetstream.consumer_info(streams.KOORD_NODE, "nodemetric-ingest-r1")
+        assert info.config.inactive_threshold == 3600.0
         for node in NODES:  # the replica holding a node's window owns its partition
             holder = first if node in first._windows else second
             assert subjects.node_partition(node) in (holder.owned or ())
