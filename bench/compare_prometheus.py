@@ -359,6 +359,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                         log.info("load is flowing to both; warming up for %g s", args.warmup)
                         await asyncio.sleep(args.warmup)
                         start_wall, first = time.time(), await measured_snapshot(service_port, pids)
+                        scrapes_before = scrapes.value
                         durations = settings_loader.load(NodeMetricSettings).aggregate_durations_seconds
                         watcher = asyncio.create_task(
                             watch_rounds(
@@ -371,6 +372,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                         log.info("measuring for %g s", args.duration)
                         await progress(args.duration, pids, first[1], prometheus=prometheus, service=service)
                         end_wall, last = time.time(), await measured_snapshot(service_port, pids)
+                        scrapes_served = scrapes.value - scrapes_before
                         rounds = await watcher
                         load_seconds = time.monotonic() - load_started
                     reports = await koordbus_reports(
@@ -397,7 +399,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         prometheus_freshness=prom_fresh,
         rounds=len(rounds),
         group=group,
-        scrapes=float(scrapes.value),
+        scrapes=scrapes_served,
         check=check,
     )
 
@@ -473,7 +475,8 @@ def result(
             "rss_peak_mb": mib(p1["prometheus"]),
             "exporter_cpu_s": seconds_of(p1["exporter"], p0["exporter"]),
             "scrape_targets": promsetup.shards(args.nodes, args.nodes_per_target),
-            "scrapes": int(scrapes),
+            # Served by the exporter in the measured period: targets/s when every scrape arrived on time.
+            "scrapes_per_s": round(scrapes / seconds, 1),
             "rounds": rounds,
             "freshness_values": len(prometheus_freshness),
             "freshness_p50_s": rounded(q(prometheus_freshness, 0.5)),

@@ -54,7 +54,7 @@ def test_compares_both_systems_at_toy_size(tmp_path: Path) -> None:
     # A report's newest sample waits for its batch (≤ one 10 s agent interval plus the node's spread) to be sent.
     assert 0 < koordbus["batching_p50_s"] <= koordbus["freshness_p50_s"] <= koordbus["freshness_p99_s"]
     assert (prometheus["rules"], prometheus["rule_errors"], prometheus["scrape_targets"]) == (24, 0, 6)
-    assert prometheus["scrapes"] >= 6 * 30  # every target scraped about every second
+    assert 3 <= prometheus["scrapes_per_s"] <= 7  # every target scraped about every second
     assert prometheus["rounds"] >= 1 and prometheus["freshness_values"] == 6 * prometheus["rounds"]
     assert 0 < prometheus["freshness_p50_s"] <= prometheus["freshness_p99_s"]
     check = result["cross_check"]
