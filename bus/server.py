@@ -92,6 +92,13 @@ class EmbeddedNatsServer:
             raise NatsServerError("nats-server is not running")
         return self._url
 
+    @property
+    def pid(self) -> int:
+        """The server process's id (benchmarks read its CPU time and RSS from /proc)."""
+        if self._process is None:
+            raise NatsServerError("nats-server is not running")
+        return self._process.pid
+
     async def start(self) -> None:
         if self._process is not None:
             raise NatsServerError("nats-server already started")

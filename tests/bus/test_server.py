@@ -25,11 +25,14 @@ async def test_server_starts_serves_jetstream_and_stops(tmp_path: Path) -> None:
         await bus.close()
         process = server._process
         assert process is not None
+        assert server.pid == process.pid
     assert process.returncode is not None  # stopped by the context manager
     assert "Server is ready" in (tmp_path / "nats" / "nats-server.log").read_text()
     assert (tmp_path / "nats" / "jetstream").is_dir()
     with pytest.raises(NatsServerError):
         _ = server.url
+    with pytest.raises(NatsServerError):
+        _ = server.pid
 
 
 async def test_file_storage_survives_a_restart(tmp_path: Path) -> None:
