@@ -42,9 +42,7 @@ import logging
 import multiprocessing
 import os
 import shlex
-import shutil
 import sys
-import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -490,24 +488,10 @@ def result(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     if not PROMETHEUS.exists():
         print(f"{PROMETHEUS} is missing: install it with `{INSTALL_COMMAND}` (as root) and run again", file=sys.stderr)
         return 2
-    processes.pin_away_from(args.service_cpu)
-    workdir = Path(tempfile.mkdtemp(prefix="koordbus-bench-"))
-    try:
-        line = asyncio.run(run(args, workdir))
-    except KeyboardInterrupt:
-        log.warning("interrupted; everything started has been stopped")
-        return 130
-    finally:
-        if args.keep:
-            log.info("kept %s", workdir)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-    print(json.dumps(line), flush=True)
-    return 0
+    return processes.run_pinned_bench(args, run)
 
 
 if __name__ == "__main__":

@@ -21,15 +21,12 @@ import argparse
 import asyncio
 import contextlib
 import datetime
-import json
 import logging
 import multiprocessing
 import os
 import shlex
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -450,21 +447,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
-    processes.pin_away_from(args.service_cpu)
-    workdir = Path(tempfile.mkdtemp(prefix="koordbus-bench-"))
-    try:
-        line = asyncio.run(run(args, workdir))
-    except KeyboardInterrupt:
-        log.warning("interrupted; everything started has been stopped")
-        return 130
-    finally:
-        if args.keep:
-            log.info("kept %s", workdir)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-    print(json.dumps(line), flush=True)
-    return 0
+    return processes.run_pinned_bench(args, run)
 
 
 if __name__ == "__main__":

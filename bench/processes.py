@@ -1,17 +1,24 @@
-"""Processes the benchmarks share: a `koordbus service …` pinned to one CPU, keeping the rest off that CPU, and
-the tail of a log for error messages. Used by bench/nodemetric_ingest.py, bench/noderesource.py and
-bench/compare_prometheus.py (which pins Prometheus the same way)."""
+"""Processes the benchmarks share: a `koordbus service …` pinned to one CPU, keeping the rest off that CPU, the
+tail of a log for error messages, and `run_pinned_bench`, the entry point of the benchmarks that pin a service.
+Used by bench/nodemetric_ingest.py, bench/noderesource.py and bench/compare_prometheus.py (which pins Prometheus
+the same way)."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import contextlib
+import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("bench.processes")
 
@@ -68,3 +75,25 @@ def tail(path: Path, lines: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def run_pinned_bench(
+    args: argparse.Namespace, run: Callable[[argparse.Namespace, Path], Awaitable[dict[str, Any]]]
+) -> int:
+    """Keep this process off `args.service_cpu`, run `run(args, workdir)` in a temporary directory (kept with
+    `args.keep`), print its one JSON line; 130 on Ctrl-C (everything started has been stopped by then)."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    pin_away_from(args.service_cpu)
+    workdir = Path(tempfile.mkdtemp(prefix="koordbus-bench-"))
+    try:
+        line = asyncio.run(run(args, workdir))
+    except KeyboardInterrupt:
+        log.warning("interrupted; everything started has been stopped")
+        return 130
+    finally:
+        if args.keep:
+            log.info("kept %s", workdir)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(json.dumps(line), flush=True)
+    return 0
