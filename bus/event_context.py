@@ -82,8 +82,8 @@ def node_in_subject(subject: str) -> str | None:
         parts = subject.split(".")
         if len(parts) < 4 or parts[0] + "." + parts[1] != subjects.PREFIX:
             return None
-        if parts[2] == "node" and len(parts) in (5, 6):  # as published, or as KOORD_NODE stores it (partition)
-            return subjects.decode_token(parts[3])
+        if parts[2] == "node":  # as published, or as KOORD_NODE stores it (with the node's partition)
+            return subjects.node_of(subject)
         if parts[2] in _NODE_SUBJECT_FAMILIES and len(parts) == 5:
             # koord.v1.noderesource.config.status is the one subject of these families that names no node
             return None if parts[2] == "noderesource" and parts[4] != "computed" else subjects.decode_token(parts[3])

@@ -491,7 +491,7 @@ class QuotaService:
         reader = _LastStatuses()
         spec = ConsumerSpec(
             durable=self._durable(LAST_STATUS_READER),
-            inactive_threshold_seconds=self._inactive_threshold,
+            inactive_threshold_seconds=60.0,  # read once at start: the server drops it a minute later
             stream=streams.KOORD_QUOTA_STATUS,
             filter_subjects=(subjects.QUOTA_STATUS_ALL, subjects.QUOTA_TREES_ALL),
             service=SERVICE,

@@ -190,13 +190,10 @@ def noderesource_case(rng: random.Random) -> Case:
 
     return Case(
         service="noderesource",
-        durables=tuple(
-            (stream, durable)
-            for stream, durable in (
-                (streams.KOORD_CLUSTER, noderesource.CLUSTER_CONSUMER),
-                (streams.KOORD_NODEMETRIC, noderesource.NODEMETRIC_CONSUMER),
-                (streams.KOORD_NODERESOURCE, noderesource.PROJECTOR_CONSUMER),
-            )
+        durables=(
+            (streams.KOORD_CLUSTER, noderesource.CLUSTER_CONSUMER),
+            (streams.KOORD_NODEMETRIC, noderesource.NODEMETRIC_CONSUMER),
+            (streams.KOORD_NODERESOURCE, noderesource.PROJECTOR_CONSUMER),
         ),
         decision_streams=(streams.KOORD_NODERESOURCE,),
         setup=setup,
