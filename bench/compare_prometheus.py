@@ -61,7 +61,7 @@ from bench import loadgen, measure, node_exporter, nodemetric_ingest, processes,
 from bus import streams, subjects
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
-from schemas.node import NodeMetricComputed, NodeMetricComputedRecord
+from schemas.node import NODE_EVENT_DECODER, NodeMetricComputed, NodeMetricComputedRecord
 from services.common import settings as settings_loader
 from services.nodemetric.settings import NodeMetricSettings
 
@@ -243,18 +243,25 @@ async def koordbus_reports(bus: JetStreamBus, *, since: float, until: float, lim
 
 async def cross_check(bus: JetStreamBus, port: int, node: str) -> dict[str, Any]:
     """One node's CPU average and p95 over 5 min from both systems at koordbus's latest report time: the same data
-    gives nearly the same numbers (nearest rank vs interpolation, windows starting at slightly different samples).
-    koordbus leaves a duration empty until its samples span half of it (cold start): p95 is null before 150 s."""
+    gives nearly the same numbers (nearest rank vs interpolation). Prometheus scrapes the exporter from before the
+    agents start, so its range is cut to the seconds koordbus has samples for (from the node's first batch):
+    otherwise a short run compares different spans. koordbus leaves a duration empty until its samples span half of
+    it (cold start): p95 is null before 150 s."""
     delivery = await bus.last_on_subject(streams.KOORD_NODEMETRIC, subjects.nodemetric_computed(node))
     if delivery is None:
         return {}
     report = msgspec.json.decode(delivery.data, type=NodeMetricComputed)
+    batches = await bus.read_recent(
+        streams.KOORD_NODE, subjects.stored(subjects.node_metrics(node)), since=0, limit=100_000
+    )
+    first_sample = min((NODE_EVENT_DECODER.decode(b.data).window_start for b in batches), default=0.0)
+    span = int(min(300, max(report.report_time - first_sample, 1)))
     usage = {a.duration_seconds: a.usage for a in report.status.node_metric.aggregated_node_usages}
     _, series = promsetup.RESOURCES[0]
-    figures: dict[str, Any] = {"node": node, "report_time": report.report_time}
+    figures: dict[str, Any] = {"node": node, "report_time": report.report_time, "span_s": span}
     for name, koordbus, expr in (
-        ("avg", report.status.node_metric.node_usage, f'avg_over_time({series}{{node="{node}"}}[300s])'),
-        ("p95", usage.get(300, {}).get("p95"), f'quantile_over_time(0.95, {series}{{node="{node}"}}[300s])'),
+        ("avg", report.status.node_metric.node_usage, f'avg_over_time({series}{{node="{node}"}}[{span}s])'),
+        ("p95", usage.get(300, {}).get("p95"), f'quantile_over_time(0.95, {series}{{node="{node}"}}[{span}s])'),
     ):
         vector = await prometheus_query(port, expr, at=report.report_time)
         figures[f"koordbus_cpu_{name}_5m_millicores"] = koordbus.resources.get("cpu") if koordbus else None
