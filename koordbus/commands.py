@@ -371,6 +371,7 @@ async def run_up(args: argparse.Namespace) -> int:
                 migration_store=migration_service.store,
                 migration_client=MigrationClient(bus),
                 slo_reader=SloReader(bus),
+                event_hub=await _event_hub(stack, bus, api_settings),
                 recorded_writes=cluster.recorded_writes,
                 registry=registry,
                 tokens=tokens,
@@ -802,6 +803,20 @@ async def _run_migration(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _event_hub(stack: AsyncExitStack, bus: Any, settings: Any) -> Any:
+    """The API's event subscriptions (services.api.event_hub), closed with the stack."""
+    from services.api.event_hub import EventHub
+
+    hub = EventHub(
+        bus,
+        queue_size=settings.events_queue_size,
+        max_subscriptions=settings.events_max_subscriptions,
+        max_per_caller=settings.events_max_per_caller,
+    )
+    stack.push_async_callback(hub.close)
+    return hub
+
+
 async def _serve_service_port(stack: AsyncExitStack, port: int, registry: Any, **context: Any) -> None:
     """A service process's HTTP port (0 = none): /healthz, /readyz, /metrics and the read routes of what it holds."""
     from koordbus import runtime
@@ -968,6 +983,7 @@ async def run_api(args: argparse.Namespace) -> int:
                 migration_store=MigrationStore(engine),
                 migration_client=MigrationClient(bus),
                 slo_reader=SloReader(bus),
+                event_hub=await _event_hub(stack, bus, settings),
                 registry=registry,
                 tokens=tokens,
                 reviewed_tokens=reviewed,

@@ -101,7 +101,10 @@ async def serve_http(stack: AsyncExitStack, app: FastAPI, *, host: str, port: in
     """Run uvicorn inside this event loop until the stack closes."""
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", access_log=False)
+    # Open event streams never end by themselves: past 3 s of shutdown, uvicorn cancels them.
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=3
+    )
     server = uvicorn.Server(config)
     # The CLI owns SIGINT/SIGTERM (stop_event_on_signals); uvicorn must not take them over.
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
