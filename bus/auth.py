@@ -44,12 +44,19 @@ def node_permissions(node: str) -> dict[str, Any]:
     }
 
 
+def new_password() -> str:
+    """256 random bits as a letter and hex digits: nats-server parses a `$VARIABLE`'s value as a config token, so
+    a password from the environment must read as a bare string (one starting with a digit or `-` reads as a
+    number and fails)."""
+    return "k" + secrets.token_hex(32)
+
+
 def issue_node(node: str) -> NatsUser:
-    return NatsUser(user=node_user_name(node), password=secrets.token_urlsafe(32), permissions=node_permissions(node))
+    return NatsUser(user=node_user_name(node), password=new_password(), permissions=node_permissions(node))
 
 
 def issue_service(name: str) -> NatsUser:
-    return NatsUser(user=f"service-{subjects.encode_token(name)}", password=secrets.token_urlsafe(32))
+    return NatsUser(user=f"service-{subjects.encode_token(name)}", password=new_password())
 
 
 def render_authorization(users: Sequence[NatsUser]) -> str:
