@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import secrets
+import signal
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from services.k8s.token_review import KubeTokenReviewer
 from services.natsauth.service import NatsAuthService
 from services.natsauth.settings import NatsAuthSettings
 from tests.fakes.kube_api import FakeKubeApi
+from tests.integration.test_agent_qos import v1_tree
 from tests.support.waiting import eventually
 
 DENIED = (BusError, TimeoutError)
@@ -233,3 +236,63 @@ async def test_the_cluster_secret_is_made_once_and_only_ever_gains_keys(kube_api
     assert {k: second[k] for k in first} == first
     assert "added nothing" in await ensure("api,slo")
     assert data() == second
+
+
+async def test_the_commands_run_the_callout_and_an_agent_with_its_token_file(
+    tmp_path: Path, kube_api: FakeKubeApi
+) -> None:
+    """`koordbus service natsauth` and `koordbus agent --nats-token-file` as processes, configured as the chart
+    configures them: the agent's reports arrive, sent as its node's user."""
+    issuer = nkeys.from_random(nkeys.Prefix.ACCOUNT, secrets.token_bytes(32))
+    callout_user, service = auth.issue_service("natsauth"), auth.issue_service("control-plane")
+    (tmp_path / "natsauth.creds.json").write_text(auth.creds_json(callout_user))
+    (tmp_path / "issuer-seed").write_text(issuer.seed)
+    (tmp_path / "token").write_text("agent-token\n")
+    pod_token(kube_api, "agent-token", node=NODE_A)
+    server = EmbeddedNatsServer(
+        store_dir=tmp_path / "nats",
+        authorization=auth.render_callout_authorization(
+            issuer_public_key=issuer.public_key, callout_user=callout_user, service_users=[service]
+        ),
+    )
+    await server.start()
+    admin = await JetStreamBus.connect(server.url, name="svc", user=service.user, password=service.password)
+    v1_tree(tmp_path / "cg")
+    env = {
+        **os.environ, "KOORDBUS_AGENT_SERVICE_ACCOUNT": "koordbus:koordbus-agent",
+        "KOORDBUS_ISSUER_SEED_FILE": str(tmp_path / "issuer-seed"), "KOORDBUS_TOKEN_AUDIENCE": AUDIENCE,
+        "KOORDBUS_CGROUP_DRIVER": "cgroupfs", "KOORDBUS_PUBLISH_INTERVAL": "1",
+    }  # fmt: skip
+    cli = [sys.executable, "-m", "koordbus.cli"]
+    processes: list[asyncio.subprocess.Process] = []
+    try:
+        await admin.ensure_streams(streams.all_streams())
+        for args in (
+            ["service", "natsauth", "--nats-creds", str(tmp_path / "natsauth.creds.json"),
+             "--kubeconfig", str(kube_api.kubeconfig(tmp_path / "kubeconfig")), "--port", "0"],
+            ["agent", "--nats-token-file", str(tmp_path / "token"), "--node-name", NODE_A, "--dry-run",
+             "--cgroup-root", str(tmp_path / "cg"), "--port", "0", "--state-dir", str(tmp_path / "state")],
+        ):  # fmt: skip
+            process = await asyncio.create_subprocess_exec(
+                *cli, *args, "--nats-url", server.url, env=env,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+            processes.append(process)
+
+        async def reported() -> bool:
+            assert all(p.returncode is None for p in processes), "a process exited"
+            stored = subjects.stored(subjects.node_state(NODE_A))
+            return await admin.last_on_subject(streams.KOORD_NODE, stored) is not None
+
+        await eventually(reported, timeout=60)
+    finally:
+        outputs = []
+        for process in reversed(processes):
+            if process.returncode is None:
+                process.send_signal(signal.SIGINT)
+            outputs.append((await asyncio.wait_for(process.communicate(), 30))[0].decode())
+        await admin.close()
+        await server.stop()
+    callout_output = outputs[-1]
+    assert f"connects as {auth.node_user_name(NODE_A)}" in callout_output, callout_output
+    assert all(p.returncode == 0 for p in processes), outputs
