@@ -297,8 +297,9 @@ class Bus(Protocol):
         oldest first. A one-off read for queries (no durable state); costs one pass over what matches."""
         ...
 
-    async def serve(self, subject: str, handler: RequestHandler, *, queue: str) -> Responder:
-        """Answer requests on `subject`; responders sharing `queue` split the requests (one answers each)."""
+    async def serve(self, subject: str, handler: RequestHandler, *, queue: str, concurrency: int = 1) -> Responder:
+        """Answer requests on `subject`; responders sharing `queue` split the requests (one answers each). Up to
+        `concurrency` requests are answered at once (1: one after the other, in arrival order)."""
         ...
 
     async def request(self, subject: str, data: bytes, *, timeout: float) -> bytes:

@@ -183,8 +183,10 @@ class JetStreamBus:
         max_in_flight: int = 1024,
         user: str | None = None,
         password: str | None = None,
+        token: Callable[[], str] | None = None,
     ) -> JetStreamBus:
-        """Connect (as `user` when given) and keep reconnecting forever (with nats-py's backoff) if the server goes
+        """Connect (as `user` when given, or with the token `token()` returns, asked again at every reconnect: a
+        Kubernetes token file rotates) and keep reconnecting forever (with nats-py's backoff) if the server goes
         away."""
 
         async def on_error(e: Exception) -> None:
@@ -207,6 +209,7 @@ class JetStreamBus:
                 reconnected_cb=on_reconnected,
                 user=user,
                 password=password,
+                token=token,
             )
         except (OSError, *_UNAVAILABLE, nats.errors.NoServersError) as e:
             raise BusUnavailableError(f"cannot connect to {url}: {e}") from e
@@ -420,10 +423,28 @@ class JetStreamBus:
 
     # --- request / reply (core NATS, no stream)
 
-    async def serve(self, subject: str, handler: RequestHandler, *, queue: str) -> _Responder:
+    async def serve(self, subject: str, handler: RequestHandler, *, queue: str, concurrency: int = 1) -> _Responder:
+        # nats-py calls a subscription's callback for one message at a time: beyond 1, each answer is a task, and
+        # the callback waits for a free slot (the server's queue holds the rest)
+        slots = asyncio.Semaphore(max(1, concurrency))
+        answering: set[asyncio.Task[None]] = set()
+
         async def on_request(msg: Msg) -> None:
             if not msg.reply:
                 return
+            if concurrency <= 1:
+                await answer(msg)
+                return
+            await slots.acquire()
+            task = asyncio.create_task(answer(msg))
+            answering.add(task)
+            task.add_done_callback(answered)
+
+        def answered(task: asyncio.Task[None]) -> None:
+            answering.discard(task)
+            slots.release()
+
+        async def answer(msg: Msg) -> None:
             try:
                 reply = await handler(msg.data)
                 headers = None
@@ -437,9 +458,10 @@ class JetStreamBus:
 
         try:
             sub = await self._nc.subscribe(subject, queue=queue, cb=on_request)
+            await self._nc.flush()  # the server has the subscription: a request sent after this is served
         except _UNAVAILABLE as e:
             raise BusUnavailableError(f"serve {subject}: {e}") from e
-        return _Responder(sub)
+        return _Responder(sub, answering)
 
     async def request(self, subject: str, data: bytes, *, timeout: float) -> bytes:
         try:
@@ -465,12 +487,15 @@ class JetStreamBus:
 
 
 class _Responder:
-    def __init__(self, sub: Any) -> None:
+    def __init__(self, sub: Any, answering: set[asyncio.Task[None]]) -> None:
         self._sub = sub
+        self._answering = answering
 
     async def stop(self) -> None:
         with contextlib.suppress(*_UNAVAILABLE, nats.errors.BadSubscriptionError):
             await self._sub.drain()
+        if self._answering:
+            await asyncio.gather(*self._answering, return_exceptions=True)
 
 
 def _publish_ack(reply: Msg, subject: str) -> PublishAck:

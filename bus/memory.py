@@ -389,8 +389,10 @@ class MemoryBus:
 
     # --- request / reply
 
-    async def serve(self, subject: str, handler: RequestHandler, *, queue: str) -> _MemoryResponder:
-        responder = _MemoryResponder(self, subject, handler)
+    async def serve(
+        self, subject: str, handler: RequestHandler, *, queue: str, concurrency: int = 1
+    ) -> _MemoryResponder:
+        responder = _MemoryResponder(self, subject, handler, concurrency=concurrency)
         self._responders.setdefault(subject, []).append(responder)
         return responder
 
@@ -401,7 +403,7 @@ class MemoryBus:
         self._turn += 1
         responder = candidates[self._turn % len(candidates)]
         try:
-            return await asyncio.wait_for(responder.handler(bytes(data)), timeout)
+            return await asyncio.wait_for(responder.answer(bytes(data)), timeout)
         except TimeoutError:
             raise BusUnavailableError(f"request {subject}: no answer within {timeout:g} s") from None
         except Exception as e:
@@ -420,10 +422,15 @@ class MemoryBus:
 
 
 class _MemoryResponder:
-    def __init__(self, bus: MemoryBus, subject: str, handler: RequestHandler) -> None:
+    def __init__(self, bus: MemoryBus, subject: str, handler: RequestHandler, *, concurrency: int) -> None:
         self._bus = bus
         self.subject = subject
         self.handler = handler
+        self._slots = asyncio.Semaphore(max(1, concurrency))
+
+    async def answer(self, data: bytes) -> bytes:
+        async with self._slots:
+            return await self.handler(data)
 
     async def stop(self) -> None:
         self._bus._unserve(self)

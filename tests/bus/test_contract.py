@@ -540,6 +540,28 @@ async def test_request_reply(bus: AnyBus, names: Names) -> None:
         await bus.request(subject, b"nobody", timeout=2)
 
 
+@pytest.mark.parametrize("concurrency", [1, 4])
+async def test_a_responder_answers_up_to_its_concurrency_at_once(bus: AnyBus, names: Names, concurrency: int) -> None:
+    subject = names.subject("rpc", "busy")
+    running = peak = 0
+
+    async def busy(data: bytes) -> bytes:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.05)
+        running -= 1
+        return data
+
+    responder = await bus.serve(subject, busy, queue="busy", concurrency=concurrency)
+    try:
+        replies = await asyncio.gather(*(bus.request(subject, str(i).encode(), timeout=5) for i in range(12)))
+        assert replies == [str(i).encode() for i in range(12)]
+        assert peak == concurrency
+    finally:
+        await responder.stop()
+
+
 async def test_request_to_a_failing_handler_is_a_remote_error(bus: AnyBus, names: Names) -> None:
     subject = names.subject("rpc", "broken")
 
