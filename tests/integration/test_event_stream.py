@@ -20,7 +20,7 @@ import websockets
 
 from bus import streams, subjects
 from bus.jetstream import JetStreamBus
-from koordbus import runtime
+from koordbus import cli, runtime
 from koordbus.events import SseMessage, parse_sse
 from services.api import auth
 from services.api.app import ApiContext, create_app
@@ -283,3 +283,32 @@ async def test_websocket_subscribers(api: Api) -> None:
         with pytest.raises(websockets.ConnectionClosed) as closed:
             await refused.recv()
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+
+
+async def test_koordbus_events_tail_list_and_types(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    def koordbus(*args: str) -> tuple[int, str, str]:
+        code = cli.main(["events", "--api", api.base, "--token", api_auth.TOKENS[auth.VIEWER], *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    await decided(api.bus, "n1", 1)
+    tail = asyncio.create_task(
+        asyncio.to_thread(koordbus, "tail", "--type", "noderesource.computed", "--node", "n1", "--since", "0",
+                          "--count", "3", "-o", "json")
+    )  # fmt: skip
+    await eventually(lambda: api.hub.subscriptions == 1)
+    await decided(api.bus, "n2", 2)
+    await decided(api.bus, "n1", 3)
+    await decided(api.bus, "n1", 4)
+    code, out, _ = await asyncio.wait_for(tail, 20)
+    assert code == 0
+    assert [json.loads(line)["data"]["n"] for line in out.splitlines()] == [1, 3, 4]
+    code, out, err = await asyncio.to_thread(koordbus, "list", "--node", "n1", "--since", "0", "--limit", "2")
+    assert code == 0 and len(out.splitlines()) == 2 and "noderesource.computed" in out and "node=n1" in out
+    assert err.startswith("more: --cursor 1-") and err.strip().endswith("-r3")  # every stream a node filter reads
+    code, out, _ = await asyncio.to_thread(koordbus, "list", "--node", "n1", "--cursor", err.split()[-1])
+    assert code == 0 and len(out.splitlines()) == 1 and '"n":4' in out
+    code, out, _ = await asyncio.to_thread(koordbus, "types")
+    assert code == 0 and out.splitlines()[0].split()[:3] == ["TYPE", "STREAM", "KEYS"] and "node.eviction" in out
+    code, _, err = await asyncio.to_thread(koordbus, "tail", "--type", "nope")
+    assert code == 1 and "unknown event type(s) 'nope'" in err
