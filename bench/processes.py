@@ -35,10 +35,14 @@ def pin_away_from(cpu: int) -> None:
 
 
 @contextlib.contextmanager
-def pinned_service(arguments: Sequence[str], *, cpu: int, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """`koordbus service <arguments>` pinned to `cpu`, output to `log_path`; SIGTERM (then SIGKILL) on the way out."""
+def pinned_service(
+    arguments: Sequence[str], *, cpu: int, log_path: Path, env: Mapping[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`koordbus service <arguments>` pinned to `cpu`, output to `log_path`, with `env` added to this process's
+    environment (e.g. KOORDBUS_INSTANCE for a replica); SIGTERM (then SIGKILL) on the way out."""
     command = [sys.executable, "-m", "koordbus.cli", "service", *arguments]
-    with pinned_process(command, cpu=cpu, log_path=log_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}) as process:
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with pinned_process(command, cpu=cpu, log_path=log_path, env=environment) as process:
         yield process
 
 
