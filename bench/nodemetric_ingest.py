@@ -205,12 +205,6 @@ async def wait_for_service(port: int, process: subprocess.Popen[bytes], log_path
     raise RuntimeError(f"the service did not serve /metrics within {SERVICE_READY_TIMEOUT_SECONDS:.0f} s")
 
 
-def replica_cpus(args: argparse.Namespace) -> list[int]:
-    """The CPU of each replica: --service-cpu, then the other CPUs from the highest down."""
-    others = sorted(set(args.cpus) - {args.service_cpu}, reverse=True)
-    return [args.service_cpu, *others][: args.replicas]
-
-
 async def wait_for_split(replicas: list[Replica]) -> None:
     """Until the replicas own every node partition between them, each a share (they join within a heartbeat or
     two, each first owning everything until it hears of the others)."""
@@ -332,7 +326,7 @@ def result(args: argparse.Namespace, first: Snapshot, last: Snapshot, *, load_se
         "service_rss_end_mb": round(sum(p.rss_bytes for p in last.procs) / 2**20, 1),
         "service_cpu_cores": round(measure.rate(last.cpu_seconds, first.cpu_seconds, seconds), 3),
         "replicas": len(last.procs),
-        "replica_cpus": replica_cpus(args),
+        "replica_cpus": processes.replica_cpus(args.service_cpu, args.cpus, args.replicas),
         "replica_batches_per_s": [
             round(measure.rate(b.batches, a.batches, seconds), 3)
             for a, b in zip(first.replicas, last.replicas, strict=True)
@@ -369,8 +363,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             with contextlib.ExitStack() as stack:
                 replicas: list[Replica] = []
                 started: list[tuple[subprocess.Popen[bytes], Path]] = []
-                for index, cpu in enumerate(replica_cpus(args)):
-                    instance = f"bench-{index}" if args.replicas > 1 else ""
+                cpus = processes.replica_cpus(args.service_cpu, args.cpus, args.replicas)
+                for instance, cpu in zip(processes.replica_instances(args.replicas), cpus, strict=True):
                     port = free_port()
                     arguments = ["nodemetric", "--nats-url", server.url, "--database-url", database_url]
                     service_log = workdir / ("service.log" if not instance else f"service-{instance}.log")
