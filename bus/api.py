@@ -241,6 +241,11 @@ class Follower(Protocol):
         when none arrived within the follower's wait."""
         ...
 
+    async def caught_up(self) -> bool:
+        """Whether every matching message stored so far has been handed out (an empty `next` may only mean a slow
+        server)."""
+        ...
+
     async def close(self) -> None: ...
 
 

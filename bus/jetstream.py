@@ -633,6 +633,11 @@ class _PullSource:
         request = {"batch": self._spec.batch_size, "expires": int(expires_seconds * 1e9)}
         await self._nc.publish(self._request_subject, json.dumps(request).encode(), reply=inbox)
 
+    @property
+    def buffered(self) -> int:
+        """Messages received and not yet handed out."""
+        return len(self._buffer)
+
     async def outstanding(self) -> int:
         await self._bind()
         info = await self._js.consumer_info(self._spec.stream, self._spec.durable)
@@ -713,6 +718,12 @@ class _Follower:
         if deliveries:
             self._next_seq = deliveries[-1].stream_seq + 1
         return deliveries
+
+    async def caught_up(self) -> bool:
+        try:
+            return await self._source.outstanding() == 0 and not self._source.buffered
+        except _UNAVAILABLE as e:
+            raise BusUnavailableError(f"follow {self._stream}: {e}") from e
 
     async def close(self) -> None:
         await self._source.close()

@@ -481,6 +481,12 @@ class _MemoryFollower:
             await self._bus.wait_for_change(remaining)
         return []
 
+    async def caught_up(self) -> bool:
+        return not any(
+            m.seq >= self._next_seq and any(subject_matches(f, m.subject) for f in self._filters)
+            for m in self._stream.messages.values()
+        )
+
     async def close(self) -> None:
         self._closed = True
 

@@ -274,7 +274,9 @@ class EventHub:
             while not done:
                 batch = await follower.next()
                 if not batch:
-                    break
+                    if await follower.caught_up():
+                        break
+                    continue
                 for delivery in batch:
                     if delivery.stream_seq > seam:
                         done = True
@@ -329,7 +331,9 @@ class EventHub:
                 while taken <= limit:
                     batch = await follower.next()
                     if not batch:
-                        break
+                        if await follower.caught_up():
+                            break
+                        continue
                     for delivery in batch:
                         if delivery.stream_seq > last:
                             break

@@ -400,9 +400,10 @@ async def test_follow_reads_in_order_from_a_sequence_a_time_or_the_end(bus: AnyB
     from_seq = await bus.follow(names.stream, wanted, api.FollowFrom(sequence=3), batch_size=2, wait_seconds=0.2)
     tail = await bus.follow(names.stream, (names.subject(">"),), api.FollowFrom(), wait_seconds=0.2)
     try:
+        assert not await from_seq.caught_up()
         got = await _read_all(from_seq, 3)
         assert [(d.data, d.stream_seq) for d in got] == [(b"a1", 3), (b"a2", 5), (b"a3", 7)]
-        assert got[-1].pending == 0
+        assert got[-1].pending == 0 and await from_seq.caught_up()
         assert await from_seq.next() == []  # nothing more within the wait
         from_time = await bus.follow(names.stream, wanted, api.FollowFrom(time=got[1].published_at), wait_seconds=0.2)
         try:

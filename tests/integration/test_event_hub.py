@@ -4,11 +4,16 @@ once its queue is full, while the others get every event and the publisher never
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
+import pytest
+
 from bus import streams, subjects
+from bus.jetstream import JetStreamBus
 from bus.memory import MemoryBus
 from services.api import event_catalogue as catalogue
+from services.api import event_hub
 from services.api.event_hub import EventHub, Message, Start
 from tests.support.waiting import eventually
 
@@ -41,5 +46,31 @@ async def test_a_slow_subscriber_is_dropped_and_nobody_else_notices() -> None:
         reading.cancel()
         await asyncio.gather(reading, return_exceptions=True)
         assert hub.subscriptions == 0
+    finally:
+        await hub.close()
+
+
+async def test_a_catch_up_that_waits_on_a_slow_server_misses_nothing(
+    koordbus_bus: JetStreamBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty read only means nothing came within the wait: the catch-up goes on until the follower has handed out
+    everything stored (with a 0.1 ms wait, reads come back empty before the server answers)."""
+    monkeypatch.setattr(event_hub, "CATCH_UP_WAIT_SECONDS", 0.0001)
+    bus = koordbus_bus
+    await bus.ensure_streams(streams.all_streams())
+    for n in range(30):
+        await bus.publish(subjects.noderesource_computed(f"n{n}"), json.dumps({"n": n}).encode(), msg_id=f"{n}")
+    hub = EventHub(bus, batch_size=4)
+    try:
+        sub = await hub.subscribe(catalogue.parse_filter(["noderesource.computed"], {}), caller="c")
+        got: list[int] = []
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5):  # an early end of the catch-up leaves the rest waiting for ever
+                async for message in hub.events(sub, Start(time=0)):
+                    if message.kind == "event":
+                        got.append(json.loads(message.data)["data"]["n"])
+                    if len(got) == 30:
+                        break
+        assert got == list(range(30))
     finally:
         await hub.close()
