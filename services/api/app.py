@@ -6,7 +6,8 @@ tests with the store, settings and metrics registry already built; routes reach 
 is JSON `{"error": "<one clear sentence>"}`: unknown routes and nodes, bad query parameters,
 wrong methods, failing readiness and unexpected exceptions alike; a stack trace goes to the
 log, never to the client. Every /api/v1 route needs a bearer token with role viewer or higher
-(services.api.auth); quota writes need quota-admin; /healthz, /readyz, /metrics and the docs stay open.
+(services.api.auth); quota writes need quota-admin; /healthz, /readyz, /metrics, the docs and the dashboard's
+static files (services.api.dashboard) stay open.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.api import auth, migrations, nodemetrics, noderesources, nodeslo, quotas, recorded
+from services.api import auth, dashboard, migrations, nodemetrics, noderesources, nodeslo, quotas, recorded
 from services.api.settings import ApiSettings
 from services.common.metrics import CONTENT_TYPE_LATEST, CollectorRegistry, render
 from services.common.observe import ReadinessCheck
@@ -193,11 +194,13 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(quotas.router, responses=responses, dependencies=viewer)
     app.include_router(migrations.router, responses=responses, dependencies=viewer)
     app.include_router(nodeslo.router, responses=responses, dependencies=viewer)
+    app.include_router(dashboard.router, responses=responses, dependencies=viewer)
     app.add_middleware(CatchAllMiddleware)
     _add_audit_log(app, context)
     _add_request_metrics(app, context)
     _add_health_routes(app, context)
     _add_error_handlers(app)
+    dashboard.mount(app)
     return app
 
 
