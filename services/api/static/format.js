@@ -19,7 +19,7 @@ export function bytes(b) {
     v /= 1024;
     i++;
   }
-  return `${v >= 100 || i === 0 ? v.toFixed(0) : v.toFixed(1)}${units[i]}`;
+  return `${v >= 100 || i === 0 || Number.isInteger(v) ? v.toFixed(0) : v.toFixed(1)}${units[i]}`;
 }
 
 export function percent(part, whole) {

@@ -175,21 +175,25 @@ function whatIfForm(signal) {
   };
 }
 
+// Per changed quota: runtime always, and every other figure whose value the change moves.
 function renderWhatIf(answer) {
   const parts = [];
   if (answer.violations.length) {
     parts.push(h("ul", {class: "error"}, answer.violations.map((v) => h("li", {}, `${v.quota}: ${v.message}`))));
   }
-  if (answer.changes.length === 0) parts.push(h("p", {class: "muted"}, "no runtime would change"));
+  if (answer.changes.length === 0) parts.push(h("p", {class: "muted"}, "no quota would change"));
   else {
+    const moved = (c) => FIGURES.flatMap((figure) => ["cpu", "memory"].map((resource) => {
+      const before = (c.before[figure] || {})[resource];
+      const after = (c.after[figure] || {})[resource];
+      if (figure !== "runtime" && before === after) return null;
+      if (figure === "runtime" && before === undefined && after === undefined) return null;
+      return h("div", {"data-figure": `${figure}-${resource}`},
+        `${figure} ${resource}: ${quantityText(before, resource)} → ${quantityText(after, resource)}`);
+    })).filter(Boolean);
     parts.push(h("table", {class: "grid-table"},
-      h("thead", {}, h("tr", {}, h("th", {}, "quota"), h("th", {}, "runtime cpu before → after"),
-        h("th", {}, "runtime memory before → after"))),
-      h("tbody", {}, answer.changes.map((c) => h("tr", {"data-quota": c.quota},
-        h("td", {}, c.quota),
-        h("td", {}, `${quantityText((c.before.runtime || {}).cpu, "cpu")} → ${quantityText((c.after.runtime || {}).cpu, "cpu")}`),
-        h("td", {}, `${quantityText((c.before.runtime || {}).memory, "memory")} → ${quantityText((c.after.runtime || {}).memory, "memory")}`),
-      )))));
+      h("thead", {}, h("tr", {}, h("th", {}, "quota"), h("th", {}, "before → after"))),
+      h("tbody", {}, answer.changes.map((c) => h("tr", {"data-quota": c.quota}, h("td", {}, c.quota), h("td", {}, moved(c)))))));
   }
   for (const note of answer.notes || []) parts.push(h("p", {class: "muted"}, note));
   return h("div", {}, parts);
