@@ -47,7 +47,7 @@ function pair(used, total, fmt) {
 }
 
 export function overviewPage(root, {signal}) {
-  const state = {rows: [], byName: new Map(), clockOffset: 0, staleAfter: 180, loaded: false};
+  const state = {rows: [], byName: new Map(), clockOffset: 0, staleAfter: 180, loaded: false, applied: 0, early: []};
   const now = () => Date.now() / 1000 + state.clockOffset;
   const isStale = (row) => now() - row.lastSample > state.staleAfter;
 
@@ -161,6 +161,7 @@ export function overviewPage(root, {signal}) {
     if (unknown) groups.push({label: "no capacity", values: [{name: "nodes", value: unknown}]});
     histogram.replaceChildren(barChart(groups, {width: 900, height: 180, yFormat: (v) => v.toFixed(0)}));
     counter.textContent = `${table.view.length} of ${state.rows.length} nodes`;
+    root.dataset.eventsApplied = String(state.applied); // read by tests/browser
   }
 
   function changed() {
@@ -189,12 +190,19 @@ export function overviewPage(root, {signal}) {
     state.byName = new Map(rows.map((r) => [r.name, r]));
     state.loaded = true;
     table.setRows(rows);
+    for (const envelope of state.early.splice(0)) onEvent(envelope);
     applyFilter();
     renderSummary();
     root.dataset.loaded = "true";
+    performance.mark("overview-loaded");
   }
 
   function onEvent(envelope) {
+    if (!state.loaded) {
+      state.early.push(envelope); // applied once the rows are there
+      return;
+    }
+    state.applied++;
     const row = state.byName.get(envelope.node);
     const data = envelope.data || {};
     if (envelope.type === "nodemetric.computed") {

@@ -75,6 +75,8 @@ export class SseParser {
 
 const KEEPALIVE_TIMEOUT_MS = 45000; // the server comments every 15 s; three missed ones mean a dead connection
 const MAX_BACKOFF_MS = 15000;
+const SLICE_CHARS = 65536;
+const SLICE_MS = 8;
 
 // Follows the event stream until `signal` aborts: reconnects with backoff and resumes after the last event id
 // (Last-Event-ID). Callbacks: onEvent(envelope, type), onControl(type, data) for warning/dropped, onStatus(state,
@@ -100,20 +102,30 @@ export function followEvents({url, headers, signal, onEvent, onControl = () => {
       onStatus("live");
       backoff = 1000;
       const reader = response.body.getReader();
+      let slice = performance.now();
       for (;;) {
         const {value, done} = await reader.read();
         if (done) break;
         clearTimeout(timer);
         timer = setTimeout(abortAll, KEEPALIVE_TIMEOUT_MS);
-        for (const message of parser.push(decoder.decode(value, {stream: true}))) {
-          if (message.kind !== "event") continue;
-          if (message.id) lastId = message.id;
-          if (message.type === "warning" || message.type === "dropped") {
-            onControl(message.type, safeJson(message.data));
-            continue;
+        // A burst can arrive as one multi-megabyte chunk: parse it in slices and give the page the main thread
+        // back whenever a slice has taken a few milliseconds, so a backlog never freezes it.
+        const text = decoder.decode(value, {stream: true});
+        for (let at = 0; at < text.length; at += SLICE_CHARS) {
+          for (const message of parser.push(text.slice(at, at + SLICE_CHARS))) {
+            if (message.kind !== "event") continue;
+            if (message.id) lastId = message.id;
+            if (message.type === "warning" || message.type === "dropped") {
+              onControl(message.type, safeJson(message.data));
+              continue;
+            }
+            const envelope = safeJson(message.data);
+            if (envelope) onEvent(envelope, message.type);
           }
-          const envelope = safeJson(message.data);
-          if (envelope) onEvent(envelope, message.type);
+          if (performance.now() - slice > SLICE_MS) {
+            await yieldToPage();
+            slice = performance.now();
+          }
         }
       }
       if (parser.retry !== null) backoff = Math.min(parser.retry, MAX_BACKOFF_MS);
@@ -141,6 +153,16 @@ export function followEvents({url, headers, signal, onEvent, onControl = () => {
       backoff = Math.min(backoff * 2, MAX_BACKOFF_MS);
     }
   })();
+}
+
+// Lets the browser paint and handle input: a message posted to a channel runs as a new task, without the 4 ms
+// clamp of nested setTimeout(0).
+function yieldToPage() {
+  return new Promise((resolve) => {
+    const channel = new MessageChannel();
+    channel.port1.onmessage = () => resolve();
+    channel.port2.postMessage(null);
+  });
 }
 
 function safeJson(text) {
