@@ -221,6 +221,29 @@ class Responder(Protocol):
         ...
 
 
+@dataclass(frozen=True, kw_only=True)
+class FollowFrom:
+    """Where a follower starts: at a stream sequence, at a time, or (neither) after the stream's last message."""
+
+    sequence: int | None = None
+    """The first stream sequence to deliver; one older than the stream retains starts at the oldest retained."""
+    time: float | None = None
+    """Unix seconds: the first message stored at or after it."""
+
+
+class Follower(Protocol):
+    """Reads a stream in order from a start, with no durable state and no acks: for readers that come and go (an
+    API client's subscription, a history page). Survives the server dropping its consumer (it picks up after the
+    last message it delivered)."""
+
+    async def next(self) -> list[Delivery]:
+        """The next messages in stream order (each with `pending`: matching messages still to come); an empty list
+        when none arrived within the follower's wait."""
+        ...
+
+    async def close(self) -> None: ...
+
+
 class Bus(Protocol):
     async def ensure_streams(self, specs: Iterable[StreamSpec]) -> None:
         """Create missing streams and bring existing ones to the spec; calling it twice changes nothing."""
@@ -252,13 +275,31 @@ class Bus(Protocol):
         """(message count, last sequence) of a stream."""
         ...
 
+    async def stream_bounds(self, stream: str) -> tuple[int, int]:
+        """(first, last) sequence the stream retains; first = last + 1 when it holds nothing."""
+        ...
+
+    async def follow(
+        self,
+        stream: str,
+        filter_subjects: Sequence[str],
+        start: FollowFrom,
+        *,
+        batch_size: int = 256,
+        wait_seconds: float = 1.0,
+    ) -> Follower:
+        """Start reading `stream`'s messages on `filter_subjects` from `start`. BusError when the stream does not
+        exist."""
+        ...
+
     async def read_recent(self, stream: str, subject: str, *, since: float, limit: int) -> list[Delivery]:
         """The newest `limit` messages on `subject` (wildcards allowed) stored at or after `since` (unix seconds),
         oldest first. A one-off read for queries (no durable state); costs one pass over what matches."""
         ...
 
-    async def serve(self, subject: str, handler: RequestHandler, *, queue: str) -> Responder:
-        """Answer requests on `subject`; responders sharing `queue` split the requests (one answers each)."""
+    async def serve(self, subject: str, handler: RequestHandler, *, queue: str, concurrency: int = 1) -> Responder:
+        """Answer requests on `subject`; responders sharing `queue` split the requests (one answers each). Up to
+        `concurrency` requests are answered at once (1: one after the other, in arrival order)."""
         ...
 
     async def request(self, subject: str, data: bytes, *, timeout: float) -> bytes:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bus import streams, subjects
+from bus import nkeys, streams, subjects
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,12 +44,19 @@ def node_permissions(node: str) -> dict[str, Any]:
     }
 
 
+def new_password() -> str:
+    """256 random bits as a letter and hex digits: nats-server parses a `$VARIABLE`'s value as a config token, so
+    a password from the environment must read as a bare string (one starting with a digit or `-` reads as a
+    number and fails)."""
+    return "k" + secrets.token_hex(32)
+
+
 def issue_node(node: str) -> NatsUser:
-    return NatsUser(user=node_user_name(node), password=secrets.token_urlsafe(32), permissions=node_permissions(node))
+    return NatsUser(user=node_user_name(node), password=new_password(), permissions=node_permissions(node))
 
 
 def issue_service(name: str) -> NatsUser:
-    return NatsUser(user=f"service-{subjects.encode_token(name)}", password=secrets.token_urlsafe(32))
+    return NatsUser(user=f"service-{subjects.encode_token(name)}", password=new_password())
 
 
 def render_authorization(users: Sequence[NatsUser]) -> str:
@@ -62,6 +69,86 @@ def render_authorization(users: Sequence[NatsUser]) -> str:
             entry["permissions"] = user.permissions
         entries.append(json.dumps(entry))
     return "authorization {\n  users = [\n" + "".join(f"    {e}\n" for e in entries) + "  ]\n}\n"
+
+
+AUTH_CALLOUT_SUBJECT = "$SYS.REQ.USER.AUTH"
+"""Where nats-server sends its authorization requests (to the callout's account)."""
+CALLOUT_ACCOUNT = "AUTH"
+"""The account of the auth callout's own user (nats-server sends it the authorization requests)."""
+KOORD_ACCOUNT = "KOORD"
+"""The account koordbus lives in (JetStream on): the service users, and every user the callout authorizes."""
+AUTH_TIMEOUT_SECONDS = 5.0
+"""How long nats-server waits for a client's authentication, the callout's answer included (its default is 2 s:
+too short for a TokenReview when every agent reconnects at once)."""
+
+
+def render_callout_authorization(
+    *, issuer_public_key: str, callout_user: NatsUser, service_users: Sequence[NatsUser]
+) -> str:
+    """The `accounts` and `authorization` blocks of a nats-server config with an auth callout (server-config mode,
+    no operator): `callout_user` (account AUTH) answers the authorization requests of every connection but the
+    listed service users' (account KOORD, everything allowed), signing users into KOORD with the account key whose
+    public key is `issuer_public_key`. Passwords may be `$VARIABLE`s the server reads from its environment."""
+
+    def entry(user: NatsUser) -> str:
+        password = user.password if user.password.startswith("$") else json.dumps(user.password)
+        return f"{{user: {json.dumps(user.user)}, password: {password}}}"
+
+    koord_users = "".join(f"      {entry(u)}\n" for u in service_users)
+    bypass = ", ".join(json.dumps(u.user) for u in (callout_user, *service_users))
+    return (
+        "accounts {\n"
+        f"  {CALLOUT_ACCOUNT} {{\n    users = [\n      {entry(callout_user)}\n    ]\n  }}\n"
+        f"  {KOORD_ACCOUNT} {{\n    jetstream: enabled\n    users = [\n{koord_users}    ]\n  }}\n"
+        "}\n"
+        "authorization {\n"
+        f"  timeout: {AUTH_TIMEOUT_SECONDS:g}\n"
+        "  auth_callout {\n"
+        f"    issuer: {issuer_public_key}\n"
+        f"    account: {CALLOUT_ACCOUNT}\n"
+        f"    auth_users: [{bypass}]\n"
+        "  }\n"
+        "}\n"
+    )
+
+
+ISSUER_SEED_KEY = "issuer-seed"
+ISSUER_PUBLIC_KEY_KEY = "issuer-public-key"
+
+
+def password_key(service: str) -> str:
+    """The cluster Secret's key holding a service user's password (for the nats-server config's environment)."""
+    return f"{service}-password"
+
+
+def creds_key(service: str) -> str:
+    """The cluster Secret's key holding a service's credentials file (mounted into its pods)."""
+    return f"{service}.creds.json"
+
+
+def cluster_secret_additions(
+    existing: Mapping[str, str], *, services: Sequence[str], issuer_random: bytes
+) -> dict[str, str]:
+    """What a release's NATS Secret lacks: the callout's account key (from `issuer_random`, 32 random bytes) and,
+    per service, a user `service-<name>` with a new password, as a password and as a credentials file. Keys present
+    stay as they are (a service whose two keys disagree gets both anew)."""
+    added: dict[str, str] = {}
+    if ISSUER_SEED_KEY not in existing or ISSUER_PUBLIC_KEY_KEY not in existing:
+        issuer = nkeys.from_random(nkeys.Prefix.ACCOUNT, issuer_random)
+        added |= {ISSUER_SEED_KEY: issuer.seed, ISSUER_PUBLIC_KEY_KEY: issuer.public_key}
+    for name in services:
+        if _matching(existing.get(password_key(name)), existing.get(creds_key(name))):
+            continue
+        user = issue_service(name)
+        added |= {password_key(name): user.password, creds_key(name): creds_json(user)}
+    return added
+
+
+def _matching(password: str | None, creds: str | None) -> bool:
+    try:
+        return password is not None and creds is not None and read_creds(creds, source="")[1] == password
+    except ValueError:
+        return False
 
 
 def creds_json(user: NatsUser) -> str:

@@ -16,8 +16,9 @@ import itertools
 import json
 import logging
 import math
+import secrets
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import nats
@@ -35,6 +36,7 @@ from bus.api import (
     Bus,
     ConsumerSpec,
     Delivery,
+    FollowFrom,
     Handler,
     PublishAck,
     PublishOptions,
@@ -55,6 +57,9 @@ NO_RESPONDERS_STATUS = "503"
 API_TIMEOUT_SECONDS = 5.0
 READ_RECENT_BATCH = 256
 READ_RECENT_INACTIVE_SECONDS = 10.0
+FOLLOW_INACTIVE_SECONDS = 60.0
+"""A follower's consumer outlives a reader that stops pulling for this long (a slow API client) — and if the
+server deletes it anyway, the follower makes a new one from where it was."""
 """An ephemeral reader left behind by a dropped connection is removed by the server after this long."""
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -178,8 +183,10 @@ class JetStreamBus:
         max_in_flight: int = 1024,
         user: str | None = None,
         password: str | None = None,
+        token: Callable[[], str] | None = None,
     ) -> JetStreamBus:
-        """Connect (as `user` when given) and keep reconnecting forever (with nats-py's backoff) if the server goes
+        """Connect (as `user` when given, or with the token `token()` returns, asked again at every reconnect: a
+        Kubernetes token file rotates) and keep reconnecting forever (with nats-py's backoff) if the server goes
         away."""
 
         async def on_error(e: Exception) -> None:
@@ -202,6 +209,7 @@ class JetStreamBus:
                 reconnected_cb=on_reconnected,
                 user=user,
                 password=password,
+                token=token,
             )
         except (OSError, *_UNAVAILABLE, nats.errors.NoServersError) as e:
             raise BusUnavailableError(f"cannot connect to {url}: {e}") from e
@@ -252,6 +260,33 @@ class JetStreamBus:
             stream_seq=raw.seq or 0,
             num_delivered=1,
             published_at=_timestamp(raw.time),
+        )
+
+    async def stream_bounds(self, stream: str) -> tuple[int, int]:
+        info = await self._api(self._js.stream_info(stream), f"stream info {stream}")
+        state = info.state
+        return (state.first_seq if state.messages else state.last_seq + 1), state.last_seq
+
+    async def follow(
+        self,
+        stream: str,
+        filter_subjects: Sequence[str],
+        start: FollowFrom,
+        *,
+        batch_size: int = 256,
+        wait_seconds: float = 1.0,
+    ) -> _Follower:
+        last_seq = (await self.stream_bounds(stream))[1]  # also: BusError now if there is no such stream
+        first_seq = last_seq + 1 if start.sequence is None and start.time is None else start.sequence
+        return _Follower(
+            self._nc,
+            self._js,
+            stream,
+            tuple(filter_subjects),
+            first_seq=first_seq,
+            first_time=start.time,
+            batch_size=batch_size,
+            wait_seconds=wait_seconds,
         )
 
     async def read_recent(self, stream: str, subject: str, *, since: float, limit: int) -> list[Delivery]:
@@ -388,10 +423,28 @@ class JetStreamBus:
 
     # --- request / reply (core NATS, no stream)
 
-    async def serve(self, subject: str, handler: RequestHandler, *, queue: str) -> _Responder:
+    async def serve(self, subject: str, handler: RequestHandler, *, queue: str, concurrency: int = 1) -> _Responder:
+        # nats-py calls a subscription's callback for one message at a time: beyond 1, each answer is a task, and
+        # the callback waits for a free slot (the server's queue holds the rest)
+        slots = asyncio.Semaphore(max(1, concurrency))
+        answering: set[asyncio.Task[None]] = set()
+
         async def on_request(msg: Msg) -> None:
             if not msg.reply:
                 return
+            if concurrency <= 1:
+                await answer(msg)
+                return
+            await slots.acquire()
+            task = asyncio.create_task(answer(msg))
+            answering.add(task)
+            task.add_done_callback(answered)
+
+        def answered(task: asyncio.Task[None]) -> None:
+            answering.discard(task)
+            slots.release()
+
+        async def answer(msg: Msg) -> None:
             try:
                 reply = await handler(msg.data)
                 headers = None
@@ -405,9 +458,10 @@ class JetStreamBus:
 
         try:
             sub = await self._nc.subscribe(subject, queue=queue, cb=on_request)
+            await self._nc.flush()  # the server has the subscription: a request sent after this is served
         except _UNAVAILABLE as e:
             raise BusUnavailableError(f"serve {subject}: {e}") from e
-        return _Responder(sub)
+        return _Responder(sub, answering)
 
     async def request(self, subject: str, data: bytes, *, timeout: float) -> bytes:
         try:
@@ -433,12 +487,15 @@ class JetStreamBus:
 
 
 class _Responder:
-    def __init__(self, sub: Any) -> None:
+    def __init__(self, sub: Any, answering: set[asyncio.Task[None]]) -> None:
         self._sub = sub
+        self._answering = answering
 
     async def stop(self) -> None:
         with contextlib.suppress(*_UNAVAILABLE, nats.errors.BadSubscriptionError):
             await self._sub.drain()
+        if self._answering:
+            await asyncio.gather(*self._answering, return_exceptions=True)
 
 
 def _publish_ack(reply: Msg, subject: str) -> PublishAck:
@@ -487,11 +544,22 @@ class _PullSource:
     server redelivers them after ack_wait.
     """
 
-    def __init__(self, nc: Client, js: JetStreamContext, spec: ConsumerSpec, *, reset: bool) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        js: JetStreamContext,
+        spec: ConsumerSpec,
+        *,
+        reset: bool,
+        config: Callable[[], js_api.ConsumerConfig] | None = None,
+    ) -> None:
         self._nc = nc
         self._js = js
         self._spec = spec
         self._reset = reset
+        self._config = config or (lambda: consumer_config(spec))
+        """The consumer to create when it is missing (at the first fetch, or after the server lost it)."""
+        self._lost = False
         self._bind_lock = asyncio.Lock()
         self._inbox: str | None = None
         self._sub: Any = None
@@ -519,15 +587,18 @@ class _PullSource:
             try:
                 await self._js.consumer_info(spec.stream, spec.durable)
             except nats.js.errors.NotFoundError:
-                await self._js.add_consumer(spec.stream, config=consumer_config(spec))
+                await self._js.add_consumer(spec.stream, config=self._config())
             inbox = self._nc.new_inbox()
             self._sub = await self._nc.subscribe(inbox, cb=self._on_message)
             self._inbox = inbox
             return inbox
 
     async def _on_message(self, msg: Msg) -> None:
-        if (msg.headers or {}).get("Status"):  # 408 request expired, 409 …: the request is over
+        headers = msg.headers or {}
+        if status := headers.get("Status"):  # 408 request expired, 409 …: the request is over
             self._request_remaining = 0
+            # No consumer answers the subject any more (503), or the server says it deleted it: bind again.
+            self._lost |= status == "503" or "Consumer Deleted" in headers.get("Description", "")
             self._arrived.set()
             return
         self._buffer.append(msg)
@@ -535,6 +606,10 @@ class _PullSource:
         self._arrived.set()
 
     async def fetch(self) -> list[Fetched]:
+        if self._lost and not self._buffer:
+            log.info("consumer %s on %s: the server lost it; binding again", self._spec.durable, self._spec.stream)
+            await self.close()
+            self._lost = False
         inbox = await self._bind()
         if self._request_remaining <= 0 or time.monotonic() >= self._request_until:
             self._request_remaining = 0
@@ -574,6 +649,75 @@ class _PullSource:
         # Make sure the batch's acks have left this process before the caller moves on.
         with contextlib.suppress(*_UNAVAILABLE):
             await self._nc.flush(timeout=2)
+
+
+class _Follower:
+    """An ephemeral consumer (no acks, in memory, deleted by the server when unused) read with _PullSource's pull
+    requests; made again from the next sequence if the server loses it."""
+
+    def __init__(
+        self,
+        nc: Client,
+        js: JetStreamContext,
+        stream: str,
+        filters: tuple[str, ...],
+        *,
+        first_seq: int | None,
+        first_time: float | None,
+        batch_size: int,
+        wait_seconds: float,
+    ) -> None:
+        self._next_seq = first_seq
+        self._first_time = first_time
+        self._filters = filters
+        self._stream = stream
+        self._name = name = f"follow-{secrets.token_hex(8)}"
+        self._js = js
+        spec = ConsumerSpec(
+            durable=name,
+            stream=stream,
+            filter_subjects=filters,
+            service="",
+            batch_size=batch_size,
+            fetch_timeout_seconds=wait_seconds,
+        )
+        self._source = _PullSource(nc, js, spec, reset=False, config=lambda: self._consumer_config(name))
+
+    def _consumer_config(self, name: str) -> js_api.ConsumerConfig:
+        if self._next_seq is not None:
+            policy, start_seq, start = js_api.DeliverPolicy.BY_START_SEQUENCE, max(1, self._next_seq), None
+        else:
+            policy, start_seq, start = js_api.DeliverPolicy.BY_START_TIME, None, start_time(self._first_time or 0.0)
+        filters = list(self._filters)
+        return js_api.ConsumerConfig(
+            name=name,
+            deliver_policy=policy,
+            opt_start_seq=start_seq,
+            opt_start_time=start,
+            ack_policy=js_api.AckPolicy.NONE,
+            filter_subject=filters[0] if len(filters) == 1 else None,
+            filter_subjects=filters if len(filters) > 1 else None,
+            inactive_threshold=FOLLOW_INACTIVE_SECONDS,
+            mem_storage=True,
+            num_replicas=1,
+        )
+
+    async def next(self) -> list[Delivery]:
+        try:
+            fetched = await self._source.fetch()
+        except nats.js.errors.NotFoundError as e:
+            raise BusError(f"stream {self._stream} not found") from e
+        except _UNAVAILABLE as e:
+            raise BusUnavailableError(f"follow {self._stream}: {e}") from e
+        deliveries = [f.delivery for f in fetched]
+        if deliveries:
+            self._next_seq = deliveries[-1].stream_seq + 1
+        return deliveries
+
+    async def close(self) -> None:
+        await self._source.close()
+        with contextlib.suppress(*_UNAVAILABLE, nats.js.errors.NotFoundError, nats.js.errors.APIError):
+            await self._js.delete_consumer(self._stream, self._name)
 
 
 def _delivery(msg: Msg) -> Delivery:

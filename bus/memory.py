@@ -24,6 +24,7 @@ from bus.api import (
     Bus,
     ConsumerSpec,
     Delivery,
+    FollowFrom,
     Handler,
     PublishAck,
     PublishOptions,
@@ -173,6 +174,30 @@ class MemoryBus:
         s = self._stream(stream)
         s.prune(self._now())
         return len(s.messages), s.last_seq
+
+    async def stream_bounds(self, stream: str) -> tuple[int, int]:
+        s = self._stream(stream)
+        s.prune(self._now())
+        return (next(iter(s.messages)) if s.messages else s.last_seq + 1), s.last_seq
+
+    async def follow(
+        self,
+        stream: str,
+        filter_subjects: Sequence[str],
+        start: FollowFrom,
+        *,
+        batch_size: int = 256,
+        wait_seconds: float = 1.0,
+    ) -> _MemoryFollower:
+        s = self._stream(stream)
+        s.prune(self._now())
+        if start.sequence is not None:
+            first = start.sequence
+        elif start.time is not None:
+            first = next((m.seq for m in s.messages.values() if m.time >= start.time), s.last_seq + 1)
+        else:
+            first = s.last_seq + 1
+        return _MemoryFollower(self, s, tuple(filter_subjects), first, batch_size=batch_size, wait_seconds=wait_seconds)
 
     async def last_on_subject(self, stream: str, subject: str, *, direct: bool = False) -> Delivery | None:
         s = self._stream(stream)
@@ -364,8 +389,10 @@ class MemoryBus:
 
     # --- request / reply
 
-    async def serve(self, subject: str, handler: RequestHandler, *, queue: str) -> _MemoryResponder:
-        responder = _MemoryResponder(self, subject, handler)
+    async def serve(
+        self, subject: str, handler: RequestHandler, *, queue: str, concurrency: int = 1
+    ) -> _MemoryResponder:
+        responder = _MemoryResponder(self, subject, handler, concurrency=concurrency)
         self._responders.setdefault(subject, []).append(responder)
         return responder
 
@@ -376,7 +403,7 @@ class MemoryBus:
         self._turn += 1
         responder = candidates[self._turn % len(candidates)]
         try:
-            return await asyncio.wait_for(responder.handler(bytes(data)), timeout)
+            return await asyncio.wait_for(responder.answer(bytes(data)), timeout)
         except TimeoutError:
             raise BusUnavailableError(f"request {subject}: no answer within {timeout:g} s") from None
         except Exception as e:
@@ -395,13 +422,64 @@ class MemoryBus:
 
 
 class _MemoryResponder:
-    def __init__(self, bus: MemoryBus, subject: str, handler: RequestHandler) -> None:
+    def __init__(self, bus: MemoryBus, subject: str, handler: RequestHandler, *, concurrency: int) -> None:
         self._bus = bus
         self.subject = subject
         self.handler = handler
+        self._slots = asyncio.Semaphore(max(1, concurrency))
+
+    async def answer(self, data: bytes) -> bytes:
+        async with self._slots:
+            return await self.handler(data)
 
     async def stop(self) -> None:
         self._bus._unserve(self)
+
+
+class _MemoryFollower:
+    def __init__(
+        self,
+        bus: MemoryBus,
+        stream: _Stream,
+        filters: tuple[str, ...],
+        first_seq: int,
+        *,
+        batch_size: int,
+        wait_seconds: float,
+    ) -> None:
+        self._bus = bus
+        self._stream = stream
+        self._filters = filters
+        self._next_seq = first_seq
+        self._batch_size = batch_size
+        self._wait_seconds = wait_seconds
+        self._closed = False
+
+    def _take(self) -> list[Delivery]:
+        self._stream.prune(self._bus._now())
+        matching = [
+            m
+            for m in self._stream.messages.values()
+            if m.seq >= self._next_seq and any(subject_matches(f, m.subject) for f in self._filters)
+        ]
+        batch = matching[: self._batch_size]
+        if batch:
+            self._next_seq = batch[-1].seq + 1
+        return [_delivery(m, num_delivered=1, pending=len(matching) - i - 1) for i, m in enumerate(batch)]
+
+    async def next(self) -> list[Delivery]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._wait_seconds
+        while not self._closed:
+            batch = self._take()
+            remaining = deadline - loop.time()
+            if batch or remaining <= 0:
+                return batch
+            await self._bus.wait_for_change(remaining)
+        return []
+
+    async def close(self) -> None:
+        self._closed = True
 
 
 def _delivery(stored: _Stored, *, num_delivered: int, pending: int = -1) -> Delivery:

@@ -9,6 +9,7 @@ their KOORDBUS_* variables and the token `koordbus up` writes), and `run_verb` r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -53,6 +54,13 @@ class Api:
         if response.status_code not in ok and response.status_code >= 500:
             raise CliError(f"the API failed ({response.status_code}): {error_text(response)}")
         return response
+
+    def stream(
+        self, path: str, *, params: Any = None, headers: dict[str, str] | None = None, read_timeout: float = 60.0
+    ) -> contextlib.AbstractContextManager[httpx.Response]:
+        """A GET whose body is read as it arrives (Server-Sent Events); `read_timeout` bounds a silence."""
+        timeout = httpx.Timeout(self._client.timeout.connect, read=read_timeout)
+        return self._client.stream("GET", path, params=params, headers=headers, timeout=timeout)
 
     def json(self, method: str, path: str, *, body: Any = None) -> Any:
         """The decoded body of a request that must answer 200; any other answer is the command's error (exit 1)."""

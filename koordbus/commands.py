@@ -42,7 +42,7 @@ def local_node_name() -> str:
     return name[:253]
 
 
-def _common(args: argparse.Namespace) -> CommonSettings:
+def common_settings(args: argparse.Namespace) -> CommonSettings:
     return settings_loader.load(
         CommonSettings,
         {
@@ -50,6 +50,7 @@ def _common(args: argparse.Namespace) -> CommonSettings:
             "database_url": args.database_url,
             "data_dir": getattr(args, "data_dir", None),
             "nats_creds": getattr(args, "nats_creds", None),
+            "nats_token_file": getattr(args, "nats_token_file", None),
         },
     )
 
@@ -75,6 +76,12 @@ def _add_common(p: argparse.ArgumentParser, *, embedded: bool) -> None:
             "--nats-creds",
             default=None,
             help="NATS credentials file from `koordbus creds` (or KOORDBUS_NATS_CREDS; default: anonymous)",
+        )
+        p.add_argument(
+            "--nats-token-file",
+            default=None,
+            help="connect to NATS with the token in this file, read again at every reconnect: an agent's projected "
+            "ServiceAccount token for the NATS auth callout (or KOORDBUS_NATS_TOKEN_FILE)",
         )
 
 
@@ -178,10 +185,14 @@ def add_parsers(sub: Any) -> None:
         "decision trails projected into --database-url when given). slo: Nodes + slo-controller-config → each node's "
         "NodeSLO spec in the KOORD_SLO key-value bucket (no database). k8s: "
         "lists and watches Nodes, Pods and the colocation ConfigMap and publishes them (needs --kubeconfig or an "
-        "in-cluster service account).",
+        "in-cluster service account). natsauth: the NATS auth callout, letting agents in with their ServiceAccount "
+        "token as their node's user (KOORDBUS_AGENT_SERVICE_ACCOUNT, KOORDBUS_ISSUER_SEED_FILE, "
+        "KOORDBUS_TOKEN_AUDIENCE; TokenReviews need --kubeconfig or an in-cluster service account).",
     )
     service.add_argument(
-        "name", choices=["nodemetric", "noderesource", "slo", "quota", "migration", "k8s"], help="which service"
+        "name",
+        choices=["nodemetric", "noderesource", "slo", "quota", "migration", "k8s", "natsauth"],
+        help="which service",
     )
     _add_common(service, embedded=False)
     service.add_argument(
@@ -192,7 +203,9 @@ def add_parsers(sub: Any) -> None:
         "0 = off)",
     )
     service.add_argument(
-        "--kubeconfig", default=None, help="k8s: kubeconfig file (default: in-cluster; or KOORDBUS_KUBECONFIG)"
+        "--kubeconfig",
+        default=None,
+        help="k8s, natsauth: kubeconfig file (default: in-cluster; or KOORDBUS_KUBECONFIG)",
     )
     service.add_argument(
         "--args-file",
@@ -212,11 +225,21 @@ def add_parsers(sub: Any) -> None:
         description="issue-node NODE: a user that may publish only koord.v1.node.<NODE>.> and read only NODE's NodeSLO "
         "key. issue-service NAME: a user for a control-plane process (everything). Writes the credentials file "
         "(--out, mode 0600; give it to the process as --nats-creds / KOORDBUS_NATS_CREDS, e.g. from a Secret) and "
-        "prints the matching entry for the nats-server `authorization { users = [...] }` block.",
+        "prints the matching entry for the nats-server `authorization { users = [...] }` block. "
+        "ensure-cluster-secret SECRET: create the Secret of a cluster's NATS identities (the auth callout's account "
+        "key, a password and credentials file per service) or add what it lacks, changing nothing there (the Helm "
+        "chart's hook Job runs it; needs a cluster).",
     )
-    creds.add_argument("action", choices=["issue-node", "issue-service"], help="what to issue")
-    creds.add_argument("name", help="the node's Kubernetes name, or the service's name")
+    creds.add_argument("action", choices=["issue-node", "issue-service", "ensure-cluster-secret"], help="what to issue")
+    creds.add_argument("name", help="the node's Kubernetes name, the service's name, or the Secret's name")
     creds.add_argument("--out", default=None, help="credentials file to write (default: <user>.creds.json)")
+    creds.add_argument("--namespace", default="default", help="ensure-cluster-secret: the Secret's namespace")
+    creds.add_argument(
+        "--services",
+        default=None,
+        help="ensure-cluster-secret: comma-separated service users (default: every control-plane service)",
+    )
+    creds.add_argument("--kubeconfig", default=None, help="ensure-cluster-secret: the cluster (default: in-cluster)")
     creds.set_defaults(run=run_creds)
 
     db = sub.add_parser(
@@ -250,7 +273,9 @@ def add_parsers(sub: Any) -> None:
     api.set_defaults(run=lambda a: asyncio.run(run_api(a)))
 
 
-async def _open_bus(stack: AsyncExitStack, common: CommonSettings, *, name: str, ensure_streams: bool = True) -> Any:
+async def open_cluster_bus(
+    stack: AsyncExitStack, common: CommonSettings, *, name: str, ensure_streams: bool = True
+) -> Any:
     """The bus of a process joining an existing NATS (KOORDBUS_NATS_URL) as the user of KOORDBUS_NATS_CREDS, its
     streams at KOORDBUS_STREAM_REPLICAS."""
     from koordbus import runtime
@@ -262,6 +287,7 @@ async def _open_bus(stack: AsyncExitStack, common: CommonSettings, *, name: str,
         name=name,
         replicas=common.stream_replicas,
         creds=common.nats_creds,
+        token_file=common.nats_token_file,
         ensure_streams=ensure_streams,
     )
 
@@ -325,7 +351,7 @@ async def run_up(args: argparse.Namespace) -> int:
     from services.slo.reader import SloReader
     from services.slo.service import SloService
 
-    common = _common(args)
+    common = common_settings(args)
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     data_dir = prepare_data_dir(common.data_dir)
     if not runtime.port_is_free(args.host, args.port):
@@ -371,6 +397,7 @@ async def run_up(args: argparse.Namespace) -> int:
                 migration_store=migration_service.store,
                 migration_client=MigrationClient(bus),
                 slo_reader=SloReader(bus),
+                event_hub=await _event_hub(stack, bus, api_settings),
                 recorded_writes=cluster.recorded_writes,
                 registry=registry,
                 tokens=tokens,
@@ -571,7 +598,7 @@ async def run_agent(args: argparse.Namespace) -> int:
     from bus import streams, subjects
     from koordbus import runtime
 
-    common = _common(args)
+    common = common_settings(args)
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     overrides = {
         "node_name": args.node_name or local_node_name(),
@@ -594,7 +621,7 @@ async def run_agent(args: argparse.Namespace) -> int:
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
         # streams are the control plane's to create: an agent's NATS user may only publish as its node
-        bus = await _open_bus(stack, common, name=f"agent-{settings.node_name}", ensure_streams=False)
+        bus = await open_cluster_bus(stack, common, name=f"agent-{settings.node_name}", ensure_streams=False)
         agent = AgentService(settings, bus)
         runtime.background(stack, agent.run(), name="agent")
         loops = None
@@ -644,6 +671,10 @@ async def run_service(args: argparse.Namespace) -> int:
             return await _run_migration(args)
         case "slo":
             return await _run_slo(args)
+        case "natsauth":
+            from koordbus import natsauth
+
+            return await natsauth.run_natsauth(args)
         case _:
             return await _run_nodemetric(args)
 
@@ -657,19 +688,19 @@ async def _run_noderesource(args: argparse.Namespace) -> int:
     from services.noderesource.settings import NodeResourceSettings
     from services.noderesource.store import NodeResourceStore
 
-    common = _common(args)
+    common = common_settings(args)
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     settings = settings_loader.load(NodeResourceSettings)
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
-        bus = await _open_bus(stack, common, name="noderesource")
+        bus = await open_cluster_bus(stack, common, name="noderesource")
         engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=True)
         store = NodeResourceStore(engine, history_limit=settings.history_limit)
         service = NodeResourceService(bus, settings, registry=registry, store=store)
         await service.start()
         stack.push_async_callback(service.stop)
-        await _serve_service_port(
+        await serve_service_port(
             stack,
             args.port,
             registry,
@@ -688,16 +719,16 @@ async def _run_slo(args: argparse.Namespace) -> int:
     from services.slo.reader import SloReader
     from services.slo.service import SloService
 
-    common = _common(args)
+    common = common_settings(args)
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
-        bus = await _open_bus(stack, common, name="slo")
+        bus = await open_cluster_bus(stack, common, name="slo")
         service = SloService(bus, registry=registry)
         await service.start()
         stack.push_async_callback(service.stop)
-        await _serve_service_port(
+        await serve_service_port(
             stack, args.port, registry, slo_reader=SloReader(bus), readiness=(("bus", observe.bus_ready(bus)),)
         )
         await stop.wait()
@@ -723,15 +754,15 @@ async def _run_quota(args: argparse.Namespace) -> int:
     from services.common.metrics import new_registry
     from services.quota.client import QuotaClient
 
-    common = _common(args)
+    common = common_settings(args)
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
-        bus = await _open_bus(stack, common, name="quota")
+        bus = await open_cluster_bus(stack, common, name="quota")
         engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=True)
         _, store = await start_quota(stack, bus, engine, registry)
-        await _serve_service_port(
+        await serve_service_port(
             stack,
             args.port,
             registry,
@@ -781,13 +812,13 @@ async def _run_migration(args: argparse.Namespace) -> int:
     from services.common import observe
     from services.common.metrics import new_registry
 
-    common = _common(args)
+    common = common_settings(args)
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     settings = migration_settings(args.args_file)  # a bad args file stops here, before anything connects
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
-        bus = await _open_bus(stack, common, name="migration")
+        bus = await open_cluster_bus(stack, common, name="migration")
         engine = None
         if common.database_url:
             engine = await runtime.open_database(stack, common.database_url, migrate=True)
@@ -797,12 +828,26 @@ async def _run_migration(args: argparse.Namespace) -> int:
             from services.migration.client import MigrationClient
 
             context.update(migration_store=service.store, migration_client=MigrationClient(bus))
-        await _serve_service_port(stack, args.port, registry, **context)
+        await serve_service_port(stack, args.port, registry, **context)
         await stop.wait()
     return 0
 
 
-async def _serve_service_port(stack: AsyncExitStack, port: int, registry: Any, **context: Any) -> None:
+async def _event_hub(stack: AsyncExitStack, bus: Any, settings: Any) -> Any:
+    """The API's event subscriptions (services.api.event_hub), closed with the stack."""
+    from services.api.event_hub import EventHub
+
+    hub = EventHub(
+        bus,
+        queue_size=settings.events_queue_size,
+        max_subscriptions=settings.events_max_subscriptions,
+        max_per_caller=settings.events_max_per_caller,
+    )
+    stack.push_async_callback(hub.close)
+    return hub
+
+
+async def serve_service_port(stack: AsyncExitStack, port: int, registry: Any, **context: Any) -> None:
     """A service process's HTTP port (0 = none): /healthz, /readyz, /metrics and the read routes of what it holds."""
     from koordbus import runtime
     from services.api import auth
@@ -822,16 +867,16 @@ async def _run_k8s(args: argparse.Namespace) -> int:
     from services.common import observe
     from services.common.metrics import new_registry
 
-    common = _common(args)
+    common = common_settings(args)
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
-        bus = await _open_bus(stack, common, name="k8s")
+        bus = await open_cluster_bus(stack, common, name="k8s")
         bridge = await _bridge_cluster(
             stack, bus, registry, kubeconfig=args.kubeconfig, record_only_without_config=False, dry_run=args.dry_run
         )
-        await _serve_service_port(
+        await serve_service_port(
             stack,
             args.port,
             registry,
@@ -850,18 +895,18 @@ async def _run_nodemetric(args: argparse.Namespace) -> int:
     from services.nodemetric.settings import NodeMetricSettings
     from services.nodemetric.store import NodeMetricStore
 
-    common = _common(args)
+    common = common_settings(args)
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
-        bus = await _open_bus(stack, common, name="nodemetric")
+        bus = await open_cluster_bus(stack, common, name="nodemetric")
         engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=True)
         store = NodeMetricStore(engine)
         service = NodeMetricService(bus, store, settings_loader.load(NodeMetricSettings), registry=registry)
         await service.start()
         stack.push_async_callback(service.stop)
-        await _serve_service_port(
+        await serve_service_port(
             stack,
             args.port,
             registry,
@@ -875,6 +920,11 @@ async def _run_nodemetric(args: argparse.Namespace) -> int:
 
 def run_creds(args: argparse.Namespace) -> int:
     from bus import auth
+
+    if args.action == "ensure-cluster-secret":
+        from koordbus import natsauth
+
+        return asyncio.run(natsauth.run_ensure_cluster_secret(args))
 
     try:
         user = auth.issue_node(args.name) if args.action == "issue-node" else auth.issue_service(args.name)
@@ -895,7 +945,7 @@ async def run_db(args: argparse.Namespace) -> int:
     from koordbus import runtime
     from services.common import db
 
-    common = _common(args)
+    common = common_settings(args)
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     url = _require(common.database_url, "--database-url")
     await db.run_migrations(url)
@@ -936,7 +986,7 @@ async def run_api(args: argparse.Namespace) -> int:
     from services.quota.store import QuotaStore
     from services.slo.reader import SloReader
 
-    common = _common(args)
+    common = common_settings(args)
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     settings = settings_loader.load(
         ApiSettings,
@@ -956,7 +1006,7 @@ async def run_api(args: argparse.Namespace) -> int:
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
         reviewed = await _token_review(stack, review_roles, args.kubeconfig) if review_roles else None
-        bus = await _open_bus(stack, common, name="api")
+        bus = await open_cluster_bus(stack, common, name="api")
         engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=False)
         app = create_app(
             ApiContext(
@@ -968,6 +1018,7 @@ async def run_api(args: argparse.Namespace) -> int:
                 migration_store=MigrationStore(engine),
                 migration_client=MigrationClient(bus),
                 slo_reader=SloReader(bus),
+                event_hub=await _event_hub(stack, bus, settings),
                 registry=registry,
                 tokens=tokens,
                 reviewed_tokens=reviewed,

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -58,10 +58,14 @@ async def open_bus(
     name: str,
     replicas: int = 1,
     creds: str = "",
+    token_file: str = "",
     ensure_streams: bool = True,
 ) -> JetStreamBus:
-    """Connect (as the user of the `creds` file when given), and create or bring koordbus's streams to their spec
-    with `replicas` replicas each (the control plane's job: agents pass ensure_streams=False and may not)."""
+    """Connect (as the user of the `creds` file, or with the token in `token_file`, when given), and create or bring
+    koordbus's streams to their spec with `replicas` replicas each (the control plane's job: agents pass
+    ensure_streams=False and may not)."""
+    if creds and token_file:
+        raise SystemExit("koordbus: give NATS credentials (--nats-creds) or a token file (--nats-token-file), not both")
     user = password = None
     if creds:
         try:
@@ -71,11 +75,27 @@ async def open_bus(
             raise SystemExit(f"koordbus: cannot read the NATS credentials file {creds}: {e}") from None
         except ValueError as e:
             raise SystemExit(f"koordbus: {e}") from None
-    bus = await JetStreamBus.connect(url, name=name, user=user, password=password)
+    token = token_reader(Path(token_file)) if token_file else None
+    bus = await JetStreamBus.connect(url, name=name, user=user, password=password, token=token)
     stack.push_async_callback(bus.close)
     if ensure_streams:
         await bus.ensure_streams(streams.all_streams(replicas=replicas))
     return bus
+
+
+def token_reader(path: Path) -> Callable[[], str]:
+    """What to send as the NATS token at each (re)connect: the file's content then (a projected ServiceAccount token
+    is rewritten by the kubelet before it expires). An unreadable file sends no token (the connection is refused,
+    and retried)."""
+
+    def read() -> str:
+        try:
+            return path.read_text().strip()
+        except OSError as e:
+            log.warning("cannot read the NATS token file %s: %s", path, e)
+            return ""
+
+    return read
 
 
 async def open_database(stack: AsyncExitStack, url: str, *, migrate: bool) -> AsyncEngine:
@@ -101,7 +121,10 @@ async def serve_http(stack: AsyncExitStack, app: FastAPI, *, host: str, port: in
     """Run uvicorn inside this event loop until the stack closes."""
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", access_log=False)
+    # Open event streams never end by themselves: past 3 s of shutdown, uvicorn cancels them.
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=3
+    )
     server = uvicorn.Server(config)
     # The CLI owns SIGINT/SIGTERM (stop_event_on_signals); uvicorn must not take them over.
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]

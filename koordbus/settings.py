@@ -22,5 +22,9 @@ class CommonSettings:
     nats_creds: str = ""
     """A NATS credentials file (KOORDBUS_NATS_CREDS, from `koordbus creds`): connect as that user. Empty: anonymous
     (only `koordbus up`'s embedded server on loopback allows that)."""
+    nats_token_file: str = ""
+    """A file holding the token to connect to NATS with (KOORDBUS_NATS_TOKEN_FILE), read again at every reconnect:
+    an agent's projected ServiceAccount token, which the NATS auth callout (`koordbus natsauth`) exchanges for its
+    node's user. Exclusive with nats_creds."""
     stream_replicas: int = 1
     """JetStream replicas of koordbus's streams (KOORDBUS_STREAM_REPLICAS): 3 on a 3-server NATS cluster."""

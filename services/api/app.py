@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,11 +24,13 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.api import auth, dashboard, migrations, nodemetrics, noderesources, nodeslo, quotas, recorded
+from services.api import auth, dashboard, events, migrations, nodemetrics, noderesources, nodeslo, quotas, recorded
+from services.api.event_hub import EventHub
 from services.api.settings import ApiSettings
 from services.common.metrics import CONTENT_TYPE_LATEST, CollectorRegistry, render
 from services.common.observe import ReadinessCheck
@@ -77,6 +79,8 @@ class ApiContext:
     """Publishes migration requests and aborts; None: those routes answer 503."""
     slo_reader: SloReader | None = None
     """Node QoS reads (NodeSLO, actuations) from the bus; None: those routes answer 503."""
+    event_hub: EventHub | None = None
+    """Event subscriptions and history (services.api.events); None: those routes answer 503."""
     tokens: auth.TokenStore = field(default_factory=auth.TokenStore)
     reviewed_tokens: auth.ReviewedTokens | None = None
     """Tokens not in `tokens` are asked about with a Kubernetes TokenReview (and mapped to roles); None: not."""
@@ -194,14 +198,41 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(quotas.router, responses=responses, dependencies=viewer)
     app.include_router(migrations.router, responses=responses, dependencies=viewer)
     app.include_router(nodeslo.router, responses=responses, dependencies=viewer)
+    app.include_router(events.router, responses=responses, dependencies=viewer)
+    app.include_router(events.socket_router)
     app.include_router(dashboard.router, responses=responses, dependencies=viewer)
     app.add_middleware(CatchAllMiddleware)
     _add_audit_log(app, context)
     _add_request_metrics(app, context)
     _add_health_routes(app, context)
     _add_error_handlers(app)
+    if context.event_hub is not None:
+        context.registry.register(EventHubCollector(context.event_hub))
     dashboard.mount(app)
     return app
+
+
+class EventHubCollector:
+    """The event hub's figures, read at each scrape."""
+
+    def __init__(self, hub: EventHub) -> None:
+        self._hub = hub
+
+    def collect(self) -> Iterator[Metric]:
+        hub = self._hub
+        yield GaugeMetricFamily(
+            "koordbus_api_event_subscriptions",
+            "Event subscriptions (SSE and WebSocket) open now",
+            value=hub.subscriptions,
+        )
+        yield CounterMetricFamily(
+            "koordbus_api_event_subscriptions_dropped",
+            "Event subscriptions dropped for not reading fast enough",
+            value=hub.dropped,
+        )
+        yield CounterMetricFamily(
+            "koordbus_api_events_read", "Messages the event tails read from the streams", value=hub.delivered
+        )
 
 
 AUDIT = logging.getLogger("koordbus.audit")

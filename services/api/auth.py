@@ -21,6 +21,7 @@ from typing import Annotated, Protocol
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.requests import HTTPConnection
 
 ROLES: tuple[str, ...] = ("viewer", "quota-admin", "admin")
 """Lowest first: each role implies every role before it."""
@@ -192,6 +193,36 @@ def ensure_admin_token(path: Path) -> tuple[str, bool]:
 bearer_scheme = HTTPBearer(auto_error=False, description="A token from the API token file (role viewer or higher)")
 
 
+async def identify(connection: HTTPConnection, token: str | None, role: str) -> Identity:
+    """Who holds `token` (a request's or a WebSocket's), if its role is `role` or higher; else HTTPException 401/403
+    saying why."""
+    store: TokenStore = connection.app.state.context.tokens
+    if not store.enabled:
+        anonymous = Identity(name="anonymous (auth disabled)", role=ADMIN)
+        connection.state.identity = anonymous
+        return anonymous
+    if not token:
+        raise HTTPException(
+            401, f"missing bearer token: send 'Authorization: Bearer <token>' with role {role} or higher", BEARER
+        )
+    identity = store.lookup(token)
+    reviewed: ReviewedTokens | None = connection.app.state.context.reviewed_tokens
+    if identity is None and reviewed is not None:
+        identity = await reviewed.lookup(token)
+    if identity is None:
+        raise HTTPException(401, "unknown bearer token", BEARER)
+    connection.state.identity = identity  # who, for the audit log (refused writes too)
+    if not identity.has(role):
+        raise HTTPException(403, f"role {role} needed; {identity.name} has role {identity.role}")
+    return identity
+
+
+def bearer_token(connection: HTTPConnection) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header."""
+    scheme, _, token = connection.headers.get("authorization", "").partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
 def require(role: str) -> Callable[..., Awaitable[Identity]]:
     """A FastAPI dependency: the caller's Identity when its bearer token has `role` or higher; else 401/403."""
     if role not in ROLES:
@@ -200,24 +231,6 @@ def require(role: str) -> Callable[..., Awaitable[Identity]]:
     async def dependency(
         request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
     ) -> Identity:
-        store: TokenStore = request.app.state.context.tokens
-        if not store.enabled:
-            anonymous = Identity(name="anonymous (auth disabled)", role=ADMIN)
-            request.state.identity = anonymous
-            return anonymous
-        if credentials is None or not credentials.credentials:
-            raise HTTPException(
-                401, f"missing bearer token: send 'Authorization: Bearer <token>' with role {role} or higher", BEARER
-            )
-        identity = store.lookup(credentials.credentials)
-        reviewed: ReviewedTokens | None = request.app.state.context.reviewed_tokens
-        if identity is None and reviewed is not None:
-            identity = await reviewed.lookup(credentials.credentials)
-        if identity is None:
-            raise HTTPException(401, "unknown bearer token", BEARER)
-        request.state.identity = identity  # who, for the audit log
-        if not identity.has(role):
-            raise HTTPException(403, f"role {role} needed; {identity.name} has role {identity.role}")
-        return identity
+        return await identify(request, credentials.credentials if credentials else None, role)
 
     return dependency

@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 
 from bus import api, subject_transform, subjects
-from bus.errors import BusUnavailableError, ConflictError, PermanentError, RemoteError, TemporaryError
+from bus.errors import BusError, BusUnavailableError, ConflictError, PermanentError, RemoteError, TemporaryError
 from bus.jetstream import JetStreamBus
 from bus.memory import MemoryBus
 from tests.bus import Names, Recorder, wait_until
@@ -380,6 +380,59 @@ async def test_read_recent_returns_the_newest_matching_messages_oldest_first(bus
     assert future == []
 
 
+async def _read_all(follower: api.Follower, count: int) -> list[api.Delivery]:
+    got: list[api.Delivery] = []
+    for _ in range(50):
+        got += await follower.next()
+        if len(got) >= count:
+            break
+    return got
+
+
+async def test_follow_reads_in_order_from_a_sequence_a_time_or_the_end(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    assert await bus.stream_bounds(names.stream) == (1, 0)
+    for i in range(4):
+        await bus.publish(names.subject("n1", "act"), f"a{i}".encode(), msg_id=f"a{i}")
+        await bus.publish(names.subject("n2", "act"), f"b{i}".encode(), msg_id=f"b{i}")
+    assert await bus.stream_bounds(names.stream) == (1, 8)
+    wanted = (names.subject("n1", "*"),)
+    from_seq = await bus.follow(names.stream, wanted, api.FollowFrom(sequence=3), batch_size=2, wait_seconds=0.2)
+    tail = await bus.follow(names.stream, (names.subject(">"),), api.FollowFrom(), wait_seconds=0.2)
+    try:
+        got = await _read_all(from_seq, 3)
+        assert [(d.data, d.stream_seq) for d in got] == [(b"a1", 3), (b"a2", 5), (b"a3", 7)]
+        assert got[-1].pending == 0
+        assert await from_seq.next() == []  # nothing more within the wait
+        from_time = await bus.follow(names.stream, wanted, api.FollowFrom(time=got[1].published_at), wait_seconds=0.2)
+        try:
+            assert [d.data for d in await _read_all(from_time, 2)] == [b"a2", b"a3"]
+        finally:
+            await from_time.close()
+        assert await tail.next() == []  # the end: only what comes next
+        await bus.publish(names.subject("n1", "act"), b"a4", msg_id="a4")
+        await bus.publish(names.subject("n2", "act"), b"b4", msg_id="b4")
+        assert [d.data for d in await _read_all(tail, 2)] == [b"a4", b"b4"]
+        assert [d.data for d in await _read_all(from_seq, 1)] == [b"a4"]
+    finally:
+        await from_seq.close()
+        await tail.close()
+
+
+async def test_follow_from_a_sequence_no_longer_retained_starts_at_the_oldest(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names, max_msgs_per_subject=2)
+    for i in range(5):
+        await bus.publish(names.subject("k"), f"v{i}".encode(), msg_id=f"v{i}")
+    assert await bus.stream_bounds(names.stream) == (4, 5)
+    follower = await bus.follow(names.stream, (names.subject("k"),), api.FollowFrom(sequence=1), wait_seconds=0.2)
+    try:
+        assert [(d.data, d.stream_seq) for d in await _read_all(follower, 2)] == [(b"v3", 4), (b"v4", 5)]
+    finally:
+        await follower.close()
+    with pytest.raises(BusError):
+        await bus.follow("NO_SUCH_STREAM", (names.subject(">"),), api.FollowFrom())
+
+
 async def test_in_flight_publishes_are_bounded(make_bus: BusFactory, names: Names) -> None:
     bus = await make_bus(max_in_flight=4)
     await ready(bus, names)
@@ -485,6 +538,28 @@ async def test_request_reply(bus: AnyBus, names: Names) -> None:
         await responder.stop()
     with pytest.raises(BusUnavailableError):
         await bus.request(subject, b"nobody", timeout=2)
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+async def test_a_responder_answers_up_to_its_concurrency_at_once(bus: AnyBus, names: Names, concurrency: int) -> None:
+    subject = names.subject("rpc", "busy")
+    running = peak = 0
+
+    async def busy(data: bytes) -> bytes:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.05)
+        running -= 1
+        return data
+
+    responder = await bus.serve(subject, busy, queue="busy", concurrency=concurrency)
+    try:
+        replies = await asyncio.gather(*(bus.request(subject, str(i).encode(), timeout=5) for i in range(12)))
+        assert replies == [str(i).encode() for i in range(12)]
+        assert peak == concurrency
+    finally:
+        await responder.stop()
 
 
 async def test_request_to_a_failing_handler_is_a_remote_error(bus: AnyBus, names: Names) -> None:

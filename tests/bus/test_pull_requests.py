@@ -8,8 +8,9 @@ import asyncio
 import json
 
 import nats
+from nats.js.api import ConsumerInfo
 
-from bus.api import Delivery
+from bus.api import Delivery, FollowFrom
 from bus.jetstream import JetStreamBus
 from tests.bus import Names
 from tests.support.waiting import eventually
@@ -83,3 +84,41 @@ async def test_a_backlog_arrives_in_full_batches(jetstream_bus: JetStreamBus, na
         await consumer.stop()
     assert [d.data for d in recorder.handled] == [f"m{k}".encode() for k in range(200)]
     assert len(sizes) <= 8, sizes  # 4 full batches, give or take a split where a request ran out
+
+
+async def test_a_follower_whose_consumer_the_server_dropped_goes_on_from_where_it_was(
+    jetstream_bus: JetStreamBus, nats_url: str
+) -> None:
+    names = Names()
+    bus = jetstream_bus
+    await bus.ensure_streams([names.stream_spec()])
+    for k in range(3):
+        await bus.publish(names.subject("a"), f"m{k}".encode(), msg_id=f"m{k}")
+    follower = await bus.follow(names.stream, (names.subject(">"),), FollowFrom(sequence=1), wait_seconds=0.3)
+    admin = await nats.connect(nats_url)
+    try:
+        assert [d.data for d in await follower.next()] == [b"m0", b"m1", b"m2"]
+        js = admin.jetstream()
+        dropped = [c.name for c in await js.consumers_info(names.stream)]
+        assert len(dropped) == 1 and dropped[0].startswith("follow-")
+        await js.delete_consumer(names.stream, dropped[0])
+        for k in range(3, 5):
+            await bus.publish(names.subject("a"), f"m{k}".encode(), msg_id=f"m{k}")
+        got: list[bytes] = []
+        for _ in range(20):
+            got += [d.data for d in await follower.next()]
+            if len(got) >= 2:
+                break
+        assert got == [b"m3", b"m4"]  # nothing lost, nothing repeated
+    finally:
+        await follower.close()
+        await admin.close()
+    assert [c.name for c in await admin_consumers(nats_url, names.stream)] == []  # close deletes its consumer
+
+
+async def admin_consumers(nats_url: str, stream: str) -> list[ConsumerInfo]:
+    nc = await nats.connect(nats_url)
+    try:
+        return list(await nc.jetstream().consumers_info(stream))
+    finally:
+        await nc.close()

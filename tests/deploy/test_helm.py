@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from bus import auth, server
 from services.common import observe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,8 +54,8 @@ def test_the_defaults_run_every_service_the_agent_nats_and_the_migration_hook() 
     objects = render(DEFAULTS)
     deployments = by_kind(objects, "Deployment")
     components = {"nodemetric", "noderesource", "slo", "quota", "migration", "k8s", "api"}
-    assert {f"prod-koordbus-{c}" for c in components} == set(deployments)
-    for deployment in deployments.values():
+    assert {f"prod-koordbus-{c}" for c in (*components, "natsauth")} == set(deployments)
+    for deployment in (deployments[f"prod-koordbus-{c}"] for c in components):
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         env = {e["name"]: e for e in container["env"]}
         assert env["KOORDBUS_NATS_URL"]["value"] == "nats://prod-koordbus-nats:4222"
@@ -73,19 +75,22 @@ def test_only_the_bridge_holds_cluster_rights_and_the_agent_only_its_kubelets() 
     objects = render(DEFAULTS)
     bindings = by_kind(objects, "ClusterRoleBinding")
     subjects = {s["name"] for b in bindings.values() for s in b["subjects"]}
-    assert subjects == {"prod-koordbus-k8s", "prod-koordbus-agent"}
+    assert subjects == {"prod-koordbus-k8s", "prod-koordbus-agent", "prod-koordbus-natsauth"}
     agent_rules = by_kind(objects, "ClusterRole")["prod-koordbus-agent"]["rules"]
     assert agent_rules == [{"apiGroups": [""], "resources": ["nodes/proxy"], "verbs": ["get"]}]
+    callout_rules = by_kind(objects, "ClusterRole")["prod-koordbus-natsauth"]["rules"]
+    review = {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}
+    assert callout_rules == [review]
     for name, deployment in by_kind(objects, "Deployment").items():
-        automount = deployment["spec"]["template"]["spec"]["automountServiceAccountToken"]
-        assert automount is (name == "prod-koordbus-k8s"), name
+        automount = deployment["spec"]["template"]["spec"].get("automountServiceAccountToken", True)
+        assert automount is (name in ("prod-koordbus-k8s", "prod-koordbus-natsauth")), name
 
 
 def test_the_agent_mounts_only_what_it_needs_read_only_unless_it_applies() -> None:
     for values, writable in ((DEFAULTS, False), (PRODUCTION, True)):
         agent = by_kind(render(values), "DaemonSet")["prod-koordbus-agent"]["spec"]["template"]["spec"]
         assert agent["hostPID"] is False
-        paths = {v["name"]: v["hostPath"]["path"] for v in agent["volumes"]}
+        paths = {v["name"]: v["hostPath"]["path"] for v in agent["volumes"] if "hostPath" in v}
         expected = {"proc": "/proc", "cgroup": "/sys/fs/cgroup", "state": "/var/lib/koordbus"}
         assert paths == ({**expected, "resctrl": "/sys/fs/resctrl"} if writable else expected)
         mounts = {m["name"]: m.get("readOnly", False) for m in agent["containers"][0]["volumeMounts"]}
@@ -135,7 +140,8 @@ def test_the_log_format_reaches_every_koordbus_container() -> None:
         containers = [
             c for o in workloads for c in o["spec"]["template"]["spec"]["containers"] if "koordbus" in c["image"]
         ]
-        assert len(containers) == 9  # six services, the API, the agent and the migration Job
+        # six services, the API, the agent, the NATS auth callout, the migration Job and the NATS Secret's Job
+        assert len(containers) == 11
         for container in containers:
             env = {e["name"]: e.get("value") for e in container.get("env", [])}
             assert env["KOORDBUS_LOG_FORMAT"] == log_format, container["name"]
@@ -202,3 +208,89 @@ def test_scaled_out_nodemetric_replicas_get_an_instance_name_and_a_single_one_do
     assert instance_env(1) == []
     (env,) = instance_env(3)
     assert env["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # the pod name joins the members
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def test_nats_identities_are_wired_for_every_process() -> None:
+    objects = render(DEFAULTS)
+    secret = "prod-koordbus-nats-auth"
+    users = ["api", "k8s", "migration", "nodemetric", "noderesource", "quota", "slo"]
+    config = by_kind(objects, "ConfigMap")["prod-koordbus-nats"]["data"]["nats.conf"]
+    assert "auth_callout" in config and "issuer: $ISSUER_PUBLIC_KEY" in config and "jetstream: enabled" in config
+    for user in users:
+        assert f'{{user: "service-{user}", password: $PASSWORD_{user.upper()}}}' in config
+    nats_env = _env(by_kind(objects, "StatefulSet")["prod-koordbus-nats"]["spec"]["template"]["spec"]["containers"][0])
+    for user in ("natsauth", *users):
+        assert nats_env[f"PASSWORD_{user.upper()}"] == {"secretKeyRef": {"name": secret, "key": f"{user}-password"}}
+    assert nats_env["ISSUER_PUBLIC_KEY"] == {"secretKeyRef": {"name": secret, "key": "issuer-public-key"}}
+
+    deployments = by_kind(objects, "Deployment")
+    for user in (*users, "natsauth"):
+        pod = deployments[f"prod-koordbus-{user}"]["spec"]["template"]["spec"]
+        assert _env(pod["containers"][0])["KOORDBUS_NATS_CREDS"] == "/etc/koordbus/nats/creds.json"
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "nats-creds"]
+        assert volume["secret"]["secretName"] == secret
+        assert {"key": f"{user}.creds.json", "path": "creds.json"} in volume["secret"]["items"]
+
+    callout = deployments["prod-koordbus-natsauth"]["spec"]["template"]["spec"]
+    callout_env = _env(callout["containers"][0])
+    agent = by_kind(objects, "DaemonSet")["prod-koordbus-agent"]["spec"]["template"]["spec"]
+    assert callout_env["KOORDBUS_AGENT_SERVICE_ACCOUNT"] == f"koordbus:{agent['serviceAccountName']}"
+    (projected,) = [v["projected"] for v in agent["volumes"] if v["name"] == "nats-token"]
+    token = projected["sources"][0]["serviceAccountToken"]
+    assert token["audience"] == callout_env["KOORDBUS_TOKEN_AUDIENCE"] == "koordbus-nats"
+    (mount,) = [m for m in agent["containers"][0]["volumeMounts"] if m["name"] == "nats-token"]
+    assert _env(agent["containers"][0])["KOORDBUS_NATS_TOKEN_FILE"] == f"{mount['mountPath']}/{token['path']}"
+
+    jobs = by_kind(objects, "Job")
+    job = jobs["prod-koordbus-nats-auth-secret"]
+    weight = int(job["metadata"]["annotations"]["helm.sh/hook-weight"])
+    assert weight < int(jobs["prod-koordbus-db-upgrade"]["metadata"]["annotations"]["helm.sh/hook-weight"])
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:3] == ["creds", "ensure-cluster-secret", secret]
+    assert f"--services=natsauth,{','.join(users)}" in args
+    role = by_kind(objects, "Role")["prod-koordbus-nats-auth-secret"]
+    assert role["rules"][0] == {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [secret],
+                                "verbs": ["get", "update"]}  # fmt: skip
+
+
+def test_the_rendered_nats_config_is_accepted_by_nats_server(tmp_path: Path) -> None:
+    """nats-server itself parses the chart's config, its passwords and issuer from the environment as the
+    StatefulSet passes them (values as `koordbus creds ensure-cluster-secret` makes them)."""
+    objects = render(DEFAULTS)
+    config = by_kind(objects, "ConfigMap")["prod-koordbus-nats"]["data"]["nats.conf"]
+    users = ["natsauth", "api", "k8s", "migration", "nodemetric", "noderesource", "slo", "quota"]
+    data = auth.cluster_secret_additions({}, services=users, issuer_random=bytes(32))
+    env = {"SERVER_NAME": "prod-koordbus-nats-0", "ISSUER_PUBLIC_KEY": data[auth.ISSUER_PUBLIC_KEY_KEY]}
+    env |= {f"PASSWORD_{u.upper()}": data[auth.password_key(u)] for u in users}
+    (tmp_path / "nats.conf").write_text(config.replace("store_dir: /data", f"store_dir: {tmp_path / 'data'}"))
+
+    def check(extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        command = [str(server.find_binary()), "-c", str(tmp_path / "nats.conf"), "-t"]
+        return subprocess.run(command, env=extra_env, capture_output=True, text=True, timeout=30, check=False)
+
+    accepted = check(env)
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    refused = check({k: v for k, v in env.items() if k != "ISSUER_PUBLIC_KEY"})  # the check can fail
+    assert refused.returncode != 0
+
+
+def test_nats_auth_off_or_with_an_existing_secret() -> None:
+    objects = render({**DEFAULTS, "nats": {"auth": {"enabled": False}}})
+    assert "auth_callout" not in by_kind(objects, "ConfigMap")["prod-koordbus-nats"]["data"]["nats.conf"]
+    assert "prod-koordbus-natsauth" not in by_kind(objects, "Deployment")
+    assert "prod-koordbus-nats-auth-secret" not in by_kind(objects, "Job")
+    for deployment in by_kind(objects, "Deployment").values():
+        assert "KOORDBUS_NATS_CREDS" not in _env(deployment["spec"]["template"]["spec"]["containers"][0])
+    agent = by_kind(objects, "DaemonSet")["prod-koordbus-agent"]["spec"]["template"]["spec"]
+    assert "KOORDBUS_NATS_TOKEN_FILE" not in _env(agent["containers"][0])
+
+    objects = render({**DEFAULTS, "nats": {"auth": {"existingSecret": "my-nats-identities"}}})
+    for obj in objects:
+        kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+    assert "prod-koordbus-nats-auth-secret" not in by_kind(objects, "Job")
+    callout = by_kind(objects, "Deployment")["prod-koordbus-natsauth"]["spec"]["template"]["spec"]
+    assert [v["secret"]["secretName"] for v in callout["volumes"]] == ["my-nats-identities"]

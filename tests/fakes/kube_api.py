@@ -156,6 +156,12 @@ class FakeKubeApi:
         self._runner: web.AppRunner | None = None
         self.tokens: dict[str, tuple[str, list[str]]] = {}
         """Bearer tokens a TokenReview authenticates: token → (username, groups)."""
+        self.token_extra: dict[str, dict[str, list[str]]] = {}
+        """The user extra a TokenReview returns with a token (a pod-bound ServiceAccount token's
+        `authentication.kubernetes.io/node-name`, pod-name …)."""
+        self.token_audiences: dict[str, list[str]] = {}
+        """The audiences a token was issued for; a review asking for others does not authenticate it. Absent: the
+        API server's default audience (a review naming any audience does not authenticate it)."""
         self.eviction_blocked: set[tuple[str, str]] = set()
         """(namespace, pod) pairs whose eviction is refused with 429, as a PodDisruptionBudget would."""
         self.on_evicted: Callable[[Json], None] | None = None
@@ -403,15 +409,26 @@ class FakeKubeApi:
             return web.json_response(error.status(), status=error.code, headers=headers)
 
     def _review_token(self, raw: bytes) -> web.StreamResponse:
-        """POST tokenreviews: authenticated as `tokens[token]` = (username, groups), else not."""
+        """POST tokenreviews: authenticated as `tokens[token]` = (username, groups) with `token_extra[token]`, when
+        the review's audiences (if any) meet the token's; else not."""
         review = json.loads(raw)
         self.requests.append(
             RecordedRequest("create", "/apis/authentication.k8s.io/v1/tokenreviews", "application/json")
         )
-        known = self.tokens.get(review.get("spec", {}).get("token", ""))
+        spec = review.get("spec", {})
+        token = spec.get("token", "")
+        known = self.tokens.get(token)
         status: Json = {"authenticated": False}
-        if known is not None:
-            status = {"authenticated": True, "user": {"username": known[0], "groups": list(known[1])}}
+        wanted, issued_for = spec.get("audiences") or [], self.token_audiences.get(token, [])
+        if known is not None and (not wanted or set(wanted) & set(issued_for)):
+            user: Json = {"username": known[0], "groups": list(known[1])}
+            if token in self.token_extra:
+                user["extra"] = {k: list(v) for k, v in self.token_extra[token].items()}
+            status = {"authenticated": True, "user": user}
+            if wanted:
+                status["audiences"] = sorted(set(wanted) & set(issued_for))
+        elif known is not None:
+            status = {"authenticated": False, "error": "token audiences are invalid"}
         return web.json_response({**review, "status": status}, status=201)
 
     def _evict(self, request: web.Request, namespace: str, name: str, raw: bytes) -> web.StreamResponse:

@@ -88,6 +88,7 @@ CORE_KINDS = (
     ResourceKind(group="", version="v1", plural="nodes", kind="Node", namespaced=False, has_status=True),
     ResourceKind(group="", version="v1", plural="pods", kind="Pod", namespaced=True, has_status=True),
     ResourceKind(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True, has_status=False),
+    ResourceKind(group="", version="v1", plural="secrets", kind="Secret", namespaced=True, has_status=False),
     ResourceKind(group="", version="v1", plural="events", kind="Event", namespaced=True, has_status=False),
     ResourceKind(group="apps", version="v1", plural="replicasets", kind="ReplicaSet", namespaced=True, has_status=True),
     ResourceKind(

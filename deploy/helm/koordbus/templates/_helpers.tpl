@@ -41,6 +41,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   value: {{ ternary .Values.nats.bundled.streamReplicas 1 .Values.nats.bundled.enabled | quote }}
 - name: KOORDBUS_LOG_FORMAT
   value: {{ .Values.logFormat | quote }}
+{{- include "koordbus.natsCredsEnv" . }}
 {{- end -}}
 
 {{- define "koordbus.securityContext" -}}
@@ -64,4 +65,49 @@ seccompProfile:
 {{- else -}}
 {{ required "database.url (or database.existingSecret, or database.bundled.enabled) is required" .Values.database.url }}
 {{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the NATS identities: the callout's account key and each service user's password. */}}
+{{- define "koordbus.natsAuthSecret" -}}
+{{- .Values.nats.auth.existingSecret | default (printf "%s-nats-auth" (include "koordbus.fullname" .)) -}}
+{{- end -}}
+
+{{/* The NATS users of the release: the callout's own (account AUTH) and one per control-plane process (KOORD). */}}
+{{- define "koordbus.natsServiceUsers" -}}
+{{- $users := list "api" -}}
+{{- range $name, $service := .Values.services -}}
+{{- if $service.enabled }}{{ $users = append $users $name }}{{ end -}}
+{{- end -}}
+{{- join "," (sortAlpha $users) -}}
+{{- end -}}
+
+{{/* A control-plane container's NATS credentials (with nats.auth.enabled): KOORDBUS_NATS_CREDS → the mounted file. */}}
+{{- define "koordbus.natsCredsEnv" -}}
+{{- if .Values.nats.auth.enabled }}
+- name: KOORDBUS_NATS_CREDS
+  value: /etc/koordbus/nats/creds.json
+{{- end }}
+{{- end -}}
+
+{{- define "koordbus.natsCredsMount" -}}
+{{- if .root.Values.nats.auth.enabled }}
+- name: nats-creds
+  mountPath: /etc/koordbus/nats
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* The volume of one service user's credentials file (`service`: its name), from the NATS identities Secret. */}}
+{{- define "koordbus.natsCredsVolume" -}}
+{{- if .root.Values.nats.auth.enabled }}
+- name: nats-creds
+  secret:
+    secretName: {{ include "koordbus.natsAuthSecret" .root }}
+    defaultMode: 0440
+    items:
+      - {key: {{ printf "%s.creds.json" .service }}, path: creds.json}
+      {{- range .extra }}
+      - {key: {{ . }}, path: {{ . }}}
+      {{- end }}
+{{- end }}
 {{- end -}}
