@@ -247,7 +247,7 @@ async def cross_check(bus: JetStreamBus, port: int, node: str) -> dict[str, Any]
     agents start, so its range is cut to the seconds koordbus has samples for (from the node's first batch):
     otherwise a short run compares different spans. koordbus leaves a duration empty until its samples span half of
     it (cold start): p95 is null before 150 s."""
-    delivery = await bus.last_on_subject(streams.KOORD_NODEMETRIC, subjects.nodemetric_computed(node))
+    delivery = await bus.last_on_subject(streams.KOORD_NODEMETRIC, subjects.stored(subjects.nodemetric_computed(node)))
     if delivery is None:
         return {}
     report = msgspec.json.decode(delivery.data, type=NodeMetricComputed)

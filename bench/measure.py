@@ -1,6 +1,7 @@
 """What the ingest benchmark reads off the service and how it judges the run: Prometheus text, /proc, the verdict.
 
-Called by bench/nodemetric_ingest.py at the start and the end of the measured period, and by the smoke test.
+Called by bench/nodemetric_ingest.py at the start and the end of the measured period (summing its replicas'
+scrapes with `sum_metrics`), and by the smoke tests.
 The parsers and `histogram_quantile` are pure (text in, numbers out); only `read_proc` touches the filesystem.
 Latency quantiles follow Prometheus' histogram_quantile: linear interpolation inside the bucket the rank falls
 in, the first bucket starting at 0, and a rank in the +Inf bucket answered with the highest finite bound.
@@ -16,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 BATCHES = "koordbus_nodemetric_batches_total"
 REPORTS = "koordbus_nodemetric_reports_total"
+OWNED_PARTITIONS = "koordbus_nodemetric_owned_partitions"
 LATENCY = "koordbus_nodemetric_ingest_latency_seconds"
 PROJECTION_LATENCY = "koordbus_nodemetric_projection_latency_seconds"
 
@@ -32,6 +34,26 @@ class ServiceMetrics:
     latency: Buckets
     projection_latency: Buckets
     """Agent send → NodeMetric row committed, per report."""
+    owned_partitions: float = 0.0
+    """Node partitions the replica ingests (all of them without an instance name)."""
+
+
+def sum_metrics(scrapes: list[ServiceMetrics]) -> ServiceMetrics:
+    """The figures of several replicas as one service's: counters and histogram buckets added up."""
+
+    def buckets(each: list[Buckets]) -> Buckets:
+        bounds = [le for le, _ in each[0]]
+        if any([le for le, _ in b] != bounds for b in each):
+            raise ValueError("the replicas' histograms have different buckets")
+        return tuple((le, sum(b[i][1] for b in each)) for i, le in enumerate(bounds))
+
+    return ServiceMetrics(
+        batches=sum(m.batches for m in scrapes),
+        reports=sum(m.reports for m in scrapes),
+        latency=buckets([m.latency for m in scrapes]),
+        projection_latency=buckets([m.projection_latency for m in scrapes]),
+        owned_partitions=sum(m.owned_partitions for m in scrapes),
+    )
 
 
 def parse_metrics(text: str) -> ServiceMetrics:
@@ -55,6 +77,7 @@ def parse_metrics(text: str) -> ServiceMetrics:
         reports=values[REPORTS],
         latency=tuple(sorted(buckets)),
         projection_latency=tuple(sorted(projection)),
+        owned_partitions=values.get(OWNED_PARTITIONS, 0.0),
     )
 
 

@@ -7,7 +7,9 @@ runs on the other CPUs), offers nodes/interval batches per second, and after a w
 --duration seconds: batches and pod samples applied per second (the service's counters), send → applied-and-
 committed latency p50/p99 (its histogram), its peak RSS and CPU use (/proc), the ingest backlog and reports
 published. Exactly one JSON line goes to stdout; progress goes to stderr. Every process it started is stopped
-on the way out, also on Ctrl-C.
+on the way out, also on Ctrl-C. With --replicas N it starts N nodemetric processes with instance names, each pinned
+to a CPU of its own, waits until they have split the node partitions, and reports their figures added up (and each
+replica's rate, CPU and RSS); bench/scale.py compares 1 and 2 replicas this way.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from multiprocessing.context import SpawnContext, SpawnProcess
 from pathlib import Path
@@ -34,9 +36,10 @@ if __package__ in (None, ""):  # run as a script (`python bench/nodemetric_inges
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import loadgen, measure, processes
-from bus import streams
+from bus import streams, subjects
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
+from services.common import membership
 from services.common import settings as settings_loader
 from services.nodemetric.service import INGEST_CONSUMER
 from services.nodemetric.settings import NodeMetricSettings
@@ -49,14 +52,34 @@ PROGRESS_EVERY_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
+class Replica:
+    """One running nodemetric process."""
+
+    instance: str
+    """Its KOORDBUS_INSTANCE ("" when it runs alone)."""
+    cpu: int
+    port: int
+    pid: int
+
+
+@dataclass(frozen=True)
 class Snapshot:
-    """Everything read at one instant: service metrics and /proc, generator tallies, the ingest backlog."""
+    """Everything read at one instant: each replica's metrics and /proc, generator tallies, the ingest backlog."""
 
     at: float
-    metrics: measure.ServiceMetrics
-    proc: measure.ProcSample
+    replicas: list[measure.ServiceMetrics]
+    procs: list[measure.ProcSample]
     sent: list[loadgen.Totals]
     backlog: int
+
+    @property
+    def metrics(self) -> measure.ServiceMetrics:
+        """The replicas' figures added up."""
+        return measure.sum_metrics(self.replicas)
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(p.cpu_seconds for p in self.procs)
 
     @property
     def published(self) -> int:
@@ -67,8 +90,14 @@ class Snapshot:
         return sum(t.pod_samples for t in self.sent)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+def parse_args(
+    argv: list[str] | None = None,
+    parser: argparse.ArgumentParser | None = None,
+    defaults: Mapping[str, Any] | None = None,
+) -> argparse.Namespace:
+    """This benchmark's arguments; bench/scale.py passes a `parser` of its own (its name and description) and its
+    own `defaults`, and gets the same flags."""
+    p = parser or argparse.ArgumentParser(
         prog="python bench/nodemetric_ingest.py",
         description="Offer N nodes × P pods of agent batches through a real nats-server to the nodemetric service "
         "(its own process, pinned to one CPU) and print one JSON line: sustained batches/s and pod-samples/s, "
@@ -88,6 +117,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=max(os.sched_getaffinity(0)),
         help="CPU the service process is pinned to; the rest of the benchmark avoids it (default: the last CPU)",
     )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="nodemetric processes (1); more than one get instance names and split the node partitions, each pinned "
+        "to its own CPU: --service-cpu, then the other CPUs from the highest down (the load shares those)",
+    )
     p.add_argument("--generators", type=int, default=1, help="load-generator processes (1)")
     p.add_argument("--max-in-flight", type=int, default=256, help="unacknowledged publishes per generator (256)")
     p.add_argument("--template-pool", type=int, default=64, help="distinct simulated nodes per window (64)")
@@ -97,13 +133,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=20.0,
         help="cap on the node stream's disk use in GiB; the oldest batches go first (20: 10,000 nodes write ~25 MB/s)",
     )
+    p.set_defaults(**(defaults or {}))
     args = p.parse_args(argv)
-    if min(args.nodes, args.pods, args.generators, args.max_in_flight, args.template_pool) < 1:
-        p.error("--nodes, --pods, --generators, --max-in-flight and --template-pool must be at least 1")
+    if min(args.nodes, args.pods, args.generators, args.max_in_flight, args.template_pool, args.replicas) < 1:
+        p.error("--nodes, --pods, --generators, --max-in-flight, --template-pool and --replicas must be at least 1")
+    if args.replicas > len(os.sched_getaffinity(0)):
+        p.error(f"--replicas {args.replicas}: only {len(os.sched_getaffinity(0))} CPUs to pin them to")
     if args.interval <= 0 or args.duration <= 0 or args.warmup < 0 or args.stream_max_gb <= 0:
         p.error("--interval, --duration and --stream-max-gb must be positive, --warmup not negative")
     if args.service_cpu not in os.sched_getaffinity(0):
         p.error(f"--service-cpu {args.service_cpu} is not one of this process's CPUs {sorted(os.sched_getaffinity(0))}")
+    args.cpus = sorted(os.sched_getaffinity(0))  # before the benchmark keeps itself off --service-cpu
     return args
 
 
@@ -112,6 +152,8 @@ def command_line(args: argparse.Namespace) -> str:
     parts = ["python", "bench/nodemetric_ingest.py", "--nodes", str(args.nodes), "--pods", str(args.pods)]
     parts += ["--interval", f"{args.interval:g}", "--duration", f"{args.duration:g}", "--warmup", f"{args.warmup:g}"]
     parts += ["--service-cpu", str(args.service_cpu), "--generators", str(args.generators)]
+    if args.replicas > 1:
+        parts += ["--replicas", str(args.replicas)]
     if args.database_url:
         parts += ["--database-url", args.database_url]
     return shlex.join(parts)
@@ -163,22 +205,39 @@ async def wait_for_service(port: int, process: subprocess.Popen[bytes], log_path
     raise RuntimeError(f"the service did not serve /metrics within {SERVICE_READY_TIMEOUT_SECONDS:.0f} s")
 
 
-async def ingest_backlog(bus: JetStreamBus) -> int:
-    """Messages the service's ingest consumer has not been delivered yet."""
-    info = await bus.jetstream.consumer_info(streams.KOORD_NODE, INGEST_CONSUMER)
-    return int(info.num_pending or 0)
+async def wait_for_split(replicas: list[Replica]) -> None:
+    """Until the replicas own every node partition between them, each a share (they join within a heartbeat or
+    two, each first owning everything until it hears of the others)."""
+    deadline = time.monotonic() + SERVICE_READY_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        owned = [measure.parse_metrics(await asyncio.to_thread(scrape, r.port)).owned_partitions for r in replicas]
+        if sum(owned) == subjects.NODE_PARTITIONS and all(owned):
+            log.info("the replicas split the %d partitions %s", subjects.NODE_PARTITIONS, owned)
+            return
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"the replicas did not split the partitions within {SERVICE_READY_TIMEOUT_SECONDS:.0f} s")
+
+
+async def ingest_backlog(bus: JetStreamBus, replicas: list[Replica]) -> int:
+    """Messages the replicas' ingest consumers have not been delivered yet."""
+    backlog = 0
+    for replica in replicas:
+        durable = membership.durable(INGEST_CONSUMER, replica.instance)
+        info = await bus.jetstream.consumer_info(streams.KOORD_NODE, durable)
+        backlog += int(info.num_pending or 0)
+    return backlog
 
 
 async def snapshot(
-    bus: JetStreamBus, *, port: int, pid: int, counters: list[loadgen.Counters], reset_lag: bool = False
+    bus: JetStreamBus, *, replicas: list[Replica], counters: list[loadgen.Counters], reset_lag: bool = False
 ) -> Snapshot:
-    text = await asyncio.to_thread(scrape, port)
+    texts = [await asyncio.to_thread(scrape, r.port) for r in replicas]
     return Snapshot(
         at=time.monotonic(),
-        metrics=measure.parse_metrics(text),
-        proc=measure.read_proc(pid),
+        replicas=[measure.parse_metrics(text) for text in texts],
+        procs=[measure.read_proc(r.pid) for r in replicas],
         sent=[c.totals(reset_lag=reset_lag) for c in counters],
-        backlog=await ingest_backlog(bus),
+        backlog=await ingest_backlog(bus, replicas),
     )
 
 
@@ -192,26 +251,26 @@ async def wait_for_first_publishes(counters: list[loadgen.Counters], interval: f
 
 
 async def measured_period(
-    bus: JetStreamBus, *, args: argparse.Namespace, port: int, pid: int, counters: list[loadgen.Counters]
+    bus: JetStreamBus, *, args: argparse.Namespace, replicas: list[Replica], counters: list[loadgen.Counters]
 ) -> tuple[Snapshot, Snapshot]:
     """Warm up, then take the snapshots that bound the measured period, logging progress in between."""
     log.info("load is flowing; warming up for %g s", args.warmup)
     await asyncio.sleep(args.warmup)
-    first = await snapshot(bus, port=port, pid=pid, counters=counters, reset_lag=True)
+    first = await snapshot(bus, replicas=replicas, counters=counters, reset_lag=True)
     log.info("measuring for %g s (backlog %d)", args.duration, first.backlog)
     end = first.at + args.duration
     previous = first
     while (left := end - time.monotonic()) > 0:
         await asyncio.sleep(min(left, PROGRESS_EVERY_SECONDS))
-        current = await snapshot(bus, port=port, pid=pid, counters=counters)
+        current = await snapshot(bus, replicas=replicas, counters=counters)
         seconds = current.at - previous.at
         log.info(
             "applied %.0f/s, sent %.0f/s, backlog %d, service CPU %.2f, RSS %.0f MiB",
             measure.rate(current.metrics.batches, previous.metrics.batches, seconds),
             measure.rate(current.published, previous.published, seconds),
             current.backlog,
-            measure.rate(current.proc.cpu_seconds, previous.proc.cpu_seconds, seconds),
-            current.proc.rss_bytes / 2**20,
+            measure.rate(current.cpu_seconds, previous.cpu_seconds, seconds),
+            sum(p.rss_bytes for p in current.procs) / 2**20,
         )
         previous = current
     return first, previous
@@ -229,13 +288,14 @@ def result(args: argparse.Namespace, first: Snapshot, last: Snapshot, *, load_se
     projection = measure.bucket_deltas(last.metrics.projection_latency, first.metrics.projection_latency)
     proj_p50, proj_p99 = measure.histogram_quantile(0.5, projection), measure.histogram_quantile(0.99, projection)
     errors = sum(t.errors for t in last.sent) - sum(t.errors for t in first.sent)
+    rss_peak = max(p.rss_peak_bytes for p in last.procs)  # the target is per process
     outcome = measure.Outcome(
         offered_per_s=offered,
         published_per_s=published / seconds,
         applied_per_s=applied,
         latency_p99_s=p99,
         projection_latency_p99_s=proj_p99,
-        rss_peak_bytes=last.proc.rss_peak_bytes,
+        rss_peak_bytes=rss_peak,
         backlog_start=first.backlog,
         backlog_end=last.backlog,
         publish_errors=errors,
@@ -261,9 +321,22 @@ def result(args: argparse.Namespace, first: Snapshot, last: Snapshot, *, load_se
         # Per report: the agent's send time of the batch that completed it → its NodeMetric row committed.
         "projection_latency_p50_s": None if proj_p50 is None else round(proj_p50, 4),
         "projection_latency_p99_s": None if proj_p99 is None else round(proj_p99, 4),
-        "service_rss_peak_mb": round(last.proc.rss_peak_bytes / 2**20, 1),
-        "service_rss_end_mb": round(last.proc.rss_bytes / 2**20, 1),
-        "service_cpu_cores": round(measure.rate(last.proc.cpu_seconds, first.proc.cpu_seconds, seconds), 3),
+        # With replicas: the largest peak, their RSS added up at the end, their CPU added up.
+        "service_rss_peak_mb": round(rss_peak / 2**20, 1),
+        "service_rss_end_mb": round(sum(p.rss_bytes for p in last.procs) / 2**20, 1),
+        "service_cpu_cores": round(measure.rate(last.cpu_seconds, first.cpu_seconds, seconds), 3),
+        "replicas": len(last.procs),
+        "replica_cpus": processes.replica_cpus(args.service_cpu, args.cpus, args.replicas),
+        "replica_batches_per_s": [
+            round(measure.rate(b.batches, a.batches, seconds), 3)
+            for a, b in zip(first.replicas, last.replicas, strict=True)
+        ],
+        "replica_cpu_cores": [
+            round(measure.rate(b.cpu_seconds, a.cpu_seconds, seconds), 3)
+            for a, b in zip(first.procs, last.procs, strict=True)
+        ],
+        "replica_rss_peak_mb": [round(p.rss_peak_bytes / 2**20, 1) for p in last.procs],
+        "replica_partitions": [int(m.owned_partitions) for m in last.replicas],
         "backlog_start": first.backlog,
         "backlog_end": last.backlog,
         "reports": int(last.metrics.reports - first.metrics.reports),
@@ -279,19 +352,36 @@ def result(args: argparse.Namespace, first: Snapshot, last: Snapshot, *, load_se
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     database_url = args.database_url or f"sqlite:///{workdir / 'bench.db'}"
-    port = free_port()
     async with EmbeddedNatsServer(workdir / "nats", log_file=workdir / "nats-server.log") as server:
         log.info("nats-server at %s; data in %s", server.url, workdir)
         bus = await JetStreamBus.connect(server.url, name="bench")
         try:
             node_stream = streams.node_stream(max_bytes=int(args.stream_max_gb * 2**30))
-            await bus.ensure_streams([node_stream, streams.nodemetric_stream(), streams.dlq_stream()])
-            service_log = workdir / "service.log"
-            arguments = ["nodemetric", "--nats-url", server.url, "--database-url", database_url, "--port", str(port)]
-            with processes.pinned_service(arguments, cpu=args.service_cpu, log_path=service_log) as service:
-                await wait_for_service(port, service, service_log)
-                pid = service.pid
-                log.info("service pid %d on CPU %d, /metrics on port %d", pid, args.service_cpu, port)
+            await bus.ensure_streams(
+                [node_stream, streams.nodemetric_stream(), streams.dlq_stream(), streams.members_stream()]
+            )
+            with contextlib.ExitStack() as stack:
+                replicas: list[Replica] = []
+                started: list[tuple[subprocess.Popen[bytes], Path]] = []
+                cpus = processes.replica_cpus(args.service_cpu, args.cpus, args.replicas)
+                for instance, cpu in zip(processes.replica_instances(args.replicas), cpus, strict=True):
+                    port = free_port()
+                    arguments = ["nodemetric", "--nats-url", server.url, "--database-url", database_url]
+                    service_log = workdir / ("service.log" if not instance else f"service-{instance}.log")
+                    service = stack.enter_context(
+                        processes.pinned_service(
+                            [*arguments, "--port", str(port)],
+                            cpu=cpu,
+                            log_path=service_log,
+                            env={"KOORDBUS_INSTANCE": instance} if instance else None,
+                        )
+                    )
+                    await wait_for_service(port, service, service_log)
+                    replicas.append(Replica(instance=instance, cpu=cpu, port=port, pid=service.pid))
+                    started.append((service, service_log))
+                    log.info("service pid %d on CPU %d, /metrics on port %d", service.pid, cpu, port)
+                if len(replicas) > 1:
+                    await wait_for_split(replicas)
                 configs = [
                     loadgen.GeneratorConfig(
                         index=i,
@@ -308,10 +398,11 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 with generator_processes(multiprocessing.get_context("spawn"), configs) as counters:
                     await wait_for_first_publishes(counters, args.interval)
                     load_started = time.monotonic()
-                    first, last = await measured_period(bus, args=args, port=port, pid=pid, counters=counters)
+                    first, last = await measured_period(bus, args=args, replicas=replicas, counters=counters)
                     load_seconds = last.at - load_started
-                if service.poll() is not None:
-                    raise RuntimeError(f"the service died during the run:\n{processes.tail(service_log)}")
+                for service, service_log in started:
+                    if service.poll() is not None:
+                        raise RuntimeError(f"a service died during the run:\n{processes.tail(service_log)}")
         finally:
             await bus.close()
     return result(args, first, last, load_seconds=load_seconds)

@@ -12,7 +12,9 @@ only by a NodeMetric carries that NodeMetric's report time, which is its publish
 decision's stream timestamp is when it was stored), the service's CPU use and peak RSS (/proc) and the
 nodemetric consumer's backlog. The service serves no /metrics yet, so recomputations that were not published
 (repeats) are not counted. Exactly one JSON line goes to stdout; progress goes to stderr. Every process it started
-is stopped on the way out, also on Ctrl-C.
+is stopped on the way out, also on Ctrl-C. With --replicas N it starts N noderesource processes with instance names,
+each pinned to a CPU of its own, waits until they have split the node partitions and replayed their share, and
+reports their figures added up (and each replica's CPU and RSS); bench/scale.py compares 1 and 2 replicas this way.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.context import SpawnContext, SpawnProcess
 from pathlib import Path
@@ -45,6 +47,7 @@ from bench import cluster_load, measure, processes
 from bus import streams, subjects
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
+from services.common import membership
 from services.noderesource.service import CLUSTER_CONSUMER, NODEMETRIC_CONSUMER
 
 log = logging.getLogger("bench")
@@ -95,7 +98,8 @@ class Snapshot:
     """Everything read at one instant."""
 
     at: float
-    proc: measure.ProcSample
+    procs: list[measure.ProcSample]
+    """One per replica."""
     sent: dict[str, float]
     consumed: int
     backlog: int
@@ -103,9 +107,19 @@ class Snapshot:
     writes_due: int
     latencies_seen: int
 
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(p.cpu_seconds for p in self.procs)
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+
+def parse_args(
+    argv: list[str] | None = None,
+    parser: argparse.ArgumentParser | None = None,
+    defaults: Mapping[str, Any] | None = None,
+) -> argparse.Namespace:
+    """This benchmark's arguments; bench/scale.py passes a `parser` of its own (its name and description) and its
+    own `defaults`, and gets the same flags."""
+    p = parser or argparse.ArgumentParser(
         prog="python bench/noderesource.py",
         description="Seed N nodes × P pods and the colocation ConfigMap into a real nats-server, start the "
         "noderesource service (its own process, pinned to one CPU), offer one NodeMetric per node per interval "
@@ -134,13 +148,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=max(os.sched_getaffinity(0)),
         help="CPU the service process is pinned to; the rest of the benchmark avoids it (default: the last CPU)",
     )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="noderesource processes (1); more than one get instance names and split the node partitions, each "
+        "pinned to its own CPU: --service-cpu, then the other CPUs from the highest down (the load shares those)",
+    )
+    p.set_defaults(**(defaults or {}))
     args = p.parse_args(argv)
-    if min(args.nodes, args.pods) < 1:
-        p.error("--nodes and --pods must be at least 1")
+    if min(args.nodes, args.pods, args.replicas) < 1:
+        p.error("--nodes, --pods and --replicas must be at least 1")
+    if args.replicas > len(os.sched_getaffinity(0)):
+        p.error(f"--replicas {args.replicas}: only {len(os.sched_getaffinity(0))} CPUs to pin them to")
     if args.metric_interval <= 0 or args.duration <= 0 or args.warmup < 0:
         p.error("--metric-interval and --duration must be positive, --warmup not negative")
     if args.service_cpu not in os.sched_getaffinity(0):
         p.error(f"--service-cpu {args.service_cpu} is not one of this process's CPUs {sorted(os.sched_getaffinity(0))}")
+    args.cpus = sorted(os.sched_getaffinity(0))  # before the benchmark keeps itself off --service-cpu
     return args
 
 
@@ -148,6 +173,8 @@ def command_line(args: argparse.Namespace) -> str:
     parts = ["python", "bench/noderesource.py", "--nodes", str(args.nodes), "--pods", str(args.pods)]
     parts += ["--metric-interval", f"{args.metric_interval:g}", "--duration", f"{args.duration:g}"]
     parts += ["--warmup", f"{args.warmup:g}", "--service-cpu", str(args.service_cpu)]
+    if args.replicas > 1:
+        parts += ["--replicas", str(args.replicas)]
     if args.database_url:
         parts += ["--database-url", args.database_url]
     return shlex.join(parts)
@@ -199,30 +226,48 @@ async def seed(bus: JetStreamBus, *, nodes: int, pods: int) -> float:
     return time.monotonic() - started
 
 
-async def wait_for_startup(bus: JetStreamBus, process: subprocess.Popen[bytes], *, nodes: int, log_path: Path) -> None:
-    """Until the service's cluster and NodeMetric consumers have acknowledged everything seeded and every node has a
-    first decision on KOORD_NODERESOURCE. (A replay longer than the service's startup_timeout_seconds makes it
-    decide before the replay is done; the replay counts as done only once the consumers are drained too.)"""
+async def wait_for_startup(
+    bus: JetStreamBus, services: list[tuple[subprocess.Popen[bytes], Path]], *, nodes: int, instances: list[str]
+) -> None:
+    """Until the services' cluster and NodeMetric consumers have acknowledged everything seeded and every node has a
+    first decision on KOORD_NODERESOURCE; replicas must also have split the node partitions. (A replay longer than
+    the service's startup_timeout_seconds makes it decide before the replay is done; the replay counts as done only
+    once the consumers are drained too.)"""
     deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the service exited during start-up:\n{processes.tail(log_path)}")
+        for process, log_path in services:
+            if process.poll() is not None:
+                raise RuntimeError(f"a service exited during start-up:\n{processes.tail(log_path)}")
         with contextlib.suppress(Exception):  # the stream and the consumers appear once the service made them
             messages, _ = await bus.stream_info(streams.KOORD_NODERESOURCE)
-            if messages >= nodes and await replay_left(bus) == 0:
+            split = len(instances) == 1 or await partitions_split(bus, instances)
+            if messages >= nodes and split and await replay_left(bus, instances) == 0:
                 return
         await asyncio.sleep(0.2)
     raise RuntimeError(
-        f"no decision for every node within {STARTUP_TIMEOUT_SECONDS:.0f} s:\n{processes.tail(log_path)}"
+        f"no decision for every node within {STARTUP_TIMEOUT_SECONDS:.0f} s:\n{processes.tail(services[0][1])}"
     )
 
 
-async def replay_left(bus: JetStreamBus) -> int:
-    """Cluster and NodeMetric messages the service has not acknowledged yet."""
+async def partitions_split(bus: JetStreamBus, instances: list[str]) -> bool:
+    """Whether the replicas' NodeMetric consumers filter on every partition between them, each on a share."""
+    owned = []
+    for instance in instances:
+        info = await bus.jetstream.consumer_info(
+            streams.KOORD_NODEMETRIC, membership.durable(NODEMETRIC_CONSUMER, instance)
+        )
+        owned.append(len(info.config.filter_subjects or [info.config.filter_subject]))
+    return sum(owned) == subjects.NODE_PARTITIONS and all(owned)
+
+
+async def replay_left(bus: JetStreamBus, instances: list[str]) -> int:
+    """Cluster and NodeMetric messages the services have not acknowledged yet."""
     left = 0
-    for stream, durable in ((streams.KOORD_CLUSTER, CLUSTER_CONSUMER), (streams.KOORD_NODEMETRIC, NODEMETRIC_CONSUMER)):
-        info = await bus.jetstream.consumer_info(stream, durable)
-        left += int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+    consumers = ((streams.KOORD_CLUSTER, CLUSTER_CONSUMER), (streams.KOORD_NODEMETRIC, NODEMETRIC_CONSUMER))
+    for instance in instances:
+        for stream, name in consumers:
+            info = await bus.jetstream.consumer_info(stream, membership.durable(name, instance))
+            left += int(info.num_pending or 0) + int(info.num_ack_pending or 0)
     return left
 
 
@@ -243,25 +288,30 @@ async def observe_decisions(bus: JetStreamBus, tally: DecisionTally) -> Any:
     )
 
 
-async def consumer_state(bus: JetStreamBus) -> tuple[int, int]:
-    """(NodeMetrics the service acknowledged so far, NodeMetrics not yet delivered or not yet acknowledged)."""
-    info = await bus.jetstream.consumer_info(streams.KOORD_NODEMETRIC, NODEMETRIC_CONSUMER)
-    acked = int(info.ack_floor.consumer_seq or 0) if info.ack_floor is not None else 0
-    return acked, int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+async def consumer_state(bus: JetStreamBus, instances: list[str]) -> tuple[int, int]:
+    """(NodeMetrics the services acknowledged so far, NodeMetrics not yet delivered or not yet acknowledged)."""
+    acked = left = 0
+    for instance in instances:
+        durable = membership.durable(NODEMETRIC_CONSUMER, instance)
+        info = await bus.jetstream.consumer_info(streams.KOORD_NODEMETRIC, durable)
+        acked += int(info.ack_floor.consumer_seq or 0) if info.ack_floor is not None else 0
+        left += int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+    return acked, left
 
 
 async def snapshot(
     bus: JetStreamBus,
     *,
-    pid: int,
+    pids: list[int],
+    instances: list[str],
     counters: cluster_load.PublisherCounters,
     tally: DecisionTally,
     reset_lag: bool = False,
 ) -> Snapshot:
-    consumed, backlog = await consumer_state(bus)
+    consumed, backlog = await consumer_state(bus, instances)
     return Snapshot(
         at=time.monotonic(),
-        proc=measure.read_proc(pid),
+        procs=[measure.read_proc(pid) for pid in pids],
         sent=counters.read(reset_lag=reset_lag),
         consumed=consumed,
         backlog=backlog,
@@ -275,19 +325,20 @@ async def measured_period(
     bus: JetStreamBus,
     *,
     args: argparse.Namespace,
-    pid: int,
+    pids: list[int],
+    instances: list[str],
     counters: cluster_load.PublisherCounters,
     tally: DecisionTally,
 ) -> tuple[Snapshot, Snapshot]:
     log.info("NodeMetrics are flowing; warming up for %g s", args.warmup)
     await asyncio.sleep(args.warmup)
-    first = await snapshot(bus, pid=pid, counters=counters, tally=tally, reset_lag=True)
+    first = await snapshot(bus, pids=pids, instances=instances, counters=counters, tally=tally, reset_lag=True)
     log.info("measuring for %g s (backlog %d)", args.duration, first.backlog)
     end = first.at + args.duration
     previous = first
     while (left := end - time.monotonic()) > 0:
         await asyncio.sleep(min(left, PROGRESS_EVERY_SECONDS))
-        current = await snapshot(bus, pid=pid, counters=counters, tally=tally)
+        current = await snapshot(bus, pids=pids, instances=instances, counters=counters, tally=tally)
         seconds = current.at - previous.at
         log.info(
             "NodeMetrics sent %.0f/s, consumed %.0f/s; decisions %.0f/s, writes due %.1f/s; backlog %d; "
@@ -297,8 +348,8 @@ async def measured_period(
             measure.rate(current.decisions, previous.decisions, seconds),
             measure.rate(current.writes_due, previous.writes_due, seconds),
             current.backlog,
-            measure.rate(current.proc.cpu_seconds, previous.proc.cpu_seconds, seconds),
-            current.proc.rss_bytes / 2**20,
+            measure.rate(current.cpu_seconds, previous.cpu_seconds, seconds),
+            sum(p.rss_bytes for p in current.procs) / 2**20,
         )
         previous = current
     return first, previous
@@ -376,9 +427,17 @@ def result(
         "latency_p99_s": None if p99 is None else round(p99, 4),
         "latency_max_s": round(max(latencies), 4) if latencies else None,
         "latency_samples": len(latencies),
-        "service_cpu_cores": round(measure.rate(last.proc.cpu_seconds, first.proc.cpu_seconds, seconds), 3),
-        "service_rss_peak_mb": round(last.proc.rss_peak_bytes / 2**20, 1),
-        "service_rss_end_mb": round(last.proc.rss_bytes / 2**20, 1),
+        # With replicas: their CPU added up, the largest peak, their RSS added up at the end.
+        "service_cpu_cores": round(measure.rate(last.cpu_seconds, first.cpu_seconds, seconds), 3),
+        "service_rss_peak_mb": round(max(p.rss_peak_bytes for p in last.procs) / 2**20, 1),
+        "service_rss_end_mb": round(sum(p.rss_bytes for p in last.procs) / 2**20, 1),
+        "replicas": args.replicas,
+        "replica_cpus": processes.replica_cpus(args.service_cpu, args.cpus, args.replicas),
+        "replica_cpu_cores": [
+            round(measure.rate(b.cpu_seconds, a.cpu_seconds, seconds), 3)
+            for a, b in zip(first.procs, last.procs, strict=True)
+        ],
+        "replica_rss_peak_mb": [round(p.rss_peak_bytes / 2**20, 1) for p in last.procs],
         "seed_s": round(seed_seconds, 3),
         # Service spawn → a first decision for every node stored (imports, replay of cluster and NodeMetrics).
         "startup_replay_s": round(startup_seconds, 3),
@@ -403,21 +462,34 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             log.info("seeding %d nodes × %d pods, the ConfigMap and a NodeMetric per node", args.nodes, args.pods)
             seed_seconds = await seed(bus, nodes=args.nodes, pods=args.pods)
             log.info("seeded in %.1f s; starting the service", seed_seconds)
-            service_log = workdir / "service.log"
             spawned = time.monotonic()
             database_url = args.database_url or f"sqlite:///{workdir / 'bench.db'}"
             arguments = ["noderesource", "--nats-url", server.url, "--database-url", database_url, "--port", "0"]
-            with processes.pinned_service(arguments, cpu=args.service_cpu, log_path=service_log) as service:
-                await wait_for_startup(bus, service, nodes=args.nodes, log_path=service_log)
+            instances = processes.replica_instances(args.replicas)
+            cpus = processes.replica_cpus(args.service_cpu, args.cpus, args.replicas)
+            with contextlib.ExitStack() as stack:
+                services: list[tuple[subprocess.Popen[bytes], Path]] = []
+                for instance, cpu in zip(instances, cpus, strict=True):
+                    service_log = workdir / ("service.log" if not instance else f"service-{instance}.log")
+                    env = {"KOORDBUS_INSTANCE": instance} if instance else None
+                    service = stack.enter_context(
+                        processes.pinned_service(arguments, cpu=cpu, log_path=service_log, env=env)
+                    )
+                    services.append((service, service_log))
+                await wait_for_startup(bus, services, nodes=args.nodes, instances=instances)
                 startup_seconds = time.monotonic() - spawned
-                startup_timed_out = STARTUP_TIMEOUT_WARNING in service_log.read_text(errors="replace")
-                log.info(
-                    "service pid %d on CPU %d decided every node %.1f s after its start (RSS %.0f MiB)",
-                    service.pid,
-                    args.service_cpu,
-                    startup_seconds,
-                    measure.read_proc(service.pid).rss_bytes / 2**20,
+                startup_timed_out = any(
+                    STARTUP_TIMEOUT_WARNING in service_log.read_text(errors="replace") for _, service_log in services
                 )
+                pids = [service.pid for service, _ in services]
+                for pid, cpu in zip(pids, cpus, strict=True):
+                    log.info(
+                        "service pid %d on CPU %d decided every node %.1f s after its start (RSS %.0f MiB)",
+                        pid,
+                        cpu,
+                        startup_seconds,
+                        measure.read_proc(pid).rss_bytes / 2**20,
+                    )
                 tally = DecisionTally()
                 subscription = await observe_decisions(bus, tally)
                 config = cluster_load.PublisherConfig(
@@ -426,12 +498,13 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 try:
                     with publisher_process(multiprocessing.get_context("spawn"), config) as counters:
                         first, last = await measured_period(
-                            bus, args=args, pid=service.pid, counters=counters, tally=tally
+                            bus, args=args, pids=pids, instances=instances, counters=counters, tally=tally
                         )
                 finally:
                     await subscription.unsubscribe()
-                if service.poll() is not None:
-                    raise RuntimeError(f"the service died during the run:\n{processes.tail(service_log)}")
+                for service, service_log in services:
+                    if service.poll() is not None:
+                        raise RuntimeError(f"a service died during the run:\n{processes.tail(service_log)}")
         finally:
             await bus.close()
     return result(

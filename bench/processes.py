@@ -1,5 +1,6 @@
 """Processes the benchmarks share: a `koordbus service …` pinned to one CPU, keeping the rest off that CPU, the
-tail of a log for error messages, and `run_pinned_bench`, the entry point of the benchmarks that pin a service.
+tail of a log for error messages, the CPUs and instance names of a service's replicas, and `run_pinned_bench`, the
+entry point of the benchmarks that pin a service.
 Used by bench/nodemetric_ingest.py, bench/noderesource.py and bench/compare_prometheus.py (which pins Prometheus
 the same way)."""
 
@@ -35,10 +36,14 @@ def pin_away_from(cpu: int) -> None:
 
 
 @contextlib.contextmanager
-def pinned_service(arguments: Sequence[str], *, cpu: int, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """`koordbus service <arguments>` pinned to `cpu`, output to `log_path`; SIGTERM (then SIGKILL) on the way out."""
+def pinned_service(
+    arguments: Sequence[str], *, cpu: int, log_path: Path, env: Mapping[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`koordbus service <arguments>` pinned to `cpu`, output to `log_path`, with `env` added to this process's
+    environment (e.g. KOORDBUS_INSTANCE for a replica); SIGTERM (then SIGKILL) on the way out."""
     command = [sys.executable, "-m", "koordbus.cli", "service", *arguments]
-    with pinned_process(command, cpu=cpu, log_path=log_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}) as process:
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with pinned_process(command, cpu=cpu, log_path=log_path, env=environment) as process:
         yield process
 
 
@@ -68,6 +73,16 @@ def pinned_process(
                 log.warning("%s did not stop in %.0f s: killing it", command[0], SERVICE_STOP_TIMEOUT_SECONDS)
                 process.kill()
                 process.wait()
+
+
+def replica_cpus(service_cpu: int, cpus: Sequence[int], replicas: int) -> list[int]:
+    """The CPU of each of `replicas` service processes: `service_cpu`, then the other `cpus` from the highest down."""
+    return [service_cpu, *sorted(set(cpus) - {service_cpu}, reverse=True)][:replicas]
+
+
+def replica_instances(replicas: int) -> list[str]:
+    """Each service process's KOORDBUS_INSTANCE: none when it runs alone, else a name per replica."""
+    return [""] if replicas == 1 else [f"bench-{i}" for i in range(replicas)]
 
 
 def tail(path: Path, lines: int = 30) -> str:

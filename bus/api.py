@@ -267,8 +267,9 @@ class Bus(Protocol):
         ...
 
     async def last_on_subject(self, stream: str, subject: str, *, direct: bool = False) -> Delivery | None:
-        """The newest message stored on exactly this subject, or None. `direct` reads it with a direct get (the
-        stream must allow them), which a NATS permission can grant for this subject alone."""
+        """The newest message stored on exactly this subject, or None; a subject with wildcards finds the newest on
+        any subject it matches (a per-node subject's stored form, `subjects.stored`). `direct` reads it with a direct
+        get (the stream must allow them), which a NATS permission can grant for this subject alone."""
         ...
 
     async def stream_info(self, stream: str) -> tuple[int, int]:

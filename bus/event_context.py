@@ -69,7 +69,6 @@ def bind_node(node: str) -> None:
         event.node = node
 
 
-_NODE_SUBJECT_FAMILIES = frozenset({"node", "nodemetric", "noderesource"})
 _NODE_SLO_PREFIX = f"$KV.{subjects.SLO_BUCKET}."
 
 
@@ -82,11 +81,11 @@ def node_in_subject(subject: str) -> str | None:
         parts = subject.split(".")
         if len(parts) < 4 or parts[0] + "." + parts[1] != subjects.PREFIX:
             return None
-        if parts[2] == "node":  # as published, or as KOORD_NODE stores it (with the node's partition)
+        if parts[2] in ("node", "nodemetric"):  # as published, or as the stream stores it (with the partition)
             return subjects.node_of(subject)
-        if parts[2] in _NODE_SUBJECT_FAMILIES and len(parts) == 5:
-            # koord.v1.noderesource.config.status is the one subject of these families that names no node
-            return None if parts[2] == "noderesource" and parts[4] != "computed" else subjects.decode_token(parts[3])
+        if parts[2] == "noderesource" and len(parts) == 5:
+            # koord.v1.noderesource.config.status is the one subject of the family that names no node
+            return None if parts[4] != "computed" else subjects.decode_token(parts[3])
         if parts[2] == "k8s" and len(parts) == 5 and parts[3] in ("node", "nrt"):
             return subjects.decode_token(parts[4])
     except subjects.SubjectError:

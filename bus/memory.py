@@ -101,6 +101,9 @@ class _Stream:
         return seq
 
     def last_seq_on(self, subject: str) -> int:
+        """The last sequence stored on `subject`, which may hold wildcards (0: none)."""
+        if "*" in subject or ">" in subject:
+            return max((seqs[-1] for s, seqs in self.by_subject.items() if subject_matches(subject, s)), default=0)
         seqs = self.by_subject.get(subject)
         return seqs[-1] if seqs else 0
 

@@ -40,12 +40,15 @@ def node_stream(*, max_age_seconds: float = 2 * 3600, max_bytes: int = -1, repli
 
 
 def nodemetric_stream(*, max_age_seconds: float = 24 * 3600, replicas: int = 1) -> StreamSpec:
+    """NodeMetricComputed reports, stored with each node's partition appended (subjects.NODEMETRIC_TRANSFORM) so
+    noderesource replicas can each consume a share of the nodes."""
     return StreamSpec(
         name=KOORD_NODEMETRIC,
         subjects=(subjects.NODEMETRIC_ALL,),
         max_age_seconds=max_age_seconds,
         duplicate_window_seconds=DUPLICATE_WINDOW_SECONDS,
         replicas=replicas,
+        subject_transform=subjects.NODEMETRIC_TRANSFORM,
     )
 
 

@@ -65,37 +65,48 @@ def decode_token(token: str) -> str:
         raise SubjectError(f"subject token {token!r} does not decode to UTF-8") from e
 
 
-# --- node agent → control plane (stream KOORD_NODE)
+# --- node partitions (streams KOORD_NODE and KOORD_NODEMETRIC)
 #
-# Agents publish `koord.v1.node.<node>.<kind>`; the stream stores it as `koord.v1.node.<node>.<kind>.<partition>`
-# (NODE_TRANSFORM: the node token hashed into NODE_PARTITIONS, bus.subject_transform), so replicas of a service can
-# each consume a share of the nodes. Filters on KOORD_NODE go through the stored forms below (`stored`,
-# `node_partition_filters`); the `*_ALL` filters match every partition.
+# Both streams store a per-node subject `koord.v1.<family>.<node>.<kind>` as `koord.v1.<family>.<node>.<kind>.<p>`
+# (a stream subject transform, `partition_transform`: the node token hashed into NODE_PARTITIONS by nats-server,
+# bus.subject_transform), so replicas of a service can each consume a share of the nodes: nodemetric replicas split
+# KOORD_NODE, noderesource replicas split KOORD_NODEMETRIC. Publishers use the subjects below as they are; readers go
+# through the stored forms (`stored`, `partition_filters`); the `*_ALL` filters of both streams match every partition.
 
 NODE_PARTITIONS = 16
-"""Fixed for the life of the stream: changing it re-partitions only new messages."""
-NODE_ALL = f"{PREFIX}.node.>"
-NODE_TRANSFORM = (
-    f"{PREFIX}.node.*.*",
-    f"{PREFIX}.node.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}.{{{{partition({NODE_PARTITIONS},1)}}}}",
-)
-NODE_METRICS_ALL = f"{PREFIX}.node.*.metrics.*"
-NODE_STATE_ALL = f"{PREFIX}.node.*.state.*"
+"""Fixed for the life of the streams: changing it re-partitions only new messages."""
+
+
+def partition_transform(family: str) -> tuple[str, str]:
+    """The (source, destination) stream subject transform appending the node's partition to `koord.v1.<family>.*.*`."""
+    destination = f"{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}.{{{{partition({NODE_PARTITIONS},1)}}}}"
+    return f"{PREFIX}.{family}.*.*", f"{PREFIX}.{family}.{destination}"
 
 
 def stored(subject: str) -> str:
-    """The filter that matches `subject` (a node subject as agents publish it) as KOORD_NODE stores it."""
+    """The filter that matches `subject` (a per-node subject as published) as its partitioned stream stores it."""
     return f"{subject}.*"
 
 
-def node_partition_filters(kind: str, partitions: Iterable[int]) -> tuple[str, ...]:
-    """Filters on KOORD_NODE for the `kind` messages (metrics, state, …) of every node in `partitions`."""
-    return tuple(f"{PREFIX}.node.*.{kind}.{p}" for p in sorted(partitions))
+def partition_filters(every: str, partitions: Iterable[int]) -> tuple[str, ...]:
+    """Filters for the messages of every node in `partitions`, from a `*_ALL` filter of a partitioned stream (it
+    ends in the partition wildcard `.*`, e.g. NODE_METRICS_ALL or NODEMETRIC_COMPUTED_ALL)."""
+    if not every.endswith(".*"):
+        raise SubjectError(f"not a filter on a partitioned stream: {every!r}")
+    return tuple(f"{every[:-1]}{p}" for p in sorted(partitions))
 
 
 def node_partition(node: str) -> int:
-    """The partition KOORD_NODE stores `node`'s messages under (what nats-server's transform computes)."""
+    """The partition both partitioned streams store `node`'s messages under (what nats-server's transform computes)."""
     return subject_transform.partition_of(encode_token(node), NODE_PARTITIONS)
+
+
+# --- node agent → control plane (stream KOORD_NODE, partitioned)
+
+NODE_ALL = f"{PREFIX}.node.>"
+NODE_TRANSFORM = partition_transform("node")
+NODE_METRICS_ALL = f"{PREFIX}.node.*.metrics.*"
+NODE_STATE_ALL = f"{PREFIX}.node.*.state.*"
 
 
 def node_metrics(node: str) -> str:
@@ -125,10 +136,11 @@ def node_prefix(node: str) -> str:
     return f"{PREFIX}.node.{encode_token(node)}.>"
 
 
-# --- nodemetric service (stream KOORD_NODEMETRIC)
+# --- nodemetric service (stream KOORD_NODEMETRIC, partitioned)
 
 NODEMETRIC_ALL = f"{PREFIX}.nodemetric.>"
-NODEMETRIC_COMPUTED_ALL = f"{PREFIX}.nodemetric.*.computed"
+NODEMETRIC_TRANSFORM = partition_transform("nodemetric")
+NODEMETRIC_COMPUTED_ALL = f"{PREFIX}.nodemetric.*.computed.*"
 
 
 def nodemetric_computed(node: str) -> str:
@@ -258,7 +270,8 @@ def dlq(service: str) -> str:
 
 
 def node_of(subject: str) -> str:
-    """The node name in a `koord.v1.node.<n>.…` or `koord.v1.nodemetric.<n>.…` subject."""
+    """The node name in a `koord.v1.node.<n>.…` or `koord.v1.nodemetric.<n>.…` subject, as published or as stored
+    (with the partition token)."""
     parts = subject.split(".")
     if len(parts) < 4 or parts[0] + "." + parts[1] != PREFIX or parts[2] not in ("node", "nodemetric"):
         raise SubjectError(f"not a per-node subject: {subject!r}")

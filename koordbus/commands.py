@@ -178,7 +178,8 @@ def add_parsers(sub: Any) -> None:
         "service",
         help="run one control-plane service against an existing NATS (and database)",
         description="nodemetric: agent batches → NodeMetric status (needs --database-url). noderesource: cluster "
-        "state + NodeMetrics → batch/mid decisions, projected into --database-url. quota: the elastic quota trees "
+        "state + NodeMetrics → batch/mid decisions, projected into --database-url (nodemetric and noderesource "
+        "replicas with distinct KOORDBUS_INSTANCE names split the nodes between them). quota: the elastic quota trees "
         "from their event log and the cluster's pods (commands, checks and what-ifs over NATS request/reply; "
         "statuses and history projected into --database-url; replicas need distinct KOORDBUS_INSTANCE names). "
         "migration: arbitrates PodMigrationJobs every 500 ms (MigrationControllerArgs from --args-file; jobs and "

@@ -173,6 +173,9 @@ class EventType:
     keys: tuple[str, ...]
     description: str
     extract: Callable[[str, bytes], Keys] = field(repr=False)
+    by_key: Mapping[str, Callable[[str], str]] = field(default_factory=dict, repr=False)
+    """key → the subject filter of this type's events carrying a value for it, where the subject names it: a
+    catch-up or history page filtered by that key then reads only its events from the server."""
 
 
 CATALOGUE: Final[tuple[EventType, ...]] = (
@@ -183,6 +186,7 @@ CATALOGUE: Final[tuple[EventType, ...]] = (
         keys=("node",),
         description="A node's NodeMetric status was computed (usage, percentiles, pod usages).",
         extract=_node_from_subject,
+        by_key={"node": lambda node: subjects.stored(subjects.nodemetric_computed(node))},
     ),
     EventType(
         name="noderesource.computed",
@@ -191,6 +195,7 @@ CATALOGUE: Final[tuple[EventType, ...]] = (
         keys=("node",),
         description="A node's batch/mid allocatable was decided, with the explanation of the figures.",
         extract=_noderesource_node,
+        by_key={"node": subjects.noderesource_computed},
     ),
     EventType(
         name="noderesource.config",
@@ -208,6 +213,7 @@ CATALOGUE: Final[tuple[EventType, ...]] = (
         description="A change to a quota tree: quota or profile created, updated, deleted or imported "
         "(data.type says which).",
         extract=_quota_event,
+        by_key={"tree": subjects.quota_events},
     ),
     EventType(
         name="quota.status",
@@ -216,6 +222,7 @@ CATALOGUE: Final[tuple[EventType, ...]] = (
         keys=("quota", "tree", "namespace"),
         description="A quota's computed status changed: min, max, runtime, used, with the explanation.",
         extract=_quota_status,
+        by_key={"quota": subjects.quota_status},
     ),
     EventType(
         name="quota.tree",
@@ -224,6 +231,7 @@ CATALOGUE: Final[tuple[EventType, ...]] = (
         keys=("tree",),
         description="A quota tree's summary changed: total and problems.",
         extract=_quota_tree,
+        by_key={"tree": subjects.quota_tree_status},
     ),
     EventType(
         name="migration.event",
@@ -241,6 +249,7 @@ CATALOGUE: Final[tuple[EventType, ...]] = (
         keys=("node",),
         description="What a node's agent changed (cgroups, resctrl, CPU suppress, burst) and why.",
         extract=_node_from_subject,
+        by_key={"node": lambda node: subjects.stored(subjects.node_actuation(node))},
     ),
     EventType(
         name="node.eviction",
@@ -249,6 +258,7 @@ CATALOGUE: Final[tuple[EventType, ...]] = (
         keys=("node", "namespace"),
         description="A node's agent asked for a pod's eviction, with the feature and reason.",
         extract=_eviction,
+        by_key={"node": lambda node: subjects.stored(subjects.node_eviction(node))},
     ),
     EventType(
         name="node.lifecycle",
@@ -257,6 +267,7 @@ CATALOGUE: Final[tuple[EventType, ...]] = (
         keys=("node",),
         description="A node joined, changed or left the cluster (data.deleted when it left).",
         extract=_cluster_node,
+        by_key={"node": subjects.cluster_node},
     ),
 )
 
@@ -298,7 +309,14 @@ class EventFilter:
         return tuple(dict.fromkeys(t.stream for t in self.types))
 
     def subjects_of(self, stream: str) -> tuple[str, ...]:
-        return tuple(p for t in self.types if t.stream == stream for p in t.subjects)
+        """What to read of `stream`: each type's subjects, narrowed to one subject where a key filter names it."""
+        found: list[str] = []
+        for t in self.types:
+            if t.stream != stream:
+                continue
+            narrowed = [make(self.keys[k]) for k, make in t.by_key.items() if k in self.keys]
+            found += narrowed[:1] or t.subjects
+        return tuple(dict.fromkeys(found))
 
     def matches(self, keys: Keys) -> bool:
         return all(value in keys.get(key, ()) for key, value in self.keys.items())

@@ -25,7 +25,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Header, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import Response, StreamingResponse
 
 from services.api import auth
@@ -70,6 +70,26 @@ def parse_since(text: str | None) -> float | None:
     return parsed.timestamp()
 
 
+class EventQuery:
+    """The query parameters every event route takes (a FastAPI dependency)."""
+
+    def __init__(
+        self,
+        type: TypeParam = [],  # noqa: B006 - FastAPI reads the default, never mutates it
+        node: KeyParam = None,
+        quota: KeyParam = None,
+        tree: KeyParam = None,
+        namespace: KeyParam = None,
+        workload: KeyParam = None,
+        cursor: Annotated[str | None, Query(description="resume after this event id")] = None,
+        since: Annotated[str | None, Query(description="unix seconds or RFC 3339")] = None,
+    ) -> None:
+        self.types = type
+        self.keys = {"node": node, "quota": quota, "tree": tree, "namespace": namespace, "workload": workload}
+        self.cursor = cursor
+        self.since = since
+
+
 def _parse(
     types: list[str], keys: dict[str, str | None], cursor: str | None, since: str | None
 ) -> tuple[catalogue.EventFilter, Start]:
@@ -99,18 +119,10 @@ async def event_types() -> list[dict[str, Any]]:
 )
 async def event_history(
     request: Request,
-    type: TypeParam = [],  # noqa: B006 - FastAPI reads the default, never mutates it
-    node: KeyParam = None,
-    quota: KeyParam = None,
-    tree: KeyParam = None,
-    namespace: KeyParam = None,
-    workload: KeyParam = None,
-    cursor: Annotated[str | None, Query(description="resume after this event id")] = None,
-    since: Annotated[str | None, Query(description="unix seconds or RFC 3339")] = None,
+    query: Annotated[EventQuery, Depends()],
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
 ) -> Response:
-    keys = {"node": node, "quota": quota, "tree": tree, "namespace": namespace, "workload": workload}
-    event_filter, start = _parse(type, keys, cursor, since)
+    event_filter, start = _parse(query.types, query.keys, query.cursor, query.since)
     envelopes, next_cursor, warnings = await _hub(request).history(event_filter, start, limit=limit)
     body = b'{"events":[' + b",".join(envelopes) + b"],"
     body += json.dumps({"next": next_cursor, "warnings": warnings})[1:].encode()
@@ -129,18 +141,10 @@ async def event_history(
 )
 async def event_stream(
     request: Request,
-    type: TypeParam = [],  # noqa: B006
-    node: KeyParam = None,
-    quota: KeyParam = None,
-    tree: KeyParam = None,
-    namespace: KeyParam = None,
-    workload: KeyParam = None,
-    cursor: Annotated[str | None, Query(description="resume after this event id")] = None,
-    since: Annotated[str | None, Query(description="unix seconds or RFC 3339")] = None,
+    query: Annotated[EventQuery, Depends()],
     last_event_id: Annotated[str | None, Header(description="resume after this event id (SSE reconnects)")] = None,
 ) -> StreamingResponse:
-    keys = {"node": node, "quota": quota, "tree": tree, "namespace": namespace, "workload": workload}
-    event_filter, start = _parse(type, keys, cursor or last_event_id, since)
+    event_filter, start = _parse(query.types, query.keys, query.cursor or last_event_id, query.since)
     hub = _hub(request)
     identity: auth.Identity = request.state.identity
     try:

@@ -37,8 +37,8 @@ from schemas.node import (
     NodeMetricsReported,
     NodeStateReported,
 )
-from services.common import observe
-from services.common.membership import HEARTBEAT_SECONDS, Membership, owned_partitions
+from services.common import membership, observe
+from services.common.membership import INSTANCE_DURABLE_INACTIVE_SECONDS, Membership
 from services.common.tasks import cancel_and_wait
 from services.nodemetric.core import effective_policy, report_phase
 from services.nodemetric.settings import NodeMetricSettings
@@ -54,8 +54,6 @@ LATENCY_BUCKETS_SECONDS = (
 )  # fmt: skip
 INGEST_CONSUMER = "nodemetric-ingest"
 PROJECTOR_CONSUMER = "nodemetric-projector"
-INSTANCE_DURABLE_INACTIVE_SECONDS = 3600.0
-"""A replica's own durables (named after its instance) are deleted by the server an hour after it went away."""
 
 
 def collect_policy(settings: NodeMetricSettings) -> MetricCollectPolicy:
@@ -335,20 +333,18 @@ class NodeMetricService:
                 ttl_seconds=self.settings.membership_ttl_seconds,
                 clock=self._clock,
             )
-            await self._membership.beat()
-            owned = owned_partitions(subjects.NODE_PARTITIONS, await self._membership.members(), self.settings.instance)
-            self._follower = asyncio.create_task(self._follow_members(), name="nodemetric-members")
+            owned = await self._membership.join()
+            self._follower = asyncio.create_task(
+                self._membership.follow(lambda: self.owned, self._rebalance), name="nodemetric-members"
+            )
         self._start_ingest(owned)
 
     def _start_ingest(self, owned: frozenset[int] | None) -> None:
         """The ingest consumer for `owned` partitions (None: all), replaying the longest window."""
         history = max((*self.spec.durations_seconds, self.spec.aggregate_duration_seconds))
         replay_from = self._clock() - history - self.settings.replay_slack_seconds
-        filters = (
-            (subjects.NODE_METRICS_ALL, subjects.NODE_STATE_ALL)
-            if owned is None
-            else (*subjects.node_partition_filters("metrics", owned), *subjects.node_partition_filters("state", owned))
-        )
+        every = (subjects.NODE_METRICS_ALL, subjects.NODE_STATE_ALL)
+        filters = every if owned is None else tuple(f for e in every for f in subjects.partition_filters(e, owned))
         self.owned = owned
         self._metrics.partitions.set(subjects.NODE_PARTITIONS if owned is None else len(owned))
         self._ingest = None
@@ -368,22 +364,6 @@ class NodeMetricService:
         if self._ingest is not None:
             watched[INGEST_CONSUMER] = self._ingest
         observe.watch_consumers(self._registry, service="nodemetric", consumers=watched)
-
-    async def _follow_members(self) -> None:
-        assert self._membership is not None
-        while True:
-            await asyncio.sleep(HEARTBEAT_SECONDS)
-            try:
-                await self._membership.beat()
-                owned = owned_partitions(
-                    subjects.NODE_PARTITIONS, await self._membership.members(), self.settings.instance
-                )
-                if owned != self.owned:
-                    await self._rebalance(owned)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # the bus away: keep the partitions held, try again at the next heartbeat
-                log.warning("nodemetric %s: following the members failed: %s", self.settings.instance, e)
 
     async def _rebalance(self, owned: frozenset[int]) -> None:
         """Ingest `owned` from now on: the windows are rebuilt by replaying the longest window, as at start-up
@@ -421,12 +401,12 @@ class NodeMetricService:
 
     @property
     def _ingest_name(self) -> str:
-        return f"{INGEST_CONSUMER}-{self.settings.instance}" if self.settings.instance else INGEST_CONSUMER
+        return membership.durable(INGEST_CONSUMER, self.settings.instance)
 
     @property
     def _projector_name(self) -> str:
         """Every replica projects every report (upserts keep the newest per node: idempotent across replicas)."""
-        return f"{PROJECTOR_CONSUMER}-{self.settings.instance}" if self.settings.instance else PROJECTOR_CONSUMER
+        return membership.durable(PROJECTOR_CONSUMER, self.settings.instance)
 
     async def _write_node_rows(self, rows: list[tuple[int, NodeSeen | NodeStateReported]]) -> None:
         await self.store.apply_node_events(rows, consumer=self._ingest_name, stream=streams.KOORD_NODE)

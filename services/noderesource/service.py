@@ -18,6 +18,19 @@ by reason and skipped. With a store, the service also records the colocation con
 error) and each node's effective strategy whenever they change, for GET /api/v1/config/colocation; those are
 current state, not a projection, so a failed write is retried after the next batch or tick. Called by the CLI and
 the integration tests.
+
+Scale-out: a replica with an instance name joins the noderesource members (services.common.membership) and decides
+only the nodes of the partitions it owns. Its nodemetric consumer filters on those partitions (KOORD_NODEMETRIC
+stores each report under its node's partition); the cluster stream is not partitioned (pods are named by namespace),
+so every replica reads all of it and keeps only what concerns its nodes (ClusterState.concerns). When its share
+changes it forgets the nodes it lost and, for those it gained, reads their last decisions and replays the current
+cluster state and NodeMetrics, as at start-up, deciding them only once that replay is done; the nodes it kept are
+decided throughout. A gained node's first decision is compared with the last one its previous owner published (so
+nothing unchanged is published again), and decisions derive their time and msg id from their content and the
+triggering event, so two replicas that briefly both own a partition publish the same message, which JetStream
+deduplicates; a NodeMetric the previous owner consumed but never decided is replayed and decided by the new one.
+Every replica projects every decision under the one store offset of PROJECTOR_CONSUMER: the database serializes
+the writes and skips what another replica already wrote.
 """
 
 from __future__ import annotations
@@ -47,7 +60,8 @@ from schemas.noderesource import (
     NodeResourceComputed,
     Trigger,
 )
-from services.common import observe
+from services.common import membership, observe
+from services.common.membership import INSTANCE_DURABLE_INACTIVE_SECONDS, Membership
 from services.common.projection import BatchProjector
 from services.common.startup import wait_replayed
 from services.common.tasks import cancel_and_wait
@@ -101,6 +115,8 @@ class _Instruments:
     degraded_nodes: Gauge
     config_errors: Counter
     skipped_inputs: Counter
+    partitions: Gauge
+    rebalances: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> _Instruments:
@@ -142,6 +158,16 @@ class _Instruments:
                 "koordbus_noderesource_skipped_inputs",
                 "Events that decoded but could not be used, by reason",
                 ["reason"],
+                registry=registry,
+            ),
+            partitions=Gauge(
+                "koordbus_noderesource_owned_partitions",
+                "Node partitions this replica decides (all of them without an instance name)",
+                registry=registry,
+            ),
+            rebalances=Counter(
+                "koordbus_noderesource_rebalances",
+                "Times this replica's share of the node partitions changed (a replica joined or left)",
                 registry=registry,
             ),
         )
@@ -214,8 +240,18 @@ class NodeResourceService:
         self._dirty: dict[str, _Dirty] = {}
         self._ready = False
         self._lock = asyncio.Lock()
-        self._consumers: list[Consumer] = []
+        self._consumers: dict[str, Consumer] = {}
+        """The cluster and nodemetric consumers by name (no nodemetric consumer while no partition is owned)."""
         self._ticker: asyncio.Task[None] | None = None
+        self._membership: Membership | None = None
+        self._follower: asyncio.Task[None] | None = None
+        self.owned: frozenset[int] | None = None
+        """The node partitions whose nodes this replica takes in and decides; None: all of them (no instance)."""
+        self._settled: frozenset[int] | None = None
+        """The share whose replay is done (what the members are compared with: a rebalance cut short is retried)."""
+        self._held: frozenset[int] = frozenset()
+        """Partitions gained whose replay is not done yet: their nodes are not decided until it is."""
+        self._partition_of: dict[str, int] = {}
         self._projector: Consumer | None = None
         self._recorded_config: colocation.ColocationConfigState | None = None
         """The config state last written to the store (None: not yet)."""
@@ -230,15 +266,15 @@ class NodeResourceService:
 
     async def start(self) -> None:
         """Read the last decisions, replay the current cluster state and NodeMetrics, decide every node they
-        touched, then follow new events and start the resync tick."""
-        timeout = self.settings.startup_timeout_seconds
+        touched, then follow new events and start the resync tick. A replica with an instance name first joins
+        the members and does all this for the nodes of its share only, then follows the members."""
         if (store := self.store) is not None:
             projected = await store.offset(PROJECTOR_CONSUMER)
 
             async def write(batch: list[tuple[int, NodeResourceComputed, str]]) -> None:
                 await store.apply_decisions(
                     [(seq, decision) for seq, decision, _ in batch],
-                    consumer=PROJECTOR_CONSUMER,
+                    consumer=PROJECTOR_CONSUMER,  # one offset for every replica: each decision is written once
                     stream=streams.KOORD_NODERESOURCE,
                     msg_ids={seq: mid for seq, _, mid in batch if mid},
                 )
@@ -250,35 +286,18 @@ class NodeResourceService:
             )
             self._projector = self.bus.consume(self._projector_spec(projected), projector, reset=True)
             observe.watch_consumers(self._registry, service=SERVICE, consumers={PROJECTOR_CONSUMER: self._projector})
-        history_spec = self._spec(HISTORY_CONSUMER)
-        history = observe.watch_consumer(
-            self._registry, history_spec, self.bus.consume(history_spec, _HistoryHandler(self), reset=True)
-        )
-        try:
-            if not await wait_replayed(history, what="noderesource: last decisions", stall_seconds=timeout):
-                log.warning("noderesource: last decisions stalled for %.0f s, starting without the rest", timeout)
-        finally:
-            await history.stop()
-            observe.retire_consumer(self._registry, history_spec)  # its start-up replay stays counted
-        self._consumers = [
-            self.bus.consume(
-                self._spec(CLUSTER_CONSUMER), _StateHandler(self, CLUSTER_EVENT_DECODER.decode), reset=True
-            ),
-            self.bus.consume(
-                self._spec(NODEMETRIC_CONSUMER), _StateHandler(self, _NODEMETRIC_DECODER.decode), reset=True
-            ),
-        ]
-        observe.watch_consumers(
-            self._registry,
-            service=SERVICE,
-            consumers={CLUSTER_CONSUMER: self._consumers[0], NODEMETRIC_CONSUMER: self._consumers[1]},
-        )
-        for consumer, name in zip(self._consumers, (CLUSTER_CONSUMER, NODEMETRIC_CONSUMER), strict=True):
-            if not await wait_replayed(consumer, what=f"noderesource: {name}", stall_seconds=timeout):
-                log.warning(
-                    "noderesource: start-up replay not finished within %.0f s without progress, deciding anyway",
-                    timeout,
-                )
+        if self.settings.instance:
+            self._membership = Membership(
+                self.bus,
+                service=SERVICE,
+                instance=self.settings.instance,
+                ttl_seconds=self.settings.membership_ttl_seconds,
+                clock=self._clock,
+            )
+            self.owned = await self._membership.join()
+        self._metrics.partitions.set(subjects.NODE_PARTITIONS if self.owned is None else len(self.owned))
+        await self._read_last_decisions()
+        await self._replay_state()
         async with self._lock:
             configmap_time = self._clock()
             for node in self.state.assume_configmap_absent():
@@ -288,26 +307,113 @@ class NodeResourceService:
                 await self._decide(self._take_dirty())
             except TemporaryError as e:
                 log.warning("noderesource: first decisions not published, the resync retries: %s", e)
+        self._settled = self.owned
         self._ticker = asyncio.create_task(self._tick(), name="noderesource-resync")
+        if self._membership is not None:
+            self._follower = asyncio.create_task(
+                self._membership.follow(lambda: self._settled, self._rebalance), name="noderesource-members"
+            )
+
+    async def _read_last_decisions(self) -> None:
+        """Seed the records of the nodes held from their last decisions on KOORD_NODERESOURCE."""
+        timeout = self.settings.startup_timeout_seconds
+        history = self.bus.consume(self._spec(HISTORY_CONSUMER), _HistoryHandler(self), reset=True)
+        observe.watch_consumers(self._registry, service=SERVICE, consumers={HISTORY_CONSUMER: history})
+        try:
+            if not await wait_replayed(history, what="noderesource: last decisions", stall_seconds=timeout):
+                log.warning("noderesource: last decisions stalled for %.0f s, starting without the rest", timeout)
+        finally:
+            await history.stop()
+            observe.retire_consumers(self._registry, service=SERVICE, names=(HISTORY_CONSUMER,))  # replay counted
+
+    async def _replay_state(self) -> None:
+        """Start the cluster and nodemetric consumers (their replay is the current state) and wait for the replay."""
+        timeout = self.settings.startup_timeout_seconds
+        decoders: dict[str, Callable[[bytes], StateEvent]] = {
+            CLUSTER_CONSUMER: CLUSTER_EVENT_DECODER.decode,
+            NODEMETRIC_CONSUMER: _NODEMETRIC_DECODER.decode,
+        }
+        self._consumers = {
+            name: self.bus.consume(spec, _StateHandler(self, decode), reset=True)
+            for name, decode in decoders.items()
+            if (spec := self._spec(name)).filter_subjects  # a replica owning no partition reads no NodeMetric
+        }
+        observe.watch_consumers(self._registry, service=SERVICE, consumers=self._consumers)
+        for name, consumer in self._consumers.items():
+            if not await wait_replayed(consumer, what=f"noderesource: {name}", stall_seconds=timeout):
+                log.warning(
+                    "noderesource: start-up replay not finished within %.0f s without progress, deciding anyway",
+                    timeout,
+                )
+
+    async def _stop_state_consumers(self) -> None:
+        for consumer in self._consumers.values():
+            await consumer.stop()
+        if self._consumers:
+            observe.retire_consumers(self._registry, service=SERVICE, names=tuple(self._consumers))
+        self._consumers = {}
+
+    async def _rebalance(self, owned: frozenset[int]) -> None:
+        """Decide the nodes of `owned` from now on: forget the nodes lost, and for those gained read their last
+        decisions and replay the current state as at start-up; they are decided once the replay is done."""
+        gained = owned - (self._settled or frozenset())
+        log.info(
+            "noderesource %s: partitions %s → %s", self.settings.instance, sorted(self._settled or ()), sorted(owned)
+        )
+        await self._stop_state_consumers()
+        async with self._lock:
+            self.owned, self._held = owned, gained
+            self._forget_unowned()
+        self._metrics.partitions.set(len(owned))
+        if gained:
+            await self._read_last_decisions()
+        await self._replay_state()
+        async with self._lock:
+            self._held = frozenset()
+            self._settled = owned
+            self._metrics.rebalances.inc()
+            await self._decide(self._take_dirty())
+
+    def _forget_unowned(self) -> None:
+        """Drop what this replica holds of the nodes it no longer owns (their new owner records and decides them)."""
+        self.state.retain(self._owns)
+        for records in (self._published, self._last_written, self._decided_at, self._dirty, self._node_strategies):
+            for node in [n for n in records if not self._owns(n)]:
+                del records[node]
+        self._unrecorded_strategies = {n for n in self._unrecorded_strategies if self._owns(n)}
+
+    def _owns(self, node: str) -> bool:
+        """Whether `node` is in this replica's share (always, without an instance name)."""
+        return self.owned is None or self._partition(node) in self.owned
+
+    def _partition(self, node: str) -> int:
+        partition = self._partition_of.get(node)
+        if partition is None:
+            partition = self._partition_of[node] = subjects.node_partition(node)
+        return partition
 
     async def stop(self) -> None:
+        if self._follower is not None:
+            await cancel_and_wait(self._follower)
+            self._follower = None
         if self._ticker is not None:
             await cancel_and_wait(self._ticker)
             self._ticker = None
-        for consumer in self._consumers:
-            await consumer.stop()
-        if self._consumers:
-            observe.retire_consumers(self._registry, service=SERVICE, names=(CLUSTER_CONSUMER, NODEMETRIC_CONSUMER))
-        self._consumers = []
+        await self._stop_state_consumers()
         if self._projector is not None:
             await self._projector.stop()
             observe.retire_consumers(self._registry, service=SERVICE, names=(PROJECTOR_CONSUMER,))
             self._projector = None
+        if self._membership is not None:
+            with contextlib.suppress(Exception):  # the others then notice by the TTL instead
+                await self._membership.leave()
+            self._membership = None
         self._ready = False
 
     def _projector_spec(self, projected: int) -> ConsumerSpec:
         return ConsumerSpec(
-            durable=PROJECTOR_CONSUMER,
+            durable=membership.durable(PROJECTOR_CONSUMER, self.settings.instance),
+            inactive_threshold_seconds=self._inactive_threshold,
             stream=streams.KOORD_NODERESOURCE,
             filter_subjects=(subjects.NODERESOURCE_COMPUTED_ALL,),
             service=SERVICE,
@@ -331,10 +437,16 @@ class NodeResourceService:
                     subjects.cluster_configmap(colocation.CONFIGMAP_NAMESPACE, colocation.CONFIGMAP_NAME),
                 ),
             ),
-            NODEMETRIC_CONSUMER: (streams.KOORD_NODEMETRIC, (subjects.NODEMETRIC_COMPUTED_ALL,)),
+            NODEMETRIC_CONSUMER: (
+                streams.KOORD_NODEMETRIC,
+                (subjects.NODEMETRIC_COMPUTED_ALL,)
+                if self.owned is None
+                else subjects.partition_filters(subjects.NODEMETRIC_COMPUTED_ALL, self.owned),
+            ),
         }[durable]
         return ConsumerSpec(
-            durable=durable,
+            durable=membership.durable(durable, self.settings.instance),
+            inactive_threshold_seconds=self._inactive_threshold,
             stream=stream,
             filter_subjects=filters,
             service=SERVICE,
@@ -344,9 +456,13 @@ class NodeResourceService:
         )
 
     @property
+    def _inactive_threshold(self) -> float | None:
+        return INSTANCE_DURABLE_INACTIVE_SECONDS if self.settings.instance else None
+
+    @property
     def consumers(self) -> list[Consumer]:
         """The cluster and nodemetric consumers, then the projector when there is a store."""
-        return [*self._consumers, *([self._projector] if self._projector is not None else [])]
+        return [*self._consumers.values(), *([self._projector] if self._projector is not None else [])]
 
     @property
     def ready(self) -> bool:
@@ -359,15 +475,20 @@ class NodeResourceService:
     # --- events
 
     def apply(self, event: StateEvent) -> None:
-        """Take one event into the state and mark the nodes it touches."""
+        """Take one event into the state and mark the nodes it touches (a replica: only what concerns its share)."""
+        if self.owned is not None and not self.state.concerns(event, self._owns):
+            return
         nodes = self.state.apply(event)
         self._count_problems()
         trigger, at = trigger_of(event), event_time(event)
         for node in nodes:
-            self._mark(node, trigger, at)
+            if self._owns(node):
+                self._mark(node, trigger, at)
 
     def remember(self, decision: NodeResourceComputed) -> None:
-        """Seed a node's records from a decision found in the stream (start-up)."""
+        """Seed a node's records from a decision found in the stream (start-up, or a node gained)."""
+        if not self._owns(decision.node):
+            return
         held = self._published.get(decision.node)
         if held is not None and held.computed_at > decision.computed_at:
             return
@@ -393,7 +514,12 @@ class NodeResourceService:
         dirty.time = max(dirty.time, at)
 
     def _take_dirty(self) -> dict[str, _Dirty]:
-        dirty, self._dirty = self._dirty, {}
+        """The nodes to decide now; those of partitions still replaying (`_held`) stay marked."""
+        if not self._held:
+            dirty, self._dirty = self._dirty, {}
+            return dirty
+        dirty = {n: d for n, d in self._dirty.items() if self._partition(n) not in self._held}
+        self._dirty = {n: d for n, d in self._dirty.items() if n not in dirty}
         return dirty
 
     # --- deciding and publishing

@@ -39,6 +39,12 @@ class NodeResourceSettings:
     history_limit: int = 100
     """Decisions kept per node in the database for GET /api/v1/nodes/{node}/resources/history (older ones are pruned
     as new ones are projected); the composition root passes it to NodeResourceStore."""
+    instance: str = ""
+    """Set on scaled-out replicas (a Deployment passes the pod name): the replica joins the noderesource members and
+    decides only the nodes of its share of the node partitions (services.common.membership); empty: one replica,
+    every node."""
+    membership_ttl_seconds: float = 10.0
+    """A replica not heard from for this long has left: its partitions move to the others."""
 
     def __post_init__(self) -> None:
         if self.resync_interval_seconds <= 0:
@@ -51,6 +57,8 @@ class NodeResourceSettings:
             raise ValueError("linger seconds must not be negative")
         if self.history_limit < 1:
             raise ValueError("history_limit must be at least 1")
+        if self.membership_ttl_seconds <= 0:
+            raise ValueError("membership_ttl_seconds must be positive")
         self.smoothing()  # validates the smoothing fields
 
     def smoothing(self) -> SmoothingPolicy:

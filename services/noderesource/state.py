@@ -9,7 +9,8 @@ when batch is); a change of the effective colocation config → every node. Even
 resourceVersion when both parse as integers, by report time for NodeMetrics) are ignored, so a relist or a
 redelivery cannot roll state back. Pods of nodes not seen yet are kept (the node may come later) but nothing is
 decided for a node that is not known. What was ignored and why is appended to `ClusterState.problems`, which the
-service drains into its skipped-input counter.
+service drains into its skipped-input counter. A scaled-out replica holds only its share of the nodes: it takes in
+only the events that `concerns` it and, when its share shrinks, `retain`s the rest.
 
 Hysteresis (§2.3 step 7) compares a new decision with the last one whose write was due (`LastWrite`), not with the
 Node's status: the k8s writer applies decisions asynchronously, and the decision log is the record of what was
@@ -21,7 +22,7 @@ due, is a repeat (`is_repeat`) and not published.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 import msgspec
@@ -206,6 +207,43 @@ class ClusterState:
             return set()
         self.snapshots[event.node] = snapshot_from_computed(event)
         return {event.node}
+
+    # --- a replica's share of the nodes (services.common.membership)
+
+    def concerns(self, event: StateEvent, owns: Callable[[str], bool]) -> bool:
+        """Whether a replica that decides only the nodes `owns` accepts must take `event` in: the events of its
+        nodes, the ConfigMap, and every event of a pod it holds (its update or deletion). Pods not bound yet are
+        left out: they weigh on no node until a later event binds them."""
+        match event:
+            case NodeObserved() | NodeTopologyObserved():
+                return owns(event.name)
+            case NodeMetricComputed():
+                return owns(event.node)
+            case ConfigMapObserved():
+                return True
+            case PodObserved():
+                if f"{event.namespace}/{event.name}" in self.pods:
+                    return True
+                node = event.node_name or (event.pod.spec.node_name if event.pod is not None else "")
+                return bool(node) and owns(node)
+
+    def retain(self, owns: Callable[[str], bool]) -> None:
+        """Forget every node `owns` rejects — the Node, its pods, NodeMetric and NUMA zones, and the versions held
+        for them, so that a later replay takes them in again — and every pod not bound to a kept node."""
+        for name in [n for n in self.nodes if not owns(n)]:
+            del self.nodes[name]
+        for key in [k for k in self.pods if not (node := self.pod_node.get(k, "")) or not owns(node)]:
+            del self.pods[key]
+            self.pod_node.pop(key, None)
+            self._versions.pop(("pod", key), None)
+        self.pods_by_node = {node: keys for node, keys in self.pods_by_node.items() if owns(node)}
+        self.snapshots = {node: snapshot for node, snapshot in self.snapshots.items() if owns(node)}
+        self.zones = {node: zones for node, zones in self.zones.items() if owns(node)}
+        self._versions = {
+            (kind, key): held
+            for (kind, key), held in self._versions.items()
+            if kind not in ("node", "nrt") or owns(key)
+        }
 
     @property
     def configmap_version(self) -> str:

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 
-from bus import api, subject_transform, subjects
+from bus import api, streams, subject_transform, subjects
 from bus.errors import BusError, BusUnavailableError, ConflictError, PermanentError, RemoteError, TemporaryError
 from bus.jetstream import JetStreamBus
 from bus.memory import MemoryBus
@@ -626,3 +626,50 @@ async def test_a_failed_flush_retried_in_place_keeps_stream_order(bus: AnyBus, n
     assert rec.committed_data() == [b"m0", b"m1", b"m2", b"m3", b"m4"]
     assert all(d.num_delivered == 1 for d in rec.committed)
     assert consumer.stats.flush_failures == 3 and consumer.stats.naked == 0 and consumer.stats.acked == 5
+
+
+@pytest.fixture(params=["memory", "jetstream"])
+def koordbus_backend_url(request: pytest.FixtureRequest) -> str | None:
+    """None for the MemoryBus, else a private nats-server with koordbus's real streams (their subjects would
+    overlap with other tests' streams on the session server)."""
+    if request.param == "memory":
+        return None
+    url: str = request.getfixturevalue("koordbus_nats_url")
+    return url
+
+
+@pytest_asyncio.fixture
+async def koordbus_streams_bus(koordbus_backend_url: str | None) -> AsyncIterator[AnyBus]:
+    bus: AnyBus
+    if koordbus_backend_url is None:
+        bus = MemoryBus()
+        await bus.ensure_streams(streams.all_streams())
+    else:
+        bus = await JetStreamBus.connect(koordbus_backend_url, name="contract-koordbus")
+    yield bus
+    await bus.close()
+
+
+@pytest.mark.parametrize(
+    ("stream", "published"),
+    [(streams.KOORD_NODE, subjects.node_metrics), (streams.KOORD_NODEMETRIC, subjects.nodemetric_computed)],
+)
+async def test_the_partitioned_streams_store_each_node_under_its_partition(
+    koordbus_streams_bus: AnyBus, stream: str, published: Callable[[str], str]
+) -> None:
+    """KOORD_NODE and KOORD_NODEMETRIC as both buses store them: what subjects.stored, partition_filters and
+    node_partition say, so a replica's partition filters on either bus see exactly its nodes."""
+    bus = koordbus_streams_bus
+    nodes = ["a", "node-1", "worker-7.example.com", "ip-10-0-0-1.ec2.internal", "Node_Ü"]
+    for node in nodes:
+        await bus.publish(published(node), b"{}", msg_id=f"contract-{node}")
+    for node in nodes:
+        last = await bus.last_on_subject(stream, subjects.stored(published(node)))
+        assert last is not None and last.subject == f"{published(node)}.{subjects.node_partition(node)}"
+        assert subjects.node_of(last.subject) == node
+    every = subjects.NODE_METRICS_ALL if stream == streams.KOORD_NODE else subjects.NODEMETRIC_COMPUTED_ALL
+    assert len(await bus.read_recent(stream, every, since=0, limit=100)) == len(nodes)
+    for partition in {subjects.node_partition(n) for n in nodes}:
+        (only,) = subjects.partition_filters(every, [partition])
+        found = {subjects.node_of(d.subject) for d in await bus.read_recent(stream, only, since=0, limit=100)}
+        assert found == {n for n in nodes if subjects.node_partition(n) == partition}

@@ -197,10 +197,11 @@ def test_monitoring_objects_and_the_dashboard_use_metrics_that_exist() -> None:
     assert "prod-koordbus-dashboard" not in by_kind(render(DEFAULTS), "ConfigMap")  # off unless asked for
 
 
-def test_scaled_out_nodemetric_replicas_get_an_instance_name_and_a_single_one_does_not() -> None:
+@pytest.mark.parametrize("service", ["nodemetric", "noderesource"])
+def test_scaled_out_partitioned_replicas_get_an_instance_name_and_a_single_one_does_not(service: str) -> None:
     def instance_env(replicas: int) -> list[dict[str, Any]]:
-        values = {**DEFAULTS, "services": {"nodemetric": {"replicas": replicas}}}
-        deployment = by_kind(render(values), "Deployment")["prod-koordbus-nodemetric"]
+        values = {**DEFAULTS, "services": {service: {"replicas": replicas}}}
+        deployment = by_kind(render(values), "Deployment")[f"prod-koordbus-{service}"]
         container = deployment["spec"]["template"]["spec"]["containers"][0]
         assert deployment["spec"]["replicas"] == replicas
         return [e for e in container["env"] if e["name"] == "KOORDBUS_INSTANCE"]

@@ -80,6 +80,12 @@ def test_filters_narrow_to_the_types_that_carry_the_keys() -> None:
         "node.lifecycle",
     }  # fmt: skip
     assert by_node.matches({"node": ("n0", "n1")}) and not by_node.matches({"node": ("n2",)})
+    # where a subject names the node, a catch-up or history page reads only that node's subjects
+    assert by_node.subjects_of(streams.KOORD_NODEMETRIC) == ("koord.v1.nodemetric.n1.computed.*",)
+    assert by_node.subjects_of(streams.KOORD_NODE) == (
+        "koord.v1.node.n1.actuation.*", "koord.v1.node.n1.eviction.*",
+    )  # fmt: skip
+    assert by_node.subjects_of(streams.KOORD_MIGRATION) == (subjects.MIGRATION_ALL,)  # the node is in the data
     assert not by_node.matches({})
     chosen = catalogue.parse_filter(["quota.status,quota.tree", "quota.status"], {})
     assert [t.name for t in chosen.types] == ["quota.status", "quota.tree"]

@@ -102,6 +102,8 @@ def test_fields_appear_inside_a_handling_context_and_not_after_it() -> None:
     [
         (subjects.node_metrics("a.b"), "a.b"),
         (subjects.nodemetric_computed("n1"), "n1"),
+        (f"{subjects.nodemetric_computed('n1.x')}.7", "n1.x"),  # as KOORD_NODEMETRIC stores it
+        (f"{subjects.node_state('n0')}.3", "n0"),  # as KOORD_NODE stores it
         (subjects.noderesource_computed("n2"), "n2"),
         (subjects.NODERESOURCE_CONFIG_STATUS, None),
         (subjects.cluster_node("n3"), "n3"),

@@ -35,6 +35,7 @@ from services.noderesource.state import (
     PROBLEM_STALE_VERSION,
     ClusterState,
     LastWrite,
+    StateEvent,
     decision_time,
     event_time,
     is_repeat,
@@ -513,3 +514,38 @@ def test_zones_go_with_a_deleted_topology_an_older_version_or_a_degraded_node() 
     assert decide(state, now=T0 + 16 * 60).zones == {}  # degraded: batch did not run, neither do zones
     state.apply(topology_event(None, rv="6", deleted=True))
     assert NODE not in state.zones and decide(state).zones == {}
+
+
+def test_a_replica_takes_in_only_what_concerns_its_nodes() -> None:
+    owns = {"node-a"}.__contains__
+    state = ClusterState()
+    mine = [config_event(), node_event("node-a"), pod_event("a1", "1", "1Gi", node="node-a"), metric_event("node-a")]
+    others = [node_event("node-b"), pod_event("b1", "1", "1Gi", node="node-b"), metric_event("node-b")]
+    unscheduled = pod_event("u1", "1", "1Gi", node="")
+    assert all(state.concerns(e, owns) for e in mine)
+    assert not any(state.concerns(e, owns) for e in [*others, unscheduled])
+    for event in mine:
+        state.apply(event)
+    # a pod it holds concerns it whatever the event says (its deletion names no node)
+    gone = msgspec.structs.replace(pod_event("a1", "1", "1Gi", node="", rv="2", deleted=True), node_name="")
+    assert state.concerns(gone, owns)
+    assert state.apply(gone) == {"node-a"} and not state.pods
+
+
+def test_retain_forgets_the_nodes_lost_so_that_a_replay_takes_them_in_again() -> None:
+    def of(node: str) -> list[StateEvent]:
+        return [node_event(node), pod_event(f"{node}-pod", "1", "1Gi", node=node), metric_event(node)]
+
+    state = ClusterState()
+    for event in [config_event(), *of("node-a"), *of("node-b"), pod_event("u1", "1", "1Gi", node="")]:
+        state.apply(event)
+    state.zones["node-b"] = state.zones["node-a"] = ()
+    state.retain({"node-a"}.__contains__)
+    assert set(state.nodes) == {"node-a"} and set(state.snapshots) == {"node-a"} and set(state.zones) == {"node-a"}
+    assert set(state.pods) == {"default/node-a-pod"} and set(state.pods_by_node) == {"node-a"}
+    assert state.config.available  # the ConfigMap stays
+    # the node gained back: its replayed events are taken in again (the versions held for it were forgotten) …
+    assert [state.apply(e) for e in of("node-b")] == [{"node-b"}] * 3
+    assert set(state.pods_by_node["node-b"]) == {"default/node-b-pod"}
+    # … while a replay of what it kept changes nothing
+    assert [state.apply(e) for e in of("node-a")] == [set()] * 3

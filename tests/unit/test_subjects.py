@@ -28,6 +28,20 @@ def test_node_subjects_parse_back() -> None:
     assert subjects.node_metrics(name) == "koord.v1.node.ip-10-0-0-1_ec2_internal.metrics"
     assert subjects.node_of(subjects.node_metrics(name)) == name
     assert subjects.node_of(subjects.nodemetric_computed(name)) == name
+    assert subjects.node_of(f"{subjects.nodemetric_computed(name)}.{subjects.node_partition(name)}") == name
+
+
+def test_partition_filters_name_one_partition_each_of_a_partitioned_streams_filter() -> None:
+    assert subjects.partition_filters(subjects.NODEMETRIC_COMPUTED_ALL, [3, 1]) == (
+        "koord.v1.nodemetric.*.computed.1",
+        "koord.v1.nodemetric.*.computed.3",
+    )
+    assert subjects.partition_filters(subjects.NODE_STATE_ALL, [0]) == ("koord.v1.node.*.state.0",)
+    with pytest.raises(subjects.SubjectError):
+        subjects.partition_filters(subjects.NODERESOURCE_COMPUTED_ALL, [0])  # that stream is not partitioned
+    source, destination = subjects.NODEMETRIC_TRANSFORM
+    assert _matches(source, subjects.nodemetric_computed("a.b"))
+    assert destination.endswith(f".{{{{partition({subjects.NODE_PARTITIONS},1)}}}}")
 
 
 @pytest.mark.parametrize("bad", ["", "a.b", "A", "a~zz", "a~4"])
