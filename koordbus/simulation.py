@@ -1,8 +1,8 @@
 """Drives synthetic nodes (agent.simulate) through the real bus, for `koordbus up --simulate-nodes` and benches.
 
 Every publish interval (aligned to wall-clock multiples, like a real agent) each simulated node
-publishes one NodeMetricsReported batch; `backfill_seconds` of history are published first so
-windows, percentiles and charts have data right away.
+publishes one NodeMetricsReported batch, after one NodeStateReported with its capacity at start;
+`backfill_seconds` of history are published first so windows, percentiles and charts have data right away.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from agent.settings import AgentSettings
 from agent.simulate import SimulatedNode, simulated_node_names
 from bus import subjects
 from bus.api import Bus, msg_id
-from schemas.node import encode_node_event
+from schemas.node import NodeStateReported, encode_node_event
 
 log = logging.getLogger(__name__)
 POD_LIST_RESEND_BATCHES = AgentSettings.pod_list_resend_batches
@@ -53,6 +53,28 @@ async def publish_window(
     return sum(1 for a in acks if not a.duplicate)
 
 
+async def publish_states(bus: Bus, nodes: list[SimulatedNode], *, at: float) -> None:
+    """Each node's NodeStateReported (its capacity), as a real agent sends at start, so the API's node views and
+    the dashboard can show utilisation."""
+    messages = [
+        (
+            subjects.node_state(node.name),
+            encode_node_event(
+                NodeStateReported(
+                    node=node.name,
+                    at=at,
+                    agent_version="simulated",
+                    cpu_cores=node.cpu_cores,
+                    memory_total=node.memory_bytes,
+                )
+            ),
+            msg_id(node.name, "state", at),
+        )
+        for node in nodes
+    ]
+    await bus.publish_many(messages)
+
+
 async def run_simulation(
     bus: Bus,
     nodes: list[SimulatedNode],
@@ -67,6 +89,7 @@ async def run_simulation(
     start = current - (backfill_seconds // interval) * interval
     window = start
     thinners: dict[str, PodListThinner] = {}
+    await publish_states(bus, nodes, at=start)
     while window < current:
         await publish_window(bus, nodes, window, window + interval, thinners=thinners)
         window += interval

@@ -6,7 +6,8 @@ tests with the store, settings and metrics registry already built; routes reach 
 is JSON `{"error": "<one clear sentence>"}`: unknown routes and nodes, bad query parameters,
 wrong methods, failing readiness and unexpected exceptions alike; a stack trace goes to the
 log, never to the client. Every /api/v1 route needs a bearer token with role viewer or higher
-(services.api.auth); quota writes need quota-admin; /healthz, /readyz, /metrics and the docs stay open.
+(services.api.auth); quota writes need quota-admin; /healthz, /readyz, /metrics, the docs and the dashboard's
+static files (services.api.dashboard) stay open.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.api import auth, events, migrations, nodemetrics, noderesources, nodeslo, quotas, recorded
+from services.api import auth, dashboard, events, migrations, nodemetrics, noderesources, nodeslo, quotas, recorded
 from services.api.event_hub import EventHub
 from services.api.settings import ApiSettings
 from services.common.metrics import CONTENT_TYPE_LATEST, CollectorRegistry, render
@@ -199,6 +200,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(nodeslo.router, responses=responses, dependencies=viewer)
     app.include_router(events.router, responses=responses, dependencies=viewer)
     app.include_router(events.socket_router)
+    app.include_router(dashboard.router, responses=responses, dependencies=viewer)
     app.add_middleware(CatchAllMiddleware)
     _add_audit_log(app, context)
     _add_request_metrics(app, context)
@@ -206,6 +208,7 @@ def create_app(context: ApiContext) -> FastAPI:
     _add_error_handlers(app)
     if context.event_hub is not None:
         context.registry.register(EventHubCollector(context.event_hub))
+    dashboard.mount(app)
     return app
 
 

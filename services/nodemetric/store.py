@@ -19,7 +19,14 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.orm import Mapped, mapped_column
 
-from schemas.node import MetricCollectPolicy, NodeMetricComputedRecord, NodeMetricStatus, NodeStateReported
+from schemas import vocab
+from schemas.node import (
+    MetricCollectPolicy,
+    NodeMetricComputedRecord,
+    NodeMetricStatus,
+    NodeStateReported,
+    ResourceMap,
+)
 from services.common import db
 
 DEFAULT_PAGE: Final = 500
@@ -110,9 +117,43 @@ class NodeRecord:
     """Sum of the dropped-batch counts the agent attached to its batches."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class UsageSummary:
+    """A NodeMetric boiled down for an overview row: the node's usage and its batch and mid pods' usage."""
+
+    node: str
+    report_time: float
+    cpu: int | None
+    """Node usage, millicores; None when the NodeMetric carries no node usage."""
+    memory: int | None
+    """Node usage, bytes."""
+    batch_cpu: int
+    """Σ usage of the pods with priority koord-batch, millicores (likewise below)."""
+    batch_memory: int
+    mid_cpu: int
+    mid_memory: int
+
+
+class _PodUsageView(msgspec.Struct, frozen=True, kw_only=True):
+    pod_usage: ResourceMap
+    priority: str = ""
+
+
+class _NodeUsageView(msgspec.Struct, frozen=True, kw_only=True):
+    node_usage: ResourceMap
+
+
+class _StatusUsageView(msgspec.Struct, frozen=True, kw_only=True):
+    """The parts of a stored NodeMetricStatus an overview needs; msgspec skips the rest without building it."""
+
+    node_metric: _NodeUsageView
+    pods_metric: list[_PodUsageView] = []
+
+
 _encoder: Final = msgspec.json.Encoder()
 _status_decoder: Final = msgspec.json.Decoder(NodeMetricStatus)
 _spec_decoder: Final = msgspec.json.Decoder(MetricCollectPolicy)
+_usage_decoder: Final = msgspec.json.Decoder(_StatusUsageView)
 
 
 class NodeMetricStore:
@@ -215,6 +256,16 @@ class NodeMetricStore:
         query = sa.select(_NODES).where(_NODES.c.node.in_(wanted)).order_by(_NODES.c.node)
         async with self._engine.connect() as connection:
             return [_node_record(row) for row in (await connection.execute(query)).mappings()]
+
+    async def usage_summaries(self, *, after: str | None, through: str) -> builtins.list[UsageSummary]:
+        """The NodeMetrics of the nodes named in (after, through], ordered by name, as overview summaries (the
+        dashboard pages the node list by name and fetches the same name range here)."""
+        query = sa.select(_METRICS.c.node, _METRICS.c.report_time, _METRICS.c.status).where(_METRICS.c.node <= through)
+        if after is not None:
+            query = query.where(_METRICS.c.node > after)
+        async with self._engine.connect() as connection:
+            rows = (await connection.execute(query.order_by(_METRICS.c.node))).all()
+        return [_usage_summary(row.node, float(row.report_time), row.status) for row in rows]
 
     async def offset(self, consumer: str) -> int:
         async with self._engine.connect() as connection:
@@ -435,3 +486,24 @@ def _metric_record(row: sa.RowMapping) -> NodeMetricRecord:
 def _node_record(row: sa.RowMapping) -> NodeRecord:
     # Column names equal field names, and both drivers already return float/int/str for these types.
     return NodeRecord(**{field.name: row[field.name] for field in dataclasses.fields(NodeRecord)})
+
+
+def _usage_summary(node: str, report_time: float, status_json: str) -> UsageSummary:
+    view = _usage_decoder.decode(status_json)
+    sums = {(vocab.PRIORITY_BATCH, "cpu"): 0, (vocab.PRIORITY_BATCH, "memory"): 0}
+    sums |= {(vocab.PRIORITY_MID, "cpu"): 0, (vocab.PRIORITY_MID, "memory"): 0}
+    for pod in view.pods_metric:
+        if pod.priority in (vocab.PRIORITY_BATCH, vocab.PRIORITY_MID):
+            for resource in ("cpu", "memory"):
+                sums[pod.priority, resource] += pod.pod_usage.resources.get(resource, 0)
+    usage = view.node_metric.node_usage.resources
+    return UsageSummary(
+        node=node,
+        report_time=report_time,
+        cpu=usage.get("cpu"),
+        memory=usage.get("memory"),
+        batch_cpu=sums[vocab.PRIORITY_BATCH, "cpu"],
+        batch_memory=sums[vocab.PRIORITY_BATCH, "memory"],
+        mid_cpu=sums[vocab.PRIORITY_MID, "cpu"],
+        mid_memory=sums[vocab.PRIORITY_MID, "memory"],
+    )

@@ -111,6 +111,17 @@ class DecisionRecord:
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class LatestResources:
+    """A node's latest batch/mid resources without the rest of the decision."""
+
+    node: str
+    computed_at: float
+    outcome: str
+    resources: dict[str, int | None]
+    """Resource name → amount (millicores, bytes); None: removed."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ColocationConfigRecord:
     config: dict[str, Any]
     """The effective config as services.noderesource.config.config_to_json renders it."""
@@ -273,6 +284,25 @@ class NodeResourceStore:
         async with self._engine.connect() as connection:
             rows = (await connection.execute(query)).all()
         return [_record(row.decision, row.stream_seq) for row in rows]
+
+    async def resources_between(self, *, after: str | None, through: str) -> builtins.list[LatestResources]:
+        """The latest resources of the nodes named in (after, through], ordered by name, without decoding whole
+        decisions (the dashboard's overview pages nodes by name)."""
+        columns = (_LATEST.c.node, _LATEST.c.computed_at, _LATEST.c.outcome, _LATEST.c.resources)
+        query = sa.select(*columns).where(_LATEST.c.node <= through)
+        if after is not None:
+            query = query.where(_LATEST.c.node > after)
+        async with self._engine.connect() as connection:
+            rows = (await connection.execute(query.order_by(_LATEST.c.node))).all()
+        return [
+            LatestResources(
+                node=row.node,
+                computed_at=float(row.computed_at),
+                outcome=row.outcome,
+                resources=_json_decoder.decode(row.resources),
+            )
+            for row in rows
+        ]
 
     async def config(self) -> ColocationConfigRecord | None:
         """The recorded colocation config, None before the service recorded one."""
