@@ -418,7 +418,9 @@ async def run_up(args: argparse.Namespace) -> int:
             nodes = simulation.make_nodes(args.simulate_nodes, pods_per_node=args.simulate_pods)
             runtime.background(
                 stack,
-                simulation.run_simulation(bus, nodes, backfill_seconds=args.simulate_backfill),
+                simulation.run_simulation(
+                    bus, nodes, backfill_seconds=args.simulate_backfill, cluster=cluster.recorded_writes is not None
+                ),
                 name="simulation",
             )
         base = f"http://{api_settings.host}:{api_settings.port}"

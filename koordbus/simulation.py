@@ -8,16 +8,23 @@ publishes one NodeMetricsReported batch, after one NodeStateReported with its ca
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable
+from typing import Final
+
+import msgspec
 
 from agent.batch import PodListThinner
 from agent.settings import AgentSettings
 from agent.simulate import SimulatedNode, simulated_node_names
 from bus import subjects
 from bus.api import Bus, msg_id
+from schemas import kube
+from schemas.cluster import ConfigMapObserved, NodeObserved
 from schemas.node import NodeStateReported, encode_node_event
+from services.noderesource import config as colocation
 
 log = logging.getLogger(__name__)
 POD_LIST_RESEND_BATCHES = AgentSettings.pod_list_resend_batches
@@ -75,20 +82,56 @@ async def publish_states(bus: Bus, nodes: list[SimulatedNode], *, at: float) -> 
     await bus.publish_many(messages)
 
 
+SIMULATED_COLOCATION: Final = {"enable": True}
+"""The colocation-config of a simulated cluster: Koordinator's defaults with colocation on."""
+
+
+async def publish_cluster(bus: Bus, nodes: list[SimulatedNode], *, at: float) -> None:
+    """What the Kubernetes bridge would publish for a cluster of these nodes: each Node (capacity and allocatable)
+    and an slo-controller-config with colocation enabled, so the noderesource service decides their batch and mid
+    resources (the pods it sees only through NodeMetric count as prod unless their priority says otherwise)."""
+    messages = []
+    for node in nodes:
+        amounts: dict[str, str | int | float] = {"cpu": f"{node.cpu_cores:g}", "memory": str(node.memory_bytes)}
+        observed = NodeObserved(
+            name=node.name,
+            observed_at=at,
+            resource_version="1",
+            node=kube.Node(
+                metadata=kube.ObjectMeta(name=node.name), status=kube.NodeStatus(capacity=amounts, allocatable=amounts)
+            ),
+        )
+        messages.append((subjects.cluster_node(node.name), msgspec.json.encode(observed), msg_id(node.name, "node")))
+    config = ConfigMapObserved(
+        namespace=colocation.CONFIGMAP_NAMESPACE,
+        name=colocation.CONFIGMAP_NAME,
+        observed_at=at,
+        resource_version="1",
+        data={colocation.COLOCATION_CONFIG_KEY: json.dumps(SIMULATED_COLOCATION)},
+    )
+    subject = subjects.cluster_configmap(colocation.CONFIGMAP_NAMESPACE, colocation.CONFIGMAP_NAME)
+    messages.append((subject, msgspec.json.encode(config), msg_id("simulated", "colocation-config")))
+    await bus.publish_many(messages)
+
+
 async def run_simulation(
     bus: Bus,
     nodes: list[SimulatedNode],
     *,
     interval: float = 10.0,
     backfill_seconds: float = 0.0,
+    cluster: bool = False,
     clock: Callable[[], float] = time.time,
 ) -> None:
-    """Backfill, then publish every `interval` forever (until cancelled)."""
+    """Backfill, then publish every `interval` forever (until cancelled). `cluster`: also publish the nodes as the
+    Kubernetes bridge would (only where no real cluster is connected)."""
     now = clock()
     current = (now // interval) * interval
     start = current - (backfill_seconds // interval) * interval
     window = start
     thinners: dict[str, PodListThinner] = {}
+    if cluster:
+        await publish_cluster(bus, nodes, at=now)
     await publish_states(bus, nodes, at=start)
     while window < current:
         await publish_window(bus, nodes, window, window + interval, thinners=thinners)

@@ -68,6 +68,11 @@ def test_overview_shows_every_node_with_totals_histogram_and_table(tab: Page, ko
         "#cpu-histogram rect.bar title", "ts => ts.map(t => Number(t.textContent.split(': ')[1]))"
     )
     assert sum(counts) == SIMULATED_NODES
+    # the simulated cluster has colocation on: every node gets batch resources, which the totals show
+    tab.page.wait_for_function(
+        "!document.querySelector('[data-card=batch-cpu] .card-detail').textContent.endsWith(' of 0 cores')",
+        timeout=30_000,
+    )
     # the table holds every node, but only the rows in view are in the DOM
     assert tab.page.get_attribute(".vtable", "data-rows") == str(SIMULATED_NODES)
     assert 10 <= tab.page.locator(".vrow").count() < SIMULATED_NODES
@@ -97,6 +102,10 @@ def test_node_page_charts_percentiles_now_and_over_time(tab: Page, koordbus_up: 
     else:
         assert all(n >= 1 for _, n in paths), paths
     assert tab.page.is_visible("text=Batch and mid allocatable over time")
+    # its batch/mid decisions, charted (a point per decision kept)
+    tab.page.wait_for_function(
+        "Number(document.querySelector('[data-chart=batch-cpu] svg')?.dataset.points || 0) >= 1", timeout=30_000
+    )
     tab.screenshot("node")
     assert tab.errors == []
 
