@@ -178,16 +178,17 @@ class EventHub:
         return len(self._subscriptions)
 
     async def subscribe(self, event_filter: catalogue.EventFilter, *, caller: str) -> Subscription:
-        if len(self._subscriptions) >= self.max_subscriptions:
-            raise CapacityError(f"the API serves at most {self.max_subscriptions} event subscriptions at once")
-        mine = sum(1 for s in self._subscriptions if s.caller == caller)
-        if mine >= self.max_per_caller:
-            raise CapacityError(f"{caller} already has {mine} event subscriptions (at most {self.max_per_caller})")
         async with self._starting:
             for stream in event_filter.streams:
                 if stream not in self._tails:
                     last = (await self.bus.stream_bounds(stream))[1]
                     self._tails[stream] = _Tail(self, stream, last)
+        # from here on nothing awaits: the caps hold however many subscribe at once
+        if len(self._subscriptions) >= self.max_subscriptions:
+            raise CapacityError(f"the API serves at most {self.max_subscriptions} event subscriptions at once")
+        mine = sum(1 for s in self._subscriptions if s.caller == caller)
+        if mine >= self.max_per_caller:
+            raise CapacityError(f"{caller} already has {mine} event subscriptions (at most {self.max_per_caller})")
         sub = Subscription(
             filter=event_filter,
             caller=caller,
