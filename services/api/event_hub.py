@@ -18,7 +18,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -262,38 +262,54 @@ class EventHub:
                         }
                     ),
                 )
-        types = tuple(t for t in sub.filter.types if t.stream == stream)
-        follower = await self.bus.follow(
-            stream,
-            sub.filter.subjects_of(stream),
-            begin,
-            batch_size=self.batch_size,
-            wait_seconds=CATCH_UP_WAIT_SECONDS,
-        )
-        try:
-            done = False
-            while not done:
-                batch = await follower.next()
-                if not batch:
-                    if await follower.caught_up():
-                        break
-                    continue
-                for delivery in batch:
-                    if delivery.stream_seq > seam:
-                        done = True
-                        break
-                    positions[stream] = delivery.stream_seq
-                    event = prepare(stream, delivery, types)
-                    if event is None or not sub.filter.matches(event[1]):
-                        continue
+        reading = self._matching(stream, sub.filter, begin, through=seam, batch_size=self.batch_size)
+        async with contextlib.aclosing(reading):
+            async for delivery, event in reading:
+                positions[stream] = delivery.stream_seq
+                if event is not None:
                     cursor = catalogue.encode_cursor(positions)
                     yield Message(
                         kind="event", id=cursor, event_type=event[0].name, data=catalogue.envelope(cursor, event[2])
                     )
-                done = done or batch[-1].pending == 0
+        positions[stream] = max(positions[stream], seam)
+
+    async def _matching(
+        self,
+        stream: str,
+        event_filter: catalogue.EventFilter,
+        begin: FollowFrom,
+        *,
+        through: int,
+        batch_size: int,
+    ) -> AsyncGenerator[tuple[Delivery, tuple[catalogue.EventType, catalogue.Keys, bytes] | None]]:
+        """`stream`'s messages of the filter's subjects from `begin` through sequence `through`, each with its event
+        when it matches the filter (None otherwise: a reader still moves its position past it). Ends when the
+        follower has handed out everything stored — not at the first empty read, which may only mean a slow
+        server."""
+        types = tuple(t for t in event_filter.types if t.stream == stream)
+        follower = await self.bus.follow(
+            stream,
+            event_filter.subjects_of(stream),
+            begin,
+            batch_size=batch_size,
+            wait_seconds=CATCH_UP_WAIT_SECONDS,
+        )
+        try:
+            while True:
+                batch = await follower.next()
+                if not batch:
+                    if await follower.caught_up():
+                        return
+                    continue
+                for delivery in batch:
+                    if delivery.stream_seq > through:
+                        return
+                    event = prepare(stream, delivery, types)
+                    yield delivery, (event if event is not None and event_filter.matches(event[1]) else None)
+                if batch[-1].pending == 0:
+                    return
         finally:
             await follower.close()
-        positions[stream] = max(positions[stream], seam)
 
     async def history(
         self, event_filter: catalogue.EventFilter, start: Start, *, limit: int
@@ -319,34 +335,16 @@ class EventHub:
                 begins[stream] = first - 1  # refined below from what is read
             if begin.sequence is not None and begin.sequence > last:
                 continue
-            types = tuple(t for t in event_filter.types if t.stream == stream)
-            follower = await self.bus.follow(
-                stream,
-                event_filter.subjects_of(stream),
-                begin,
-                batch_size=limit + 1,
-                wait_seconds=CATCH_UP_WAIT_SECONDS,
-            )
             taken = 0
-            try:
-                while taken <= limit:
-                    batch = await follower.next()
-                    if not batch:
-                        if await follower.caught_up():
-                            break
+            reading = self._matching(stream, event_filter, begin, through=last, batch_size=limit + 1)
+            async with contextlib.aclosing(reading):
+                async for delivery, event in reading:
+                    if event is None:
                         continue
-                    for delivery in batch:
-                        if delivery.stream_seq > last:
-                            break
-                        event = prepare(stream, delivery, types)
-                        if event is None or not event_filter.matches(event[1]):
-                            continue
-                        found.append((delivery.published_at, stream, delivery.stream_seq, event[0].name, event[2]))
-                        taken += 1
-                    if batch[-1].pending == 0 or batch[-1].stream_seq >= last:
+                    found.append((delivery.published_at, stream, delivery.stream_seq, event[0].name, event[2]))
+                    taken += 1
+                    if taken > limit:
                         break
-            finally:
-                await follower.close()
             if taken > limit:
                 exhausted = False
             if start.cursor is None or stream not in start.cursor:
