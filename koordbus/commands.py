@@ -718,20 +718,28 @@ async def _run_noderesource(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run_loadaware(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def loadaware_args(path: str) -> Any:
+    """LoadAwareSchedulingArgs from `path` (Koordinator's defaults when empty); exits with one line when unusable."""
+    from services.loadaware.args import DEFAULT_ARGS, ArgsError, load_args
 
+    if not path:
+        return DEFAULT_ARGS
+    try:
+        return load_args(Path(path).read_text(encoding="utf-8"), source=path)
+    except (OSError, UnicodeDecodeError, ArgsError) as e:
+        raise SystemExit(f"koordbus: loadaware args: {e}") from None
+
+
+async def _run_loadaware(args: argparse.Namespace) -> int:
     from koordbus import runtime
     from services.common.metrics import new_registry
-    from services.loadaware.args import DEFAULT_ARGS, load_args
     from services.loadaware.http import create_app
     from services.loadaware.service import LoadAwareService, LoadAwareSettings
 
     common = common_settings(args)
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     settings = settings_loader.load(LoadAwareSettings)
-    path = args.args_file or settings.args_file
-    scheduling_args = load_args(Path(path).read_text(), source=path) if path else DEFAULT_ARGS
+    scheduling_args = loadaware_args(args.args_file or settings.args_file)  # a bad file stops here
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()

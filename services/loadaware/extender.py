@@ -128,9 +128,12 @@ class Extender:
         incoming = core.incoming(pod, self.state.args)
         verdict = core.filter_node(self.state, incoming, node, now=now, explain=True)
         score = core.score_node(self.state, incoming, node, now=now, explain=True)
+        entry = self.state.nodes.get(node)
         return {
             "pod": incoming.key,
             "node": node,
+            "assigned_pods": len(entry.pods) if entry else 0,
+            "nodemetric_update_time": entry.metric.update_time if entry and entry.metric else None,
             "estimate": incoming.estimated,
             "filter": {"passed": verdict.passed, "reason": verdict.reason, "detail": verdict.detail},
             "score": {
