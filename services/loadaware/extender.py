@@ -17,7 +17,7 @@ import msgspec
 
 from schemas import extender as wire
 from schemas import kube
-from services.loadaware import core, estimator, state
+from services.loadaware import core, estimator, fast, state
 
 RECENT_PODS = 10_000
 """Pods remembered from filter/prioritize requests, for `assume` (ExtenderBindingArgs names the pod only)."""
@@ -62,6 +62,10 @@ def decode_args(body: bytes) -> Candidates:
 class Extender:
     state: state.LoadState
     recent: OrderedDict[str, kube.Pod] = field(default_factory=OrderedDict)
+    matrix: fast.Matrix = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.matrix = fast.Matrix(self.state)
 
     def _incoming(self, pod: kube.Pod) -> core.IncomingPod:
         if pod.metadata.uid:
@@ -77,25 +81,32 @@ class Extender:
     def filter(self, body: bytes, *, now: float) -> tuple[bytes, Candidates]:
         request = decode_args(body)
         pod = self._incoming(request.pod)
-        passed: list[str] = []
-        failed: dict[str, str] = {}
+        if request.raw_nodes is None:  # nodeCacheCapable: every figure comes from the state, vectorized
+            passed, failed = self.matrix.filter(pod, request.names, now=now)
+            return msgspec.json.encode(wire.ExtenderFilterResult(node_names=passed, failed_nodes=failed)), request
+        passed = []
+        failed = {}
         for name in request.names:
             verdict = core.filter_node(self.state, pod, name, now=now, allocatable=request.allocatable.get(name))
             if verdict.passed:
                 passed.append(name)
             else:
                 failed[name] = verdict.reason
-        if request.raw_nodes is not None:
-            keep = set(passed)
-            items = [raw for raw, name in zip(request.raw_nodes, request.names, strict=True) if name in keep]
-            result = wire.ExtenderFilterResult(nodes=wire.NodeList(items=items), failed_nodes=failed)
-        else:
-            result = wire.ExtenderFilterResult(node_names=passed, failed_nodes=failed)
+        keep = set(passed)
+        items = [raw for raw, name in zip(request.raw_nodes, request.names, strict=True) if name in keep]
+        result = wire.ExtenderFilterResult(nodes=wire.NodeList(items=items), failed_nodes=failed)
         return msgspec.json.encode(result), request
 
     def prioritize(self, body: bytes, *, now: float) -> tuple[bytes, Candidates]:
         request = decode_args(body)
         pod = self._incoming(request.pod)
+        if request.raw_nodes is None:
+            ranked = self.matrix.scores(pod, request.names, now=now)
+            priorities = [
+                wire.HostPriority(host=name, score=core.extender_score(score))
+                for name, score in zip(request.names, ranked, strict=True)
+            ]
+            return msgspec.json.encode(priorities), request
         scores = [
             wire.HostPriority(
                 host=name,

@@ -120,6 +120,7 @@ class LoadAwareService:
         for name, consumer in self._consumers.items():
             if not await wait_replayed(consumer, what=f"loadaware: {name}", stall_seconds=timeout):
                 log.warning("loadaware: %s replay stalled for %.0f s; serving with what was read", name, timeout)
+        self.extender.matrix.refresh()  # the first request should not pay for every node's rows
         self.replayed = True
         log.info("loadaware: serving with %d nodes", len(self.state.nodes))
 

@@ -207,8 +207,11 @@ class LoadState:
         self.nodes: dict[str, NodeEntry] = {}
         self._pod_node: dict[str, str] = {}
         self.annotation_errors: dict[str, str] = {}
+        self.dirty: set[str] = set()
+        """Nodes changed since services.loadaware.fast last read them (it pops them)."""
 
     def _entry(self, node: str) -> NodeEntry:
+        self.dirty.add(node)
         entry = self.nodes.get(node)
         if entry is None:
             entry = self.nodes[node] = NodeEntry()
@@ -218,6 +221,7 @@ class LoadState:
         if node is None:
             entry = self.nodes.get(name)
             if entry is not None:
+                self.dirty.add(name)
                 entry.allocatable, entry.overrides = None, None
                 self._drop_if_empty(name)
             self.annotation_errors.pop(name, None)
@@ -266,6 +270,7 @@ class LoadState:
             return
         entry = self.nodes.get(node)
         if entry is not None and entry.pods.pop(uid, None) is not None:
+            self.dirty.add(node)
             entry.load = None
             self._drop_if_empty(node)
 
