@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import msgspec
+import pytest
 
 from bus.jetstream import JetStreamBus
 from schemas import kube
@@ -19,6 +20,8 @@ from tests.faults.service_process import ServiceProcess
 from tests.support.events import publish_events
 from tests.support.loadaware import GI, node, pod_json, report
 from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.e2e
 
 NODES = ("n-a", "n-b", "n-c")
 
