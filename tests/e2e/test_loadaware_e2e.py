@@ -4,7 +4,10 @@ bridge would (PodObserved with a nodeName) — spreads over the nodes instead of
 
 from __future__ import annotations
 
+import asyncio
+import json
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -58,6 +61,18 @@ async def test_ranking_and_a_burst_that_spreads(
             assert filtered["FailedNodes"] == {"n-c": "node(s) cpu usage exceed threshold"}
             scores = {e["Host"]: e["Score"] for e in (await client.post("/prioritize", json=body)).json()}
             assert scores["n-a"] > scores["n-b"] > scores["n-c"], scores
+            pod_file = tmp_path / "big.yaml"
+            pod_file.write_text(json.dumps(big))
+            explain = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "koordbus.cli", "scheduler", "explain", str(pod_file), "n-c",
+                "--url", service.base_url, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            out, err = await explain.communicate()
+            assert explain.returncode == 0, err.decode()
+            text = out.decode()
+            assert "filter: FAIL (node(s) cpu usage exceed threshold)" in text
+            assert "cpu 73% = (usage 20000 + assigned 0 + pod 3400) / 32000 > 65" in text
+            assert "score: 35/100, 4/10 on the extender scale" in text
 
             # a new report round: three nodes close in load; a burst of 20 pods inside one report interval
             now = time.time()
