@@ -128,10 +128,9 @@ class Extender:
         if pod is None:
             error = f"pod {binding.pod_namespace}/{binding.pod_name} ({binding.pod_uid}) was not seen by filter"
             return msgspec.json.encode(wire.ExtenderBindingResult(error=error))
-        if self.state.pod_node(binding.pod_uid) is None:  # the watch, when it was first, knows better
-            self.state.assume(
-                binding.pod_uid, state.assigned_pod(pod, seen_at=now, args=self.state.args), node=binding.node
-            )
+        key = f"{binding.pod_namespace}/{binding.pod_name}"  # the key the pod watch uses
+        if self.state.pod_node(key) is None:  # the watch, when it was first, knows better
+            self.state.assume(key, state.assigned_pod(pod, seen_at=now, args=self.state.args), node=binding.node)
         return msgspec.json.encode(wire.ExtenderBindingResult())
 
     def explain(self, pod: kube.Pod, node: str, *, now: float) -> dict[str, object]:

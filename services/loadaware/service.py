@@ -159,11 +159,11 @@ class LoadAwareService:
                 if error := self.state.annotation_errors.get(name):
                     log.warning("loadaware: node %s: ignoring %s", name, error)
             case PodObserved() as seen:
-                key = seen.uid or f"{seen.namespace}/{seen.name}"
-                pod = None if seen.deleted else seen.pod
-                if pod is not None and not pod.metadata.uid and seen.uid:
-                    pod = msgspec.structs.replace(pod, metadata=msgspec.structs.replace(pod.metadata, uid=seen.uid))
-                self.state.apply_pod(key, pod, node=seen.node_name, seen_at=seen.observed_at)
+                # keyed like its last-value subject: a pod recreated under the same name replaces the old one
+                key = f"{seen.namespace}/{seen.name}"
+                self.state.apply_pod(
+                    key, None if seen.deleted else seen.pod, node=seen.node_name, seen_at=seen.observed_at
+                )
             case _:
                 pass
 

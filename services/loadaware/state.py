@@ -193,7 +193,7 @@ class NodeEntry:
     overrides: Overrides | None = None
     metric: MetricView | None = None
     pods: dict[str, AssignedPod] = field(default_factory=dict)
-    """By pod uid (namespace/name when the uid is unknown)."""
+    """By the key the caller gives (the service: namespace/name, like the pod's KOORD_CLUSTER subject)."""
     load: NodeLoad | None = None
     """node_load of metric and pods, None until asked or after either changed."""
 

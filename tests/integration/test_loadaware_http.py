@@ -11,12 +11,14 @@ import msgspec
 import pytest
 
 from bus.jetstream import JetStreamBus
-from schemas.cluster import NodeObserved
+from schemas import kube
+from schemas.cluster import NodeObserved, PodObserved
 from services.common.metrics import new_registry
 from services.loadaware.http import create_app
 from services.loadaware.service import LoadAwareService, LoadAwareSettings
 from tests.support.events import publish_events
 from tests.support.loadaware import GI, node, node_json, pod_json, report
+from tests.support.waiting import eventually
 
 
 def scheduler_pod() -> dict[str, Any]:
@@ -82,7 +84,7 @@ def full_node(name: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def client(koordbus_bus: JetStreamBus) -> Any:
+async def service(koordbus_bus: JetStreamBus) -> Any:
     now = time.time()
     await publish_events(
         koordbus_bus,
@@ -95,10 +97,15 @@ async def client(koordbus_bus: JetStreamBus) -> Any:
     registry = new_registry()
     service = LoadAwareService(koordbus_bus, LoadAwareSettings(startup_timeout_seconds=5), registry=registry)
     await service.start()
-    transport = httpx.ASGITransport(app=create_app(service, registry))
+    yield service
+    await service.stop()
+
+
+@pytest.fixture
+async def client(service: LoadAwareService) -> Any:
+    transport = httpx.ASGITransport(app=create_app(service, service._registry))
     async with httpx.AsyncClient(transport=transport, base_url="http://extender") as http:
         yield http
-    await service.stop()
 
 
 NAMES = ["cold", "warm", "hot", "stale", "ghost"]
@@ -177,3 +184,37 @@ async def test_explain_and_metrics(client: httpx.AsyncClient) -> None:
     metrics = (await client.get("/metrics")).text
     assert 'koordbus_loadaware_requests_total{outcome="bad_request",verb="filter"} 1.0' in metrics
     assert (await client.get("/readyz")).json() == {"ready": True}
+
+
+async def test_the_pod_watch_counts_a_placement_once_and_forgets_it_on_deletion(
+    koordbus_bus: JetStreamBus, service: LoadAwareService
+) -> None:
+    def on_cold(uid: str, *, deleted: bool = False) -> PodObserved:
+        pod = msgspec.convert(pod_json("db-0", cpu="8", memory="8Gi", node_name="cold"), kube.Pod)
+        return PodObserved(
+            namespace="default",
+            name="db-0",
+            uid=uid,
+            observed_at=time.time(),
+            node_name="cold",
+            deleted=deleted,
+            pod=None if deleted else pod,
+        )
+
+    def assigned() -> dict[str, int]:
+        load = service.state.load_of("cold")
+        return dict(load.node_delta) if load is not None else {}
+
+    await publish_events(koordbus_bus, on_cold("uid-1"))
+    await eventually(lambda: assigned().get("cpu") == 6800)
+    # a StatefulSet pod recreated under its name replaces the old one instead of adding to it, even when the old
+    # one's tombstone was never seen; the marker, published after it on the same stream, shows it was applied
+    marker = msgspec.convert(pod_json("marker", cpu="1", node_name="warm"), kube.Pod)
+    seen_marker = PodObserved(
+        namespace="default", name="marker", uid="m", observed_at=time.time(), node_name="warm", pod=marker
+    )
+    await publish_events(koordbus_bus, on_cold("uid-2"), seen_marker)
+    await eventually(lambda: "default/marker" in service.state.nodes["warm"].pods)
+    assert assigned()["cpu"] == 6800
+    await publish_events(koordbus_bus, on_cold("uid-2", deleted=True))
+    await eventually(lambda: assigned() == {})
