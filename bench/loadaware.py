@@ -17,6 +17,7 @@ progress goes to stderr.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing
 import os
@@ -126,8 +127,8 @@ def serve(port: int, nodes: int, pods_per_node: int, seed: int, cpu: int | None)
     from services.loadaware.extender import Extender
 
     service.extender = Extender(service.state)
-    service.extender.matrix.refresh()
-    service.replayed = True
+    service.ready_to_serve()
+    gc.freeze()  # as koordbus.commands does after the replay
     print(f"server: {nodes} nodes ready in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     uvicorn.run(create_app(service, registry), host="127.0.0.1", port=port, log_level="warning", access_log=False)
 

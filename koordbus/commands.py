@@ -731,6 +731,8 @@ def loadaware_args(path: str) -> Any:
 
 
 async def _run_loadaware(args: argparse.Namespace) -> int:
+    import gc
+
     from koordbus import runtime
     from services.common.metrics import new_registry
     from services.loadaware.http import create_app
@@ -746,6 +748,7 @@ async def _run_loadaware(args: argparse.Namespace) -> int:
         bus = await open_cluster_bus(stack, common, name="loadaware")
         service = LoadAwareService(bus, settings, args=scheduling_args, registry=registry)
         await service.start()
+        gc.freeze()  # the replayed state lives as long as the process: keep full collections off it (requests)
         stack.push_async_callback(service.stop)
         if args.port:
             await runtime.serve_http(stack, create_app(service, registry), host="0.0.0.0", port=args.port)

@@ -120,9 +120,15 @@ class LoadAwareService:
         for name, consumer in self._consumers.items():
             if not await wait_replayed(consumer, what=f"loadaware: {name}", stall_seconds=timeout):
                 log.warning("loadaware: %s replay stalled for %.0f s; serving with what was read", name, timeout)
-        self.extender.matrix.refresh()  # the first request should not pay for every node's rows
-        self.replayed = True
+        self.ready_to_serve()
         log.info("loadaware: serving with %d nodes", len(self.state.nodes))
+
+    def ready_to_serve(self) -> None:
+        """After the replay: build every node's rows (the first request should not pay for them). The process that
+        owns the service then calls gc.freeze() (koordbus.commands, bench/loadaware.py): with 100,000 pods replayed a
+        full collection inside a request took 90–150 ms."""
+        self.extender.matrix.refresh()
+        self.replayed = True
 
     async def stop(self) -> None:
         for consumer in self._consumers.values():
