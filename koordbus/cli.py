@@ -1,5 +1,5 @@
 """The `koordbus` command line (composition root): `up`, `agent`, `service`, `api`, `quota`, `migration`, `events`,
-`calc`, `crds`.
+`calc`, `crds`, `scheduler`.
 
 Each subcommand builds its settings at the edge, wires the bus, stores and services, and
 runs until interrupted. Nothing below `koordbus` knows which subcommand started it.
@@ -24,13 +24,14 @@ def build_parser(*, command: str | None = None) -> argparse.ArgumentParser:
 
     commands.add_parsers(sub)
     if command != "agent":
-        from koordbus import calc, crds, events, migration, quota
+        from koordbus import calc, crds, events, migration, quota, scheduler
 
         quota.add_parser(sub)
         migration.add_parser(sub)
         events.add_parser(sub)
         calc.add_parser(sub)
         crds.add_parser(sub)
+        scheduler.add_parser(sub)
     return parser
 
 

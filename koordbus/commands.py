@@ -188,11 +188,13 @@ def add_parsers(sub: Any) -> None:
         "lists and watches Nodes, Pods and the colocation ConfigMap and publishes them (needs --kubeconfig or an "
         "in-cluster service account). natsauth: the NATS auth callout, letting agents in with their ServiceAccount "
         "token as their node's user (KOORDBUS_AGENT_SERVICE_ACCOUNT, KOORDBUS_ISSUER_SEED_FILE, "
-        "KOORDBUS_TOKEN_AUDIENCE; TokenReviews need --kubeconfig or an in-cluster service account).",
+        "KOORDBUS_TOKEN_AUDIENCE; TokenReviews need --kubeconfig or an in-cluster service account). loadaware: the "
+        "load-aware kube-scheduler extender (filter, prioritize, assume, explain on --port; LoadAwareSchedulingArgs "
+        "from --args-file or KOORDBUS_ARGS_FILE; no database).",
     )
     service.add_argument(
         "name",
-        choices=["nodemetric", "noderesource", "slo", "quota", "migration", "k8s", "natsauth"],
+        choices=["nodemetric", "noderesource", "slo", "quota", "migration", "k8s", "natsauth", "loadaware"],
         help="which service",
     )
     _add_common(service, embedded=False)
@@ -211,7 +213,8 @@ def add_parsers(sub: Any) -> None:
     service.add_argument(
         "--args-file",
         default=os.environ.get("KOORDBUS_MIGRATION_ARGS_FILE"),
-        help="migration: MigrationControllerArgs as JSON or YAML, Koordinator's field names (default: its defaults)",
+        help="migration: MigrationControllerArgs; loadaware: LoadAwareSchedulingArgs; as JSON or YAML, Koordinator's "
+        "field names (default: its defaults)",
     )
     service.add_argument(
         "--dry-run",
@@ -674,6 +677,8 @@ async def run_service(args: argparse.Namespace) -> int:
             return await _run_migration(args)
         case "slo":
             return await _run_slo(args)
+        case "loadaware":
+            return await _run_loadaware(args)
         case "natsauth":
             from koordbus import natsauth
 
@@ -711,6 +716,44 @@ async def _run_noderesource(args: argparse.Namespace) -> int:
             noderesource_store=store,
             readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
         )
+        await stop.wait()
+    return 0
+
+
+def loadaware_args(path: str) -> Any:
+    """LoadAwareSchedulingArgs from `path` (Koordinator's defaults when empty); exits with one line when unusable."""
+    from services.loadaware.args import DEFAULT_ARGS, ArgsError, load_args
+
+    if not path:
+        return DEFAULT_ARGS
+    try:
+        return load_args(Path(path).read_text(encoding="utf-8"), source=path)
+    except (OSError, UnicodeDecodeError, ArgsError) as e:
+        raise SystemExit(f"koordbus: loadaware args: {e}") from None
+
+
+async def _run_loadaware(args: argparse.Namespace) -> int:
+    import gc
+
+    from koordbus import runtime
+    from services.common.metrics import new_registry
+    from services.loadaware.http import create_app
+    from services.loadaware.service import LoadAwareService, LoadAwareSettings
+
+    common = common_settings(args)
+    runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
+    settings = settings_loader.load(LoadAwareSettings)
+    scheduling_args = loadaware_args(args.args_file or settings.args_file)  # a bad file stops here
+    registry = new_registry()
+    async with AsyncExitStack() as stack:
+        stop = runtime.stop_event_on_signals()
+        bus = await open_cluster_bus(stack, common, name="loadaware")
+        service = LoadAwareService(bus, settings, args=scheduling_args, registry=registry)
+        await service.start()
+        gc.freeze()  # the replayed state lives as long as the process: keep full collections off it (requests)
+        stack.push_async_callback(service.stop)
+        if args.port:
+            await runtime.serve_http(stack, create_app(service, registry), host="0.0.0.0", port=args.port)
         await stop.wait()
     return 0
 

@@ -155,9 +155,11 @@ class PodSpec(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
         require_quantities("overhead", self.overhead)
 
 
-class PodCondition(msgspec.Struct, frozen=True, kw_only=True):
+class PodCondition(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     type: str = ""
     status: str = ""
+    last_transition_time: dt.datetime | None = None
+    """When the condition last changed (services.loadaware dates a pod's assignment by PodScheduled)."""
 
 
 class PodStatus(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

@@ -295,3 +295,39 @@ def test_nats_auth_off_or_with_an_existing_secret() -> None:
     assert "prod-koordbus-nats-auth-secret" not in by_kind(objects, "Job")
     callout = by_kind(objects, "Deployment")["prod-koordbus-natsauth"]["spec"]["template"]["spec"]
     assert [v["secret"]["secretName"] for v in callout["volumes"]] == ["my-nats-identities"]
+
+
+def test_the_loadaware_extender_is_wired_for_kube_scheduler() -> None:
+    """Opt-in: its Deployment reads the args from the values, the ConfigMap carries the KubeSchedulerConfiguration
+    snippet that registers it (verbs, weight, nodeCacheCapable, ignorable), and it gets a NATS identity."""
+    from services.loadaware.args import load_args
+
+    values = {
+        **DEFAULTS,
+        "services": {"loadaware": {"enabled": True}},
+        "loadaware": {"args": {"usageThresholds": {"cpu": 70}, "prodUsageThresholds": {"cpu": 50}}},
+    }
+    objects = render(values)
+    for obj in objects:
+        kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+    data = by_kind(objects, "ConfigMap")["prod-koordbus-loadaware"]["data"]
+    args = load_args(data["args.yaml"])
+    assert args.usage_thresholds == {"cpu": 70} and args.prod_usage_thresholds == {"cpu": 50}
+    config = yaml.safe_load(data["scheduler-config.yaml"])
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    (extender,) = config["extenders"]
+    assert extender == {
+        "urlPrefix": "http://prod-koordbus-loadaware.koordbus.svc:9090", "filterVerb": "filter",
+        "prioritizeVerb": "prioritize", "weight": 1, "enableHTTPS": False, "httpTimeout": "1s",
+        "nodeCacheCapable": True, "ignorable": True,
+    }  # fmt: skip
+    service = by_kind(objects, "Service")["prod-koordbus-loadaware"]
+    assert service["spec"]["ports"][0]["port"] == 9090
+    pod = by_kind(objects, "Deployment")["prod-koordbus-loadaware"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["args"] == ["service", "loadaware", "--port", "9090"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert f"{mounts['loadaware-args']}/args.yaml" == _env(container)["KOORDBUS_ARGS_FILE"]
+    nats = by_kind(objects, "ConfigMap")["prod-koordbus-nats"]["data"]["nats.conf"]
+    assert '{user: "service-loadaware", password: $PASSWORD_LOADAWARE}' in nats
+    assert not any(o["metadata"]["name"].endswith("-loadaware") for o in render(DEFAULTS))

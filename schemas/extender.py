@@ -1,0 +1,69 @@
+"""kube-scheduler's extender API (k8s.io/kube-scheduler/extender/v1), as its JSON travels.
+
+The Go types carry no json tags, so the wire names are the Go field names (`Pod`, `NodeNames`, `FailedNodes`,
+`Host`, `Score`, `PodUID` …). kube-scheduler sends ExtenderArgs to the filter and prioritize verbs (`Nodes` when the
+extender is not nodeCacheCapable, else `NodeNames`) and ExtenderBindingArgs to the bind verb. Candidate nodes are
+kept as raw JSON so a filter result hands back exactly the Node objects it was given. Read and written by
+services.loadaware's HTTP routes and `koordbus scheduler explain`.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from schemas import kube
+
+
+class NodeList(msgspec.Struct, kw_only=True):
+    items: list[msgspec.Raw] = []
+
+
+class ExtenderArgs(msgspec.Struct, kw_only=True, rename="pascal"):
+    pod: kube.Pod
+    nodes: NodeList | None = None
+    node_names: list[str] | None = None
+
+
+class ExtenderFilterResult(msgspec.Struct, kw_only=True, rename="pascal"):
+    nodes: NodeList | None = None
+    node_names: list[str] | None = None
+    failed_nodes: dict[str, str] = {}
+    failed_and_unresolvable_nodes: dict[str, str] = {}
+    error: str = ""
+
+
+class HostPriority(msgspec.Struct, kw_only=True, rename="pascal"):
+    host: str
+    score: int
+
+
+class ExtenderBindingArgs(
+    msgspec.Struct,
+    kw_only=True,
+    rename={"pod_uid": "PodUID", "pod_name": "PodName", "pod_namespace": "PodNamespace", "node": "Node"},
+):
+    pod_name: str
+    pod_namespace: str
+    pod_uid: str
+    node: str
+
+
+class ExtenderBindingResult(msgspec.Struct, kw_only=True, rename="pascal"):
+    error: str = ""
+
+
+class _NodeName(msgspec.Struct):
+    metadata: kube.ObjectMeta
+
+
+def node_name(raw: msgspec.Raw) -> str:
+    """The name of a Node object kept raw."""
+    return _NODE_NAME.decode(raw).metadata.name
+
+
+_NODE_NAME = msgspec.json.Decoder(_NodeName)
+EXTENDER_ARGS = msgspec.json.Decoder(ExtenderArgs)
+BINDING_ARGS = msgspec.json.Decoder(ExtenderBindingArgs)
+NODE = msgspec.json.Decoder(kube.Node)
+HOST_PRIORITY_LIST = msgspec.json.Decoder(list[HostPriority])
+FILTER_RESULT = msgspec.json.Decoder(ExtenderFilterResult)

@@ -1,0 +1,155 @@
+"""The extender verbs over LoadState: request bytes in, response bytes out. Pure: `now` is a parameter.
+
+`Extender.filter` and `.prioritize` decode kube-scheduler's ExtenderArgs, run services.loadaware.core on every
+candidate node and encode ExtenderFilterResult / HostPriorityList; a malformed request raises `BadRequest` (the
+HTTP shell answers 400 with its message). When kube-scheduler sends whole Node objects (nodeCacheCapable false),
+their allocatable is used; with NodeNames the one the bridge reported is. Nodes the state knows nothing about
+pass with score 0 and are returned by `unknown` so the shell can log them. `assume` records a placement reported
+in ExtenderBindingArgs, resolving the pod from the ones recent filter/prioritize calls carried.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import msgspec
+
+from schemas import extender as wire
+from schemas import kube
+from services.loadaware import core, estimator, fast, state
+
+RECENT_PODS = 10_000
+"""Pods remembered from filter/prioritize requests, for `assume` (ExtenderBindingArgs names the pod only)."""
+
+
+class BadRequest(ValueError):
+    """A request kube-scheduler's extender API does not allow; the message says what is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    pod: kube.Pod
+    names: list[str]
+    raw_nodes: list[msgspec.Raw] | None
+    allocatable: dict[str, dict[str, int]]
+
+
+def decode_args(body: bytes) -> Candidates:
+    try:
+        args = wire.EXTENDER_ARGS.decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError) as err:
+        raise BadRequest(f"not ExtenderArgs: {err}") from None
+    if args.nodes is None and args.node_names is None:
+        raise BadRequest("ExtenderArgs names no candidate nodes (neither Nodes nor NodeNames)")
+    if args.nodes is None:
+        return Candidates(pod=args.pod, names=list(args.node_names or ()), raw_nodes=None, allocatable={})
+    names: list[str] = []
+    allocatable: dict[str, dict[str, int]] = {}
+    for i, raw in enumerate(args.nodes.items):
+        try:
+            node = wire.NODE.decode(raw)
+        except (msgspec.ValidationError, msgspec.DecodeError) as err:
+            raise BadRequest(f"Nodes.items[{i}]: {err}") from None
+        if not node.metadata.name:
+            raise BadRequest(f"Nodes.items[{i}]: a node without metadata.name")
+        names.append(node.metadata.name)
+        allocatable[node.metadata.name] = estimator.estimate_node(node)
+    return Candidates(pod=args.pod, names=names, raw_nodes=list(args.nodes.items), allocatable=allocatable)
+
+
+@dataclass(slots=True)
+class Extender:
+    state: state.LoadState
+    recent: OrderedDict[str, kube.Pod] = field(default_factory=OrderedDict)
+    matrix: fast.Matrix = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.matrix = fast.Matrix(self.state)
+
+    def _incoming(self, pod: kube.Pod) -> core.IncomingPod:
+        if pod.metadata.uid:
+            self.recent[pod.metadata.uid] = pod
+            self.recent.move_to_end(pod.metadata.uid)
+            while len(self.recent) > RECENT_PODS:
+                self.recent.popitem(last=False)
+        return core.incoming(pod, self.state.args)
+
+    def unknown(self, names: list[str]) -> list[str]:
+        return [name for name in names if name not in self.state.nodes]
+
+    def filter(self, body: bytes, *, now: float) -> tuple[bytes, Candidates]:
+        request = decode_args(body)
+        pod = self._incoming(request.pod)
+        if request.raw_nodes is None:  # nodeCacheCapable: every figure comes from the state, vectorized
+            passed, failed = self.matrix.filter(pod, request.names, now=now)
+            return msgspec.json.encode(wire.ExtenderFilterResult(node_names=passed, failed_nodes=failed)), request
+        passed = []
+        failed = {}
+        for name in request.names:
+            verdict = core.filter_node(self.state, pod, name, now=now, allocatable=request.allocatable.get(name))
+            if verdict.passed:
+                passed.append(name)
+            else:
+                failed[name] = verdict.reason
+        keep = set(passed)
+        items = [raw for raw, name in zip(request.raw_nodes, request.names, strict=True) if name in keep]
+        result = wire.ExtenderFilterResult(nodes=wire.NodeList(items=items), failed_nodes=failed)
+        return msgspec.json.encode(result), request
+
+    def prioritize(self, body: bytes, *, now: float) -> tuple[bytes, Candidates]:
+        request = decode_args(body)
+        pod = self._incoming(request.pod)
+        if request.raw_nodes is None:
+            ranked = self.matrix.scores(pod, request.names, now=now)
+            priorities = [
+                wire.HostPriority(host=name, score=core.extender_score(score))
+                for name, score in zip(request.names, ranked, strict=True)
+            ]
+            return msgspec.json.encode(priorities), request
+        scores = [
+            wire.HostPriority(
+                host=name,
+                score=core.extender_score(
+                    core.score_node(self.state, pod, name, now=now, allocatable=request.allocatable.get(name)).score
+                ),
+            )
+            for name in request.names
+        ]
+        return msgspec.json.encode(scores), request
+
+    def assume(self, body: bytes, *, now: float) -> bytes:
+        """Record the placement of a pod a filter/prioritize request carried; the pod watch later confirms it."""
+        try:
+            binding = wire.BINDING_ARGS.decode(body)
+        except (msgspec.ValidationError, msgspec.DecodeError) as err:
+            raise BadRequest(f"not ExtenderBindingArgs: {err}") from None
+        pod = self.recent.get(binding.pod_uid)
+        if pod is None:
+            error = f"pod {binding.pod_namespace}/{binding.pod_name} ({binding.pod_uid}) was not seen by filter"
+            return msgspec.json.encode(wire.ExtenderBindingResult(error=error))
+        key = f"{binding.pod_namespace}/{binding.pod_name}"  # the key the pod watch uses
+        if self.state.pod_node(key) is None:  # the watch, when it was first, knows better
+            self.state.assume(key, state.assigned_pod(pod, seen_at=now, args=self.state.args), node=binding.node)
+        return msgspec.json.encode(wire.ExtenderBindingResult())
+
+    def explain(self, pod: kube.Pod, node: str, *, now: float) -> dict[str, object]:
+        """The filter verdict and score of `pod` on `node` with their arithmetic (koordbus scheduler explain)."""
+        incoming = core.incoming(pod, self.state.args)
+        verdict = core.filter_node(self.state, incoming, node, now=now, explain=True)
+        score = core.score_node(self.state, incoming, node, now=now, explain=True)
+        entry = self.state.nodes.get(node)
+        return {
+            "pod": incoming.key,
+            "node": node,
+            "assigned_pods": len(entry.pods) if entry else 0,
+            "nodemetric_update_time": entry.metric.update_time if entry and entry.metric else None,
+            "estimate": incoming.estimated,
+            "filter": {"passed": verdict.passed, "reason": verdict.reason, "detail": verdict.detail},
+            "score": {
+                "score": score.score,
+                "extender_score": core.extender_score(score.score),
+                "reason": score.reason,
+                "detail": score.detail,
+            },
+        }

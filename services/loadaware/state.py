@@ -1,0 +1,291 @@
+"""Per-node state of the load-aware extender (spec §6.4, Koordinator's podAssignCache + NodeMetric lister). Pure.
+
+`LoadState` is folded from NodeObserved/PodObserved (KOORD_CLUSTER) and NodeMetricComputed (KOORD_NODEMETRIC)
+events by the service; nothing here reads a clock. Per node it keeps the allocatable (EstimateNode), the
+usage-thresholds annotation, the last NodeMetric as a `MetricView`, and the assigned pods as `AssignedPod`
+(estimate, assign timestamp, estimation deadline). `node_load` is Koordinator's addPod loop over those pods; its
+result depends only on the NodeMetric and the pods, so it is cached per node until either changes.
+
+Bind-time accounting (user-asks #7): a pod counts from the moment its PodObserved carries a nodeName (its
+timestamp is the PodScheduled transition, else the time the bridge saw it), and `assume` records a placement the
+extender's `bind` verb reports before any watch event; the watch event then replaces it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from schemas import kube, resources, vocab
+from schemas.node import NodeMetricComputed
+from services.loadaware import estimator
+from services.loadaware.args import AGGREGATION_TYPES, LoadAwareArgs, duration_seconds
+
+ANNOTATION_USAGE_THRESHOLDS: Final = "scheduling.koordinator.sh/usage-thresholds"
+DEFAULT_REPORT_INTERVAL: Final = 60.0
+
+ResourceList = resources.ResourceList
+
+
+@dataclass(frozen=True, slots=True)
+class MetricView:
+    """What the extender reads of one NodeMetric: amounts by resource, aggregated usages by (type, seconds) with
+    (type, 0) the longest duration of that type, pod usages by namespace/name, the pods reported as prod."""
+
+    update_time: float
+    report_interval: float
+    node_usage: ResourceList | None
+    system_usage: ResourceList
+    aggregated: Mapping[tuple[str, int], ResourceList]
+    pod_usages: Mapping[str, ResourceList]
+    prod_pods: frozenset[str]
+
+
+def metric_view(event: NodeMetricComputed) -> MetricView:
+    info = event.status.node_metric
+    aggregated: dict[tuple[str, int], ResourceList] = {}
+    longest: dict[str, int] = {}
+    for usage in info.aggregated_node_usages:
+        for kind, amounts in usage.usage.items():
+            if not amounts.resources:
+                continue  # an empty ResourceMap is "no data"
+            aggregated[(kind, usage.duration_seconds)] = dict(amounts.resources)
+            if usage.duration_seconds >= longest.get(kind, -1):
+                longest[kind] = usage.duration_seconds
+                aggregated[(kind, 0)] = dict(amounts.resources)
+    pods = {f"{p.namespace}/{p.name}": dict(p.pod_usage.resources) for p in event.status.pods_metric}
+    prod = frozenset(f"{p.namespace}/{p.name}" for p in event.status.pods_metric if p.priority == vocab.PRIORITY_PROD)
+    return MetricView(
+        update_time=event.status.update_time,
+        report_interval=float(event.spec.report_interval_seconds or DEFAULT_REPORT_INTERVAL),
+        node_usage=dict(info.node_usage.resources) or None,  # empty: no data, like a nil map
+        system_usage=dict(info.system_usage.resources),
+        aggregated=aggregated,
+        pod_usages=pods,
+        prod_pods=prod,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AssignedPod:
+    key: str
+    """namespace/name, how NodeMetric names it."""
+    estimated: ResourceList
+    timestamp: float
+    """PodScheduled's lastTransitionTime when True, else when the assignment was seen."""
+    deadline: float | None
+    """Until when the estimate counts even if NodeMetric already reports the pod; None: no such window."""
+    prod: bool
+
+
+def _condition_time(pod: kube.Pod, kind: str) -> float | None:
+    for condition in pod.status.conditions or ():
+        if condition.type == kind and condition.status == "True" and condition.last_transition_time is not None:
+            return condition.last_transition_time.timestamp()
+    return None
+
+
+def assigned_pod(pod: kube.Pod, *, seen_at: float, args: LoadAwareArgs) -> AssignedPod:
+    """The cache entry of a pod with a nodeName (spec §6.4)."""
+    timestamp = _condition_time(pod, "PodScheduled") or seen_at
+    after_scheduled, after_initialized = estimator.estimation_windows(pod, args)
+    deadline: float | None = None
+    initialized = _condition_time(pod, "Initialized")
+    if after_initialized and after_initialized > 0 and initialized is not None:
+        deadline = initialized + after_initialized
+    elif after_scheduled and after_scheduled > 0:
+        deadline = timestamp + after_scheduled
+    return AssignedPod(
+        key=kube.pod_key(pod),
+        estimated=estimator.estimate_pod(pod, args),
+        timestamp=timestamp,
+        deadline=deadline,
+        prod=kube.pod_priority_class(pod) == vocab.PRIORITY_PROD,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLoad:
+    """Koordinator's addPod sums over a node's assigned pods against its NodeMetric."""
+
+    node_delta: ResourceList
+    """Estimates of pods the NodeMetric does not show yet (or shows for less than their estimate)."""
+    node_estimated: ResourceList
+    """Estimates of every assigned pod (the fallback when the NodeMetric has no usage to start from)."""
+    prod_usage: ResourceList
+    prod_delta: ResourceList
+
+
+def node_load(metric: MetricView, pods: Iterable[AssignedPod], *, include_sys: bool) -> NodeLoad:
+    node_delta: ResourceList = {}
+    node_estimated: ResourceList = {}
+    prod_usage: ResourceList = dict(metric.system_usage) if include_sys else {}
+    prod_delta: ResourceList = {}
+    since = metric.update_time - metric.report_interval
+    for pod in pods:
+        usage = metric.pod_usages.get(pod.key)
+        active_prod = pod.prod and pod.key in metric.prod_pods
+        if active_prod and usage is not None:
+            prod_usage = resources.add(prod_usage, usage)
+        should = (
+            usage is None or pod.timestamp > since or (pod.deadline is not None and pod.deadline > metric.update_time)
+        )
+        if should:
+            node_delta = resources.add(node_delta, _above(pod.estimated, usage))
+        node_estimated = resources.add(node_estimated, pod.estimated)
+        if pod.prod:
+            if not active_prod and usage is not None:
+                usage, should = None, True
+            if should:
+                prod_delta = resources.add(prod_delta, _above(pod.estimated, usage))
+    return NodeLoad(node_delta=node_delta, node_estimated=node_estimated, prod_usage=prod_usage, prod_delta=prod_delta)
+
+
+def _above(estimated: ResourceList, usage: ResourceList | None) -> ResourceList:
+    if usage is None:
+        return estimated
+    return {name: max(amount - usage.get(name, 0), 0) for name, amount in estimated.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Overrides:
+    """The node's usage-thresholds annotation: each non-empty section replaces the plugin's profile."""
+
+    usage_thresholds: Mapping[str, int] = field(default_factory=dict)
+    prod_usage_thresholds: Mapping[str, int] = field(default_factory=dict)
+    aggregated_thresholds: Mapping[str, int] = field(default_factory=dict)
+    aggregation_type: str = ""
+    aggregated_seconds: int = 0
+
+
+def parse_overrides(raw: str | None) -> tuple[Overrides | None, str]:
+    """The annotation parsed, or None and why not (empty reason: no annotation)."""
+    if raw is None:
+        return None, ""
+    try:
+        document = json.loads(raw)
+        if not isinstance(document, dict):
+            raise ValueError("not an object")
+        agg = document.get("aggregatedUsage") or {}
+        thresholds = {str(k): int(v) for k, v in (agg.get("usageThresholds") or {}).items()}
+        kind = str(agg.get("usageAggregationType") or "")
+        if kind and kind not in AGGREGATION_TYPES:
+            raise ValueError(f"unknown aggregation type {kind!r}")
+        if not thresholds or not kind:  # an aggregated section without thresholds or type is ignored
+            thresholds, kind = {}, ""
+        return Overrides(
+            usage_thresholds={str(k): int(v) for k, v in (document.get("usageThresholds") or {}).items()},
+            prod_usage_thresholds={str(k): int(v) for k, v in (document.get("prodUsageThresholds") or {}).items()},
+            aggregated_thresholds=thresholds,
+            aggregation_type=kind,
+            aggregated_seconds=duration_seconds(str(agg.get("usageAggregatedDuration") or "")) if kind else 0,
+        ), ""
+    except (ValueError, TypeError, AttributeError) as err:
+        return None, f"{ANNOTATION_USAGE_THRESHOLDS}: {err}"
+
+
+@dataclass(slots=True)
+class NodeEntry:
+    allocatable: ResourceList | None = None
+    overrides: Overrides | None = None
+    metric: MetricView | None = None
+    pods: dict[str, AssignedPod] = field(default_factory=dict)
+    """By the key the caller gives (the service: namespace/name, like the pod's KOORD_CLUSTER subject)."""
+    load: NodeLoad | None = None
+    """node_load of metric and pods, None until asked or after either changed."""
+
+
+class LoadState:
+    """Every node's entry, and which node each assigned pod is on. Mutated only through the apply methods."""
+
+    def __init__(self, args: LoadAwareArgs) -> None:
+        self.args = args
+        self.vector = args.vector()
+        self.nodes: dict[str, NodeEntry] = {}
+        self._pod_node: dict[str, str] = {}
+        self.annotation_errors: dict[str, str] = {}
+        self.dirty: set[str] = set()
+        """Nodes changed since services.loadaware.fast last read them (it pops them)."""
+
+    def _entry(self, node: str) -> NodeEntry:
+        self.dirty.add(node)
+        entry = self.nodes.get(node)
+        if entry is None:
+            entry = self.nodes[node] = NodeEntry()
+        return entry
+
+    def apply_node(self, name: str, node: kube.Node | None) -> None:
+        if node is None:
+            entry = self.nodes.get(name)
+            if entry is not None:
+                self.dirty.add(name)
+                entry.allocatable, entry.overrides = None, None
+                self._drop_if_empty(name)
+            self.annotation_errors.pop(name, None)
+            return
+        entry = self._entry(name)
+        entry.allocatable = estimator.estimate_node(node)
+        entry.overrides, error = parse_overrides(node.metadata.annotations.get(ANNOTATION_USAGE_THRESHOLDS))
+        if error:
+            self.annotation_errors[name] = error
+        else:
+            self.annotation_errors.pop(name, None)
+
+    def apply_metric(self, event: NodeMetricComputed) -> None:
+        entry = self._entry(event.node)
+        if entry.metric is not None and entry.metric.update_time > event.status.update_time:
+            return  # an older report replayed after a newer one
+        entry.metric = metric_view(event)
+        entry.load = None
+
+    def apply_pod(self, uid: str, pod: kube.Pod | None, *, node: str, seen_at: float) -> None:
+        """A pod seen by the watch: counted on `node` while it is assigned and neither Succeeded nor Failed."""
+        key = uid or (kube.pod_key(pod) if pod is not None else "")
+        if not key:
+            return
+        if pod is None or not node or pod.status.phase in (kube.PHASE_SUCCEEDED, kube.PHASE_FAILED):
+            self.forget_pod(key)
+            return
+        self.assume(key, assigned_pod(pod, seen_at=seen_at, args=self.args), node=node)
+
+    def assume(self, uid: str, pod: AssignedPod, *, node: str) -> None:
+        """Record `pod` on `node` (a watch event, or a placement reported before the watch shows it)."""
+        previous = self._pod_node.get(uid)
+        if previous is not None and previous != node:
+            self.forget_pod(uid)
+        entry = self._entry(node)
+        old = entry.pods.get(uid)
+        if old is not None and old.timestamp < pod.timestamp and old.estimated == pod.estimated:
+            pod = dataclasses.replace(pod, timestamp=old.timestamp)  # the first sighting is the assign time
+        entry.pods[uid] = pod
+        entry.load = None
+        self._pod_node[uid] = node
+
+    def forget_pod(self, uid: str) -> None:
+        node = self._pod_node.pop(uid, None)
+        if node is None:
+            return
+        entry = self.nodes.get(node)
+        if entry is not None and entry.pods.pop(uid, None) is not None:
+            self.dirty.add(node)
+            entry.load = None
+            self._drop_if_empty(node)
+
+    def pod_node(self, uid: str) -> str | None:
+        return self._pod_node.get(uid)
+
+    def load_of(self, node: str) -> NodeLoad | None:
+        entry = self.nodes.get(node)
+        if entry is None or entry.metric is None:
+            return None
+        if entry.load is None:
+            entry.load = node_load(entry.metric, entry.pods.values(), include_sys=self.args.prod_usage_include_sys)
+        return entry.load
+
+    def _drop_if_empty(self, node: str) -> None:
+        entry = self.nodes.get(node)
+        if entry is not None and entry.allocatable is None and entry.metric is None and not entry.pods:
+            del self.nodes[node]
