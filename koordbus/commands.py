@@ -436,6 +436,7 @@ async def run_up(args: argparse.Namespace) -> int:
         )
         print(
             f"koordbus is up.\n"
+            f"  dashboard   {base}/   (events: {base}/api/v1/events/stream)\n"
             f"  API         {base}/api/v1/nodemetrics   (docs: {base}/docs, metrics: {base}/metrics)\n"
             f"  NATS        {nats_url}\n"
             f"  database    {database_url}\n"

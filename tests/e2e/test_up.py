@@ -121,6 +121,7 @@ def test_up_serves_nodemetrics_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         output, _ = process.communicate(timeout=30)
     assert process.returncode == 0, output
     assert "koordbus is up." in output and "shutting down" in output
+    assert "  dashboard   http://127.0.0.1:" in output
     assert "Traceback" not in output
     nats_url = re.search(r"NATS\s+nats://127\.0\.0\.1:(\d+)", output)
     assert nats_url, output
