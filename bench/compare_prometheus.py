@@ -450,7 +450,7 @@ def result(
     projected = measure.bucket_deltas(m1.projection_latency, m0.projection_latency)
     nm = settings_loader.load(NodeMetricSettings)
     longest = max(nm.aggregate_durations_seconds)
-    q = promsetup.quantile
+    q = measure.quantile
     return {
         "bench": "compare_prometheus",
         "nodes": args.nodes,

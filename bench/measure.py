@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -203,3 +204,13 @@ def misses(outcome: Outcome, target: Target = Target()) -> list[str]:
 
 def rate(after: float, before: float, seconds: float) -> float:
     return (after - before) / seconds if seconds > 0 else 0.0
+
+
+def quantile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank q-quantile of `values` (None when there are none)."""
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile {q} is outside [0, 1]")
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]

@@ -49,9 +49,10 @@ def pinned_service(
 
 @contextlib.contextmanager
 def pinned_process(
-    command: Sequence[str], *, cpu: int, log_path: Path, env: Mapping[str, str] | None = None
+    command: Sequence[str], *, cpu: int | None, log_path: Path, env: Mapping[str, str] | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Any `command` pinned to `cpu`, output to `log_path`; SIGTERM (then SIGKILL) on the way out."""
+    """Any `command` pinned to `cpu` (None: not pinned), output to `log_path`; SIGTERM (then SIGKILL) on the way
+    out."""
     with log_path.open("wb") as out:
         process = subprocess.Popen(
             list(command),
@@ -60,7 +61,7 @@ def pinned_process(
             stderr=subprocess.STDOUT,
             env=dict(env) if env is not None else None,
             start_new_session=True,  # Ctrl-C reaches the benchmark, which stops the process after its load
-            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+            preexec_fn=None if cpu is None else lambda: os.sched_setaffinity(0, {cpu}),
         )
     try:
         yield process

@@ -13,6 +13,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from bench.measure import quantile as quantile  # the smoke test reads it here
+
 RESOURCES = (("cpu", "koord_node_cpu_usage_cores"), ("memory", "koord_node_memory_usage_bytes"))
 """(resource, raw series name): node CPU in cores and node memory without page cache in bytes, per node label."""
 PERCENTILES = (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99))
@@ -73,13 +75,3 @@ def exposition(names: Sequence[str], cpu: Sequence[str], memory: Sequence[str]) 
     lines.append(f"# TYPE {memory_series} gauge")
     lines += [f'{memory_series}{{node="{name}"}} {value}' for name, value in zip(names, memory, strict=True)]
     return ("\n".join(lines) + "\n").encode()
-
-
-def quantile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank q-quantile of `values` (None when there are none)."""
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"quantile {q} is outside [0, 1]")
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]

@@ -151,13 +151,6 @@ def client_paths(args: argparse.Namespace) -> list[str]:
     return filtered + ["/api/v1/events/stream?type=nodemetric.computed"] * args.broad
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     ctx: SpawnContext = multiprocessing.get_context("spawn")
     service_port, api_port = nodemetric_ingest.free_port(), nodemetric_ingest.free_port()
@@ -177,7 +170,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                            "--database-url", database_url, "--port", str(service_port)]  # fmt: skip
             api_cmd = [sys.executable, "-m", "koordbus.cli", "api", "--nats-url", server.url, "--database-url",
                        database_url, "--port", str(api_port), "--api-tokens-file", str(tokens)]  # fmt: skip
-            with _process(service_cmd, service_log, env) as service:
+            with processes.pinned_process(service_cmd, cpu=None, log_path=service_log, env=env) as service:
                 await nodemetric_ingest.wait_for_service(service_port, service, service_log)
                 with processes.pinned_process(api_cmd, cpu=args.service_cpu, log_path=api_log, env=env) as api:
                     await wait_until_ready(api_port, api, api_log)
@@ -211,7 +204,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             await bus.close()
     latencies: list[float] = collected["latencies"]
     seconds = last_at - first_at
-    p99 = percentile(latencies, 0.99)
+    p99 = measure.quantile(latencies, 0.99)
     dropped = int(_metric(metrics, "koordbus_api_event_subscriptions_dropped_total"))
     total = args.clients + args.broad
     return {
@@ -225,7 +218,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "ingest_batches_per_s": round((last_sent - first_sent) / seconds, 1),
         "events_delivered": len(latencies),
         "deliveries_per_s": round(len(latencies) / seconds, 1),
-        "latency_p50_s": _rounded(percentile(latencies, 0.5)),
+        "latency_p50_s": _rounded(measure.quantile(latencies, 0.5)),
         "latency_p99_s": _rounded(p99),
         "latency_max_s": _rounded(max(latencies) if latencies else None),
         "api_cpu_cores": round((last.cpu_seconds - first.cpu_seconds) / seconds, 3),
@@ -248,21 +241,6 @@ async def wait_until_ready(port: int, process: subprocess.Popen[bytes], log_path
             return
         await asyncio.sleep(0.2)
     raise RuntimeError(f"the API was not ready within 60 s:\n{processes.tail(log_path)}")
-
-
-@contextlib.contextmanager
-def _process(command: list[str], log_path: Path, env: dict[str, str]) -> Any:
-    with log_path.open("wb") as out:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        yield process
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=processes.SERVICE_STOP_TIMEOUT_SECONDS)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _metric(text: str, name: str) -> float:
