@@ -246,13 +246,21 @@ SLO_CONFIG_STATUS = f"$KV.{SLO_BUCKET}._config"
 """The slo-controller-config's errors (SloConfigStatus). Encoded node names never start with `_`."""
 
 
+SLO_WATERMARKS_ALL = f"$KV.{SLO_BUCKET}._watermarks-*"
+
+
+def slo_watermarks(service: str) -> str:
+    """The key where `service` (loadaware, descheduler) states the load watermarks it uses (WatermarksInEffect)."""
+    return f"$KV.{SLO_BUCKET}._watermarks-{service}"
+
+
 def slo_key(node: str) -> str:
     """The subject of node `node`'s key: its NodeSLO spec, or a delete marker when the node is gone."""
     return f"$KV.{SLO_BUCKET}.{encode_token(node)}"
 
 
 def node_of_slo_key(subject: str) -> str | None:
-    """The node a key subject names; None for the bucket's own keys (`_config`)."""
+    """The node a key subject names; None for the bucket's own keys (`_config`, `_watermarks-*`)."""
     prefix = f"$KV.{SLO_BUCKET}."
     if not subject.startswith(prefix) or "." in subject[len(prefix) :]:
         raise SubjectError(f"not a {SLO_BUCKET} key subject: {subject!r}")

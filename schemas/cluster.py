@@ -86,6 +86,6 @@ class WorkloadObserved(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.workl
 ClusterEvent = NodeObserved | PodObserved | ConfigMapObserved | NodeTopologyObserved
 CLUSTER_EVENT_DECODER: msgspec.json.Decoder[ClusterEvent] = msgspec.json.Decoder(ClusterEvent)
 
-PodWorkloadOrNode = PodObserved | WorkloadObserved | NodeObserved
+PodWorkloadOrNode = PodObserved | WorkloadObserved | NodeObserved | ConfigMapObserved
 POD_WORKLOAD_OR_NODE_DECODER: msgspec.json.Decoder[PodWorkloadOrNode] = msgspec.json.Decoder(PodWorkloadOrNode)
 """What services.migration reads of KOORD_CLUSTER."""

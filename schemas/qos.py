@@ -1,10 +1,11 @@
-"""Events of node QoS (issue 6): the rendered NodeSLO per node, the slo-controller-config's status, and what each
-node's agent changed.
+"""Events of node QoS (issue 6): the rendered NodeSLO per node, the slo-controller-config's status, and what each node's
+agent changed.
 
-`NodeSloRendered` is the value of a node's key in the KOORD_SLO key-value bucket (written by services.slo, read by
-that node's agent and by the bridge, which writes the NodeSLO object). `SloConfigStatus` sits on the bucket's
-`_config` key. `ActuationApplied` is published by an agent on `koord.v1.node.<node>.actuation` after every round
-of a QoS loop that changed something, failed on something, or (in dry-run) would have changed something;
+`NodeSloRendered` is the value of a node's key in the KOORD_SLO key-value bucket (written by services.slo, read by that
+node's agent and by the bridge, which writes the NodeSLO object). `SloConfigStatus` sits on the bucket's `_config` key,
+`WatermarksInEffect` on `_watermarks-<service>` keys (the load thresholds the load-aware scheduler and the descheduler
+use, services.slo.watermarks). `ActuationApplied` is published by an agent on `koord.v1.node.<node>.actuation` after
+every round of a QoS loop that changed something, failed on something, or (in dry-run) would have changed something;
 `PodEvictionRequested` on `koord.v1.node.<node>.eviction` for each pod its eviction loops pick. All JSON.
 """
 
@@ -24,6 +25,27 @@ class NodeSloRendered(msgspec.Struct, frozen=True, kw_only=True, tag="slo.node_s
     spec: dict[str, Any]
     rendered_at: float
     """Unix seconds of the render."""
+
+
+class WatermarksInEffect(msgspec.Struct, frozen=True, kw_only=True, tag="slo.watermarks_in_effect.v1"):
+    """The load watermarks a service decides with, published when it starts and whenever they change."""
+
+    service: Literal["loadaware", "descheduler"]
+    at: float
+    enabled: bool = True
+    """The descheduler: whether load-aware descheduling runs at all."""
+    usage_thresholds: dict[str, float] = {}
+    """Percent of allocatable: the scheduler's filter line, the descheduler's overloaded line."""
+    prod_usage_thresholds: dict[str, float] = {}
+    low_thresholds: dict[str, float] = {}
+    """The descheduler's destination line."""
+    stale_after_seconds: float = 180.0
+    schedule_when_stale: bool = False
+    avoid_eviction_loops: bool = True
+    from_configmap: list[str] = []
+    """The load-watermarks-config fields that set these values (the rest come from the service's own args)."""
+    configmap_errors: dict[str, str] = {}
+    """slo-controller-config keys in error when read by this service (their last good value is in use)."""
 
 
 class SloConfigStatus(msgspec.Struct, frozen=True, kw_only=True, tag="slo.config_status.v1"):
@@ -88,5 +110,6 @@ QOS_EVENT_DECODER: msgspec.json.Decoder[NodeSloRendered | SloConfigStatus | Actu
 )
 NODE_SLO_DECODER: msgspec.json.Decoder[NodeSloRendered] = msgspec.json.Decoder(NodeSloRendered)
 SLO_CONFIG_STATUS_DECODER: msgspec.json.Decoder[SloConfigStatus] = msgspec.json.Decoder(SloConfigStatus)
+WATERMARKS_IN_EFFECT_DECODER: msgspec.json.Decoder[WatermarksInEffect] = msgspec.json.Decoder(WatermarksInEffect)
 ACTUATION_DECODER: msgspec.json.Decoder[ActuationApplied] = msgspec.json.Decoder(ActuationApplied)
 EVICTION_DECODER: msgspec.json.Decoder[PodEvictionRequested] = msgspec.json.Decoder(PodEvictionRequested)

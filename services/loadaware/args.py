@@ -2,9 +2,10 @@
 
 The struct decodes Koordinator's names (`usageThresholds`, `estimatedScalingFactors`, …), so the args block of a
 koord-scheduler profile can be reused as is. `with_defaults` applies the defaulting of Koordinator's
-`SetDefaults_LoadAwareSchedulingArgs`: weights only when no weight and no dominant weight is given, thresholds only
-when none is given, scaling factors completed key by key. Used by services.loadaware.core/estimator/state, the
-loadaware service and `koordbus scheduler explain`.
+`SetDefaults_LoadAwareSchedulingArgs`: weights only when no weight and no dominant weight is given, thresholds only when
+none is given, scaling factors completed key by key. `apply_watermarks` lets the slo-controller-config's
+load-watermarks-config set the thresholds and staleness fields it shares with the descheduler. Used by
+services.loadaware.core/estimator/state, the loadaware service and `koordbus scheduler explain`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import msgspec
 import yaml
 
 from schemas import resources
+from services.slo.watermarks import Watermarks
 
 AGGREGATION_TYPES: Final = frozenset({"avg", "p50", "p90", "p95", "p99"})
 DEFAULT_WEIGHTS: Final = {resources.CPU: 1, resources.MEMORY: 1}
@@ -152,6 +154,21 @@ def load_args(text: str, *, source: str = "args") -> LoadAwareArgs:
         raise ArgsError(f"{source}: {err}") from None
     check_args(args)
     return with_defaults(args)
+
+
+def apply_watermarks(args: LoadAwareArgs, marks: Watermarks) -> LoadAwareArgs:
+    """The args with each field the slo-controller-config's load-watermarks-config sets taking its value
+    (services.slo.watermarks): the thresholds and the staleness rule the descheduler shares."""
+    changes: dict[str, object] = {}
+    if marks.usage_thresholds is not None:
+        changes["usage_thresholds"] = dict(marks.usage_thresholds)
+    if marks.prod_usage_thresholds is not None:
+        changes["prod_usage_thresholds"] = dict(marks.prod_usage_thresholds)
+    if marks.node_metric_expiration_seconds is not None:
+        changes["node_metric_expiration_seconds"] = marks.node_metric_expiration_seconds
+    if marks.enable_schedule_when_node_metrics_expired is not None:
+        changes["enable_schedule_when_node_metrics_expired"] = marks.enable_schedule_when_node_metrics_expired
+    return msgspec.structs.replace(args, **changes) if changes else args
 
 
 DEFAULT_ARGS: Final = with_defaults(LoadAwareArgs())

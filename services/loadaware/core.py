@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from schemas import kube, resources, vocab
 from services.loadaware import estimator
 from services.loadaware.args import LoadAwareArgs, duration_seconds
-from services.loadaware.state import LoadState, MetricView, NodeLoad, Overrides
+from services.loadaware.state import LoadState, MetricView, NodeEntry, NodeLoad, Overrides
+from services.slo import watermarks
 
 ResourceList = resources.ResourceList
 MAX_NODE_SCORE = 100
@@ -39,6 +40,8 @@ class IncomingPod:
     estimated: ResourceList
     prod: bool
     daemonset: bool
+    eviction: watermarks.EvictionFacts | None = None
+    """What node QoS eviction looks at (None: a pod it never evicts)."""
 
 
 def incoming(pod: kube.Pod, args: LoadAwareArgs) -> IncomingPod:
@@ -47,7 +50,15 @@ def incoming(pod: kube.Pod, args: LoadAwareArgs) -> IncomingPod:
         estimated=estimator.estimate_pod(pod, args),
         prod=kube.pod_priority_class(pod) == vocab.PRIORITY_PROD,
         daemonset=any(ref.kind == "DaemonSet" for ref in pod.metadata.owner_references),
+        eviction=watermarks.eviction_facts(pod.metadata.labels, pod.spec.priority),
     )
+
+
+def eviction_caps(state: LoadState, pod: IncomingPod, entry: NodeEntry | None) -> dict[str, int]:
+    """The caps node QoS eviction puts on this pod's thresholds on this node (services.slo.watermarks)."""
+    if entry is None or pod.eviction is None or not state.avoid_eviction_loops:
+        return {}
+    return watermarks.eviction_caps(state.qos_strategies[entry.qos_strategy], pod.eviction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +159,9 @@ def filter_node(
     if entry is None and allocatable is None:
         return Verdict(passed=True, reason=REASON_UNKNOWN)
     profile = filter_profile(args, entry.overrides if entry else None, prod=pod.prod)
-    if not any(profile.thresholds.values()):
+    caps = eviction_caps(state, pod, entry)
+    thresholds = watermarks.capped(profile.thresholds, caps)
+    if not any(thresholds.values()):
         return Verdict(passed=True, reason="no thresholds")
     metric = entry.metric if entry else None
     load = state.load_of(node)
@@ -163,16 +176,18 @@ def filter_node(
     capacity = allocatable if allocatable is not None else (entry.allocatable if entry else None) or {}
     est = estimate(metric, load, pod, prod=profile.prod, aggregation=profile.aggregation)
     lines: list[str] = []
-    for name in sorted(profile.thresholds):
-        threshold, total = profile.thresholds[name], capacity.get(name, 0)
+    for name in sorted(thresholds):
+        threshold, total = thresholds[name], capacity.get(name, 0)
         if threshold == 0 or total == 0:
             continue
         used = est.total.get(name, 0)
         percent = _round_percent(used, total)
         if explain:
+            why = f" (capped: node QoS evicts this pod at {caps[name] + 1}%)" if threshold == caps.get(name) else ""
             lines.append(
                 f"{name} {percent}% = ({est.base_name} {est.base.get(name, 0)} + assigned {est.assigned.get(name, 0)}"
                 f" + pod {pod.estimated.get(name, 0)}) / {total} {'>' if percent > threshold else '≤'} {threshold}"
+                + why
             )
         if percent > threshold:
             kind = "aggregated usage" if profile.aggregation is not None else "usage"

@@ -1,13 +1,14 @@
 """The filter and score of services.loadaware.core for thousands of candidate nodes at once, with numpy. Pure.
 
-kube-scheduler asks about every feasible node (5,000 in the benchmark) for each pod, twice; core's per-node
-functions cost microseconds each, too much for a 20 ms budget. `Matrix` keeps, per node, the rows core would
-compute before adding the incoming pod — allocatable, and the estimated usage without the pod for each profile
-(plain or aggregated usage for the filter and the score, prod usage) — refreshed lazily for the nodes
-LoadState marks dirty, using core.estimate itself. A request then adds the pod's estimate and compares whole
-columns. Nodes whose annotation overrides the thresholds take core.filter_node (their profile differs); the score
-does not depend on annotations. tests/unit/test_loadaware_fast.py checks that both paths agree on random states.
-Used by services.loadaware.extender.
+kube-scheduler asks about every feasible node (5,000 in the benchmark) for each pod, twice; core's per-node functions
+cost microseconds each, too much for a 20 ms budget. `Matrix` keeps, per node, the rows core would compute before adding
+the incoming pod — allocatable, and the estimated usage without the pod for each profile (plain or aggregated usage for
+the filter and the score, prod usage) — refreshed lazily for the nodes LoadState marks dirty, using core.estimate
+itself. A request then adds the pod's estimate and compares whole columns. Nodes whose annotation overrides the
+thresholds take core.filter_node (their profile differs); the caps node QoS eviction puts on a pod's thresholds are
+computed once per resource-threshold strategy and picked per row by the node's strategy index. The score depends on
+neither. tests/unit/test_loadaware_fast.py checks that both paths agree on random states. Used by
+services.loadaware.extender.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy.typing as npt
 from services.loadaware import core
 from services.loadaware.args import duration_seconds
 from services.loadaware.state import LoadState
+from services.slo import watermarks
 
 Int = npt.NDArray[np.int64]
 _EMPTY: Final[core.IncomingPod] = core.IncomingPod(key="", estimated={}, prod=False, daemonset=False)
@@ -41,6 +43,7 @@ class Matrix:
         self.has_metric = np.zeros(0, bool)
         self.known = np.zeros(0, bool)
         self.special = np.zeros(0, bool)
+        self.qos_strategy = np.zeros(0, np.int64)
         args = state.args
         self.filter_profile = core.filter_profile(args, None, prod=False)
         self.prod_profile = core.filter_profile(args, None, prod=True)
@@ -65,6 +68,7 @@ class Matrix:
                 old = getattr(self, attr)
                 setattr(self, attr, np.concatenate([old, np.zeros((grow, old.shape[1]), np.int64)]))
             self.update_time = np.concatenate([self.update_time, np.zeros(grow, np.float64)])
+            self.qos_strategy = np.concatenate([self.qos_strategy, np.zeros(grow, np.int64)])
             for attr in ("has_metric", "known", "special"):
                 setattr(self, attr, np.concatenate([getattr(self, attr), np.zeros(grow, bool)]))
         return row
@@ -78,6 +82,7 @@ class Matrix:
             self.known[row] = entry is not None
             self.alloc[row] = self._vec((entry.allocatable if entry else None) or {})
             self.special[row] = entry is not None and entry.overrides is not None
+            self.qos_strategy[row] = entry.qos_strategy if entry else 0
             load = state.load_of(name)
             metric = entry.metric if entry else None
             self.has_metric[row] = metric is not None and load is not None
@@ -113,8 +118,15 @@ class Matrix:
         special = known & self.special[safe]
         failed: dict[str, str] = {}
         profile = self.prod_profile if pod.prod and self.prod_profile.prod else self.filter_profile
-        if any(profile.thresholds.values()):
+        thresholds = np.array([profile.thresholds.get(r, 0) for r in self.vector], np.int64)
+        caps = self._caps(pod)
+        if thresholds.any() or caps is not None:
             check = known & ~special & self.has_metric[safe]
+            limits = np.broadcast_to(thresholds, (len(names), len(self.vector)))
+            if caps is not None:
+                row_caps = caps[self.qos_strategy[safe]]
+                limits = np.where(row_caps > 0, np.where(limits > 0, np.minimum(limits, row_caps), row_caps), limits)
+                check &= limits.any(axis=1)  # a node whose limits are all zero passes unchecked, stale or not
             if args.filter_expired_node_metrics:
                 stale = check & (now - self.update_time[safe] >= args.node_metric_expiration_seconds)
                 if not args.enable_schedule_when_node_metrics_expired:
@@ -123,12 +135,11 @@ class Matrix:
                 check &= ~stale
             base = self.prod_base if profile.prod else self.filter_base
             idx = safe[check]
-            thresholds = np.array([profile.thresholds.get(r, 0) for r in self.vector], np.int64)
             alloc = self.alloc[idx]
             est = base[idx] + self._vec(pod.estimated)
-            checked = (thresholds > 0) & (alloc > 0)
+            checked = (limits[check] > 0) & (alloc > 0)
             percent = (200 * est + alloc) // np.where(alloc > 0, 2 * alloc, 1)
-            over = checked & (percent > thresholds)
+            over = checked & (percent > limits[check])
             bad = over.any(axis=1)
             kind = "aggregated usage" if profile.aggregation is not None else "usage"
             positions = np.flatnonzero(check).tolist()
@@ -140,6 +151,16 @@ class Matrix:
             if not verdict.passed:
                 failed[names[i]] = verdict.reason
         return [n for n in names if n not in failed], failed
+
+    def _caps(self, pod: core.IncomingPod) -> Int | None:
+        """Per node QoS strategy, the pod's eviction caps by resource (0: none); None when no strategy caps it."""
+        state = self.state
+        if pod.eviction is None or not state.avoid_eviction_loops:
+            return None
+        per_strategy = [watermarks.eviction_caps(strategy, pod.eviction) for strategy in state.qos_strategies]
+        if not any(per_strategy):
+            return None
+        return np.array([[caps.get(r, 0) for r in self.vector] for caps in per_strategy], np.int64)
 
     def scores(self, pod: core.IncomingPod, names: Sequence[str], *, now: float) -> list[int]:
         """core.score_node's 0..100 score of each name."""

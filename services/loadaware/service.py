@@ -2,9 +2,12 @@
 
 Consumers (durable pull, reset at start: the state lives in memory and is rebuilt at every start, like
 services.migration):
-  * cluster (KOORD_CLUSTER nodes and pods, last value per subject, then changes): allocatable, the
-    usage-thresholds annotation and the assigned pods of services.loadaware.state.LoadState. A pod counts on its
-    node as soon as the bridge publishes it with a nodeName (bind-time accounting through the watch).
+  * cluster (KOORD_CLUSTER nodes, pods and the slo-controller-config ConfigMap, last value per subject, then
+    changes): allocatable, labels, the usage-thresholds annotation and the assigned pods of
+    services.loadaware.state.LoadState. A pod counts on its node as soon as the bridge publishes it with a nodeName
+    (bind-time accounting through the watch). The ConfigMap's load-watermarks-config overrides the args' thresholds
+    and staleness rule, and its resource-threshold-config caps pods node QoS could evict (services.slo.watermarks);
+    a key in error keeps its last good value and is logged.
   * nodemetric (KOORD_NODEMETRIC, every partition, last value per subject, then new reports).
 The HTTP routes (services.loadaware.http) call `filter`, `prioritize`, `assume` and `explain` on the event loop
 between deliveries, so every answer reads one consistent state. Called by `koordbus service loadaware` and tests.
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -24,14 +27,19 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from bus import streams, subjects
 from bus.api import Bus, Consumer, ConsumerSpec, Delivery
 from schemas import kube
-from schemas.cluster import CLUSTER_EVENT_DECODER, NodeObserved, PodObserved
+from schemas.cluster import CLUSTER_EVENT_DECODER, ConfigMapObserved, NodeObserved, PodObserved
 from schemas.node import NodeMetricComputed
+from schemas.qos import WatermarksInEffect
 from services.common import observe
 from services.common.metrics import once_per_registry
 from services.common.startup import wait_replayed
-from services.loadaware.args import DEFAULT_ARGS, LoadAwareArgs
+from services.loadaware.args import DEFAULT_ARGS, LoadAwareArgs, apply_watermarks
 from services.loadaware.extender import Extender
+from services.loadaware.fast import Matrix
 from services.loadaware.state import LoadState
+from services.slo import watermarks
+from services.slo.core import CONFIGMAP_NAME, CONFIGMAP_NAMESPACE
+from services.slo.reader import publish_watermarks
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +60,9 @@ class LoadAwareSettings:
     seconds without an event it serves with what it has (and logs a warning)."""
     instance: str = ""
     """Names the durables of one replica (replicas each keep the whole state; empty: one replica)."""
+    configmap_namespace: str = CONFIGMAP_NAMESPACE
+    configmap_name: str = CONFIGMAP_NAME
+    """The slo-controller-config ConfigMap: load-watermarks-config and resource-threshold-config."""
 
     def __post_init__(self) -> None:
         if self.startup_timeout_seconds <= 0:
@@ -82,14 +93,16 @@ class _Instruments:
 
 
 class _Handler:
-    def __init__(self, apply: Callable[[bytes], None]) -> None:
+    def __init__(self, apply: Callable[[bytes], None], flush: Callable[[], Awaitable[None]] | None = None) -> None:
         self._apply = apply
+        self._flush = flush
 
     async def handle(self, delivery: Delivery) -> None:
         self._apply(delivery.data)
 
     async def flush(self) -> None:
-        return None
+        if self._flush is not None:
+            await self._flush()
 
 
 class LoadAwareService:
@@ -103,24 +116,31 @@ class LoadAwareService:
     ) -> None:
         self.bus = bus
         self.settings = settings
+        self.own_args = args
+        """The args from the file or Helm values, before load-watermarks-config."""
         self.state = LoadState(args)
         self.extender = Extender(self.state)
         self._registry = registry
         self._metrics = once_per_registry(registry, "loadaware-instruments", _Instruments)
         self._consumers: dict[str, Consumer] = {}
         self._unknown_logged: set[str] = set()
+        self._stated: WatermarksInEffect | None = None
         self.replayed = False
 
     async def start(self) -> None:
-        handlers = {CLUSTER_CONSUMER: self.apply_cluster, NODEMETRIC_CONSUMER: self.apply_nodemetric}
-        for name, apply in handlers.items():
-            self._consumers[name] = self.bus.consume(self._spec(name), _Handler(apply), reset=True)
+        handlers = {
+            CLUSTER_CONSUMER: _Handler(self.apply_cluster, self.state_watermarks),
+            NODEMETRIC_CONSUMER: _Handler(self.apply_nodemetric),
+        }
+        for name, handler in handlers.items():
+            self._consumers[name] = self.bus.consume(self._spec(name), handler, reset=True)
         observe.watch_consumers(self._registry, service=SERVICE, consumers=self._consumers)
         timeout = self.settings.startup_timeout_seconds
         for name, consumer in self._consumers.items():
             if not await wait_replayed(consumer, what=f"loadaware: {name}", stall_seconds=timeout):
                 log.warning("loadaware: %s replay stalled for %.0f s; serving with what was read", name, timeout)
         self.ready_to_serve()
+        await self.state_watermarks()
         log.info("loadaware: serving with %d nodes", len(self.state.nodes))
 
     def ready_to_serve(self) -> None:
@@ -142,7 +162,8 @@ class LoadAwareService:
         if name == NODEMETRIC_CONSUMER:
             stream, filters = streams.KOORD_NODEMETRIC, (subjects.NODEMETRIC_COMPUTED_ALL,)
         else:
-            stream, filters = streams.KOORD_CLUSTER, (subjects.CLUSTER_NODES, subjects.CLUSTER_PODS)
+            configmap = subjects.cluster_configmap(self.settings.configmap_namespace, self.settings.configmap_name)
+            stream, filters = streams.KOORD_CLUSTER, (subjects.CLUSTER_NODES, subjects.CLUSTER_PODS, configmap)
         return ConsumerSpec(
             durable=f"{name}-{self.settings.instance}" if self.settings.instance else name,
             stream=stream,
@@ -170,8 +191,54 @@ class LoadAwareService:
                 self.state.apply_pod(
                     key, None if seen.deleted else seen.pod, node=seen.node_name, seen_at=seen.observed_at
                 )
+            case ConfigMapObserved() as seen:
+                self.apply_configmap(None if seen.deleted else seen.data)
             case _:
                 pass
+
+    def apply_configmap(self, data: dict[str, str] | None) -> None:
+        """The slo-controller-config's data (None: deleted, the defaults): new effective args and QoS caps."""
+        config = watermarks.read_watermarks(data, self.state.config)
+        for key, error in config.errors.items():
+            log.warning("loadaware: slo-controller-config %s in error, keeping its last good value: %s", key, error)
+        args = apply_watermarks(self.own_args, config.watermarks)
+        if config == self.state.config and args == self.state.args:
+            return
+        self.state.apply_config(args, config)
+        self.extender.matrix = Matrix(self.state)
+        log.info(
+            "loadaware: watermarks now usageThresholds %s, prodUsageThresholds %s, NodeMetric expiry %d s, "
+            "%d node QoS strategies, avoidEvictionLoops %s",
+            args.usage_thresholds,
+            args.prod_usage_thresholds,
+            args.node_metric_expiration_seconds,
+            len(self.state.qos_strategies),
+            config.watermarks.avoid_eviction_loops,
+        )
+
+    def watermarks_in_effect(self) -> WatermarksInEffect:
+        args, config = self.state.args, self.state.config
+        return WatermarksInEffect(
+            service="loadaware",
+            at=time.time(),
+            usage_thresholds={r: float(v) for r, v in args.usage_thresholds.items()},
+            prod_usage_thresholds={r: float(v) for r, v in args.prod_usage_thresholds.items()},
+            stale_after_seconds=float(args.node_metric_expiration_seconds),
+            schedule_when_stale=not args.filter_expired_node_metrics or args.enable_schedule_when_node_metrics_expired,
+            avoid_eviction_loops=config.watermarks.avoid_eviction_loops,
+            from_configmap=watermarks.fields_set(config.watermarks),
+            configmap_errors=dict(config.errors),
+        )
+
+    async def state_watermarks(self) -> None:
+        """Publish the watermarks in effect when they differ from the ones last stated (after the replay only)."""
+        if not self.replayed:
+            return
+        stated = self.watermarks_in_effect()
+        if self._stated is not None and msgspec.structs.replace(self._stated, at=stated.at) == stated:
+            return
+        if await publish_watermarks(self.bus, stated):
+            self._stated = stated
 
     def apply_nodemetric(self, data: bytes) -> None:
         self.state.apply_metric(_NODEMETRIC_DECODER.decode(data))

@@ -4,7 +4,9 @@
 events by the service; nothing here reads a clock. Per node it keeps the allocatable (EstimateNode), the
 usage-thresholds annotation, the last NodeMetric as a `MetricView`, and the assigned pods as `AssignedPod`
 (estimate, assign timestamp, estimation deadline). `node_load` is Koordinator's addPod loop over those pods; its
-result depends only on the NodeMetric and the pods, so it is cached per node until either changes.
+result depends only on the NodeMetric and the pods, so it is cached per node until either changes. Each node also
+carries its labels and the index of the resource-threshold strategy node QoS applies to it (`apply_config` sets the
+slo-controller-config's watermarks and strategies, services.slo.watermarks); core caps thresholds with it.
 
 Bind-time accounting (user-asks #7): a pod counts from the moment its PodObserved carries a nodeName (its
 timestamp is the PodScheduled transition, else the time the bridge saw it), and `assume` records a placement the
@@ -23,6 +25,7 @@ from schemas import kube, resources, vocab
 from schemas.node import NodeMetricComputed
 from services.loadaware import estimator
 from services.loadaware.args import AGGREGATION_TYPES, LoadAwareArgs, duration_seconds
+from services.slo import watermarks
 
 ANNOTATION_USAGE_THRESHOLDS: Final = "scheduling.koordinator.sh/usage-thresholds"
 DEFAULT_REPORT_INTERVAL: Final = 60.0
@@ -191,6 +194,9 @@ def parse_overrides(raw: str | None) -> tuple[Overrides | None, str]:
 class NodeEntry:
     allocatable: ResourceList | None = None
     overrides: Overrides | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    qos_strategy: int = 0
+    """Which resource-threshold strategy node QoS applies here (services.slo.watermarks.strategy_index)."""
     metric: MetricView | None = None
     pods: dict[str, AssignedPod] = field(default_factory=dict)
     """By the key the caller gives (the service: namespace/name, like the pod's KOORD_CLUSTER subject)."""
@@ -201,9 +207,12 @@ class NodeEntry:
 class LoadState:
     """Every node's entry, and which node each assigned pod is on. Mutated only through the apply methods."""
 
-    def __init__(self, args: LoadAwareArgs) -> None:
+    def __init__(self, args: LoadAwareArgs, config: watermarks.WatermarkConfig | None = None) -> None:
         self.args = args
         self.vector = args.vector()
+        self.config = config or watermarks.WatermarkConfig()
+        self.qos_strategies = self.config.strategies()
+        """Node QoS's resource-threshold strategies: the cluster one, then each node strategy."""
         self.nodes: dict[str, NodeEntry] = {}
         self._pod_node: dict[str, str] = {}
         self.annotation_errors: dict[str, str] = {}
@@ -217,17 +226,32 @@ class LoadState:
             entry = self.nodes[node] = NodeEntry()
         return entry
 
+    def apply_config(self, args: LoadAwareArgs, config: watermarks.WatermarkConfig) -> None:
+        """New args (the service's own with the watermarks applied) and node QoS thresholds: every node is redone."""
+        self.args, self.vector, self.config = args, args.vector(), config
+        self.qos_strategies = config.strategies()
+        for name, entry in self.nodes.items():
+            entry.qos_strategy = watermarks.strategy_index(config.thresholds.nodes, entry.labels)
+            entry.load = None
+            self.dirty.add(name)
+
+    @property
+    def avoid_eviction_loops(self) -> bool:
+        return self.config.watermarks.avoid_eviction_loops
+
     def apply_node(self, name: str, node: kube.Node | None) -> None:
         if node is None:
             entry = self.nodes.get(name)
             if entry is not None:
                 self.dirty.add(name)
-                entry.allocatable, entry.overrides = None, None
+                entry.allocatable, entry.overrides, entry.labels, entry.qos_strategy = None, None, {}, 0
                 self._drop_if_empty(name)
             self.annotation_errors.pop(name, None)
             return
         entry = self._entry(name)
         entry.allocatable = estimator.estimate_node(node)
+        entry.labels = dict(node.metadata.labels)
+        entry.qos_strategy = watermarks.strategy_index(self.config.thresholds.nodes, entry.labels)
         entry.overrides, error = parse_overrides(node.metadata.annotations.get(ANNOTATION_USAGE_THRESHOLDS))
         if error:
             self.annotation_errors[name] = error

@@ -1,14 +1,16 @@
 """Load-aware descheduling (issue 5 point 4; Koordinator's LowNodeLoad idea over our NodeMetric stream). Pure.
 
-Every round `plan(nodes, streaks, args, now=)` looks at each node's latest NodeMetric usage against its
-allocatable: a node above `highThresholds` (percent, any resource) in `anomalyRounds` consecutive rounds is
-overloaded; a node below `lowThresholds` on every resource is a destination. When there are destinations, an
-overloaded node gives up its pods in PodSorter order (evict-cheapest first: services.migration.order), skipping
-pods the non-retryable filters forbid, until its usage would be back under the high threshold — and never more in
-total than the destinations can take before they themselves reach the high threshold. A node whose NodeMetric is
-stale (no update within `staleAfterSeconds`, NodeMetric's own rule) or missing takes no part: neither source nor
-destination, and its streak restarts. The answer lists (node, pod, why) requests; the shell turns them into
-MigrationRequested with a name derived from the pod's uid, so a pod is asked for once however many rounds see it.
+Every round `plan(nodes, streaks, args, now=)` looks at each node's latest NodeMetric usage against its allocatable: a
+node above `highThresholds` (percent, any resource) in `anomalyRounds` consecutive rounds is overloaded; a node below
+`lowThresholds` on every resource is a destination. When there are destinations, an overloaded node gives up its pods in
+PodSorter order (evict-cheapest first: services.migration.order), skipping pods the non-retryable filters forbid, until
+its usage would be back under the high threshold — and never more in total than the destinations can take before they
+themselves reach the high threshold. A node whose NodeMetric is stale (no update within `staleAfterSeconds`,
+NodeMetric's own rule) or missing takes no part: neither source nor destination, and its streak restarts (stale from the
+expiry on, as the scheduler's §6.5 rule). `apply_watermarks` takes the thresholds and the staleness bound from the
+slo-controller-config's load-watermarks-config when it sets them, the same values the load-aware scheduler filters with.
+The answer lists (node, pod, why) requests; the shell turns them into MigrationRequested with a name derived from the
+pod's uid, so a pod is asked for once however many rounds see it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import msgspec
 from schemas import kube
 from services.migration import filters, order
 from services.migration.args import MigrationArgs
+from services.slo.watermarks import Watermarks
 
 RESOURCES = ("cpu", "memory")
 
@@ -37,6 +40,20 @@ class LowNodeLoadArgs(msgspec.Struct, frozen=True, kw_only=True, rename="camel")
     stale_after_seconds: float = 180.0
     max_pods_per_node: int = 5
     """At most this many requests per overloaded node per round."""
+
+
+def apply_watermarks(args: LowNodeLoadArgs, marks: Watermarks) -> LowNodeLoadArgs:
+    """The args with what the slo-controller-config's load-watermarks-config sets (services.slo.watermarks): the
+    scheduler's usage thresholds are the overloaded line (a resource the scheduler does not check, 0, is never
+    overloaded), its lowThresholds the destination line, its NodeMetric expiry the staleness bound."""
+    changes: dict[str, object] = {}
+    if marks.usage_thresholds is not None:
+        changes["high_thresholds"] = {r: float(v) for r, v in marks.usage_thresholds.items() if v > 0}
+    if marks.low_thresholds is not None:
+        changes["low_thresholds"] = {r: float(v) for r, v in marks.low_thresholds.items()}
+    if marks.node_metric_expiration_seconds is not None:
+        changes["stale_after_seconds"] = float(marks.node_metric_expiration_seconds)
+    return msgspec.structs.replace(args, **changes) if changes else args
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +88,7 @@ def plan(
     now: float,
 ) -> tuple[dict[str, int], list[Request]]:
     """(the new overload streak per node, the requests of this round)."""
-    fresh = {n: load for n, load in nodes.items() if now - load.updated <= args.stale_after_seconds}
+    fresh = {n: load for n, load in nodes.items() if now - load.updated < args.stale_after_seconds}
     new_streaks: dict[str, int] = {}
     overloaded: list[str] = []
     for name, load in sorted(fresh.items()):

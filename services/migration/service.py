@@ -3,8 +3,10 @@
 Consumers (durable pull, reset at start: the state lives in memory and is rebuilt every start):
   * events (KOORD_MIGRATION, from the first): MigrationRequested, MigrationRound and MigrationAborted folded into
     services.migration.state.MigrationState; the sequence of the last MigrationRound seen is remembered.
-  * cluster (KOORD_CLUSTER pods and workloads, last value per subject, then new ones): the ClusterView the rounds
-    read, rebuilt before a round only when something changed.
+  * cluster (KOORD_CLUSTER pods, workloads, nodes and the slo-controller-config ConfigMap, last value per subject,
+    then new ones): the ClusterView the rounds read, rebuilt before a round only when something changed; the
+    ConfigMap's load-watermarks-config sets the descheduling thresholds and staleness bound when it has them
+    (services.slo.watermarks), so the descheduler and the load-aware scheduler draw the same line.
 Every `interval` (args.arbitrationArgs.interval, default 500 ms) a round runs — once the state has caught up with
 the last round this service appended, so a round never decides from a state that lacks its own previous decisions:
 new requests go through the intake pre-checks (refused ones are decided "rejected"), the waiting jobs through the
@@ -35,17 +37,27 @@ from bus.api import Bus, Consumer, ConsumerSpec, DeliverPolicy, Delivery, Publis
 from bus.errors import ConflictError
 from schemas import kube, migration
 from schemas import migration_events as ev
-from schemas.cluster import POD_WORKLOAD_OR_NODE_DECODER, NodeObserved, PodObserved, WorkloadObserved
+from schemas.cluster import (
+    POD_WORKLOAD_OR_NODE_DECODER,
+    ConfigMapObserved,
+    NodeObserved,
+    PodObserved,
+    WorkloadObserved,
+)
 from schemas.node import NodeMetricComputed
+from schemas.qos import WatermarksInEffect
 from services.common import observe
 from services.common.projection import BatchProjector
 from services.common.startup import wait_replayed
 from services.common.tasks import cancel_and_wait
 from services.migration import arbiter
 from services.migration.args import MigrationArgs, duration_seconds
-from services.migration.lownodeload import LowNodeLoadArgs, NodeLoad, plan
+from services.migration.lownodeload import LowNodeLoadArgs, NodeLoad, apply_watermarks, plan
 from services.migration.state import MigrationState, intake
 from services.migration.store import MigrationStore
+from services.slo.core import CONFIGMAP_NAME, CONFIGMAP_NAMESPACE
+from services.slo.reader import publish_watermarks
+from services.slo.watermarks import WATERMARKS_KEY, WatermarkConfig, fields_set, read_watermarks
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +79,10 @@ class MigrationSettings:
     startup_timeout_seconds: float = 60.0
     low_node_load: LowNodeLoadArgs = field(default_factory=LowNodeLoadArgs)
     """Load-aware descheduling (off unless enabled): its thresholds, debounce and interval."""
+    configmap_namespace: str = CONFIGMAP_NAMESPACE
+    configmap_name: str = CONFIGMAP_NAME
+    """The slo-controller-config ConfigMap whose load-watermarks-config overrides low_node_load's thresholds and
+    staleness bound (the ones the load-aware scheduler filters with)."""
     catch_up_timeout_seconds: float = 5.0
     """How long a round waits for the state to contain this service's previous round before it gives up (and
     tries again next interval)."""
@@ -127,7 +143,7 @@ class _ClusterHandler:
         self._owner.apply_cluster(delivery.data)
 
     async def flush(self) -> None:
-        return None
+        await self._owner.state_watermarks()
 
 
 class MigrationService:
@@ -172,6 +188,11 @@ class MigrationService:
         """node → allocatable."""
         self.streaks: dict[str, int] = {}
         """node → consecutive overloaded rounds (load-aware descheduling)."""
+        self.watermarks: WatermarkConfig = WatermarkConfig()
+        self.low_node_load = settings.low_node_load
+        """settings.low_node_load with the ConfigMap's load-watermarks-config applied."""
+        self._stated: WatermarksInEffect | None = None
+        self._started = False
 
     # --- lifecycle
 
@@ -206,6 +227,8 @@ class MigrationService:
             service=SERVICE,
             consumers={EVENTS_CONSUMER: self._consumers[0], CLUSTER_CONSUMER: self._consumers[1]},
         )
+        self._started = True
+        await self.state_watermarks()
         self._ticker = asyncio.create_task(self._loop(), name="migration-arbiter")
         if self.settings.low_node_load.enabled:
             metrics_spec = self._spec(NODEMETRIC_CONSUMER)
@@ -243,7 +266,12 @@ class MigrationService:
         else:
             stream, filters, policy = (
                 streams.KOORD_CLUSTER,
-                (subjects.CLUSTER_PODS, subjects.CLUSTER_WORKLOADS, subjects.CLUSTER_NODES),
+                (
+                    subjects.CLUSTER_PODS,
+                    subjects.CLUSTER_WORKLOADS,
+                    subjects.CLUSTER_NODES,
+                    subjects.cluster_configmap(self.settings.configmap_namespace, self.settings.configmap_name),
+                ),
                 "last_per_subject",
             )
         return ConsumerSpec(
@@ -285,6 +313,9 @@ class MigrationService:
 
     def apply_cluster(self, data: bytes) -> None:
         match POD_WORKLOAD_OR_NODE_DECODER.decode(data):
+            case ConfigMapObserved(deleted=deleted, data=configmap):
+                self.apply_configmap(None if deleted else configmap)
+                return
             case NodeObserved(name=name, node=node, deleted=deleted):
                 if deleted or node is None:
                     self._nodes.pop(name, None)
@@ -401,6 +432,41 @@ class MigrationService:
 
     # --- load-aware descheduling
 
+    def apply_configmap(self, data: dict[str, str] | None) -> None:
+        """The slo-controller-config's data (None: deleted): the descheduling thresholds and staleness bound."""
+        self.watermarks = read_watermarks(data, self.watermarks)
+        if error := self.watermarks.errors.get(WATERMARKS_KEY):
+            log.warning("migration: %s in error, keeping its last good value: %s", WATERMARKS_KEY, error)
+        effective = apply_watermarks(self.settings.low_node_load, self.watermarks.watermarks)
+        if effective != self.low_node_load:
+            log.info(
+                "migration: descheduling thresholds now high %s, low %s, stale after %.0f s",
+                effective.high_thresholds,
+                effective.low_thresholds,
+                effective.stale_after_seconds,
+            )
+        self.low_node_load = effective
+
+    async def state_watermarks(self) -> None:
+        """Publish the descheduling watermarks in effect when they changed (once the cluster replay is done)."""
+        if not self._started:
+            return
+        marks = self.low_node_load
+        stated = WatermarksInEffect(
+            service="descheduler",
+            at=self._clock(),
+            enabled=marks.enabled,
+            usage_thresholds=dict(marks.high_thresholds),
+            low_thresholds=dict(marks.low_thresholds),
+            stale_after_seconds=marks.stale_after_seconds,
+            from_configmap=fields_set(self.watermarks.watermarks),
+            configmap_errors=dict(self.watermarks.errors),
+        )
+        if self._stated is not None and msgspec.structs.replace(self._stated, at=stated.at) == stated:
+            return
+        if await publish_watermarks(self.bus, stated):
+            self._stated = stated
+
     async def _deschedule_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.low_node_load.interval_seconds)
@@ -431,7 +497,7 @@ class MigrationService:
                 updated=metric.status.update_time,
                 pods=pods,
             )
-        self.streaks, requests = plan(loads, self.streaks, self.settings.low_node_load, self.args, now=self._clock())
+        self.streaks, requests = plan(loads, self.streaks, self.low_node_load, self.args, now=self._clock())
         now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
         asked = 0
         for request in requests:

@@ -137,7 +137,7 @@ class SloService:
         for delivery in await self.bus.read_recent(streams.KV_KOORD_SLO, subjects.SLO_ALL, since=0, limit=1 << 30):
             node = subjects.node_of_slo_key(delivery.subject)
             self._revisions[delivery.subject] = delivery.stream_seq
-            if is_delete_marker(delivery):
+            if is_delete_marker(delivery) or (node is None and delivery.subject != subjects.SLO_CONFIG_STATUS):
                 continue
             try:
                 if node is None:
