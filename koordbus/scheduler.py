@@ -1,5 +1,7 @@
 """`koordbus scheduler explain POD NODE`: the load-aware extender's filter verdict and score of a pod on a node, with
 the arithmetic behind both, asked of a running extender (`koordbus service loadaware`, its /explain route).
+`koordbus scheduler watermarks`: the API's /api/v1/config/watermarks as a table — what the scheduler, the descheduler
+and each node QoS strategy do at which load, and the findings (loops that make pods cycle).
 
 POD is a file holding the Pod (JSON or YAML, as `kubectl get pod -o yaml` prints it) or `-` for standard input.
 The answer reads the extender's live state: the node's last NodeMetric, the pods assigned since, its thresholds.
@@ -16,6 +18,8 @@ from typing import Any
 
 import httpx
 import yaml
+
+from koordbus import apiclient
 
 DEFAULT_URL = "http://127.0.0.1:9090"
 
@@ -38,6 +42,68 @@ def add_parser(sub: Any) -> None:
     )
     explain.add_argument("--json", action="store_true", help="print the extender's answer as JSON")
     explain.set_defaults(run=run_explain)
+    marks = verbs.add_parser(
+        "watermarks",
+        help="the load thresholds of scheduling, descheduling and node QoS side by side, with what does not agree",
+        description="Reads GET /api/v1/config/watermarks of the koordbus API (role viewer). Exit code 1 when a "
+        "finding is a warning (pods can cycle between eviction and placement), so a CI job can check a config.",
+    )
+    apiclient.add_connection_options(marks)
+    apiclient.add_output_option(marks)
+    marks.set_defaults(run=lambda args: apiclient.run_verb(args, command="scheduler"), verb_run=cmd_watermarks)
+
+
+def _percent(value: Any) -> str:
+    return "-" if value is None else f"{value:g}%"
+
+
+def render_watermarks(view: dict[str, Any]) -> str:
+    rows = []
+    for row in view["resources"]:
+        qos = "; ".join(
+            f"{q['strategy']}: "
+            + ", ".join(
+                part
+                for part in (
+                    f"suppress {_percent(q['suppress'])}" if q["suppress"] is not None else "",
+                    f"evict {_percent(q['evict'])}" if q["evict"] is not None else "",
+                    f"BE pods capped at {_percent(q['capForBEPods'])}" if q["capForBEPods"] is not None else "",
+                )
+                if part
+            )
+            for q in row["nodeQoS"]
+            if q["suppress"] is not None or q["evict"] is not None
+        )
+        rows.append(
+            [
+                row["resource"],
+                _percent(row["schedule"]),
+                _percent(row["scheduleProd"]),
+                _percent(row["descheduleHigh"]),
+                _percent(row["descheduleLow"]),
+                qos or "off",
+            ]
+        )
+    out = apiclient.table(["RESOURCE", "SCHEDULE", "PROD", "DRAIN ABOVE", "FILL BELOW", "NODE QOS"], rows)
+    stale = view["staleness"]
+    out += (
+        f"\nstale NodeMetric: scheduler {stale['schedulerSeconds']:g} s"
+        f" ({'schedules anyway' if stale['schedulerAllowsStale'] else 'filters the node'}),"
+        f" descheduler {stale['deschedulerSeconds']:g} s\n"
+    )
+    for side in ("scheduler", "descheduler"):
+        section = view[side]
+        source = ", ".join(section["fromConfigMap"]) or "nothing"
+        out += f"{side}: {'reported' if section['reported'] else 'not reported'}; from the ConfigMap: {source}\n"
+    if view["findings"]:
+        out += "\n" + "".join(f"{f['severity'].upper()} {f['code']}: {f['message']}\n" for f in view["findings"])
+    return out
+
+
+def cmd_watermarks(api: apiclient.Api, args: argparse.Namespace) -> int:
+    view = api.json("GET", "/api/v1/config/watermarks")
+    sys.stdout.write(apiclient.dump(view, args.output) if args.output != "table" else render_watermarks(view))
+    return 1 if any(f["severity"] == "warning" for f in view["findings"]) else 0
 
 
 def _read_pod(path: str) -> Any:

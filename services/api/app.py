@@ -29,7 +29,18 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.api import auth, dashboard, events, migrations, nodemetrics, noderesources, nodeslo, quotas, recorded
+from services.api import (
+    auth,
+    dashboard,
+    events,
+    migrations,
+    nodemetrics,
+    noderesources,
+    nodeslo,
+    quotas,
+    recorded,
+    watermarks,
+)
 from services.api.event_hub import EventHub
 from services.api.settings import ApiSettings
 from services.common.metrics import CONTENT_TYPE_LATEST, CollectorRegistry, render
@@ -198,6 +209,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(quotas.router, responses=responses, dependencies=viewer)
     app.include_router(migrations.router, responses=responses, dependencies=viewer)
     app.include_router(nodeslo.router, responses=responses, dependencies=viewer)
+    app.include_router(watermarks.router, responses=responses, dependencies=viewer)
     app.include_router(events.router, responses=responses, dependencies=viewer)
     app.include_router(events.socket_router)
     app.include_router(dashboard.router, responses=responses, dependencies=viewer)

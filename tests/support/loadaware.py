@@ -55,11 +55,18 @@ def pod(name: str, **kwargs: Any) -> kube.Pod:
 
 
 def node_json(
-    name: str, *, cpu: str = "32", memory: str = "128Gi", annotations: dict[str, str] | None = None
+    name: str,
+    *,
+    cpu: str = "32",
+    memory: str = "128Gi",
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name}
     if annotations:
         meta["annotations"] = annotations
+    if labels:
+        meta["labels"] = labels
     return {"metadata": meta, "status": {"allocatable": {"cpu": cpu, "memory": memory, "pods": "110"}}}
 
 

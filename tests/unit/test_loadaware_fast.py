@@ -1,16 +1,19 @@
 """The vectorized verbs (services.loadaware.fast) answer exactly what core's per-node functions answer, on random
-clusters: every args shape, stale and missing NodeMetrics, unknown nodes, annotation overrides, prod pods."""
+clusters: every args shape, stale and missing NodeMetrics, unknown nodes, annotation overrides, prod pods, and the
+caps node QoS eviction strategies (cluster and per node pool) put on pods they could evict."""
 
 from __future__ import annotations
 
 import json
 import random
 
+import msgspec
 import pytest
 
 from services.loadaware import core, fast, state
-from services.loadaware.args import AggregatedArgs, LoadAwareArgs, with_defaults
+from services.loadaware.args import AggregatedArgs, LoadAwareArgs, apply_watermarks, with_defaults
 from services.loadaware.state import AssignedPod, LoadState
+from services.slo import watermarks
 from tests.support.loadaware import GI, node, pod, report
 
 NOW = 1_900_000_000.0
@@ -33,8 +36,10 @@ ARGS = [
 ]
 
 
-def random_cluster(rng: random.Random, args: LoadAwareArgs, size: int) -> LoadState:
-    load = LoadState(args)
+def random_cluster(
+    rng: random.Random, args: LoadAwareArgs, size: int, config: watermarks.WatermarkConfig | None = None
+) -> LoadState:
+    load = LoadState(args, config)
     for i in range(size):
         name = f"n{i}"
         annotations = {}
@@ -43,7 +48,8 @@ def random_cluster(rng: random.Random, args: LoadAwareArgs, size: int) -> LoadSt
                 {"usageThresholds": {"cpu": rng.randint(10, 90)}}
             )
         if rng.random() < 0.9:
-            load.apply_node(name, node(name, cpu=str(rng.choice([8, 16, 32])), annotations=annotations))
+            labels = {"pool": rng.choice(["a", "b", "c"])}
+            load.apply_node(name, node(name, cpu=str(rng.choice([8, 16, 32])), annotations=annotations, labels=labels))
         pods = {f"default/p{i}-{j}": (rng.randint(0, 3000), rng.randint(0, 4) * GI) for j in range(rng.randint(0, 6))}
         prod = frozenset(k for k in pods if rng.random() < 0.4)
         if rng.random() < 0.85:
@@ -104,6 +110,80 @@ def test_vectorized_verbs_match_the_per_node_functions(seed: int) -> None:
             ),
             node=target,
         )
+
+
+QOS_CONFIGS = [
+    {  # BE memory eviction everywhere; pool b evicts earlier and evicts eviction-enabled pods on cpu too
+        "resource-threshold-config": json.dumps(
+            {
+                "clusterStrategy": {"enable": True, "memoryEvictThresholdPercent": 70},
+                "nodeStrategies": [
+                    {
+                        "name": "b",
+                        "nodeSelector": {"matchLabels": {"pool": "b"}},
+                        "memoryEvictThresholdPercent": 40,
+                        "cpuEvictThresholdPercent": 30,
+                        "evictEnabledPriorityThreshold": 5999,
+                    }
+                ],
+            }
+        )
+    },
+    {  # only pool c has node QoS on, and the scheduler checks cpu only
+        "resource-threshold-config": json.dumps(
+            {
+                "nodeStrategies": [
+                    {
+                        "nodeSelector": {"matchLabels": {"pool": "c"}},
+                        "enable": True,
+                        "memoryEvictThresholdPercent": 50,
+                        "cpuEvictThresholdPercent": 60,
+                        "evictEnabledPriorityThreshold": 9999,
+                    }
+                ]
+            }
+        ),
+        "load-watermarks-config": json.dumps({"usageThresholds": {"cpu": 70}}),
+    },
+]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_vectorized_filter_matches_with_eviction_caps(seed: int) -> None:
+    rng = random.Random(100 + seed)
+    data = dict(QOS_CONFIGS[seed % len(QOS_CONFIGS)])
+    if seed >= 4:
+        marks = json.loads(data.get("load-watermarks-config", "{}"))
+        data["load-watermarks-config"] = json.dumps({**marks, "avoidEvictionLoops": False})
+    config = watermarks.read_watermarks(data)
+    assert not config.errors
+    args = apply_watermarks(with_defaults(ARGS[seed % 3]), config.watermarks)
+    load = random_cluster(rng, args, size=60, config=config)
+    uncapped = msgspec.structs.replace(
+        config, watermarks=msgspec.structs.replace(config.watermarks, avoid_eviction_loops=False)
+    )
+    load_uncapped = random_cluster(random.Random(100 + seed), args, size=60, config=uncapped)
+    matrix = fast.Matrix(load)
+    names = [f"n{i}" for i in range(60)] + ["ghost"]
+    kinds: list[dict[str, str] | None] = [
+        {"koordinator.sh/qosClass": "BE"},
+        {"koordinator.sh/eviction-enabled": "true"},
+        {"koordinator.sh/qosClass": "LS"},
+        None,
+    ]
+    changed_by_caps = 0
+    for labels in kinds:
+        asked = pod("x", cpu=str(rng.randint(1, 8)), memory=f"{rng.randint(1, 16)}Gi", labels=labels)
+        incoming = core.incoming(asked, args)
+        passed, failed = matrix.filter(incoming, names, now=NOW)
+        verdicts = {n: core.filter_node(load, incoming, n, now=NOW) for n in names}
+        assert passed == [n for n in names if verdicts[n].passed]
+        assert failed == {n: v.reason for n, v in verdicts.items() if not v.passed}
+        plain = {n: core.filter_node(load_uncapped, incoming, n, now=NOW).passed for n in names}
+        changed_by_caps += sum(plain[n] != verdicts[n].passed for n in names)
+        if labels is None or labels.get("koordinator.sh/qosClass") == "LS":
+            assert all(plain[n] == verdicts[n].passed for n in names)  # pods node QoS never evicts: no cap
+    assert (changed_by_caps > 0) == (seed < 4)
 
 
 def test_the_matrix_drops_a_deleted_node() -> None:
