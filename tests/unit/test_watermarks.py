@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from koordbus.scheduler import render_watermarks
 from schemas.qos import WatermarksInEffect
 from services.api.watermarks import build_view
 from services.loadaware import core
@@ -228,3 +229,17 @@ def test_the_view_puts_the_three_side_by_side() -> None:
     assert "evict-reschedule-loop" in codes and "not-reported" in codes
     assert "deschedule-reschedule-loop" not in codes  # one line for both
     assert view.configMap["load-watermarks-config"]["usageThresholds"] == {"cpu": 60, "memory": 90}
+
+
+def test_the_cli_prints_the_view_as_a_table_with_its_findings() -> None:
+    data = {"resource-threshold-config": json.dumps({"clusterStrategy": {"enable": True}})}
+    view = build_view(configmap={"found": True}, data=data, stated={}, dashboard_stale_seconds=180).model_dump()
+    text = render_watermarks(view)
+    lines = text.splitlines()
+    assert lines[0].split() == ["RESOURCE", "SCHEDULE", "PROD", "DRAIN", "ABOVE", "FILL", "BELOW", "NODE", "QOS"]
+    assert lines[1].split()[:3] == ["cpu", "65%", "-"]
+    assert "cluster: suppress 65%" in lines[1]
+    assert "cluster: evict 70%, BE pods capped at 69%" in lines[2]
+    assert "stale NodeMetric: scheduler 180 s (filters the node), descheduler 180 s" in text
+    assert "INFO eviction-cap: cluster: node QoS evicts BE pods and eviction-enabled pods at memory 70%" in text
+    assert "INFO no-shared-watermarks" in text
