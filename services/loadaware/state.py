@@ -8,7 +8,8 @@ result depends only on the NodeMetric and the pods, so it is cached per node unt
 
 Bind-time accounting (user-asks #7): a pod counts from the moment its PodObserved carries a nodeName (its
 timestamp is the PodScheduled transition, else the time the bridge saw it), and `assume` records a placement the
-extender's `bind` verb reports before any watch event; the watch event then replaces it.
+extender's `bind` or `assume` verb reports before any watch event; the watch event then replaces it, and a bind that
+failed takes it back with `forget_assumed`.
 """
 
 from __future__ import annotations
@@ -273,6 +274,16 @@ class LoadState:
             self.dirty.add(node)
             entry.load = None
             self._drop_if_empty(node)
+
+    def forget_assumed(self, uid: str, pod: AssignedPod) -> bool:
+        """Undo `assume(uid, pod, …)`: forget the pod only while `pod` is still its entry (a watch event since then
+        replaced it and knows better). True when it was forgotten."""
+        node = self._pod_node.get(uid)
+        entry = self.nodes.get(node) if node is not None else None
+        if entry is None or entry.pods.get(uid) is not pod:
+            return False
+        self.forget_pod(uid)
+        return True
 
     def pod_node(self, uid: str) -> str | None:
         return self._pod_node.get(uid)
