@@ -152,9 +152,9 @@ class Extender:
     def bind(self, body: bytes, *, now: float) -> Placement:
         """The bind verb's first half: record the placement at once (filter and prioritize count it from now on);
         the shell then asks the bridge to bind and calls `undo` when that failed."""
-        return self.place(decode_binding(body), now=now)
+        return self.place(decode_binding(body), now=now, bound=True)
 
-    def place(self, binding: wire.ExtenderBindingArgs, *, now: float) -> Placement:
+    def place(self, binding: wire.ExtenderBindingArgs, *, now: float, bound: bool = False) -> Placement:
         key = f"{binding.pod_namespace}/{binding.pod_name}"  # the key the pod watch uses
         pod = self.recent.get(binding.pod_uid)
         if pod is None:
@@ -162,7 +162,7 @@ class Extender:
         if self.state.pod_node(key) is not None:  # the watch, when it was first, knows better
             return Placement(binding=binding, key=key, known=True)
         assumed = state.assigned_pod(pod, seen_at=now, args=self.state.args)
-        self.state.assume(key, assumed, node=binding.node)
+        self.state.assume(key, assumed, node=binding.node, bound=bound)
         return Placement(binding=binding, key=key, known=True, assumed=assumed)
 
     def undo(self, placement: Placement) -> bool:

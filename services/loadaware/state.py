@@ -207,6 +207,8 @@ class LoadState:
         self.vector = args.vector()
         self.nodes: dict[str, NodeEntry] = {}
         self._pod_node: dict[str, str] = {}
+        self._bound: set[str] = set()
+        """Pods placed by the extender's bind verb that no watch event has shown assigned yet."""
         self.annotation_errors: dict[str, str] = {}
         self.dirty: set[str] = set()
         """Nodes changed since services.loadaware.fast last read them (it pops them)."""
@@ -247,13 +249,23 @@ class LoadState:
         key = uid or (kube.pod_key(pod) if pod is not None else "")
         if not key:
             return
-        if pod is None or not node or pod.status.phase in (kube.PHASE_SUCCEEDED, kube.PHASE_FAILED):
+        if pod is None or pod.status.phase in (kube.PHASE_SUCCEEDED, kube.PHASE_FAILED):
             self.forget_pod(key)
+            return
+        if not node:
+            # a pod's nodeName, once set, never goes back: the pod seen pending before a bind still in the pipeline
+            if key not in self._bound:
+                self.forget_pod(key)
             return
         self.assume(key, assigned_pod(pod, seen_at=seen_at, args=self.args), node=node)
 
-    def assume(self, uid: str, pod: AssignedPod, *, node: str) -> None:
-        """Record `pod` on `node` (a watch event, or a placement reported before the watch shows it)."""
+    def assume(self, uid: str, pod: AssignedPod, *, node: str, bound: bool = False) -> None:
+        """Record `pod` on `node` (a watch event, or a placement reported before the watch shows it). `bound`: the
+        extender's bind verb is binding it, so a watch event showing it still unassigned is older and ignored."""
+        if bound:
+            self._bound.add(uid)
+        else:
+            self._bound.discard(uid)
         previous = self._pod_node.get(uid)
         if previous is not None and previous != node:
             self.forget_pod(uid)
@@ -266,6 +278,7 @@ class LoadState:
         self._pod_node[uid] = node
 
     def forget_pod(self, uid: str) -> None:
+        self._bound.discard(uid)
         node = self._pod_node.pop(uid, None)
         if node is None:
             return

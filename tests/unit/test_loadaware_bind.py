@@ -70,3 +70,20 @@ def test_an_unknown_pod_is_placed_nowhere() -> None:
 def test_a_malformed_binding_is_a_bad_request(body: bytes) -> None:
     with pytest.raises(BadRequest, match="not ExtenderBindingArgs"):
         extender().bind(body, now=NOW)
+
+
+def test_a_pending_pod_event_older_than_the_bind_does_not_take_the_placement_off() -> None:
+    ext = extender()
+    pending = pod("web", cpu="4", memory="8Gi")
+    ext.bind(binding("a"), now=NOW)
+    # the watch's event from before the binding arrives after it: the pod is bound, only the event is late
+    ext.state.apply_pod("default/web", pending, node="", seen_at=NOW - 1)
+    assert ext.state.pod_node("default/web") == "a"
+    ext.state.apply_pod("default/web", pod("web", cpu="4", memory="8Gi", node_name="a"), node="a", seen_at=NOW + 1)
+    assert list(ext.state.nodes["a"].pods) == ["default/web"]
+    ext.state.apply_pod("default/web", None, node="", seen_at=NOW + 2)  # deleted
+    assert ext.state.pod_node("default/web") is None
+    # /assume promises no binding: there the watch's word stands
+    ext.assume(binding("b"), now=NOW)
+    ext.state.apply_pod("default/web", pending, node="", seen_at=NOW + 3)
+    assert ext.state.pod_node("default/web") is None
