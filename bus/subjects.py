@@ -203,6 +203,11 @@ QUOTA_RPC_COMMAND = f"{PREFIX}.rpc.quota.command"
 QUOTA_RPC_CHECK = f"{PREFIX}.rpc.quota.check"
 QUOTA_RPC_WHAT_IF = f"{PREFIX}.rpc.quota.what-if"
 
+# --- the Kubernetes bridge's requests (no stream)
+
+K8S_RPC_BIND = f"{PREFIX}.rpc.k8s.bind"
+"""Bind a pod to a node (schemas.extender.PodBindRequest → PodBindReply): the load-aware extender's bind verb."""
+
 
 def quota_events(tree: str) -> str:
     """The event log of one quota tree: commands on a tree append here with optimistic concurrency."""

@@ -475,6 +475,7 @@ async def _bridge_cluster(
 ) -> _Bridge:
     """With a kubeconfig (or, for `service k8s`, in a pod): watch that cluster and write results back. Without
     one, `koordbus up` records what would be written; `service k8s` refuses to start."""
+    from services.k8s.binder import BindResponder, KubeBinder
     from services.k8s.client import KubeConfigError, api_client
     from services.k8s.eviction_executor import EvictionExecutor, KubeEvictor
     from services.k8s.migration_executor import MigrationExecutor
@@ -541,6 +542,10 @@ async def _bridge_cluster(
     )
     await evictions.start()
     stack.push_async_callback(evictions.stop)
+    if settings.bind_pods:
+        binder = BindResponder(bus, KubeBinder(api, request_timeout=settings.write_timeout_seconds), registry=registry)
+        await binder.start()
+        stack.push_async_callback(binder.stop)
     executor = MigrationExecutor(
         bus, api, migration_settings(os.environ.get("KOORDBUS_MIGRATION_ARGS_FILE")).args, registry=registry
     )

@@ -5,6 +5,9 @@ The Go types carry no json tags, so the wire names are the Go field names (`Pod`
 extender is not nodeCacheCapable, else `NodeNames`) and ExtenderBindingArgs to the bind verb. Candidate nodes are
 kept as raw JSON so a filter result hands back exactly the Node objects it was given. Read and written by
 services.loadaware's HTTP routes and `koordbus scheduler explain`.
+
+`PodBindRequest` / `PodBindReply` carry the bind verb from the extender to the Kubernetes bridge, which alone holds
+cluster credentials (core NATS request/reply on `koord.v1.rpc.k8s.bind`, answered by services.k8s.binder).
 """
 
 from __future__ import annotations
@@ -52,6 +55,24 @@ class ExtenderBindingResult(msgspec.Struct, kw_only=True, rename="pascal"):
     error: str = ""
 
 
+class PodBindRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Bind the pod `namespace/name` to `node`; `uid` is a precondition (a pod recreated under the name is not
+    bound)."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+
+
+class PodBindReply(msgspec.Struct, frozen=True, kw_only=True):
+    """The API server's answer: `status` its HTTP code (0 when it could not be reached), `error` its message, empty
+    when the pod was bound."""
+
+    status: int = 0
+    error: str = ""
+
+
 class _NodeName(msgspec.Struct):
     metadata: kube.ObjectMeta
 
@@ -67,3 +88,5 @@ BINDING_ARGS = msgspec.json.Decoder(ExtenderBindingArgs)
 NODE = msgspec.json.Decoder(kube.Node)
 HOST_PRIORITY_LIST = msgspec.json.Decoder(list[HostPriority])
 FILTER_RESULT = msgspec.json.Decoder(ExtenderFilterResult)
+BIND_REQUEST = msgspec.json.Decoder(PodBindRequest)
+BIND_REPLY = msgspec.json.Decoder(PodBindReply)

@@ -3,7 +3,8 @@
 The NodeMetric/Node/Event/topology writer, the ElasticQuota and NodeSLO mirrors and both eviction paths (agents'
 requests, migrations) count each write they make, or decide not to make, here — one family a dashboard sums
 over, by object kind (a fixed lower-case name, never an object's own name) and outcome (created, updated,
-unchanged, deleted, skipped, failed, rejected; evictions: evicted, gone, replaced, blocked, expired, failed).
+unchanged, deleted, skipped, failed, rejected; evictions: evicted, gone, replaced, blocked, expired, failed;
+bindings: bound, gone, conflict, failed, rejected).
 A registry holds one such counter, however many writers share it.
 """
 
@@ -18,6 +19,7 @@ from services.common.metrics import once_per_registry
 OBJECT_ELASTICQUOTA: Final = "elasticquota"
 OBJECT_NODESLO: Final = "nodeslo"
 OBJECT_EVICTION: Final = "eviction"
+OBJECT_BINDING: Final = "binding"
 
 
 def kube_writes(registry: CollectorRegistry) -> Counter:
@@ -29,7 +31,8 @@ def _create(registry: CollectorRegistry) -> Counter:
     return Counter(
         "koordbus_k8s_writes",
         "Writes to Kubernetes by object kind and outcome (created, updated, unchanged, deleted, skipped, "
-        "failed, rejected; evictions: evicted, gone, replaced, blocked, expired, failed)",
+        "failed, rejected; evictions: evicted, gone, replaced, blocked, expired, failed; bindings: bound, gone, "
+        "conflict, failed, rejected)",
         ["object", "outcome"],
         registry=registry,
     )

@@ -41,6 +41,9 @@ class K8sSettings:
     mirror_quotas: bool = True
     """Mirror koordbus's quota trees to ElasticQuota objects (so koord-scheduler consumes them); false leaves the
     cluster's ElasticQuotas alone."""
+    bind_pods: bool = True
+    """Answer the load-aware extender's bind requests (koord.v1.rpc.k8s.bind) by creating pods/binding; needs that
+    right (the Helm chart grants it with loadaware.bind). Only when the bridge writes to a cluster."""
     recorded_writes_kept: int = 1000
     """Record-only mode: how many of the latest writes it would have made are kept in its log."""
 

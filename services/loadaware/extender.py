@@ -4,8 +4,9 @@
 candidate node and encode ExtenderFilterResult / HostPriorityList; a malformed request raises `BadRequest` (the
 HTTP shell answers 400 with its message). When kube-scheduler sends whole Node objects (nodeCacheCapable false),
 their allocatable is used; with NodeNames the one the bridge reported is. Nodes the state knows nothing about
-pass with score 0 and are returned by `unknown` so the shell can log them. `assume` records a placement reported
-in ExtenderBindingArgs, resolving the pod from the ones recent filter/prioritize calls carried.
+pass with score 0 and are returned by `unknown` so the shell can log them. `assume` and `bind` record a placement
+reported in ExtenderBindingArgs, resolving the pod from the ones recent filter/prioritize calls carried; `undo` takes
+back a placement whose binding failed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from schemas import kube
 from services.loadaware import core, estimator, fast, state
 
 RECENT_PODS = 10_000
-"""Pods remembered from filter/prioritize requests, for `assume` (ExtenderBindingArgs names the pod only)."""
+"""Pods remembered from filter/prioritize requests, for `assume` and `bind` (ExtenderBindingArgs names the pod
+only)."""
 
 
 class BadRequest(ValueError):
@@ -56,6 +58,26 @@ def decode_args(body: bytes) -> Candidates:
         names.append(node.metadata.name)
         allocatable[node.metadata.name] = estimator.estimate_node(node)
     return Candidates(pod=args.pod, names=names, raw_nodes=list(args.nodes.items), allocatable=allocatable)
+
+
+def decode_binding(body: bytes) -> wire.ExtenderBindingArgs:
+    try:
+        return wire.BINDING_ARGS.decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError) as err:
+        raise BadRequest(f"not ExtenderBindingArgs: {err}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """What `Extender.place` did with an ExtenderBindingArgs."""
+
+    binding: wire.ExtenderBindingArgs
+    key: str
+    """namespace/name, the pod's key in the state."""
+    known: bool
+    """A filter/prioritize request carried the pod, so its requests (and estimate) are known."""
+    assumed: state.AssignedPod | None = None
+    """The entry recorded on the node; None when the pod is unknown or the watch already shows it assigned."""
 
 
 @dataclass(slots=True)
@@ -120,18 +142,32 @@ class Extender:
 
     def assume(self, body: bytes, *, now: float) -> bytes:
         """Record the placement of a pod a filter/prioritize request carried; the pod watch later confirms it."""
-        try:
-            binding = wire.BINDING_ARGS.decode(body)
-        except (msgspec.ValidationError, msgspec.DecodeError) as err:
-            raise BadRequest(f"not ExtenderBindingArgs: {err}") from None
-        pod = self.recent.get(binding.pod_uid)
-        if pod is None:
+        placement = self.place(decode_binding(body), now=now)
+        if not placement.known:
+            binding = placement.binding
             error = f"pod {binding.pod_namespace}/{binding.pod_name} ({binding.pod_uid}) was not seen by filter"
             return msgspec.json.encode(wire.ExtenderBindingResult(error=error))
-        key = f"{binding.pod_namespace}/{binding.pod_name}"  # the key the pod watch uses
-        if self.state.pod_node(key) is None:  # the watch, when it was first, knows better
-            self.state.assume(key, state.assigned_pod(pod, seen_at=now, args=self.state.args), node=binding.node)
         return msgspec.json.encode(wire.ExtenderBindingResult())
+
+    def bind(self, body: bytes, *, now: float) -> Placement:
+        """The bind verb's first half: record the placement at once (filter and prioritize count it from now on);
+        the shell then asks the bridge to bind and calls `undo` when that failed."""
+        return self.place(decode_binding(body), now=now, bound=True)
+
+    def place(self, binding: wire.ExtenderBindingArgs, *, now: float, bound: bool = False) -> Placement:
+        key = f"{binding.pod_namespace}/{binding.pod_name}"  # the key the pod watch uses
+        pod = self.recent.get(binding.pod_uid)
+        if pod is None:
+            return Placement(binding=binding, key=key, known=False)
+        if self.state.pod_node(key) is not None:  # the watch, when it was first, knows better
+            return Placement(binding=binding, key=key, known=True)
+        assumed = state.assigned_pod(pod, seen_at=now, args=self.state.args)
+        self.state.assume(key, assumed, node=binding.node, bound=bound)
+        return Placement(binding=binding, key=key, known=True, assumed=assumed)
+
+    def undo(self, placement: Placement) -> bool:
+        """Take back what `place` recorded, unless a watch event replaced it since. True when something was undone."""
+        return placement.assumed is not None and self.state.forget_assumed(placement.key, placement.assumed)
 
     def explain(self, pod: kube.Pod, node: str, *, now: float) -> dict[str, object]:
         """The filter verdict and score of `pod` on `node` with their arithmetic (koordbus scheduler explain)."""

@@ -1,4 +1,4 @@
-"""The extender's HTTP routes: kube-scheduler's verbs, an explanation route, health and metrics.
+"""The extender's HTTP routes: kube-scheduler's verbs (filter, prioritize, bind), assume, explain, health, metrics.
 
 Bodies are decoded and encoded with msgspec by services.loadaware.extender (no pydantic models: a request for
 5,000 nodes must be answered in milliseconds). A malformed request is a 400 with `{"error": message}`.
@@ -51,6 +51,14 @@ def create_app(service: LoadAwareService, registry: CollectorRegistry) -> FastAP
     @app.post("/assume")
     async def assume_route(request: Request) -> Response:
         return await answer("assume", request, service.assume)
+
+    @app.post("/bind")
+    async def bind_route(request: Request) -> Response:
+        try:
+            return Response(await service.bind(await request.body()), media_type=JSON)
+        except BadRequest as err:
+            service.bad_request("bind")
+            return Response(msgspec.json.encode({"error": str(err)}), status_code=400, media_type=JSON)
 
     @app.post("/explain")
     async def explain_route(request: Request) -> Response:

@@ -10,7 +10,10 @@ services.migration):
     a key in error keeps its last good value and is logged.
   * nodemetric (KOORD_NODEMETRIC, every partition, last value per subject, then new reports).
 The HTTP routes (services.loadaware.http) call `filter`, `prioritize`, `assume` and `explain` on the event loop
-between deliveries, so every answer reads one consistent state. Called by `koordbus service loadaware` and tests.
+between deliveries, so every answer reads one consistent state. `bind` records the placement at once, then asks
+the Kubernetes bridge to create the Binding (request/reply on koord.v1.rpc.k8s.bind, services.k8s.binder) and takes
+the placement back when that fails or no answer comes within `bind_timeout_seconds`. Called by `koordbus service
+loadaware` and tests.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from bus import streams, subjects
 from bus.api import Bus, Consumer, ConsumerSpec, Delivery
+from bus.errors import BusError
+from schemas import extender as wire
 from schemas import kube
 from schemas.cluster import CLUSTER_EVENT_DECODER, ConfigMapObserved, NodeObserved, PodObserved
 from schemas.node import NodeMetricComputed
@@ -63,10 +68,15 @@ class LoadAwareSettings:
     configmap_namespace: str = CONFIGMAP_NAMESPACE
     configmap_name: str = CONFIGMAP_NAME
     """The slo-controller-config ConfigMap: load-watermarks-config and resource-threshold-config."""
+    bind_timeout_seconds: float = 5.0
+    """The bind verb waits this long for the bridge's answer, then answers kube-scheduler with an error (and takes
+    the placement back). Keep it below the extender's httpTimeout in the KubeSchedulerConfiguration."""
 
     def __post_init__(self) -> None:
         if self.startup_timeout_seconds <= 0:
             raise ValueError("startup_timeout_seconds must be positive")
+        if self.bind_timeout_seconds <= 0:
+            raise ValueError("bind_timeout_seconds must be positive")
 
 
 class _Instruments:
@@ -83,6 +93,13 @@ class _Instruments:
             ["verb"],
             registry=registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
+        )
+        self.binds = Counter(
+            "koordbus_loadaware_binds_total",
+            "Bind verbs by outcome: bound, rejected (the API server refused: pod gone, already bound …), "
+            "unavailable (the bridge or the API server did not answer)",
+            ["outcome"],
+            registry=registry,
         )
         self.failed = Counter(
             "koordbus_loadaware_filtered_nodes_total",
@@ -264,6 +281,36 @@ class LoadAwareService:
         answer = self.extender.assume(body, now=time.time())
         self._observe("assume", started)
         return answer
+
+    async def bind(self, body: bytes) -> bytes:
+        started = time.perf_counter()
+        placement = self.extender.bind(body, now=time.time())
+        binding = placement.binding
+        pod = f"{binding.pod_namespace}/{binding.pod_name}"
+        if not placement.known:
+            log.info("loadaware: binding %s to %s without counting it: no filter request carried it", pod, binding.node)
+        request = wire.PodBindRequest(
+            namespace=binding.pod_namespace, name=binding.pod_name, uid=binding.pod_uid, node=binding.node
+        )
+        error, outcome = "", "unavailable"
+        try:
+            data = await self.bus.request(
+                subjects.K8S_RPC_BIND, msgspec.json.encode(request), timeout=self.settings.bind_timeout_seconds
+            )
+            reply = wire.BIND_REPLY.decode(data)
+            error = reply.error
+            outcome = "bound" if not error else "rejected" if reply.status else "unavailable"
+        except (BusError, msgspec.DecodeError, msgspec.ValidationError) as err:
+            error = str(err)
+        finally:
+            if outcome != "bound":  # failed, or cancelled while waiting: the watch adds the pod if it was bound
+                self.extender.undo(placement)
+        self._metrics.binds.labels(outcome=outcome).inc()
+        self._observe("bind", started)
+        if error:
+            log.warning("loadaware: binding %s (%s) to %s failed: %s", pod, binding.pod_uid, binding.node, error)
+            return msgspec.json.encode(wire.ExtenderBindingResult(error=f"bind {pod} to {binding.node}: {error}"))
+        return msgspec.json.encode(wire.ExtenderBindingResult())
 
     def explain(self, pod: kube.Pod, node: str) -> dict[str, object]:
         return self.extender.explain(pod, node, now=time.time())

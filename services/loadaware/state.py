@@ -10,7 +10,8 @@ slo-controller-config's watermarks and strategies, services.slo.watermarks); cor
 
 Bind-time accounting (user-asks #7): a pod counts from the moment its PodObserved carries a nodeName (its
 timestamp is the PodScheduled transition, else the time the bridge saw it), and `assume` records a placement the
-extender's `bind` verb reports before any watch event; the watch event then replaces it.
+extender's `bind` or `assume` verb reports before any watch event; the watch event then replaces it, and a bind that
+failed takes it back with `forget_assumed`.
 """
 
 from __future__ import annotations
@@ -215,6 +216,8 @@ class LoadState:
         """Node QoS's resource-threshold strategies: the cluster one, then each node strategy."""
         self.nodes: dict[str, NodeEntry] = {}
         self._pod_node: dict[str, str] = {}
+        self._bound: set[str] = set()
+        """Pods placed by the extender's bind verb that no watch event has shown assigned yet."""
         self.annotation_errors: dict[str, str] = {}
         self.dirty: set[str] = set()
         """Nodes changed since services.loadaware.fast last read them (it pops them)."""
@@ -270,13 +273,23 @@ class LoadState:
         key = uid or (kube.pod_key(pod) if pod is not None else "")
         if not key:
             return
-        if pod is None or not node or pod.status.phase in (kube.PHASE_SUCCEEDED, kube.PHASE_FAILED):
+        if pod is None or pod.status.phase in (kube.PHASE_SUCCEEDED, kube.PHASE_FAILED):
             self.forget_pod(key)
+            return
+        if not node:
+            # a pod's nodeName, once set, never goes back: the pod seen pending before a bind still in the pipeline
+            if key not in self._bound:
+                self.forget_pod(key)
             return
         self.assume(key, assigned_pod(pod, seen_at=seen_at, args=self.args), node=node)
 
-    def assume(self, uid: str, pod: AssignedPod, *, node: str) -> None:
-        """Record `pod` on `node` (a watch event, or a placement reported before the watch shows it)."""
+    def assume(self, uid: str, pod: AssignedPod, *, node: str, bound: bool = False) -> None:
+        """Record `pod` on `node` (a watch event, or a placement reported before the watch shows it). `bound`: the
+        extender's bind verb is binding it, so a watch event showing it still unassigned is older and ignored."""
+        if bound:
+            self._bound.add(uid)
+        else:
+            self._bound.discard(uid)
         previous = self._pod_node.get(uid)
         if previous is not None and previous != node:
             self.forget_pod(uid)
@@ -289,6 +302,7 @@ class LoadState:
         self._pod_node[uid] = node
 
     def forget_pod(self, uid: str) -> None:
+        self._bound.discard(uid)
         node = self._pod_node.pop(uid, None)
         if node is None:
             return
@@ -297,6 +311,16 @@ class LoadState:
             self.dirty.add(node)
             entry.load = None
             self._drop_if_empty(node)
+
+    def forget_assumed(self, uid: str, pod: AssignedPod) -> bool:
+        """Undo `assume(uid, pod, …)`: forget the pod only while `pod` is still its entry (a watch event since then
+        replaced it and knows better). True when it was forgotten."""
+        node = self._pod_node.get(uid)
+        entry = self.nodes.get(node) if node is not None else None
+        if entry is None or entry.pods.get(uid) is not pod:
+            return False
+        self.forget_pod(uid)
+        return True
 
     def pod_node(self, uid: str) -> str | None:
         return self._pod_node.get(uid)

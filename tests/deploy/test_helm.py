@@ -331,3 +331,24 @@ def test_the_loadaware_extender_is_wired_for_kube_scheduler() -> None:
     nats = by_kind(objects, "ConfigMap")["prod-koordbus-nats"]["data"]["nats.conf"]
     assert '{user: "service-loadaware", password: $PASSWORD_LOADAWARE}' in nats
     assert not any(o["metadata"]["name"].endswith("-loadaware") for o in render(DEFAULTS))
+    assert _env(container)["KOORDBUS_BIND_TIMEOUT_SECONDS"] == "5"
+
+
+def test_the_loadaware_bind_verb_is_opt_in_and_grants_the_bridge_pods_binding() -> None:
+    """Off by default: no bindVerb, the bridge neither may nor does bind. On: kube-scheduler binds through the
+    extender, the bridge's ClusterRole allows creating pods/binding and the bridge answers bind requests."""
+    binding = {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]}
+    for bind in (False, True):
+        values = {**DEFAULTS, "services": {"loadaware": {"enabled": True}}, "loadaware": {"bind": bind}}
+        objects = render(values)
+        for obj in objects:
+            kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+        data = by_kind(objects, "ConfigMap")["prod-koordbus-loadaware"]["data"]
+        (extender,) = yaml.safe_load(data["scheduler-config.yaml"])["extenders"]
+        assert extender.get("bindVerb") == ("bind" if bind else None)
+        assert (binding in by_kind(objects, "ClusterRole")["prod-koordbus-k8s"]["rules"]) is bind
+        bridge = by_kind(objects, "Deployment")["prod-koordbus-k8s"]["spec"]["template"]["spec"]["containers"][0]
+        assert _env(bridge)["KOORDBUS_BIND_PODS"] == str(bind).lower()
+    # the extender disabled: nothing to bind for, whatever loadaware.bind says
+    objects = render({**DEFAULTS, "loadaware": {"bind": True}})
+    assert binding not in by_kind(objects, "ClusterRole")["prod-koordbus-k8s"]["rules"]

@@ -1,6 +1,8 @@
 """`koordbus service loadaware` as a process on a real nats-server: NodeMetrics for three nodes rank them through
 the extender's HTTP verbs, and a burst of 20 pods placed one after the other — each placement published as the
-bridge would (PodObserved with a nodeName) — spreads over the nodes instead of piling onto the coldest one."""
+bridge would (PodObserved with a nodeName) — spreads over the nodes instead of piling onto the coldest one. Then
+the same burst bound through the extender's bind verb, with `koordbus service k8s` creating the Bindings in the fake
+API server: counted as each is bound, it spreads without waiting for the watch."""
 
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ import pytest
 from bus.jetstream import JetStreamBus
 from schemas import kube
 from schemas.cluster import NodeObserved, PodObserved
+from tests.fakes.kube_api import FakeKubeApi
 from tests.faults.service_process import ServiceProcess
 from tests.support.events import publish_events
-from tests.support.loadaware import GI, node, pod_json, report
+from tests.support.loadaware import GI, node, node_json, pod_json, report
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.e2e
@@ -111,6 +114,76 @@ async def test_ranking_and_a_burst_that_spreads(
             assert max(final.values()) - min(final.values()) <= 1, (final, placed)
     finally:
         await service.stop()
+
+
+async def test_a_burst_bound_through_the_extender_spreads_without_waiting_for_the_watch(
+    koordbus_nats_url: str, koordbus_bus: JetStreamBus, kube_api: FakeKubeApi, tmp_path: Path
+) -> None:
+    for name in NODES:
+        kube_api.put("Node", node_json(name))
+    for i in range(20):
+        kube_api.put("Pod", pod_json(f"burst-{i}", cpu="1", memory="1Gi"))
+    now = time.time()
+    await publish_events(
+        koordbus_bus,
+        report("n-a", at=now, cpu=4000, memory=16 * GI),
+        report("n-b", at=now, cpu=10000, memory=32 * GI),
+        report("n-c", at=now, cpu=12000, memory=32 * GI),
+    )
+    args_file = tmp_path / "loadaware.yaml"
+    args_file.write_text("usageThresholds: {cpu: 65, memory: 95}\nresourceWeights: {cpu: 1, memory: 1}\n")
+    kubeconfig = kube_api.kubeconfig(tmp_path / "kubeconfig")
+    bridge = ServiceProcess("k8s", "--nats-url", koordbus_nats_url, "--kubeconfig", str(kubeconfig), log_dir=tmp_path)
+    service = ServiceProcess(
+        "loadaware", "--nats-url", koordbus_nats_url, "--args-file", str(args_file), log_dir=tmp_path
+    )
+    bridge.start()
+    service.start()
+    try:
+        async with httpx.AsyncClient(base_url=service.base_url, timeout=10) as client:
+            await eventually(lambda: _ready(bridge, client), timeout=30)
+            await eventually(lambda: _ready(service, client), timeout=30)
+            probe = {"Pod": pod_json("probe", cpu="1", memory="1Gi"), "NodeNames": list(NODES)}
+
+            async def ranked_from_the_bridges_nodes() -> bool:  # allocatable (the bridge) and the reports are in
+                ranked = (await client.post("/prioritize", json=probe)).json()
+                return {e["Host"]: e["Score"] for e in ranked} == {"n-a": 9, "n-b": 7, "n-c": 7}
+
+            await eventually(ranked_from_the_bridges_nodes, timeout=30)
+            placed = {n: 0 for n in NODES}
+            chosen: dict[str, str] = {}
+            ties = random.Random(9)
+            for i in range(20):  # one after the other, as kube-scheduler's binding cycles finish, no waiting
+                pod = pod_json(f"burst-{i}", cpu="1", memory="1Gi")
+                args = {"Pod": pod, "NodeNames": list(NODES)}
+                passed = (await client.post("/filter", json=args)).json()["NodeNames"]
+                ranked = (await client.post("/prioritize", json={"Pod": pod, "NodeNames": passed})).json()
+                top = max(e["Score"] for e in ranked)
+                best = ties.choice([e["Host"] for e in ranked if e["Score"] == top])
+                binding = {"PodName": f"burst-{i}", "PodNamespace": "default", "PodUID": f"uid-default-burst-{i}"}
+                answer = (await client.post("/bind", json={**binding, "Node": best})).json()
+                assert answer == {"Error": ""}, (answer, bridge.describe())
+                placed[best] += 1
+                chosen[f"burst-{i}"] = best
+                assert await _assigned(client, best, placed[best])  # counted already, whatever the watch is doing
+            assert placed["n-a"] == max(placed.values()) < 20 and min(placed.values()) >= 1, placed
+            assert {name: kube_api.get("Pod", name, "default")["spec"]["nodeName"] for name in chosen} == chosen
+            # the watch then confirms each placement instead of adding it a second time
+            await eventually(lambda: _assigned_everywhere(client, placed), timeout=15)
+            final = {n: (await _explain(client, n))["score"]["extender_score"] for n in NODES}
+            assert max(final.values()) - min(final.values()) <= 1, (final, placed)
+            ghost = {"PodName": "ghost", "PodNamespace": "default", "PodUID": "uid-ghost", "Node": "n-b"}
+            assert "HTTP 404" in (await client.post("/bind", json=ghost)).json()["Error"]
+            metrics = (await client.get("/metrics")).text
+            assert 'koordbus_loadaware_binds_total{outcome="bound"} 20.0' in metrics
+            assert 'koordbus_loadaware_binds_total{outcome="rejected"} 1.0' in metrics
+    finally:
+        assert await service.stop() == 0, service.describe()
+        assert await bridge.stop() == 0, bridge.describe()
+
+
+async def _assigned_everywhere(client: httpx.AsyncClient, placed: dict[str, int]) -> bool:
+    return all([await _assigned(client, name, count) for name, count in placed.items()])
 
 
 async def _sees_report(client: httpx.AsyncClient, at: float) -> bool:

@@ -361,6 +361,12 @@ class FakeKubeApi:
                 and segments[4::2] == ["pods", "eviction"]
             ):
                 return self._evict(request, segments[3], segments[5], await request.read())
+            if (
+                len(segments) == 7
+                and segments[:3] == ["api", "v1", "namespaces"]
+                and segments[4::2] == ["pods", "binding"]
+            ):
+                return self._bind(request, segments[3], segments[5], await request.read())
             kind, namespace, name, subresource = self._route(segments)
             verb = self._verb(request, name)
             self.requests.append(RecordedRequest(verb, request.path, content_type))
@@ -454,6 +460,51 @@ class FakeKubeApi:
         if self.on_evicted is not None:
             self.on_evicted(copy.deepcopy(current))
         return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success"}, status=201)
+
+    def _bind(self, request: web.Request, namespace: str, name: str, raw: bytes) -> web.StreamResponse:
+        """POST pods/<name>/binding (core/v1 Binding): sets spec.nodeName to the target Node and PodScheduled True.
+        404 without the pod; 409 when metadata.uid names another pod or the pod is already on a node; 400 when the
+        Binding names another pod, 422 when its target is not a Node, as the real server answers."""
+        if request.method != "POST":
+            raise ApiError(405, f"{request.method} is not supported on {request.path}")
+        self.requests.append(RecordedRequest("bind", request.path, "application/json"))
+        pods = self.resource_kind("Pod")
+        self._inject_fault("bind", pods)
+        body = json.loads(raw) if raw else {}
+        meta, target = body.get("metadata") or {}, body.get("target") or {}
+        if meta.get("name") != name:
+            raise ApiError(400, "name in URL does not match name in Binding object")
+        if target.get("kind", "Node") != "Node" or not target.get("name"):
+            raise ApiError(422, f'Binding.core "{name}" is invalid: target: a Node name is required')
+        current = self._require(pods, namespace, name)
+        wanted_uid = meta.get("uid")
+        if wanted_uid and wanted_uid != current["metadata"].get("uid"):
+            raise ApiError(
+                409,
+                f'Operation cannot be fulfilled on pods/binding "{name}": Precondition failed: UID in precondition: '
+                f"{wanted_uid}, UID in object meta: {current['metadata'].get('uid')}",
+            )
+        if bound := current.get("spec", {}).get("nodeName"):
+            raise ApiError(
+                409,
+                f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is already assigned to node '
+                f'"{bound}"',
+            )
+        pod = copy.deepcopy(current)
+        pod.setdefault("spec", {})["nodeName"] = target["name"]
+        status = pod.setdefault("status", {})
+        scheduled = {
+            "type": "PodScheduled",
+            "status": "True",
+            "lastTransitionTime": self._clock().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        status["conditions"] = [
+            *(c for c in status.get("conditions", []) if c.get("type") != "PodScheduled"),
+            scheduled,
+        ]
+        self._commit(pods, pod, "MODIFIED", current)
+        success = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+        return web.json_response(success, status=201)
 
     def _discovery(self, segments: list[str]) -> Json | None:
         if segments == ["version"]:
