@@ -234,12 +234,18 @@ def findings(
     for label, strategy in strategies:
         if not strategy.get("enable"):
             continue
+        limit = strategy.get("evictEnabledPriorityThreshold")
+        enabled_pods = f"eviction-enabled pods of priority ≤ {limit}"
         for resource, field, who in (
-            ("memory", "memoryEvictThresholdPercent", "BE pods and eviction-enabled pods"),
-            ("cpu", "cpuEvictThresholdPercent", "eviction-enabled pods"),
+            (
+                "memory",
+                "memoryEvictThresholdPercent",
+                "BE pods" + (f" and {enabled_pods}" if limit is not None else ""),
+            ),
+            ("cpu", "cpuEvictThresholdPercent", enabled_pods),
         ):
             evict = strategy.get(field)
-            if not evict or (resource == "cpu" and strategy.get("evictEnabledPriorityThreshold") is None):
+            if not evict or (resource == "cpu" and limit is None):
                 continue
             admit = schedule.get(resource, 0)
             if admit != 0 and admit < evict:

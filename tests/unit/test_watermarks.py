@@ -241,5 +241,5 @@ def test_the_cli_prints_the_view_as_a_table_with_its_findings() -> None:
     assert "cluster: suppress 65%" in lines[1]
     assert "cluster: evict 70%, BE pods capped at 69%" in lines[2]
     assert "stale NodeMetric: scheduler 180 s (filters the node), descheduler 180 s" in text
-    assert "INFO eviction-cap: cluster: node QoS evicts BE pods and eviction-enabled pods at memory 70%" in text
+    assert "INFO eviction-cap: cluster: node QoS evicts BE pods at memory 70%; the scheduler would admit" in text
     assert "INFO no-shared-watermarks" in text
