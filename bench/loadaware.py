@@ -8,7 +8,9 @@ rows, and serves services.loadaware.http's routes with uvicorn. This process, on
 plays kube-scheduler with a nodeCacheCapable extender: for each of R pods it POSTs ExtenderArgs with all N node
 names to /filter, then the nodes that passed to /prioritize (one keep-alive connection), timing both calls
 together; then it reports the placement to /assume (untimed) so the next pod meets one changed node, as in a
-real burst.
+real burst. With --node-qos the ConfigMap's resource-threshold-config evicts BE pods (memory 70%, 50% on half
+the nodes through a node strategy) and every benchmark pod is BE, so the filter also applies the per-node eviction
+caps (services.slo.watermarks).
 
 Exactly one JSON line goes to stdout (with the issue's target: filter + prioritize p99 < 20 ms on one core);
 progress goes to stderr.
@@ -48,7 +50,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def build_state(nodes: int, pods_per_node: int, seed: int, now: float) -> Any:
+NODE_QOS = {
+    "resource-threshold-config": json.dumps(
+        {
+            "clusterStrategy": {"enable": True, "memoryEvictThresholdPercent": 70},
+            "nodeStrategies": [{"nodeSelector": {"matchLabels": {"pool": "b"}}, "memoryEvictThresholdPercent": 50}],
+        }
+    )
+}
+
+
+def build_state(nodes: int, pods_per_node: int, seed: int, now: float, node_qos: bool = False) -> Any:
     """A LoadState as the service would hold it after replaying N nodes, their NodeMetrics and their pods."""
     from schemas import kube
     from schemas.node import (
@@ -62,14 +74,18 @@ def build_state(nodes: int, pods_per_node: int, seed: int, now: float) -> Any:
     )
     from services.loadaware.args import DEFAULT_ARGS
     from services.loadaware.state import AssignedPod, LoadState
+    from services.slo.watermarks import read_watermarks
 
     rng = random.Random(seed)
-    state = LoadState(DEFAULT_ARGS)
+    state = LoadState(DEFAULT_ARGS, read_watermarks(NODE_QOS) if node_qos else None)
     for i in range(nodes):
         name = f"node-{i:05d}"
         cores = rng.choice((32, 64, 96))
         node = msgspec.convert(
-            {"metadata": {"name": name}, "status": {"allocatable": {"cpu": str(cores), "memory": f"{cores * 4}Gi"}}},
+            {
+                "metadata": {"name": name, "labels": {"pool": "ab"[i % 2]}},
+                "status": {"allocatable": {"cpu": str(cores), "memory": f"{cores * 4}Gi"}},
+            },
             kube.Node,
         )
         state.apply_node(name, node)
@@ -112,7 +128,7 @@ def build_state(nodes: int, pods_per_node: int, seed: int, now: float) -> Any:
     return state
 
 
-def serve(port: int, nodes: int, pods_per_node: int, seed: int, cpu: int | None) -> None:
+def serve(port: int, nodes: int, pods_per_node: int, seed: int, cpu: int | None, node_qos: bool) -> None:
     """The server process: one core, the state, uvicorn."""
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
@@ -125,7 +141,7 @@ def serve(port: int, nodes: int, pods_per_node: int, seed: int, cpu: int | None)
     registry = new_registry()
     service = LoadAwareService(None, LoadAwareSettings(), registry=registry)  # type: ignore[arg-type]
     started = time.perf_counter()
-    service.state = build_state(nodes, pods_per_node, seed, time.time())
+    service.state = build_state(nodes, pods_per_node, seed, time.time(), node_qos)
     from services.loadaware.extender import Extender
 
     service.extender = Extender(service.state)
@@ -149,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=500, help="pods scheduled, each filter + prioritize (500)")
     p.add_argument("--warmup", type=int, default=20, help="untimed pods first (20)")
     p.add_argument("--seed", type=int, default=1, help="random seed (1)")
+    p.add_argument("--node-qos", action="store_true", help="BE pods against node QoS eviction caps (off)")
     a = p.parse_args(argv)
     cpus = sorted(os.sched_getaffinity(0))
     server_cpu = cpus[0] if len(cpus) > 1 else None
@@ -156,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, set(cpus[1:]))
     port = _free_port()
     context = multiprocessing.get_context("spawn")
-    server = context.Process(target=serve, args=(port, a.nodes, a.pods_per_node, a.seed, server_cpu), daemon=True)
+    server = context.Process(
+        target=serve, args=(port, a.nodes, a.pods_per_node, a.seed, server_cpu, a.node_qos), daemon=True
+    )
     server.start()
     names = [f"node-{i:05d}" for i in range(a.nodes)]
     filter_ms: list[float] = []
@@ -177,7 +196,12 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.2)
             for i in range(a.warmup + a.requests):
                 pod = {
-                    "metadata": {"name": f"bench-{i}", "namespace": "default", "uid": f"bench-uid-{i}"},
+                    "metadata": {
+                        "name": f"bench-{i}",
+                        "namespace": "default",
+                        "uid": f"bench-uid-{i}",
+                        "labels": {"koordinator.sh/qosClass": "BE"} if a.node_qos else {},
+                    },
                     "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "2", "memory": "4Gi"}}}]},
                 }
                 started = time.perf_counter()
@@ -209,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         "pods_per_node": a.pods_per_node,
         "requests": a.requests,
         "server_cpu": server_cpu,
+        "node_qos": a.node_qos,
         "filter_p50_ms": round(statistics.median(filter_ms), 2),
         "filter_p99_ms": round(percentile(filter_ms, 0.99), 2),
         "prioritize_p50_ms": round(statistics.median(prioritize_ms), 2),
