@@ -142,10 +142,11 @@ class Matrix:
             over = checked & (percent > limits[check])
             bad = over.any(axis=1)
             kind = "aggregated usage" if profile.aggregation is not None else "usage"
-            positions = np.flatnonzero(check).tolist()
-            for j in np.flatnonzero(bad).tolist():
-                resource = self.vector[int(over[j].argmax())]
-                failed[names[positions[j]]] = f"node(s) {resource} {kind} exceed threshold"
+            positions = np.flatnonzero(check)[bad].tolist()
+            first_over = over[bad].argmax(axis=1).tolist()
+            reasons = [f"node(s) {resource} {kind} exceed threshold" for resource in self.vector]
+            for position, which in zip(positions, first_over, strict=True):
+                failed[names[position]] = reasons[which]
         for i in np.flatnonzero(special).tolist():
             verdict = core.filter_node(self.state, pod, names[i], now=now)
             if not verdict.passed:
