@@ -94,7 +94,10 @@ def render_watermarks(view: dict[str, Any]) -> str:
     for side in ("scheduler", "descheduler"):
         section = view[side]
         source = ", ".join(section["fromConfigMap"]) or "nothing"
-        out += f"{side}: {'reported' if section['reported'] else 'not reported'}; from the ConfigMap: {source}\n"
+        state = "reported" if section["reported"] else "not reported"
+        if side == "descheduler" and not section["enabled"]:
+            state += ", load-aware descheduling off"
+        out += f"{side}: {state}; from the ConfigMap: {source}\n"
     if view["findings"]:
         out += "\n" + "".join(f"{f['severity'].upper()} {f['code']}: {f['message']}\n" for f in view["findings"])
     return out

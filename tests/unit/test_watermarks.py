@@ -243,3 +243,4 @@ def test_the_cli_prints_the_view_as_a_table_with_its_findings() -> None:
     assert "stale NodeMetric: scheduler 180 s (filters the node), descheduler 180 s" in text
     assert "INFO eviction-cap: cluster: node QoS evicts BE pods at memory 70%; the scheduler would admit" in text
     assert "INFO no-shared-watermarks" in text
+    assert "descheduler: not reported, load-aware descheduling off; from the ConfigMap: nothing" in text
