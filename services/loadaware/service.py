@@ -223,6 +223,8 @@ class LoadAwareService:
             return
         self.state.apply_config(args, config)
         self.extender.matrix = Matrix(self.state)
+        if self.replayed:
+            self.extender.matrix.refresh()  # now, rather than inside the next filter request
         log.info(
             "loadaware: watermarks now usageThresholds %s, prodUsageThresholds %s, NodeMetric expiry %d s, "
             "%d node QoS strategies, avoidEvictionLoops %s",

@@ -231,11 +231,13 @@ class LoadState:
 
     def apply_config(self, args: LoadAwareArgs, config: watermarks.WatermarkConfig) -> None:
         """New args (the service's own with the watermarks applied) and node QoS thresholds: every node is redone."""
+        loads_change = args.prod_usage_include_sys != self.args.prod_usage_include_sys
         self.args, self.vector, self.config = args, args.vector(), config
         self.qos_strategies = config.strategies()
         for name, entry in self.nodes.items():
             entry.qos_strategy = watermarks.strategy_index(config.thresholds.nodes, entry.labels)
-            entry.load = None
+            if loads_change:
+                entry.load = None
             self.dirty.add(name)
 
     @property
