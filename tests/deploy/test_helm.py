@@ -331,7 +331,7 @@ def test_the_loadaware_extender_is_wired_for_kube_scheduler() -> None:
     nats = by_kind(objects, "ConfigMap")["prod-koordbus-nats"]["data"]["nats.conf"]
     assert '{user: "service-loadaware", password: $PASSWORD_LOADAWARE}' in nats
     assert not any(o["metadata"]["name"].endswith("-loadaware") for o in render(DEFAULTS))
-    assert _env(container)["KOORDBUS_BIND_TIMEOUT_SECONDS"] == "5"
+    assert _env(container)["KOORDBUS_BIND_TIMEOUT_SECONDS"] == "0.8"
 
 
 def test_the_loadaware_bind_verb_is_opt_in_and_grants_the_bridge_pods_binding() -> None:
@@ -349,6 +349,19 @@ def test_the_loadaware_bind_verb_is_opt_in_and_grants_the_bridge_pods_binding() 
         assert (binding in by_kind(objects, "ClusterRole")["prod-koordbus-k8s"]["rules"]) is bind
         bridge = by_kind(objects, "Deployment")["prod-koordbus-k8s"]["spec"]["template"]["spec"]["containers"][0]
         assert _env(bridge)["KOORDBUS_BIND_PODS"] == str(bind).lower()
+    # the bind must give up before kube-scheduler does
+    for timeout in ("5s", "500ms", "0.5s"):
+        too_long = {**DEFAULTS, "services": {"loadaware": {"enabled": True}}}
+        too_long["loadaware"] = {"bind": True, "bindTimeoutSeconds": 5, "extender": {"httpTimeout": timeout}}
+        with pytest.raises(Exception, match=r"loadaware.bindTimeoutSeconds \(5\) must be shorter than"):
+            render(too_long)
+    render(
+        {
+            **DEFAULTS,
+            "services": {"loadaware": {"enabled": True}},
+            "loadaware": {"bind": True, "bindTimeoutSeconds": 5, "extender": {"httpTimeout": "1m"}},
+        }
+    )
     # the extender disabled: nothing to bind for, whatever loadaware.bind says
     objects = render({**DEFAULTS, "loadaware": {"bind": True}})
     assert binding not in by_kind(objects, "ClusterRole")["prod-koordbus-k8s"]["rules"]
