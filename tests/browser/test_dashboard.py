@@ -1,6 +1,7 @@
 """The dashboard in headless Chromium against `koordbus up --simulate-nodes 50`: sign-in, each page loads and its
 charts have data, a quota change made through the REST API shows in the tree view without a reload, a migration
-request shows in the queue with its arbitration, and a screenshot of each page lands in test-artifacts/browser/."""
+request shows in the queue with its arbitration, the watermarks page lays out the thresholds with its findings,
+and a screenshot of each page lands in test-artifacts/browser/."""
 
 from __future__ import annotations
 
@@ -166,6 +167,23 @@ def test_a_migration_request_shows_in_the_queue_with_its_arbitration(tab: Page, 
     )
     assert "ghost" in tab.page.inner_text("#migration-trail")
     tab.screenshot("migrations")
+    assert tab.errors == []
+
+
+def test_watermarks_page_shows_the_lines_side_by_side_with_the_findings(tab: Page, koordbus_up: Koordbus) -> None:
+    view = koordbus_up.call("GET", "/api/v1/config/watermarks")
+    tab.page.goto(koordbus_up.base + "/#/watermarks")
+    wait_loaded(tab, "watermarksPage")
+    rows = tab.page.locator("#watermark-resources tbody tr")
+    assert rows.count() == len(view["resources"]) == 2
+    for row in view["resources"]:
+        cells = tab.page.locator(f"#watermark-resources tr[data-resource={row['resource']}] td").all_inner_texts()
+        assert cells[:2] == [row["resource"], f"{row['schedule']:g}%"]
+    codes = tab.page.locator("#watermark-findings li").evaluate_all("items => items.map(i => i.dataset.code)")
+    assert codes == [f["code"] for f in view["findings"]] and "no-shared-watermarks" in codes
+    assert "descheduler" in tab.page.inner_text("#watermark-staleness")
+    assert tab.page.get_attribute("nav a[data-tab=watermarks]", "class") == "active"
+    tab.screenshot("watermarks")
     assert tab.errors == []
 
 

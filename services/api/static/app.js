@@ -1,5 +1,6 @@
 // The dashboard's shell: the login form (a bearer token, or none when the server runs --no-auth), the hash
-// router (#/, #/node/<name>, #/quotas[/<tree>], #/migrations[/<job>]) and the event stream's status in the header.
+// router (#/, #/node/<name>, #/quotas[/<tree>], #/migrations[/<job>], #/watermarks) and the event stream's status
+// in the header.
 // Each page gets an AbortSignal that ends its requests, its event stream and its timers when the user leaves it.
 
 import {probe, setToken, streamState, token, whenUnauthorized} from "./api.js";
@@ -8,12 +9,14 @@ import {migrationsPage} from "./migrations.js";
 import {nodePage} from "./node.js";
 import {overviewPage} from "./overview.js";
 import {quotasPage} from "./quotas.js";
+import {watermarksPage} from "./watermarks.js";
 
 const ROUTES = [
   [/^#?\/?$/, overviewPage, "overview"],
   [/^#\/node\/(.+)$/, nodePage, "overview"],
   [/^#\/quotas(?:\/(.+))?$/, quotasPage, "quotas"],
   [/^#\/migrations(?:\/(.+))?$/, migrationsPage, "migrations"],
+  [/^#\/watermarks$/, watermarksPage, "watermarks"],
 ];
 
 const main = document.getElementById("main");
