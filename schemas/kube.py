@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
@@ -207,27 +207,41 @@ def pod_request(pod: Pod) -> resources.ResourceList:
     the pod sets cpu/memory/hugepages there, replace the container figure for those resources. Overhead
     (RuntimeClass) comes on top.
     """
+    total = _pod_total(pod, "requests")
+    return resources.add(total, resource_amounts(pod.spec.overhead))
+
+
+def pod_limit(pod: Pod) -> resources.ResourceList:
+    """Kubernetes' effective pod limit (PodLimits): summed like pod_request, over limits; overhead is added only to
+    the resources that have a limit (a resource without one stays unlimited)."""
+    total = _pod_total(pod, "limits")
+    overhead = resource_amounts(pod.spec.overhead)
+    return {name: amount + overhead.get(name, 0) if amount else amount for name, amount in total.items()}
+
+
+def _pod_total(pod: Pod, field: Literal["requests", "limits"]) -> resources.ResourceList:
+    """pod_request's containers, init steps and pod-level override, over `requests` or `limits`, before overhead."""
     total: resources.ResourceList = {}
     for container in pod.spec.containers or ():
-        total = resources.add(total, resource_amounts(container.resources.requests))
+        total = resources.add(total, resource_amounts(getattr(container.resources, field)))
     sidecars: resources.ResourceList = {}
     largest_init_step: resources.ResourceList = {}
     for container in pod.spec.init_containers or ():
-        request = resource_amounts(container.resources.requests)
+        amounts = resource_amounts(getattr(container.resources, field))
         if container.restart_policy == RESTART_ALWAYS:
-            total = resources.add(total, request)
-            sidecars = resources.add(sidecars, request)
+            total = resources.add(total, amounts)
+            sidecars = resources.add(sidecars, amounts)
             step = sidecars
         else:
-            step = resources.add(request, sidecars)
+            step = resources.add(amounts, sidecars)
         largest_init_step = resources.max_rl(largest_init_step, step)
     total = resources.max_rl(total, largest_init_step)
     pod_level = pod.spec.resources
     if pod_level is not None:
-        for name, amount in resource_amounts(pod_level.requests).items():
+        for name, amount in resource_amounts(getattr(pod_level, field)).items():
             if _is_pod_level_resource(name):
                 total[name] = amount
-    return resources.add(total, resource_amounts(pod.spec.overhead))
+    return total
 
 
 def compute_kube_qos(containers: Iterable[Container]) -> str:

@@ -30,32 +30,6 @@ _TRANSLATED: Final[Mapping[str, Mapping[str, str]]] = {
 }
 
 
-def pod_limit(pod: kube.Pod) -> resources.ResourceList:
-    """Kubernetes' effective pod limit (PodLimits): containers summed, raised to the largest init step, pod-level
-    limits overriding cpu/memory/hugepages, overhead added to the resources that have a limit."""
-    total: resources.ResourceList = {}
-    for container in pod.spec.containers or ():
-        total = resources.add(total, kube.resource_amounts(container.resources.limits))
-    sidecars: resources.ResourceList = {}
-    largest_step: resources.ResourceList = {}
-    for container in pod.spec.init_containers or ():
-        limit = kube.resource_amounts(container.resources.limits)
-        if container.restart_policy == kube.RESTART_ALWAYS:
-            total = resources.add(total, limit)
-            sidecars = resources.add(sidecars, limit)
-            step = sidecars
-        else:
-            step = resources.add(limit, sidecars)
-        largest_step = resources.max_rl(largest_step, step)
-    total = resources.max_rl(total, largest_step)
-    if pod.spec.resources is not None:
-        for name, amount in kube.resource_amounts(pod.spec.resources.limits).items():
-            if name in (resources.CPU, resources.MEMORY) or name.startswith("hugepages-"):
-                total[name] = amount
-    overhead = kube.resource_amounts(pod.spec.overhead)
-    return {name: amount + overhead.get(name, 0) if amount else amount for name, amount in total.items()}
-
-
 def scaling_factors(pod: kube.Pod, args: LoadAwareArgs) -> Mapping[str, int]:
     """The args' factors, overlaid by the pod's annotation when allowCustomizeEstimation (a bad one is ignored)."""
     if not args.allow_customize_estimation:
@@ -76,7 +50,7 @@ def estimate_pod(pod: kube.Pod, args: LoadAwareArgs) -> resources.ResourceList:
     """EstimatePod: per scaling-factor resource, round(max(request, limit) × factor / 100) capped at the limit;
     defaults for a pod that neither requests nor limits cpu or memory. Zero estimates are left out."""
     translate = _TRANSLATED.get(kube.pod_priority_class(pod), {})
-    requests, limits = kube.pod_request(pod), pod_limit(pod)
+    requests, limits = kube.pod_request(pod), kube.pod_limit(pod)
     out: resources.ResourceList = {}
     for name, factor in scaling_factors(pod, args).items():
         real = translate.get(name, name)
