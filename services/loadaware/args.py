@@ -10,12 +10,13 @@ services.loadaware.core/estimator/state, the loadaware service and `koordbus sch
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Final
 
 import msgspec
 import yaml
 
-from schemas import resources
+from schemas import koordinator, resources
 from services.slo.watermarks import Watermarks
 
 AGGREGATION_TYPES: Final = frozenset({"avg", "p50", "p90", "p95", "p99"})
@@ -120,24 +121,18 @@ def check_args(args: LoadAwareArgs) -> None:
             duration_seconds(text, field=f"aggregated.{field}")
 
 
-_UNIT_SECONDS: Final = {"h": 3600, "m": 60, "s": 1}
-
-
 def duration_seconds(text: str, *, field: str = "duration") -> int:
-    """A Go duration of whole seconds ("5m", "1h30m", "300s") in seconds; "" or "0" is 0 (the longest one)."""
+    """A Go duration of whole seconds ("5m", "1h30m", "300s") in seconds (schemas.koordinator.parse_go_duration);
+    "" or "0" is 0 (the longest one)."""
     if text in ("", "0"):
         return 0
-    total, number = 0, ""
-    for char in text:
-        if char.isdigit():
-            number += char
-        elif char in _UNIT_SECONDS and number:
-            total, number = total + int(number) * _UNIT_SECONDS[char], ""
-        else:
-            raise ArgsError(f"{field}: {text!r} is not a duration like '5m' or '300s'")
-    if number:
-        raise ArgsError(f"{field}: {text!r} is not a duration like '5m' or '300s'")
-    return total
+    try:
+        seconds = koordinator.parse_go_duration(text)
+    except ValueError:
+        seconds = Fraction(-1)
+    if seconds < 0 or seconds.denominator != 1:
+        raise ArgsError(f"{field}: {text!r} is not a duration of whole seconds like '5m' or '300s'")
+    return int(seconds)
 
 
 def load_args(text: str, *, source: str = "args") -> LoadAwareArgs:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 import re
+from fractions import Fraction
 from typing import Final
 
 import msgspec
 import yaml
 
+from schemas import koordinator
 from schemas.migration import MODE_RESERVATION_FIRST
 from schemas.selectors import LabelSelector
 
@@ -158,23 +160,18 @@ def get_max_unavailable(replicas: int, value: IntOrPercent | None) -> int:
     return min(result, replicas)
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|µs|ns)")
-_UNIT_SECONDS: Final = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-
-
 def duration_seconds(text: str, *, field: str = "duration") -> float:
-    """A Go duration string ("5m", "1h30m", "500ms") in seconds; "" or "0" is 0."""
+    """A Go duration string ("5m", "1h30m", "500ms") in seconds (schemas.koordinator.parse_go_duration); "" or "0"
+    is 0; a negative one is refused."""
     if text in ("", "0"):
         return 0.0
-    position, total = 0, 0.0
-    for match in _DURATION.finditer(text):
-        if match.start() != position:
-            break
-        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-        position = match.end()
-    if position != len(text):
+    try:
+        seconds = koordinator.parse_go_duration(text)
+    except ValueError:
+        seconds = Fraction(-1)
+    if seconds < 0:
         raise ArgsError(f"{field}: {text!r} is not a duration like '5m' or '500ms'")
-    return total
+    return float(seconds)
 
 
 def load_args(text: str, *, source: str = "args") -> MigrationArgs:
