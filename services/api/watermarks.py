@@ -22,9 +22,10 @@ from pydantic import BaseModel, Field
 
 from bus.errors import BusError
 from schemas.qos import WatermarksInEffect
-from services.loadaware.args import DEFAULT_ARGS, apply_watermarks
+from services.loadaware.args import DEFAULT_ARGS, apply_watermarks, stated_watermarks
 from services.migration.lownodeload import LowNodeLoadArgs
 from services.migration.lownodeload import apply_watermarks as apply_deschedule_watermarks
+from services.migration.lownodeload import stated_watermarks as stated_deschedule_watermarks
 from services.slo import watermarks
 from services.slo.core import CONFIGMAP_NAME, CONFIGMAP_NAMESPACE
 from services.slo.reader import SloReader
@@ -92,33 +93,6 @@ def _section(stated: WatermarksInEffect, *, reported: bool) -> dict[str, Any]:
     return {"reported": reported, **{camel.get(k, k): v for k, v in section.items()}}
 
 
-def _assumed_scheduler(config: watermarks.WatermarkConfig) -> WatermarksInEffect:
-    args = apply_watermarks(DEFAULT_ARGS, config.watermarks)
-    return WatermarksInEffect(
-        service="loadaware",
-        at=0.0,
-        usage_thresholds={r: float(v) for r, v in args.usage_thresholds.items()},
-        prod_usage_thresholds={r: float(v) for r, v in args.prod_usage_thresholds.items()},
-        stale_after_seconds=float(args.node_metric_expiration_seconds),
-        schedule_when_stale=args.enable_schedule_when_node_metrics_expired,
-        avoid_eviction_loops=config.watermarks.avoid_eviction_loops,
-        from_configmap=watermarks.fields_set(config.watermarks),
-    )
-
-
-def _assumed_descheduler(config: watermarks.WatermarkConfig) -> WatermarksInEffect:
-    args = apply_deschedule_watermarks(LowNodeLoadArgs(), config.watermarks)
-    return WatermarksInEffect(
-        service="descheduler",
-        at=0.0,
-        enabled=args.enabled,
-        usage_thresholds=dict(args.high_thresholds),
-        low_thresholds=dict(args.low_thresholds),
-        stale_after_seconds=args.stale_after_seconds,
-        from_configmap=watermarks.fields_set(config.watermarks),
-    )
-
-
 def build_view(
     *,
     configmap: dict[str, Any],
@@ -128,8 +102,12 @@ def build_view(
 ) -> WatermarksView:
     """The view from the ConfigMap's data (None: not published) and what the services stated. Pure."""
     config = watermarks.read_watermarks(data)
-    scheduler = stated.get("loadaware") or _assumed_scheduler(config)
-    descheduler = stated.get("descheduler") or _assumed_descheduler(config)
+    scheduler = stated.get("loadaware") or stated_watermarks(
+        apply_watermarks(DEFAULT_ARGS, config.watermarks), config, at=0.0
+    )
+    descheduler = stated.get("descheduler") or stated_deschedule_watermarks(
+        apply_deschedule_watermarks(LowNodeLoadArgs(), config.watermarks), config, at=0.0
+    )
     strategies: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = [
         ("cluster", dict(config.thresholds.cluster), None)
     ]

@@ -17,7 +17,8 @@ import msgspec
 import yaml
 
 from schemas import koordinator, resources
-from services.slo.watermarks import Watermarks
+from schemas.qos import WatermarksInEffect
+from services.slo.watermarks import WatermarkConfig, Watermarks, fields_set
 
 AGGREGATION_TYPES: Final = frozenset({"avg", "p50", "p90", "p95", "p99"})
 DEFAULT_WEIGHTS: Final = {resources.CPU: 1, resources.MEMORY: 1}
@@ -164,6 +165,21 @@ def apply_watermarks(args: LoadAwareArgs, marks: Watermarks) -> LoadAwareArgs:
     if marks.enable_schedule_when_node_metrics_expired is not None:
         changes["enable_schedule_when_node_metrics_expired"] = marks.enable_schedule_when_node_metrics_expired
     return msgspec.structs.replace(args, **changes) if changes else args
+
+
+def stated_watermarks(args: LoadAwareArgs, config: WatermarkConfig, *, at: float) -> WatermarksInEffect:
+    """What the extender decides with (args with the watermarks applied), as it states it on the KOORD_SLO bucket."""
+    return WatermarksInEffect(
+        service="loadaware",
+        at=at,
+        usage_thresholds={r: float(v) for r, v in args.usage_thresholds.items()},
+        prod_usage_thresholds={r: float(v) for r, v in args.prod_usage_thresholds.items()},
+        stale_after_seconds=float(args.node_metric_expiration_seconds),
+        schedule_when_stale=not args.filter_expired_node_metrics or args.enable_schedule_when_node_metrics_expired,
+        avoid_eviction_loops=config.watermarks.avoid_eviction_loops,
+        from_configmap=fields_set(config.watermarks),
+        configmap_errors=dict(config.errors),
+    )
 
 
 DEFAULT_ARGS: Final = with_defaults(LoadAwareArgs())

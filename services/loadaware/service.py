@@ -38,7 +38,7 @@ from schemas.qos import WatermarksInEffect
 from services.common import observe
 from services.common.metrics import once_per_registry
 from services.common.startup import wait_replayed
-from services.loadaware.args import DEFAULT_ARGS, LoadAwareArgs, apply_watermarks
+from services.loadaware.args import DEFAULT_ARGS, LoadAwareArgs, apply_watermarks, stated_watermarks
 from services.loadaware.extender import Extender
 from services.loadaware.fast import Matrix
 from services.loadaware.state import LoadState
@@ -235,25 +235,11 @@ class LoadAwareService:
             config.watermarks.avoid_eviction_loops,
         )
 
-    def watermarks_in_effect(self) -> WatermarksInEffect:
-        args, config = self.state.args, self.state.config
-        return WatermarksInEffect(
-            service="loadaware",
-            at=time.time(),
-            usage_thresholds={r: float(v) for r, v in args.usage_thresholds.items()},
-            prod_usage_thresholds={r: float(v) for r, v in args.prod_usage_thresholds.items()},
-            stale_after_seconds=float(args.node_metric_expiration_seconds),
-            schedule_when_stale=not args.filter_expired_node_metrics or args.enable_schedule_when_node_metrics_expired,
-            avoid_eviction_loops=config.watermarks.avoid_eviction_loops,
-            from_configmap=watermarks.fields_set(config.watermarks),
-            configmap_errors=dict(config.errors),
-        )
-
     async def state_watermarks(self) -> None:
         """Publish the watermarks in effect when they differ from the ones last stated (after the replay only)."""
         if not self.replayed:
             return
-        stated = self.watermarks_in_effect()
+        stated = stated_watermarks(self.state.args, self.state.config, at=time.time())
         if self._stated is not None and msgspec.structs.replace(self._stated, at=stated.at) == stated:
             return
         if await publish_watermarks(self.bus, stated):

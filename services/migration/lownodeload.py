@@ -21,9 +21,10 @@ from dataclasses import dataclass
 import msgspec
 
 from schemas import kube
+from schemas.qos import WatermarksInEffect
 from services.migration import filters, order
 from services.migration.args import MigrationArgs
-from services.slo.watermarks import Watermarks
+from services.slo.watermarks import WatermarkConfig, Watermarks, fields_set
 
 RESOURCES = ("cpu", "memory")
 
@@ -54,6 +55,21 @@ def apply_watermarks(args: LowNodeLoadArgs, marks: Watermarks) -> LowNodeLoadArg
     if marks.node_metric_expiration_seconds is not None:
         changes["stale_after_seconds"] = float(marks.node_metric_expiration_seconds)
     return msgspec.structs.replace(args, **changes) if changes else args
+
+
+def stated_watermarks(args: LowNodeLoadArgs, config: WatermarkConfig, *, at: float) -> WatermarksInEffect:
+    """What the descheduler decides with (args with the watermarks applied), as it states it on the KOORD_SLO
+    bucket."""
+    return WatermarksInEffect(
+        service="descheduler",
+        at=at,
+        enabled=args.enabled,
+        usage_thresholds=dict(args.high_thresholds),
+        low_thresholds=dict(args.low_thresholds),
+        stale_after_seconds=args.stale_after_seconds,
+        from_configmap=fields_set(config.watermarks),
+        configmap_errors=dict(config.errors),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,12 +52,12 @@ from services.common.startup import wait_replayed
 from services.common.tasks import cancel_and_wait
 from services.migration import arbiter
 from services.migration.args import MigrationArgs, duration_seconds
-from services.migration.lownodeload import LowNodeLoadArgs, NodeLoad, apply_watermarks, plan
+from services.migration.lownodeload import LowNodeLoadArgs, NodeLoad, apply_watermarks, plan, stated_watermarks
 from services.migration.state import MigrationState, intake
 from services.migration.store import MigrationStore
 from services.slo.core import CONFIGMAP_NAME, CONFIGMAP_NAMESPACE
 from services.slo.reader import publish_watermarks
-from services.slo.watermarks import WATERMARKS_KEY, WatermarkConfig, fields_set, read_watermarks
+from services.slo.watermarks import WATERMARKS_KEY, WatermarkConfig, read_watermarks
 
 log = logging.getLogger(__name__)
 
@@ -451,17 +451,7 @@ class MigrationService:
         """Publish the descheduling watermarks in effect when they changed (once the cluster replay is done)."""
         if not self._started:
             return
-        marks = self.low_node_load
-        stated = WatermarksInEffect(
-            service="descheduler",
-            at=self._clock(),
-            enabled=marks.enabled,
-            usage_thresholds=dict(marks.high_thresholds),
-            low_thresholds=dict(marks.low_thresholds),
-            stale_after_seconds=marks.stale_after_seconds,
-            from_configmap=fields_set(self.watermarks.watermarks),
-            configmap_errors=dict(self.watermarks.errors),
-        )
+        stated = stated_watermarks(self.low_node_load, self.watermarks, at=self._clock())
         if self._stated is not None and msgspec.structs.replace(self._stated, at=stated.at) == stated:
             return
         if await publish_watermarks(self.bus, stated):
