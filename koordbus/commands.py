@@ -189,8 +189,10 @@ def add_parsers(sub: Any) -> None:
         "in-cluster service account). natsauth: the NATS auth callout, letting agents in with their ServiceAccount "
         "token as their node's user (KOORDBUS_AGENT_SERVICE_ACCOUNT, KOORDBUS_ISSUER_SEED_FILE, "
         "KOORDBUS_TOKEN_AUDIENCE; TokenReviews need --kubeconfig or an in-cluster service account). loadaware: the "
-        "load-aware kube-scheduler extender (filter, prioritize, assume, explain on --port; LoadAwareSchedulingArgs "
-        "from --args-file or KOORDBUS_ARGS_FILE; no database).",
+        "load-aware kube-scheduler extender (filter, prioritize, assume, bind, explain on --port; with "
+        "KOORDBUS_TLS_CERT_FILE, KOORDBUS_TLS_KEY_FILE and KOORDBUS_TLS_CLIENT_CA_FILE the verbs move to HTTPS on "
+        "KOORDBUS_EXTENDER_PORT (default 9443), served only to client certificates from that CA; "
+        "LoadAwareSchedulingArgs from --args-file or KOORDBUS_ARGS_FILE; no database).",
     )
     service.add_argument(
         "name",
@@ -748,7 +750,10 @@ async def _run_loadaware(args: argparse.Namespace) -> int:
 
     common = common_settings(args)
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
-    settings = settings_loader.load(LoadAwareSettings)
+    try:
+        settings = settings_loader.load(LoadAwareSettings)
+    except settings_loader.SettingsError as e:
+        raise SystemExit(f"koordbus service loadaware: {e}") from None
     scheduling_args = loadaware_args(args.args_file or settings.args_file)  # a bad file stops here
     registry = new_registry()
     async with AsyncExitStack() as stack:
@@ -758,8 +763,24 @@ async def _run_loadaware(args: argparse.Namespace) -> int:
         await service.start()
         gc.freeze()  # the replayed state lives as long as the process: keep full collections off it (requests)
         stack.push_async_callback(service.stop)
+        if settings.tls:
+            tls = runtime.MutualTls(
+                cert_file=settings.tls_cert_file,
+                key_file=settings.tls_key_file,
+                client_ca_file=settings.tls_client_ca_file,
+            )
+            app = create_app(service, registry)
+            await runtime.serve_http(stack, app, host="0.0.0.0", port=settings.extender_port, tls=tls)
+        else:
+            log.warning(
+                "loadaware: the extender verbs are served without TLS on port %s: anyone who reaches it can place "
+                "pods (set KOORDBUS_TLS_CERT_FILE, KOORDBUS_TLS_KEY_FILE and KOORDBUS_TLS_CLIENT_CA_FILE, or keep "
+                "callers out with a NetworkPolicy)",
+                args.port,
+            )
         if args.port:
-            await runtime.serve_http(stack, create_app(service, registry), host="0.0.0.0", port=args.port)
+            plain = create_app(service, registry, verbs=not settings.tls)
+            await runtime.serve_http(stack, plain, host="0.0.0.0", port=args.port)
         await stop.wait()
     return 0
 

@@ -12,8 +12,10 @@ import contextlib
 import logging
 import signal
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -117,13 +119,40 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
-async def serve_http(stack: AsyncExitStack, app: FastAPI, *, host: str, port: int) -> uvicorn.Server:
-    """Run uvicorn inside this event loop until the stack closes."""
+@dataclass(frozen=True, kw_only=True)
+class MutualTls:
+    """Serve HTTPS with this certificate and key (PEM files) only to clients presenting a certificate that chains to
+    `client_ca_file`; the handshake refuses any other client."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str
+
+
+async def serve_http(
+    stack: AsyncExitStack, app: FastAPI, *, host: str, port: int, tls: MutualTls | None = None
+) -> uvicorn.Server:
+    """Run uvicorn inside this event loop until the stack closes (over mutual TLS when `tls` is given)."""
     import uvicorn
 
+    ssl_options: dict[str, object] = {}
+    if tls is not None:
+        ssl_options = {
+            "ssl_certfile": tls.cert_file,
+            "ssl_keyfile": tls.key_file,
+            "ssl_ca_certs": tls.client_ca_file,
+            "ssl_cert_reqs": ssl.CERT_REQUIRED,
+        }
     # Open event streams never end by themselves: past 3 s of shutdown, uvicorn cancels them.
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=3
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        access_log=False,
+        timeout_graceful_shutdown=3,
+        **ssl_options,  # type: ignore[arg-type]
     )
     server = uvicorn.Server(config)
     # The CLI owns SIGINT/SIGTERM (stop_event_on_signals); uvicorn must not take them over.
