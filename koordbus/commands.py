@@ -311,8 +311,11 @@ def prepare_data_dir(path: str) -> Path:
     for root, dirs, files in os.walk(data_dir):
         for name in (*dirs, *files):
             entry = Path(root) / name
-            if not entry.is_symlink():
-                entry.chmod(entry.stat().st_mode & 0o7700)
+            try:
+                if not entry.is_symlink():
+                    entry.chmod(entry.stat().st_mode & 0o7700)
+            except OSError as e:  # another user's file: say so, the start goes on
+                log.warning("cannot make %s private: %s", entry, e)
     return data_dir
 
 
