@@ -4,11 +4,15 @@ placement on a node the extender does not know is refused with kube-scheduler's 
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
+import pytest
 
 from services.loadaware import state
 from services.loadaware.args import DEFAULT_ARGS
 from services.loadaware.extender import Extender
+from services.loadaware.service import LoadAwareSettings
 from tests.support.loadaware import node, pod, pod_json, report
 
 NOW = 1_800_000_000.0
@@ -79,3 +83,17 @@ def test_assume_and_bind_to_an_unknown_node_are_refused() -> None:
     # a node only the pod watch mentioned (no Node, no NodeMetric) is not known either
     ext.state.apply_pod("default/db", pod("db", cpu="1", node_name="ghost"), node="ghost", seen_at=NOW)
     assert b"node ghost is unknown" in ext.assume(binding(node_name="ghost"), now=NOW)
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"tls_cert_file": "tls.crt", "tls_key_file": "tls.key"}, "needs tls_key_file and tls_client_ca_file"),
+        ({"tls_client_ca_file": "ca.crt"}, "need tls_cert_file"),
+        ({"assumed_ttl_seconds": 0}, "assumed_ttl_seconds must be positive"),
+    ],
+)
+def test_half_a_tls_setup_or_no_ttl_is_refused(given: dict[str, Any], message: str) -> None:
+    # a serving certificate without a client CA would serve the verbs to anyone over HTTPS
+    with pytest.raises(ValueError, match=message):
+        LoadAwareSettings(**given)
