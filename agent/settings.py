@@ -14,6 +14,7 @@ from schemas import names
 CgroupVersion = Literal["auto", 1, 2]
 CgroupDriver = Literal["auto", "cgroupfs", "systemd"]
 
+
 class AgentSettingsError(ValueError):
     """A setting of the agent is out of range or malformed."""
 
