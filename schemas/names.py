@@ -34,6 +34,11 @@ _POD_UID: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[
 _CONTAINER_ID: Final = re.compile(r"[0-9a-f]{8,64}")
 
 
+SUBDOMAIN_PATTERN: Final = rf"^{_LABEL}(?:\.{_LABEL})*\Z"
+r"""A DNS-1123 subdomain for a msgspec.Meta pattern (msgspec searches: `\Z`, as `$` would let a trailing newline
+through); with max_length=MAX_OBJECT_NAME it is `object_name` in a schema."""
+
+
 class InvalidName(ValueError):
     """A name that is not what its field takes; `field` names the field, `reason` says why."""
 
