@@ -1,19 +1,22 @@
 """Issue #19, names at the API, against a real nats-server and a real uvicorn server: a name that is not a
 Kubernetes name is refused with a 4xx naming the parameter before it becomes a subject. Before, a 5,000-character
-node, quota or tree filter (history, SSE) or node path became a subject longer than nats-server's 4096-byte control
-line: the server dropped the connection, the request was a 500 and every later bus read of the process failed with
-`nats: connection closed`."""
+node, quota or tree filter (history, SSE, WebSocket) or node path became a subject longer than nats-server's
+4096-byte control line: the server dropped the connection, the request was a 500 and every later bus read of the
+process failed with `nats: connection closed`."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from urllib.parse import urlencode
 
 import httpx
 import pytest
 import pytest_asyncio
+import websockets
 
 from bus import streams, subjects
 from bus.jetstream import JetStreamBus
@@ -87,6 +90,10 @@ async def test_a_filter_that_is_not_a_kubernetes_name_is_a_400_and_the_bus_lives
     async with api.client.stream("GET", f"{api.base}/events/stream", params={key: value}) as stream:
         assert stream.status_code == 400
         assert json.loads(await stream.aread())["error"].startswith(f"invalid {key} ")
+    socket_url = api.base.replace("http", "ws") + "/events/ws?" + urlencode({key: value})
+    async with websockets.connect(socket_url, additional_headers=api_auth.headers(auth.VIEWER)) as refused:
+        frame = json.loads(await asyncio.wait_for(refused.recv(), 10))
+        assert frame["status"] == 400 and frame["error"].startswith(f"invalid {key} ")
     await assert_bus_still_serves(api)
 
 
