@@ -16,7 +16,7 @@ from typing import Final, Literal
 import msgspec
 
 from agent import kidled
-from schemas import vocab
+from schemas import names, vocab
 from schemas.node import (
     PodRef,
     Sample,
@@ -24,21 +24,20 @@ from schemas.node import (
 
 Driver = Literal["cgroupfs", "systemd"]
 
-# Kubelet pod UIDs are RFC 4122 UUIDs, except static pods whose UID is a 32-hex-digit config hash.
+# Kubelet pod UIDs are RFC 4122 UUIDs, except static pods whose UID is a 32-hex-digit config hash (schemas.names).
+# Every pattern here is used with fullmatch: `$` would let a trailing newline through.
 _POD_UID = r"(?:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32})"
-_POD_UID_RE: Final = re.compile(rf"^{_POD_UID}$")
-_CONTAINER_ID_RE: Final = re.compile(r"^[0-9a-f]{8,64}$")
 _RUNTIMES: Final = ("cri-containerd", "docker", "crio", "cri-o")
-_SCOPE_RE: Final = re.compile(rf"^(?:{'|'.join(map(re.escape, _RUNTIMES))})-([0-9a-f]{{8,64}})\.scope$")
+_SCOPE_RE: Final = re.compile(rf"(?:{'|'.join(map(re.escape, _RUNTIMES))})-([0-9a-f]{{8,64}})\.scope")
 _QOS_DIRS: Final[Mapping[str, str]] = {
     "": vocab.KUBE_QOS_GUARANTEED,
     "burstable": vocab.KUBE_QOS_BURSTABLE,
     "besteffort": vocab.KUBE_QOS_BESTEFFORT,
 }
 _DIR_OF_QOS: Final[Mapping[str, str]] = {qos: name for name, qos in _QOS_DIRS.items()}
-_CGROUPFS_POD_RE: Final = re.compile(rf"^pod({_POD_UID})$")
-_SYSTEMD_POD_RE: Final = re.compile(r"^kubepods-(?:(burstable|besteffort)-)?pod([0-9a-f_]{32,36})\.slice$")
-_PATH_COMPONENT_RE: Final = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]*$")
+_CGROUPFS_POD_RE: Final = re.compile(rf"pod({_POD_UID})")
+_SYSTEMD_POD_RE: Final = re.compile(r"kubepods-(?:(burstable|besteffort)-)?pod([0-9a-f_]{32,36})\.slice")
+_PATH_COMPONENT_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@-]*")
 
 KUBEPODS_DIR: Final[Mapping[Driver, str]] = {"cgroupfs": "kubepods", "systemd": "kubepods.slice"}
 
@@ -51,16 +50,21 @@ class AgentNameError(ValueError):
 
 
 def is_pod_uid(uid: str) -> bool:
-    return bool(_POD_UID_RE.match(uid))
+    return names.is_pod_uid(uid)
 
 
 def is_container_id(container_id: str) -> bool:
-    return bool(_CONTAINER_ID_RE.match(container_id))
+    return names.is_container_id(container_id)
 
 
 def qos_dir(driver: Driver, kube_qos: str) -> str:
-    """The directory under kubepods that holds pods of `kube_qos` ("" for Guaranteed, which sits at the top)."""
-    name = _DIR_OF_QOS[kube_qos]
+    """The directory under kubepods that holds pods of `kube_qos` ("" for Guaranteed, which sits at the top);
+    AgentNameError for a QoS class Kubernetes does not have (a pod's status.qosClass is the kubelet's to set)."""
+    name = _DIR_OF_QOS.get(kube_qos)
+    if name is None:
+        raise AgentNameError(
+            f"QoS class {names.shown(kube_qos)} is none of {', '.join(_DIR_OF_QOS)}: no cgroup directory for it"
+        )
     if not name or driver == "cgroupfs":
         return name
     return f"kubepods-{name}.slice"
@@ -73,9 +77,9 @@ def parse_pod_dir(name: str, driver: Driver) -> tuple[str, str] | None:
     this returns Guaranteed and `collect` overrides it with the QoS of the directory it listed.
     """
     if driver == "cgroupfs":
-        m = _CGROUPFS_POD_RE.match(name)
+        m = _CGROUPFS_POD_RE.fullmatch(name)
         return (m.group(1), vocab.KUBE_QOS_GUARANTEED) if m else None
-    m = _SYSTEMD_POD_RE.match(name)
+    m = _SYSTEMD_POD_RE.fullmatch(name)
     if not m:
         return None
     uid = m.group(2).replace("_", "-")
@@ -88,7 +92,7 @@ def parse_container_dir(name: str, driver: Driver) -> str | None:
     """The container ID of a container cgroup directory name, or None (sandbox helpers, conmon, files …)."""
     if driver == "cgroupfs":
         return name if is_container_id(name) else None
-    m = _SCOPE_RE.match(name)
+    m = _SCOPE_RE.fullmatch(name)
     return m.group(1) if m else None
 
 
@@ -97,7 +101,7 @@ def validate_parent(parent: str) -> str:
     if parent in ("", "."):
         return ""
     parts = parent.rstrip("/").split("/")
-    if parent.startswith("/") or any(p in (".", "..") or not _PATH_COMPONENT_RE.match(p) for p in parts):
+    if parent.startswith("/") or any(p in (".", "..") or not _PATH_COMPONENT_RE.fullmatch(p) for p in parts):
         raise AgentNameError(f"cgroup parent {parent!r} must be a relative path of plain names (no '..', no '/')")
     return "/".join(parts)
 

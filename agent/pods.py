@@ -2,8 +2,12 @@
 
 `parse_pod_list` is pure: each item becomes an agent.actuate.NodePod (the object as kube.Pod, plus each running
 container's runtime and ID from status.containerStatuses, e.g. `containerd://<id>`); an item that does not decode
-is skipped and counted. `KubeletPods` fetches the list over HTTP(S) with an optional bearer token file (the agent's
-service account token when the kubelet wants authentication) — the agent never talks to the API server. One GET a
+is skipped and counted, and so is one whose uid is not a pod UID or whose status.qosClass is none of Kubernetes'
+(its cgroup directory cannot be named), with the reason in `refused`; a container ID that is not one (schemas.names)
+is left out, as a container not running yet.
+
+`KubeletPods` fetches the list over HTTP(S) with an optional bearer token file (the agent's service account token
+when the kubelet wants authentication) — the agent never talks to the API server. One GET a
 round with the standard library's client in a worker thread: an async HTTP client library would be most of the
 agent's memory for one request a second.
 """
@@ -14,12 +18,17 @@ import asyncio
 import ssl
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Final
 
 import msgspec
 
 from agent.actuate import NodePod
-from schemas import kube
+from schemas import kube, names, vocab
+
+KUBE_QOS_CLASSES: Final = frozenset(
+    {"", vocab.KUBE_QOS_GUARANTEED, vocab.KUBE_QOS_BURSTABLE, vocab.KUBE_QOS_BESTEFFORT}
+)
 
 
 class ContainerStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -45,6 +54,8 @@ class PodList:
     pods: list[NodePod]
     unreadable: int
     """Items skipped because they did not decode as a pod."""
+    refused: list[str] = field(default_factory=list)
+    """Items skipped because a name or class of theirs cannot become a cgroup path: one reason each."""
 
 
 def parse_pod_list(data: bytes) -> PodList:
@@ -57,6 +68,7 @@ def parse_pod_list(data: bytes) -> PodList:
         raise PodListError("the kubelet's answer has no items list (is the URL the kubelet's /pods?)")
     pods: list[NodePod] = []
     unreadable = 0
+    refused: list[str] = []
     for item in items:
         try:
             pod = msgspec.convert(item, kube.Pod)
@@ -64,13 +76,26 @@ def parse_pod_list(data: bytes) -> PodList:
         except (msgspec.ValidationError, ValueError):
             unreadable += 1
             continue
+        meta = pod.metadata
+        if not names.is_pod_uid(meta.uid):
+            refused.append(
+                f"pod {names.shown(meta.namespace)}/{names.shown(meta.name)}: uid {names.shown(meta.uid)} "
+                "is not a pod UID"
+            )
+            continue
+        if pod.status.qos_class not in KUBE_QOS_CLASSES:
+            refused.append(
+                f"pod {names.shown(meta.namespace)}/{names.shown(meta.name)}: status.qosClass "
+                f"{names.shown(pod.status.qos_class)} is none of Guaranteed, Burstable, BestEffort"
+            )
+            continue
         containers: dict[str, tuple[str, str]] = {}
         for cs in (*(status.init_container_statuses or ()), *(status.container_statuses or ())):
             runtime, sep, container_id = cs.container_id.partition("://")
-            if sep and container_id:
+            if sep and names.is_container_id(container_id):
                 containers[cs.name] = (runtime, container_id)
         pods.append(NodePod(pod=pod, containers=containers))
-    return PodList(pods=pods, unreadable=unreadable)
+    return PodList(pods=pods, unreadable=unreadable, refused=refused)
 
 
 class KubeletPods:

@@ -97,6 +97,8 @@ class QosLoops:
         self._pods = pods
         self._listed: tuple[float, list[actuate.NodePod]] | None = None
         """(when, pods) of the last good pod list: read again after pods_poll_interval."""
+        self._refused: list[str] = []
+        """The pod list's refused items, as last logged (logged again only when they change)."""
         self._clock = clock
         self._sleep = sleep
         self._usage = usage or (lambda: None)
@@ -196,6 +198,10 @@ class QosLoops:
             log.warning("node %s: cannot list pods from the kubelet: %s", self.node, e)
             self._listed = None
             return None
+        if listed.refused != self._refused:
+            for reason in listed.refused:
+                log.warning("node %s: pod skipped by the QoS loops: %s", self.node, reason)
+            self._refused = listed.refused
         self._listed = (now, listed.pods)
         return listed.pods
 

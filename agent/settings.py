@@ -5,16 +5,14 @@ message naming the field, so a bad DaemonSet flag stops the agent at start-up in
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Literal
 
 from agent import core
+from schemas import names
 
 CgroupVersion = Literal["auto", 1, 2]
 CgroupDriver = Literal["auto", "cgroupfs", "systemd"]
-
-_DNS1123_SUBDOMAIN: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class AgentSettingsError(ValueError):
@@ -49,10 +47,10 @@ class AgentSettings:
     """Seconds one publish may take before the bus counts as unavailable and batches are buffered."""
 
     def __post_init__(self) -> None:
-        if len(self.node_name) > 253 or not _DNS1123_SUBDOMAIN.match(self.node_name):
-            raise AgentSettingsError(
-                f"node_name {self.node_name!r} is not a DNS-1123 subdomain (lowercase alphanumerics, '-', '.')"
-            )
+        try:
+            names.node_name(self.node_name, "node_name")
+        except names.InvalidName as e:
+            raise AgentSettingsError(str(e)) from None
         for name in ("collect_interval", "publish_interval", "state_interval", "publish_timeout"):
             value = getattr(self, name)
             if not value > 0:

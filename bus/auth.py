@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bus import nkeys, streams, subjects
+from schemas import names
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +54,8 @@ def new_password() -> str:
 
 
 def issue_node(node: str) -> NatsUser:
+    """Credentials for node `node`'s agent; schemas.names.InvalidName (a ValueError) when it is not a node name."""
+    names.node_name(node)
     return NatsUser(user=node_user_name(node), password=new_password(), permissions=node_permissions(node))
 
 

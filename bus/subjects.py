@@ -3,7 +3,12 @@
 Kubernetes names may contain dots, which NATS reads as token separators, so names are
 encoded before they become a token: `[a-z0-9-]` pass through, `.` becomes `_` (DNS-1123
 names never contain `_`), and any other character becomes `~` plus its UTF-8 bytes in hex
-(`~5f` for a literal `_`). decode(encode(x)) == x for every string.
+(`~5f` for a literal `_`). decode(encode(x)) == x for every string it takes.
+
+A token is refused (SubjectError) for a name longer than MAX_TOKEN_NAME (Kubernetes' longest object name) or
+encoding to more than MAX_TOKEN_CHARS: nats-server drops the connection of a client that sends a control line over
+4096 bytes, which would take every service of the process down with it. Names are checked where they enter
+(schemas.names); this refusal is the backstop that turns a missed check into an error, not a dead connection.
 """
 
 from __future__ import annotations
@@ -12,8 +17,13 @@ import re
 from collections.abc import Iterable
 
 from bus import subject_transform
+from schemas import names
 
 PREFIX = "koord.v1"
+MAX_TOKEN_NAME = names.MAX_OBJECT_NAME
+MAX_TOKEN_CHARS = 1024
+"""A DNS-1123 name encodes to itself; other characters take 3 to 12. Two tokens of this size (a namespace and a
+name) with the prefix and a reply subject stay far below nats-server's 4096-byte control line."""
 _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
 _ESCAPE = re.compile(r"~([0-9a-f]{2})")
 
@@ -23,9 +33,14 @@ class SubjectError(ValueError):
 
 
 def encode_token(name: str) -> str:
-    """One subject token for any non-empty string."""
+    """One subject token for a non-empty string of at most MAX_TOKEN_NAME characters (SubjectError otherwise)."""
     if not name:
         raise SubjectError("empty name cannot be a subject token")
+    if len(name) > MAX_TOKEN_NAME:
+        raise SubjectError(
+            f"a name of {len(name)} characters cannot be a subject token (at most {MAX_TOKEN_NAME}): "
+            f"{names.shown(name)} was not checked where it entered"
+        )
     out: list[str] = []
     for ch in name:
         if ch in _PLAIN:
@@ -34,7 +49,12 @@ def encode_token(name: str) -> str:
             out.append("_")
         else:
             out.extend(f"~{b:02x}" for b in ch.encode())
-    return "".join(out)
+    token = "".join(out)
+    if len(token) > MAX_TOKEN_CHARS:
+        raise SubjectError(
+            f"{names.shown(name)} encodes to a subject token of {len(token)} characters (at most {MAX_TOKEN_CHARS})"
+        )
+    return token
 
 
 def decode_token(token: str) -> str:

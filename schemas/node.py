@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import msgspec
 
+from schemas import names
+
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
@@ -36,8 +38,8 @@ NodeName = Annotated[
     str,
     msgspec.Meta(
         min_length=1,
-        max_length=253,
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        max_length=names.MAX_OBJECT_NAME,
+        pattern=names.SUBDOMAIN_PATTERN,
         description="Kubernetes node name (DNS-1123 subdomain)",
     ),
 ]

@@ -5,9 +5,10 @@ tests with the store, settings and metrics registry already built; routes reach 
 `request.app.state.context`, so a test builds its own ApiContext (clock included). Every error
 is JSON `{"error": "<one clear sentence>"}`: unknown routes and nodes, bad query parameters,
 wrong methods, failing readiness and unexpected exceptions alike; a stack trace goes to the
-log, never to the client. Every /api/v1 route needs a bearer token with role viewer or higher
-(services.api.auth); quota writes need quota-admin; /healthz, /readyz, /metrics, the docs and the dashboard's
-static files (services.api.dashboard) stay open.
+log, never to the client. A name that Kubernetes' rules refuse (schemas.names: nodes, quotas, trees, namespaces …)
+is a 422 naming the parameter before it reaches a store or the bus. Every /api/v1 route needs a bearer token with
+role viewer or higher (services.api.auth); quota writes need quota-admin; /healthz, /readyz, /metrics, the docs
+and the dashboard's static files (services.api.dashboard) stay open.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from schemas import names
 from services.api import (
     auth,
     dashboard,
@@ -355,3 +357,8 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"error": validation_message(exc.errors())}, status_code=422)
+
+    @app.exception_handler(names.InvalidName)
+    async def invalid_name(request: Request, exc: names.InvalidName) -> JSONResponse:
+        """A name in a path, query or body that Kubernetes' rules refuse (schemas.names): it never goes further."""
+        return JSONResponse({"error": str(exc)}, status_code=422)

@@ -18,7 +18,7 @@ from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse
 from starlette.staticfiles import StaticFiles
 
-from schemas import vocab
+from schemas import names, vocab
 from services.nodemetric.store import NodeRecord, UsageSummary
 from services.noderesource.store import LatestResources
 
@@ -68,6 +68,8 @@ async def overview_nodes(
     limit: Annotated[int, Query(ge=1, le=OVERVIEW_PAGE_MAX)] = OVERVIEW_PAGE_DEFAULT,
     after: Annotated[str | None, Query(description="continue after this node name (a page's `continue`)")] = None,
 ) -> dict[str, Any]:
+    if after is not None:
+        names.node_name(after, "after")
     ctx = request.app.state.context
     store = ctx.nodemetric_store
     if store is None:

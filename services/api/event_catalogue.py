@@ -28,9 +28,18 @@ import msgspec
 
 from bus import streams, subjects
 from bus.memory import subject_matches
+from schemas import names
 
 KEYS: Final = ("node", "quota", "tree", "namespace", "workload")
 """The filters a subscription may give; each event type says which of them it carries."""
+KEY_NAMES: Final[Mapping[str, Callable[[str, str], str]]] = {
+    "node": names.node_name,
+    "quota": names.object_name,
+    "tree": names.tree_id,
+    "namespace": names.namespace,
+    "workload": names.uid,
+}
+"""The name rule of each filter's value (a value may become a subject: `by_key`)."""
 
 Keys = Mapping[str, tuple[str, ...]]
 """key → the event's values for it (absent: none)."""
@@ -322,6 +331,15 @@ class EventFilter:
         return all(value in keys.get(key, ()) for key, value in self.keys.items())
 
 
+def _check_names(keys: Mapping[str, str]) -> None:
+    """FilterError naming the first filter whose value its name rule refuses (KEY_NAMES)."""
+    try:
+        for key, value in keys.items():
+            KEY_NAMES[key](value, key)
+    except names.InvalidName as e:
+        raise FilterError(str(e)) from None
+
+
 def parse_filter(types: Sequence[str], keys: Mapping[str, str | None]) -> EventFilter:
     """From query parameters: `types` names (repeated or comma-separated; none: every type) and key filters.
     A key filter narrows to the types that carry that key; FilterError for unknown types, or when no requested
@@ -334,6 +352,7 @@ def parse_filter(types: Sequence[str], keys: Mapping[str, str | None]) -> EventF
     bad_keys = [k for k in given if k not in KEYS]
     if bad_keys:
         raise FilterError(f"unknown filter(s) {', '.join(bad_keys)}; known: {', '.join(KEYS)}")
+    _check_names(given)
     chosen = [BY_NAME[n] for n in dict.fromkeys(names)] if names else list(CATALOGUE)
     narrowed = [t for t in chosen if all(k in t.keys for k in given)]
     if not narrowed:

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 
 from bus.errors import BusUnavailableError
-from schemas import migration
+from schemas import migration, names
 from services.api import auth
 from services.migration.client import MigrationClient
 from services.migration.store import JobRecord, MigrationStore
@@ -74,12 +74,19 @@ async def list_migrations(
 ) -> dict[str, Any]:
     if phase is not None and phase not in PHASES:
         raise HTTPException(422, f"phase {phase!r} is not one of {', '.join(PHASES)}")
+    if node is not None:
+        names.node_name(node)
+    if namespace is not None:
+        names.namespace(namespace)
+    if workload is not None:
+        names.uid(workload, "workload")
     records = await _store(request).jobs(phase=phase, node=node, namespace=namespace, workload=workload, limit=limit)
     return {"kind": "MigrationList", "items": [_summary(r) for r in records]}
 
 
 @router.get("/migrations/{name}", summary="One migration job with its whole decision trail")
 async def get_migration(request: Request, name: str) -> dict[str, Any]:
+    names.object_name(name)
     store = _store(request)
     record = await store.job(name)
     if record is None:
@@ -138,6 +145,10 @@ def _job_from(document: Any) -> migration.PodMigrationJob:
     ref = job.spec.pod_ref
     if ref is None or not ref.namespace or not ref.name:
         raise HTTPException(422, "spec.podRef must name the pod (namespace and name)")
+    names.namespace(ref.namespace, "spec.podRef.namespace")
+    names.object_name(ref.name, "spec.podRef.name")
+    if job.metadata.name:
+        names.object_name(job.metadata.name, "metadata.name")
     if job.spec.mode and job.spec.mode not in (migration.MODE_RESERVATION_FIRST, migration.MODE_EVICT_DIRECTLY):
         raise HTTPException(422, f"spec.mode {job.spec.mode!r} is not ReservationFirst or EvictDirectly")
     meta = msgspec.structs.replace(
@@ -163,6 +174,7 @@ async def request_migration(request: Request, identity: Admin) -> Any:
 
 @router.post("/migrations/{name}/abort", summary="Abort a migration job that has not finished")
 async def abort_migration(request: Request, name: str, identity: Admin) -> Any:
+    names.object_name(name)
     record = await _store(request).job(name)
     if record is None:
         raise HTTPException(404, f"no migration job named {name!r}")

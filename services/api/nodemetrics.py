@@ -17,7 +17,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, HTTPException, Query, Request
 from pydantic import BaseModel, Field
 
-from schemas import koordinator
+from schemas import koordinator, names
 from services.nodemetric.store import NodeMetricRecord, NodeMetricStore, NodeRecord
 
 router = APIRouter(prefix="/api/v1")
@@ -85,6 +85,8 @@ def render_nodemetric(
 async def list_nodemetrics(request: Request, limit: Limit = None, after: After = None) -> dict[str, Any]:
     ctx = request.app.state.context
     limit = page_size(limit, ctx.settings.page_limit_max)
+    if after is not None:
+        names.node_name(after, "after")
     rows = await nodemetric_store(ctx).list(limit=limit + 1, after=after)
     records, token = split_page(rows, limit=limit, name=lambda r: r.node)
     nodes = {n.node: n for n in await nodemetric_store(ctx).nodes_by_name([r.node for r in records])}
@@ -96,6 +98,7 @@ async def list_nodemetrics(request: Request, limit: Limit = None, after: After =
 
 @router.get("/nodemetrics/{node}", tags=["nodemetrics"], summary="One node's NodeMetric object")
 async def get_nodemetric(request: Request, node: str) -> dict[str, Any]:
+    names.node_name(node)
     ctx = request.app.state.context
     record = await nodemetric_store(ctx).get(node)
     if record is None:
@@ -168,6 +171,8 @@ async def list_nodes(
 ) -> NodeLivenessList:
     ctx = request.app.state.context
     limit = page_size(limit, ctx.settings.page_limit_max)
+    if after is not None:
+        names.node_name(after, "after")
     rows = await nodemetric_store(ctx).nodes(limit=limit + 1, after=after)
     # Filtering after the page is cut keeps the token on the last *scanned* name, so no node is skipped.
     page, token = split_page(rows, limit=limit, name=lambda n: n.node)
@@ -180,6 +185,7 @@ async def list_nodes(
 
 @router.get("/nodes/{node}", tags=["nodes"], summary="One node's liveness", response_model=NodeLiveness)
 async def get_node(request: Request, node: str) -> NodeLiveness:
+    names.node_name(node)
     ctx = request.app.state.context
     found = await nodemetric_store(ctx).nodes_by_name([node])
     if not found:

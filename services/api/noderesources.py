@@ -18,7 +18,7 @@ import msgspec
 from fastapi import APIRouter, HTTPException, Query, Request
 from pydantic import BaseModel, Field
 
-from schemas import quantity
+from schemas import names, quantity
 from schemas.noderesource import RESOURCE_NAMES, NodeResourceComputed
 from services.noderesource.store import DecisionRecord, NodeResourceStore
 
@@ -285,6 +285,7 @@ async def _latest_or_404(store: NodeResourceStore, node: str) -> DecisionRecord:
     responses={503: {"description": "The API runs without the noderesource store"}},
 )
 async def get_node_resources(request: Request, node: str) -> NodeResources:
+    names.node_name(node)
     return render_resources(await _latest_or_404(_store(request), node))
 
 
@@ -307,6 +308,7 @@ async def get_node_resource_history(
         int, Query(ge=1, le=MAX_HISTORY, description="decisions to return (default 20)")
     ] = DEFAULT_HISTORY,
 ) -> NodeResourceHistory:
+    names.node_name(node)
     store = _store(request)
     records = await store.history(node, limit=limit + 1)
     if not records:

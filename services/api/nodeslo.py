@@ -17,6 +17,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from pydantic import BaseModel, Field
 
 from bus.errors import BusError, BusUnavailableError
+from schemas import names
 from services.slo.reader import SloReader
 
 router = APIRouter(prefix="/api/v1")
@@ -61,6 +62,7 @@ def _reader(request: Request) -> SloReader:
     responses={404: {"description": "No NodeSLO for this node"}, 503: {"description": "The bus is unreachable"}},
 )
 async def get_node_slo(request: Request, node: str) -> NodeSlo:
+    names.node_name(node)
     reader = _reader(request)
     try:
         stored = await reader.node_slo(node)
@@ -95,6 +97,7 @@ async def get_node_actuations(
     ),
     since: Annotated[float | None, Query(ge=0, description="unix seconds; default: the last hour")] = None,
 ) -> Actuations:
+    names.node_name(node)
     reader = _reader(request)
     start = since if since is not None else time.time() - DEFAULT_WINDOW_SECONDS
     try:

@@ -24,7 +24,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 
 from bus.errors import BusUnavailableError, RemoteError
-from schemas import kube, quota
+from schemas import kube, names, quota
 from schemas import quota_events as ev
 from schemas.quota_service import (
     CheckRequest,
@@ -227,6 +227,8 @@ async def list_quotas(
     request: Request,
     tree: Annotated[str | None, Query(description="only this tree ('default' for the main one)")] = None,
 ) -> dict[str, Any]:
+    if tree is not None:
+        names.tree_id(tree)
     statuses = await _store(request).quotas(tree=tree)
     return {
         "apiVersion": LIST_API_VERSION,
@@ -237,6 +239,7 @@ async def list_quotas(
 
 @router.get("/quotas/{name}", summary="One ElasticQuota with its computed annotations and status.used")
 async def get_quota(request: Request, name: str) -> dict[str, Any]:
+    names.object_name(name)
     status = await _store(request).quota(name)
     if status is None or status.object is None or status.deleted:
         raise HTTPException(404, f"no quota named {name!r}")
@@ -245,6 +248,7 @@ async def get_quota(request: Request, name: str) -> dict[str, Any]:
 
 @router.get("/quotas/{name}/explain", summary="Why the quota has its runtime: figures, pods and the distribution")
 async def explain_quota(request: Request, name: str) -> dict[str, Any]:
+    names.object_name(name)
     status = await _store(request).quota(name)
     if status is None:
         raise HTTPException(404, f"no quota named {name!r}")
@@ -264,6 +268,7 @@ async def explain_quota(request: Request, name: str) -> dict[str, Any]:
 async def quota_history(
     request: Request, name: str, limit: Annotated[int, Query(ge=1, le=1000)] = DEFAULT_HISTORY
 ) -> dict[str, Any]:
+    names.object_name(name)
     events = await _store(request).history(name, limit=limit)
     if not events and await _store(request).quota(name) is None:
         raise HTTPException(404, f"no quota named {name!r} and no events for that name")
@@ -334,17 +339,18 @@ async def import_quotas(
         reply = await _run(request, identity, command, dry_run=dry_run)
     except _Answer as answer:
         return answer.response
-    names = [q.metadata.name for q in reply.quotas]
+    changed = [q.metadata.name for q in reply.quotas]
     return {
         "dryRun": dry_run,
-        "changed": names,
-        "unchanged": sorted({q.metadata.name for q in quotas} - set(names)),
+        "changed": changed,
+        "unchanged": sorted({q.metadata.name for q in quotas} - set(changed)),
         "seq": reply.seq,
     }
 
 
 @router.put("/quotas/{name}", summary="Replace an ElasticQuota", responses=WRITE_RESPONSES, openapi_extra=QUOTA_BODY)
 async def replace_quota(request: Request, name: str, identity: Writer) -> Any:
+    names.object_name(name)
     try:
         obj, version = _clean_quota(_convert(await _document(request), quota.KIND, quota.ElasticQuota))
         if obj.metadata.name and obj.metadata.name != name:
@@ -366,6 +372,7 @@ async def replace_quota(request: Request, name: str, identity: Writer) -> Any:
     openapi_extra=body("A JSON merge patch (RFC 7386) of the ElasticQuota", {"spec": {"min": {"cpu": "12"}}}),
 )
 async def patch_quota(request: Request, name: str, identity: Writer) -> Any:
+    names.object_name(name)
     try:
         patch = await _document(request)
         if not isinstance(patch, dict):
@@ -400,6 +407,7 @@ async def delete_quota(
     identity: Writer,
     resource_version: Annotated[str, Query(alias="resourceVersion", description="delete only at this version")] = "",
 ) -> Any:
+    names.object_name(name)
     try:
         reply = await _run(
             request, identity, ev.DeleteQuota(command_id=_command_id(request), name=name), version=resource_version
@@ -418,17 +426,18 @@ async def delete_quota(
 )
 async def change_namespaces(request: Request, name: str, identity: Writer) -> Any:
     """Body `{"attach": ["ns1"], "detach": ["ns2"]}`: pods in attached namespaces resolve to this quota (§3.4)."""
+    names.object_name(name)
     try:
         document = await _document(request)
         if not isinstance(document, dict) or not set(document) <= {"attach", "detach"}:
             raise HTTPException(422, 'the body must be {"attach": [namespaces], "detach": [namespaces]}')
         reply: CommandReply | None = None
         for key, make in (("attach", ev.AttachNamespaces), ("detach", ev.DetachNamespaces)):
-            names = document.get(key) or []
-            if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            namespaces = document.get(key) or []
+            if not isinstance(namespaces, list) or not all(isinstance(n, str) and n for n in namespaces):
                 raise HTTPException(422, f"{key} must be a list of namespace names")
-            if names:
-                command = make(command_id=f"{_command_id(request)}-{key}", name=name, namespaces=tuple(names))
+            if namespaces:
+                command = make(command_id=f"{_command_id(request)}-{key}", name=name, namespaces=tuple(namespaces))
                 reply = await _run(request, identity, command)
     except _Answer as answer:
         return answer.response
@@ -464,6 +473,7 @@ def _tree_summary(tree: Any) -> dict[str, Any]:
 
 @router.get("/quota-trees/{tree}", summary="A whole tree: min, max, runtime, request, used per quota")
 async def get_tree(request: Request, tree: str) -> dict[str, Any]:
+    names.tree_id(tree)
     store = _store(request)
     summary = await store.tree(tree)
     statuses = await store.quotas(tree=tree)
@@ -505,6 +515,7 @@ async def list_profiles(request: Request) -> dict[str, Any]:
 
 @router.get("/quota-profiles/{name}", summary="One ElasticQuotaProfile")
 async def get_profile(request: Request, name: str) -> dict[str, Any]:
+    names.object_name(name)
     for profile in await _store(request).profiles():
         if profile.get("metadata", {}).get("name") == name:
             return dict(profile)
@@ -536,6 +547,7 @@ async def create_profile(request: Request, identity: Writer) -> Any:
     openapi_extra=body("An ElasticQuotaProfile (quota.koordinator.sh/v1alpha1)", {}),
 )
 async def replace_profile(request: Request, name: str, identity: Writer) -> Any:
+    names.object_name(name)
     try:
         document = await _document(request)
         profile, version = _clean_profile(_convert(document, quota.PROFILE_KIND, quota.ElasticQuotaProfile))
@@ -552,6 +564,7 @@ async def replace_profile(request: Request, name: str, identity: Writer) -> Any:
 
 @router.delete("/quota-profiles/{name}", summary="Delete an ElasticQuotaProfile")
 async def delete_profile(request: Request, name: str, identity: Writer) -> Any:
+    names.object_name(name)
     try:
         reply = await _run(request, identity, ev.DeleteProfile(command_id=_command_id(request), name=name))
     except _Answer as answer:

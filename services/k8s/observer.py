@@ -6,10 +6,11 @@ controller-config` ConfigMap (a fieldSelector on its name) and all NodeResourceT
 without that CRD keeps the reflector retrying, and readiness does not wait for it), and, optional likewise,
 ReplicaSets, StatefulSets and Jobs (WorkloadObserved with their expected replicas) and PodMigrationJobs (each a
 MigrationRequested on KOORD_MIGRATION, its deletion a MigrationAborted). Each change is decoded into
-schemas.kube here and only here (an object that does not decode, e.g. a bad quantity, is logged, counted and
-skipped) and becomes a NodeObserved / PodObserved / ConfigMapObserved / NodeTopologyObserved on its own last-value
-subject, with a Nats-Msg-Id derived from kind, namespace, name, resourceVersion and deletion, so republishing an
-unchanged object is deduplicated.
+schemas.kube here and only here (an object that does not decode, e.g. a bad quantity, or whose name or namespace
+Kubernetes' rules refuse, schemas.names, is logged, counted and skipped: never published) and becomes a
+NodeObserved / PodObserved / ConfigMapObserved / NodeTopologyObserved on its own last-value subject, with a
+Nats-Msg-Id derived from kind, namespace, name, resourceVersion and deletion, so republishing an unchanged object
+is deduplicated.
 
 Publishing never blocks the watches: the latest state per object waits in a pending map (bounded by the number of
 objects, a newer state replaces an unpublished older one) and a publisher task drains it, retrying with backoff
@@ -35,7 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from bus import subjects
 from bus.api import Bus, msg_id
-from schemas import cluster, kube, migration, migration_events, topology
+from schemas import cluster, kube, migration, migration_events, names, topology
 from services.common.tasks import cancel_and_wait
 from services.k8s import core
 from services.k8s.settings import K8sSettings
@@ -133,8 +134,13 @@ def _migration_job_message(change: core.Change, *, observed_at: float) -> Outgoi
 def observed_message(kind: str, change: core.Change, *, observed_at: float) -> Outgoing:
     """The event for one change, on its subject, with its deterministic msg id.
 
-    msgspec.DecodeError (ValidationError included) when the object does not decode into schemas.kube.
+    msgspec.DecodeError (ValidationError included) when the object does not decode into schemas.kube;
+    schemas.names.InvalidName when its name or namespace is not one Kubernetes allows (it would become a subject).
     """
+    namespace, name = change.key
+    if namespace:
+        names.namespace(namespace, "metadata.namespace")
+    names.object_name(name, "metadata.name")
     if kind in WORKLOAD_KINDS:
         return _workload_message(kind, change, observed_at=observed_at)
     if kind == KIND_MIGRATION_JOB:
@@ -199,7 +205,8 @@ class ObserverStats:
     observed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     """Object states (tombstones included) accepted for publishing, per kind."""
     decode_failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
-    """Objects skipped because they do not decode into schemas.kube (bad quantity, wrong type …), per kind."""
+    """Objects skipped because they do not decode into schemas.kube (bad quantity, wrong type …) or carry a name
+    Kubernetes' rules refuse (schemas.names), per kind."""
     published: int = 0
     duplicates: int = 0
     """Publishes the stream recognised as already stored (same msg id inside the duplicate window)."""
@@ -360,10 +367,11 @@ class ClusterObserver:
         for change in changes:
             try:
                 subject, data, identity = observed_message(kind, change, observed_at=observed_at)
-            except msgspec.DecodeError as err:
+            except (msgspec.DecodeError, names.InvalidName) as err:
                 self.stats.decode_failures[kind] = self.stats.decode_failures.get(kind, 0) + 1
                 namespace, name = change.key
-                log.warning("k8s %s %s skipped: %s", kind, f"{namespace}/{name}" if namespace else name, err)
+                shown = f"{names.shown(namespace)}/{names.shown(name)}" if namespace else names.shown(name)
+                log.warning("k8s %s %s skipped: %s", kind, shown, err)
                 continue
             self.stats.observed[kind] = self.stats.observed.get(kind, 0) + 1
             namespace, name = change.key
@@ -436,7 +444,8 @@ class _ObserverCollector:
         observer = self._observer
         per_kind = {
             "objects_observed": "Object states (tombstones included) seen and queued for publishing",
-            "decode_failures": "Objects skipped because they do not decode (bad quantity, wrong type …)",
+            "decode_failures": "Objects skipped because they do not decode (bad quantity, wrong type …) or their name "
+            "is not a Kubernetes name",
             "relists": "Lists after the first one, after a watch's resourceVersion expired (410 Gone)",
             "watch_restarts": "Watches opened again after a clean end, a disconnect or an error",
             "watch_errors": "Lists or watches that failed and were retried with backoff",

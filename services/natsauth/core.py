@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from schemas import names
+
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 
@@ -27,7 +29,8 @@ class Refused:
     reason: str
     """Why, for the log and the server (which logs it with the client's address)."""
     kind: str
-    """A short label for the refusals metric: no_token, not_authenticated, wrong_account, no_node."""
+    """A short label for the refusals metric: no_token, not_authenticated, wrong_account, no_node (none, or not a
+    node name)."""
 
 
 Decision = Allowed | Refused
@@ -70,4 +73,8 @@ def decide(token: str, reviewed_user: Mapping[str, Any] | None, *, agent_user: s
             "ServiceAccount token (Kubernetes 1.30 or later)",
             kind="no_node",
         )
+    try:
+        names.node_name(node, NODE_NAME_EXTRA)
+    except names.InvalidName as e:  # it becomes the user's subjects: never one nats-server cannot carry
+        return Refused(reason=f"the token of {username}: {e}", kind="no_node")
     return Allowed(node=node, pod=_single(extra, POD_NAME_EXTRA))

@@ -28,7 +28,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from bus import streams, subjects
 from bus.api import Bus, Consumer, ConsumerSpec, Delivery, msg_id
-from bus.errors import TemporaryError
+from bus.errors import PermanentError, TemporaryError
+from schemas import names
 from schemas.node import (
     NODE_EVENT_DECODER,
     MetricCollectPolicy,
@@ -151,6 +152,10 @@ class _IngestHandler:
 
     async def handle(self, delivery: Delivery) -> None:
         event = self._decoder.decode(delivery.data)
+        if event.node != subjects.node_of(delivery.subject):  # the subject is the agent's own (its permissions)
+            raise PermanentError(
+                f"the event names node {names.shown(event.node)}, its subject {subjects.node_of(delivery.subject)!r}"
+            )
         match event:
             case NodeMetricsReported():
                 window = self._owner.window(event.node)

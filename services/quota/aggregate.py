@@ -276,6 +276,8 @@ def decide(
                 violations.append(
                     validation.violation("<unnamed>", "metadata.name", "required", "profile name is required")
                 )
+            elif bad_names := validation.profile_name_violations(p):
+                violations += bad_names
             elif creating and name in state.profiles:
                 violations.append(validation.violation(name, "metadata.name", "name-unique", "profile already exists"))
             elif not creating and name not in state.profiles:
@@ -299,7 +301,9 @@ def decide(
 def _import(state: QuotaTreeState, objs: Iterable[ElasticQuota], common: _Common) -> list[ev.QuotaEvent]:
     """One QuotasImported per tree touched, or Rejected with every violation of the whole batch."""
     objs = list(objs)
-    violations: list[Violation] = []
+    violations = [v for obj in objs for v in validation.name_violations(obj)]
+    if violations:  # before anything else: the other checks name quotas and parents in their messages
+        raise Rejected(violations)
     seen: set[str] = set()
     for obj in objs:
         if obj.metadata.name in seen:
@@ -391,8 +395,15 @@ def _existing(state: QuotaTreeState, name: str) -> ElasticQuota:
     return current
 
 
+def _check_names(obj: ElasticQuota) -> None:
+    violations = validation.name_violations(obj)
+    if violations:
+        raise Rejected(violations)
+
+
 def _checked_update(state: QuotaTreeState, obj: ElasticQuota) -> ElasticQuota:
     """The changed object, checked; its resourceVersion cleared (the event's stream sequence becomes it)."""
+    _check_names(obj)
     name = obj.metadata.name
     _existing(state, name)
     _check(state.specs(), obj, state.specs()[name])
@@ -403,6 +414,7 @@ def _check(specs: Mapping[str, QuotaSpec], obj: ElasticQuota, old: QuotaSpec | N
     name = obj.metadata.name or "<unnamed>"
     if not obj.metadata.name:
         raise Rejected([validation.violation(name, "metadata.name", "required", "metadata.name is required")])
+    _check_names(obj)
     try:
         spec = quota.quota_spec(obj)
     except quota.QuotaFormatError as err:

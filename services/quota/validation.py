@@ -9,17 +9,21 @@ delete. A `Violation` names the quota, the field, a rule id and a plain-words me
 Beyond Koordinator (issue 4 point 8): `quota.koordbus.io/lending-limit` and `quota.koordbus.io/borrowing-limit`
 (JSON ResourceLists, Kueue semantics) and `quota.koordbus.io/fair-sharing: "false"` are parsed and validated here
 (non-negative, keys ⊆ max); `sharing_limits` reads them for services.quota.runtime.
+
+`name_violations` / `profile_name_violations` hold an object's names to Kubernetes' rules (schemas.names: object
+names, namespaces, label values such as parent and tree-id) before anything else is checked: a name becomes
+subjects, keys and labels, so a command naming what Kubernetes would refuse never reaches the quota log.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final
 
 import msgspec
 
-from schemas import quota, resources
+from schemas import names, quota, resources
 from schemas.quota import ROOT_QUOTA, SYSTEM_QUOTA, QuotaSpec
 from schemas.quota_events import Violation
 
@@ -31,6 +35,45 @@ IMMUTABLE_QUOTAS: Final = frozenset({ROOT_QUOTA, SYSTEM_QUOTA})
 
 def violation(name: str, field: str, rule: str, text: str) -> Violation:
     return Violation(quota=name, field=field, rule=rule, message=f"quota {name}: {text}")
+
+
+_NameCheck = tuple[Callable[[str, str], str], str, str]
+"""(rule of schemas.names, value, field)."""
+
+
+def name_violations(obj: quota.ElasticQuota) -> list[Violation]:
+    """Every name of the quota that Kubernetes' rules refuse: its name, namespace and label values (parent and
+    tree-id among them). The quota is named shortened in these (its name may be the problem)."""
+    meta = obj.metadata
+    checks: list[_NameCheck] = [(names.object_name, meta.name, "metadata.name")]
+    if meta.namespace:
+        checks.append((names.namespace, meta.namespace, "metadata.namespace"))
+    checks += [(names.label_value, value, f"metadata.labels[{key}]") for key, value in sorted(meta.labels.items())]
+    return _name_checks(meta.name, checks)
+
+
+def profile_name_violations(profile: quota.ElasticQuotaProfile) -> list[Violation]:
+    """The same for a profile: its name, namespace, spec.quotaName and the values of spec.quotaLabels."""
+    meta = profile.metadata
+    checks: list[_NameCheck] = [(names.object_name, meta.name, "metadata.name")]
+    if meta.namespace:
+        checks.append((names.namespace, meta.namespace, "metadata.namespace"))
+    if profile.spec.quota_name:
+        checks.append((names.object_name, profile.spec.quota_name, "spec.quotaName"))
+    labels = profile.spec.quota_labels or {}
+    checks += [(names.label_value, value, f"spec.quotaLabels[{key}]") for key, value in sorted(labels.items())]
+    return _name_checks(meta.name, checks)
+
+
+def _name_checks(name: str, checks: list[_NameCheck]) -> list[Violation]:
+    out: list[Violation] = []
+    who = name if name and len(name) <= names.MAX_SHOWN else names.shown(name)
+    for check, value, field in checks:
+        try:
+            check(value, field)
+        except names.InvalidName as e:
+            out.append(violation(who, field, "name-format", str(e)))
+    return out
 
 
 def _amount(name: str, value: int) -> str:
@@ -180,6 +223,11 @@ def validate_quota(quotas: Mapping[str, QuotaSpec], new: QuotaSpec, old: QuotaSp
             )
     # namespaces bound to at most one quota
     for ns in new.namespaces or ():
+        try:
+            names.namespace(ns, f"metadata.annotations[{quota.ANNOTATION_NAMESPACES}]")
+        except names.InvalidName as e:
+            out.append(violation(name, "namespaces", "name-format", str(e)))
+            continue
         for other in others.values():
             if ns in (other.namespaces or ()):
                 out.append(

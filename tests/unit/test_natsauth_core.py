@@ -40,3 +40,11 @@ def test_the_service_account_is_named_namespace_colon_name() -> None:
     assert core.service_account_user(AGENT) == AGENT
     with pytest.raises(ValueError, match="namespace:name"):
         core.service_account_user("agent")
+
+
+def test_a_node_name_that_is_not_one_is_refused_not_made_into_subjects() -> None:
+    for bad in ("x" * 5000, "a/b", "node-1\n"):
+        user = {"username": AGENT, "extra": {core.NODE_NAME_EXTRA: [bad]}}
+        decision = core.decide("t", user, agent_user=AGENT)
+        assert isinstance(decision, core.Refused) and decision.kind == "no_node", bad
+        assert "invalid authentication.kubernetes.io/node-name" in decision.reason

@@ -236,3 +236,27 @@ def test_unchanged_root_update_is_accepted_with_top_level_children() -> None:
     s = create(QuotaTreeState(), eq("a", min={"cpu": "4"}))
     root = s.quotas[quota.ROOT_QUOTA]
     run(s, ev.UpdateQuota(command_id="x", quota=root))
+
+
+@pytest.mark.parametrize(
+    ("obj", "field"),
+    [
+        (eq("a/b"), "metadata.name"),
+        (eq("q" * 100_000), "metadata.name"),
+        (eq("team", tree="t" * 5000), f"metadata.labels[{quota.LABEL_TREE_ID}]"),
+        (eq("team", parent="Not/A-Quota"), f"metadata.labels[{quota.LABEL_PARENT}]"),
+        (eq("team", annotations={quota.ANNOTATION_NAMESPACES: '["ok", "Not_OK"]'}), "namespaces"),
+    ],
+)
+def test_names_kubernetes_refuses_are_name_format_violations_before_anything_else(
+    obj: quota.ElasticQuota, field: str
+) -> None:
+    with pytest.raises(Rejected) as info:
+        decide(QuotaTreeState(), ev.CreateQuota(command_id="c", quota=obj), now=NOW, actor="alice", pods_by_quota={})
+    assert [(v.field, v.rule) for v in info.value.violations] == [(field, "name-format")]
+    assert len(str(info.value)) < 500  # a long name is quoted shortened
+
+
+def test_an_import_with_one_bad_name_is_refused_whole() -> None:
+    command = ev.ImportQuotas(command_id="i", quotas=(eq("fine"), eq("caf\u00e9")))
+    assert rules(QuotaTreeState(), command) == {"name-format"}

@@ -72,3 +72,29 @@ def test_the_config_status_subject_is_in_the_noderesource_stream_and_never_a_dec
     assert not _matches(subjects.NODERESOURCE_COMPUTED_ALL, subjects.NODERESOURCE_CONFIG_STATUS)
     assert subjects.noderesource_computed(node) != subjects.NODERESOURCE_CONFIG_STATUS
     assert _matches(subjects.NODERESOURCE_COMPUTED_ALL, subjects.noderesource_computed(node))
+
+
+def test_the_longest_kubernetes_name_is_a_token() -> None:
+    name = ".".join(["a" * 63] * 4)[:253]
+    assert subjects.decode_token(subjects.encode_token(name)) == name
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "x" * 254,  # longer than any Kubernetes name
+        "x" * 5000,  # the reproducer: it made a subject longer than nats-server's control line
+        "\U0001f600" * 100,  # 100 characters, 1200 once encoded
+    ],
+)
+def test_an_oversize_name_is_refused_not_encoded(name: str) -> None:
+    with pytest.raises(subjects.SubjectError, match="subject token"):
+        subjects.encode_token(name)
+    with pytest.raises(subjects.SubjectError):
+        subjects.node_actuation(name)
+
+
+def test_a_subject_of_two_longest_tokens_fits_the_control_line() -> None:
+    worst = "\U0001f600" * (subjects.MAX_TOKEN_CHARS // 12)
+    subject = subjects.cluster_pod(worst, worst)
+    assert len(subject) + 100 < 4096  # room for a reply subject and the sizes
