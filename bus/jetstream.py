@@ -29,6 +29,7 @@ from nats.aio.msg import Msg
 from nats.js import api as js_api
 from nats.js.client import JetStreamContext
 
+from bus import subjects
 from bus._loop import Fetched, LoopConsumer
 from bus.api import (
     HEADER_MSG_ID,
@@ -330,6 +331,7 @@ class JetStreamBus:
     async def publish(
         self, subject: str, data: bytes, *, msg_id: str, options: PublishOptions | None = None
     ) -> PublishAck:
+        subjects.check_publishable(subject)  # a longer one would cost the whole connection
         options = options or PublishOptions()
         headers = dict(options.headers)
         if msg_id:
@@ -367,6 +369,8 @@ class JetStreamBus:
         is most of what a single `publish` costs. The first failed ack raises once all are in."""
         if not messages:
             return []
+        for subject, _, _ in messages:  # before anything is sent: the batch fails whole, the connection lives
+            subjects.check_publishable(subject)
         prefix = await self._ack_inbox()
         loop = asyncio.get_running_loop()
         waiting: list[tuple[str, str, asyncio.Future[Msg]]] = []
@@ -464,6 +468,7 @@ class JetStreamBus:
         return _Responder(sub, answering)
 
     async def request(self, subject: str, data: bytes, *, timeout: float) -> bytes:
+        subjects.check_publishable(subject)
         try:
             reply = await self._nc.request(subject, data, timeout=timeout)
         except nats.errors.NoRespondersError as e:
