@@ -239,6 +239,8 @@ class MemoryBus:
                 self._in_flight -= 1
 
     async def publish_many(self, messages: Sequence[tuple[str, bytes, str]]) -> list[PublishAck]:
+        for subject, _, _ in messages:  # as JetStreamBus: the batch fails whole, before anything is stored
+            subjects.check_publishable(subject)
         return list(await asyncio.gather(*(self.publish(s, d, msg_id=m) for s, d, m in messages)))
 
     def _store(self, subject: str, data: bytes, msg_id: str, options: PublishOptions) -> PublishAck:
