@@ -410,6 +410,7 @@ async def run_up(args: argparse.Namespace) -> int:
                     ("bus", observe.bus_ready(bus)),
                     *cluster.readiness,
                 ),
+                liveness=(("bus", runtime.bus_liveness(bus)),),
                 before_metrics=(nodemetric.refresh_gauges,),
             )
         )
@@ -721,6 +722,7 @@ async def _run_noderesource(args: argparse.Namespace) -> int:
             nodemetric_store=NodeMetricStore(engine),
             noderesource_store=store,
             readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
+            liveness=(("bus", runtime.bus_liveness(bus)),),
         )
         await stop.wait()
     return 0
@@ -781,7 +783,12 @@ async def _run_slo(args: argparse.Namespace) -> int:
         await service.start()
         stack.push_async_callback(service.stop)
         await serve_service_port(
-            stack, args.port, registry, slo_reader=SloReader(bus), readiness=(("bus", observe.bus_ready(bus)),)
+            stack,
+            args.port,
+            registry,
+            slo_reader=SloReader(bus),
+            readiness=(("bus", observe.bus_ready(bus)),),
+            liveness=(("bus", runtime.bus_liveness(bus)),),
         )
         await stop.wait()
     return 0
@@ -821,6 +828,7 @@ async def _run_quota(args: argparse.Namespace) -> int:
             quota_store=store,
             quota_client=QuotaClient(bus),
             readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
+            liveness=(("bus", runtime.bus_liveness(bus)),),
         )
         await stop.wait()
     return 0
@@ -875,7 +883,10 @@ async def _run_migration(args: argparse.Namespace) -> int:
         if common.database_url:
             engine = await runtime.open_database(stack, common.database_url, migrate=True)
         service = await start_migration(stack, bus, registry, settings, engine=engine)
-        context: dict[str, Any] = {"readiness": (("bus", observe.bus_ready(bus)),)}
+        context: dict[str, Any] = {
+            "readiness": (("bus", observe.bus_ready(bus)),),
+            "liveness": (("bus", runtime.bus_liveness(bus)),),
+        }
         if service.store is not None:
             from services.migration.client import MigrationClient
 
@@ -934,6 +945,7 @@ async def _run_k8s(args: argparse.Namespace) -> int:
             registry,
             recorded_writes=bridge.recorded_writes,
             readiness=(("bus", observe.bus_ready(bus)), *bridge.readiness),
+            liveness=(("bus", runtime.bus_liveness(bus)),),
         )
         await stop.wait()
     return 0
@@ -964,6 +976,7 @@ async def _run_nodemetric(args: argparse.Namespace) -> int:
             registry,
             nodemetric_store=store,
             readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
+            liveness=(("bus", runtime.bus_liveness(bus)),),
             before_metrics=(service.refresh_gauges,),
         )
         await stop.wait()
@@ -1075,6 +1088,7 @@ async def run_api(args: argparse.Namespace) -> int:
                 tokens=tokens,
                 reviewed_tokens=reviewed,
                 readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
+                liveness=(("bus", runtime.bus_liveness(bus)),),
             )
         )
         await runtime.serve_http(stack, app, host=settings.host, port=settings.port)
