@@ -761,7 +761,8 @@ async def _run_loadaware(args: argparse.Namespace) -> int:
         gc.freeze()  # the replayed state lives as long as the process: keep full collections off it (requests)
         stack.push_async_callback(service.stop)
         if args.port:
-            await runtime.serve_http(stack, create_app(service, registry), host="0.0.0.0", port=args.port)
+            app = create_app(service, registry, liveness=runtime.bus_liveness(bus))
+            await runtime.serve_http(stack, app, host="0.0.0.0", port=args.port)
         await stop.wait()
     return 0
 

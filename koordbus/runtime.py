@@ -194,15 +194,15 @@ async def open_database(stack: AsyncExitStack, url: str, *, migrate: bool) -> As
     return engine
 
 
-def bus_liveness(bus: JetStreamBus) -> Callable[[], str | None]:
+def bus_liveness(bus: JetStreamBus, *, bound: float = BUS_LIVENESS_SECONDS) -> Callable[[], str | None]:
     """The API's /healthz check of a bus: failing once its connection is closed for good or has been down for
-    BUS_LIVENESS_SECONDS."""
+    `bound` seconds."""
 
     def check() -> str | None:
         if bus.link.lost_reason:
             return f"the NATS connection was closed for good: {bus.link.lost_reason}"
         down = bus.link.down_for(time.monotonic())
-        return f"the NATS connection has been down for {down:.0f} s" if down >= BUS_LIVENESS_SECONDS else None
+        return f"the NATS connection has been down for {down:.0f} s" if down >= bound else None
 
     return check
 
