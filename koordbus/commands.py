@@ -367,7 +367,7 @@ async def run_up(args: argparse.Namespace) -> int:
     nm_settings = settings_loader.load(NodeMetricSettings)
     registry = new_registry()
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         nats_url = common.nats_url or await runtime.open_embedded_nats(stack, data_dir)
         database_url = common.database_url or f"sqlite:///{data_dir / 'koordbus.db'}"
         bus = await runtime.open_bus(stack, nats_url, name="koordbus-up")
@@ -632,7 +632,7 @@ async def run_agent(args: argparse.Namespace) -> int:
         },
     )
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         # streams are the control plane's to create: an agent's NATS user may only publish as its node
         bus = await open_cluster_bus(stack, common, name=f"agent-{settings.node_name}", ensure_streams=False)
         agent = AgentService(settings, bus)
@@ -708,7 +708,7 @@ async def _run_noderesource(args: argparse.Namespace) -> int:
     settings = settings_loader.load(NodeResourceSettings)
     registry = new_registry()
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         bus = await open_cluster_bus(stack, common, name="noderesource")
         engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=True)
         store = NodeResourceStore(engine, history_limit=settings.history_limit)
@@ -754,7 +754,7 @@ async def _run_loadaware(args: argparse.Namespace) -> int:
     scheduling_args = loadaware_args(args.args_file or settings.args_file)  # a bad file stops here
     registry = new_registry()
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         bus = await open_cluster_bus(stack, common, name="loadaware")
         service = LoadAwareService(bus, settings, args=scheduling_args, registry=registry)
         await service.start()
@@ -778,7 +778,7 @@ async def _run_slo(args: argparse.Namespace) -> int:
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     registry = new_registry()
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         bus = await open_cluster_bus(stack, common, name="slo")
         service = SloService(bus, registry=registry)
         await service.start()
@@ -818,7 +818,7 @@ async def _run_quota(args: argparse.Namespace) -> int:
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     registry = new_registry()
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         bus = await open_cluster_bus(stack, common, name="quota")
         engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=True)
         _, store = await start_quota(stack, bus, engine, registry)
@@ -878,7 +878,7 @@ async def _run_migration(args: argparse.Namespace) -> int:
     settings = migration_settings(args.args_file)  # a bad args file stops here, before anything connects
     registry = new_registry()
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         bus = await open_cluster_bus(stack, common, name="migration")
         engine = None
         if common.database_url:
@@ -935,7 +935,7 @@ async def _run_k8s(args: argparse.Namespace) -> int:
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     registry = new_registry()
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         bus = await open_cluster_bus(stack, common, name="k8s")
         bridge = await _bridge_cluster(
             stack, bus, registry, kubeconfig=args.kubeconfig, record_only_without_config=False, dry_run=args.dry_run
@@ -964,7 +964,7 @@ async def _run_nodemetric(args: argparse.Namespace) -> int:
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     registry = new_registry()
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         bus = await open_cluster_bus(stack, common, name="nodemetric")
         engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=True)
         store = NodeMetricStore(engine)
@@ -1070,7 +1070,7 @@ async def run_api(args: argparse.Namespace) -> int:
         raise SystemExit(f"koordbus api: --token-review-roles: {e}") from None
     registry = new_registry()
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         reviewed = await _token_review(stack, review_roles, args.kubeconfig) if review_roles else None
         bus = await open_cluster_bus(stack, common, name="api")
         engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=False)

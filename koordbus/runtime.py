@@ -85,6 +85,14 @@ class Stop:
         if self.failure:
             raise SystemExit(f"koordbus: {self.failure}")
 
+    def close(self) -> None:
+        """The command has shut down (the last step of its stack): no deadline, no signal handlers any more."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
     def _exit_now(self) -> None:
         for kill in self._on_deadline:
             with contextlib.suppress(Exception):
@@ -248,13 +256,15 @@ async def serve_http(stack: AsyncExitStack, app: FastAPI, *, host: str, port: in
     return server
 
 
-def stop_event_on_signals() -> Stop:
-    """The command's Stop, set by SIGINT or SIGTERM (Ctrl-C shuts down cleanly instead of raising); the bus and the
-    embedded nats-server opened after this in the same task fail it when they are lost (see the module docstring)."""
+def stop_event_on_signals(stack: AsyncExitStack) -> Stop:
+    """The command's Stop, set by SIGINT or SIGTERM (Ctrl-C shuts down cleanly instead of raising) until `stack`
+    (the command's, entered first) has closed; the bus and the embedded nats-server opened after this in the same
+    task fail it when they are lost (see the module docstring)."""
     stop = Stop()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    stack.callback(stop.close)
     _STOP.set(stop)
     return stop
 

@@ -11,8 +11,6 @@ server is back.
 
 from __future__ import annotations
 
-import asyncio
-import signal
 import socket
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -32,33 +30,23 @@ BOUND_SECONDS = 0.5
 
 
 async def test_a_connection_closed_by_the_server_stops_the_process_with_the_reason(nats_url: str) -> None:
-    loop = asyncio.get_running_loop()
-    try:
-        async with AsyncExitStack() as stack:
-            stop = runtime.stop_event_on_signals()
-            bus = await runtime.open_bus(stack, nats_url, name="doomed", ensure_streams=False)
-            alive = runtime.bus_liveness(bus)
-            assert alive() is None
-            await bus.jetstream._nc.publish("x" * 5000, b"")  # past the bus's own check, as nats-py allows
-            with pytest.raises(SystemExit, match=r"NATS connection to .* closed for good \(.*control line"):
-                await stop.wait()  # not in a task: a task's SystemExit would leave the event loop
-            reason = alive()
-            assert reason is not None and "closed for good" in reason
-    finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
+    async with AsyncExitStack() as stack:
+        stop = runtime.stop_event_on_signals(stack)  # its shutdown deadline is cancelled when the stack closes
+        bus = await runtime.open_bus(stack, nats_url, name="doomed", ensure_streams=False)
+        alive = runtime.bus_liveness(bus)
+        assert alive() is None
+        await bus.jetstream._nc.publish("x" * 5000, b"")  # past the bus's own check, as nats-py allows
+        with pytest.raises(SystemExit, match=r"NATS connection to .* closed for good \(.*control line"):
+            await stop.wait()  # not in a task: a task's SystemExit would leave the event loop
+        reason = alive()
+        assert reason is not None and "closed for good" in reason
 
 
 async def test_closing_the_bus_ourselves_is_not_a_loss(nats_url: str) -> None:
-    loop = asyncio.get_running_loop()
-    try:
-        async with AsyncExitStack() as stack:
-            stop = runtime.stop_event_on_signals()
-            bus = await runtime.open_bus(stack, nats_url, name="closed-by-us", ensure_streams=False)
-        assert bus.link.lost_reason == "" and not stop.is_set()
-    finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
+    async with AsyncExitStack() as stack:
+        stop = runtime.stop_event_on_signals(stack)
+        bus = await runtime.open_bus(stack, nats_url, name="closed-by-us", ensure_streams=False)
+    assert bus.link.lost_reason == "" and not stop.is_set()
 
 
 def free_port() -> int:
