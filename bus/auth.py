@@ -4,7 +4,8 @@ for the control-plane services, allowed everything. Pure: it renders the `author
 config from `NatsUser`s, and reads and writes the credentials files the processes connect with (`koordbus creds`).
 
 A credentials file is JSON `{"user": …, "password": …}`; the server config carries the same password (mount both
-as Kubernetes Secrets). `koordbus up` stays anonymous on loopback; anywhere else every connection authenticates.
+as Kubernetes Secrets). Every connection authenticates, `koordbus up`'s to its embedded server included (one
+generated user, koordbus.runtime.ensure_nats_user).
 """
 
 from __future__ import annotations

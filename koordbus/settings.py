@@ -20,8 +20,8 @@ class CommonSettings:
     """KOORDBUS_LOG_FORMAT: "text" (human lines) or "json" (one JSON object per line with time, level, logger,
     message and, while an event is handled, its event_id, subject, stream_seq, consumer and node)."""
     nats_creds: str = ""
-    """A NATS credentials file (KOORDBUS_NATS_CREDS, from `koordbus creds`): connect as that user. Empty: anonymous
-    (only `koordbus up`'s embedded server on loopback allows that)."""
+    """A NATS credentials file (KOORDBUS_NATS_CREDS, from `koordbus creds`): connect as that user. Empty: anonymous,
+    which no koordbus-configured server allows (`koordbus up`'s embedded one takes the credential it generates)."""
     nats_token_file: str = ""
     """A file holding the token to connect to NATS with (KOORDBUS_NATS_TOKEN_FILE), read again at every reconnect:
     an agent's projected ServiceAccount token, which the NATS auth callout (`koordbus natsauth`) exchanges for its

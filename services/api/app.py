@@ -32,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from services.api import (
     auth,
     dashboard,
+    docs,
     events,
     migrations,
     nodemetrics,
@@ -202,6 +203,8 @@ def create_app(context: ApiContext) -> FastAPI:
         title="koordbus",
         version="0.1.0",
         description="Co-location control plane for Kubernetes: NodeMetric and more, over NATS JetStream.",
+        docs_url=None,  # services.api.docs serves the page without a CDN
+        redoc_url=None,
     )
     app.state.context = context
     viewer = [Depends(auth.require(auth.VIEWER))]
@@ -224,6 +227,7 @@ def create_app(context: ApiContext) -> FastAPI:
     if context.event_hub is not None:
         context.registry.register(EventHubCollector(context.event_hub))
     dashboard.mount(app)
+    docs.mount(app)
     return app
 
 

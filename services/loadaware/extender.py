@@ -5,8 +5,9 @@ candidate node and encode ExtenderFilterResult / HostPriorityList; a malformed r
 HTTP shell answers 400 with its message). When kube-scheduler sends whole Node objects (nodeCacheCapable false),
 their allocatable is used; with NodeNames the one the bridge reported is. Nodes the state knows nothing about
 pass with score 0 and are returned by `unknown` so the shell can log them. `assume` and `bind` record a placement
-reported in ExtenderBindingArgs, resolving the pod from the ones recent filter/prioritize calls carried; `undo` takes
-back a placement whose binding failed.
+reported in ExtenderBindingArgs, resolving the pod from the ones recent filter/prioritize calls carried, and refuse a
+node the state does not know (`{"Error": "node X is unknown"}`); `undo` takes back a placement whose binding failed.
+Each verb first forgets the assumed placements no watch event confirmed in time (LoadState.expire_assumed).
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ class Placement:
     """A filter/prioritize request carried the pod, so its requests (and estimate) are known."""
     assumed: state.AssignedPod | None = None
     """The entry recorded on the node; None when the pod is unknown or the watch already shows it assigned."""
+    refused: str = ""
+    """Why the placement may not happen at all (the node is unknown); empty: it may."""
 
 
 @dataclass(slots=True)
@@ -102,6 +105,7 @@ class Extender:
 
     def filter(self, body: bytes, *, now: float) -> tuple[bytes, Candidates]:
         request = decode_args(body)
+        self.state.expire_assumed(now)
         pod = self._incoming(request.pod)
         if request.raw_nodes is None:  # nodeCacheCapable: every figure comes from the state, vectorized
             passed, failed = self.matrix.filter(pod, request.names, now=now)
@@ -121,6 +125,7 @@ class Extender:
 
     def prioritize(self, body: bytes, *, now: float) -> tuple[bytes, Candidates]:
         request = decode_args(body)
+        self.state.expire_assumed(now)
         pod = self._incoming(request.pod)
         if request.raw_nodes is None:
             ranked = self.matrix.scores(pod, request.names, now=now)
@@ -143,6 +148,8 @@ class Extender:
     def assume(self, body: bytes, *, now: float) -> bytes:
         """Record the placement of a pod a filter/prioritize request carried; the pod watch later confirms it."""
         placement = self.place(decode_binding(body), now=now)
+        if placement.refused:
+            return msgspec.json.encode(wire.ExtenderBindingResult(error=placement.refused))
         if not placement.known:
             binding = placement.binding
             error = f"pod {binding.pod_namespace}/{binding.pod_name} ({binding.pod_uid}) was not seen by filter"
@@ -151,18 +158,21 @@ class Extender:
 
     def bind(self, body: bytes, *, now: float) -> Placement:
         """The bind verb's first half: record the placement at once (filter and prioritize count it from now on);
-        the shell then asks the bridge to bind and calls `undo` when that failed."""
+        the shell then asks the bridge to bind (unless `refused`) and calls `undo` when that failed."""
         return self.place(decode_binding(body), now=now, bound=True)
 
     def place(self, binding: wire.ExtenderBindingArgs, *, now: float, bound: bool = False) -> Placement:
         key = f"{binding.pod_namespace}/{binding.pod_name}"  # the key the pod watch uses
+        self.state.expire_assumed(now)
+        if not self.state.knows_node(binding.node):
+            return Placement(binding=binding, key=key, known=False, refused=f"node {binding.node} is unknown")
         pod = self.recent.get(binding.pod_uid)
         if pod is None:
             return Placement(binding=binding, key=key, known=False)
         if self.state.pod_node(key) is not None:  # the watch, when it was first, knows better
             return Placement(binding=binding, key=key, known=True)
         assumed = state.assigned_pod(pod, seen_at=now, args=self.state.args)
-        self.state.assume(key, assumed, node=binding.node, bound=bound)
+        self.state.assume(key, assumed, node=binding.node, bound=bound, assumed_at=now)
         return Placement(binding=binding, key=key, known=True, assumed=assumed)
 
     def undo(self, placement: Placement) -> bool:

@@ -2,6 +2,8 @@
 
 Bodies are decoded and encoded with msgspec by services.loadaware.extender (no pydantic models: a request for
 5,000 nodes must be answered in milliseconds). A malformed request is a 400 with `{"error": message}`.
+`create_app(..., verbs=False)` leaves out the scheduling verbs: the plain port of an extender that serves them over
+mutual TLS (LoadAwareSettings.tls_cert_file) keeps only health, readiness, metrics and explain.
 Served by `koordbus service loadaware`; exercised by tests/integration/test_loadaware_http.py and bench/loadaware.py.
 """
 
@@ -10,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import msgspec
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 
 from schemas import kube
@@ -30,11 +32,16 @@ _EXPLAIN = msgspec.json.Decoder(_ExplainRequest)
 
 
 def create_app(
-    service: LoadAwareService, registry: CollectorRegistry, *, liveness: Callable[[], str | None] = lambda: None
+    service: LoadAwareService,
+    registry: CollectorRegistry,
+    *,
+    verbs: bool = True,
+    liveness: Callable[[], str | None] = lambda: None,
 ) -> FastAPI:
     """`liveness`: why the process should be restarted, or None (koordbus.runtime.bus_liveness); /healthz answers
     503 with it."""
     app = FastAPI(title="koordbus load-aware scheduler extender", docs_url=None, redoc_url=None, openapi_url=None)
+    scheduling = APIRouter()
 
     async def answer(verb: str, request: Request, call: Callable[[bytes], bytes]) -> Response:
         body = await request.body()
@@ -44,25 +51,28 @@ def create_app(
             service.bad_request(verb)
             return Response(msgspec.json.encode({"error": str(err)}), status_code=400, media_type=JSON)
 
-    @app.post("/filter")
+    @scheduling.post("/filter")
     async def filter_route(request: Request) -> Response:
         return await answer("filter", request, service.filter)
 
-    @app.post("/prioritize")
+    @scheduling.post("/prioritize")
     async def prioritize_route(request: Request) -> Response:
         return await answer("prioritize", request, service.prioritize)
 
-    @app.post("/assume")
+    @scheduling.post("/assume")
     async def assume_route(request: Request) -> Response:
         return await answer("assume", request, service.assume)
 
-    @app.post("/bind")
+    @scheduling.post("/bind")
     async def bind_route(request: Request) -> Response:
         try:
             return Response(await service.bind(await request.body()), media_type=JSON)
         except BadRequest as err:
             service.bad_request("bind")
             return Response(msgspec.json.encode({"error": str(err)}), status_code=400, media_type=JSON)
+
+    if verbs:
+        app.include_router(scheduling)
 
     @app.post("/explain")
     async def explain_route(request: Request) -> Response:

@@ -41,7 +41,7 @@ from services.common.startup import wait_replayed
 from services.loadaware.args import DEFAULT_ARGS, LoadAwareArgs, apply_watermarks, stated_watermarks
 from services.loadaware.extender import Extender
 from services.loadaware.fast import Matrix
-from services.loadaware.state import LoadState
+from services.loadaware.state import ASSUMED_TTL_SECONDS, LoadState
 from services.slo import watermarks
 from services.slo.core import CONFIGMAP_NAME, CONFIGMAP_NAMESPACE
 from services.slo.reader import publish_watermarks
@@ -71,12 +71,39 @@ class LoadAwareSettings:
     bind_timeout_seconds: float = 5.0
     """The bind verb waits this long for the bridge's answer, then answers kube-scheduler with an error (and takes
     the placement back). Keep it below the extender's httpTimeout in the KubeSchedulerConfiguration."""
+    assumed_ttl_seconds: float = ASSUMED_TTL_SECONDS
+    """A placement the assume or bind verb recorded counts this long unless the pod watch shows the pod on its node
+    by then; then it is forgotten (an assumed pod never bound, or a placement nobody made, frees the node)."""
+
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    """The extender's serving certificate and key (PEM). Set: the verbs (filter, prioritize, assume, bind) are served
+    over HTTPS on `extender_port` only, to clients presenting a certificate `tls_client_ca_file` signed (kube-scheduler
+    with `enableHTTPS: true` and a `tlsConfig` certFile/keyFile); the plain port keeps health, readiness, metrics and
+    explain. Empty: every route on the plain port, without authentication (a NetworkPolicy must keep callers out)."""
+    tls_client_ca_file: str = ""
+    """The CA bundle (PEM) client certificates must chain to; required with tls_cert_file."""
+    extender_port: int = 9443
+    """The HTTPS port of the verbs when tls_cert_file is set."""
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert_file)
 
     def __post_init__(self) -> None:
+        if self.tls_cert_file and not (self.tls_key_file and self.tls_client_ca_file):
+            raise ValueError(
+                "tls_cert_file needs tls_key_file and tls_client_ca_file: the verbs are served only to clients with "
+                "a certificate from that CA"
+            )
+        if not self.tls_cert_file and (self.tls_key_file or self.tls_client_ca_file):
+            raise ValueError("tls_key_file and tls_client_ca_file need tls_cert_file")
         if self.startup_timeout_seconds <= 0:
             raise ValueError("startup_timeout_seconds must be positive")
         if self.bind_timeout_seconds <= 0:
             raise ValueError("bind_timeout_seconds must be positive")
+        if self.assumed_ttl_seconds <= 0:
+            raise ValueError("assumed_ttl_seconds must be positive")
 
 
 class _Instruments:
@@ -97,7 +124,7 @@ class _Instruments:
         self.binds = Counter(
             "koordbus_loadaware_binds_total",
             "Bind verbs by outcome: bound, rejected (the API server refused: pod gone, already bound …), "
-            "unavailable (the bridge or the API server did not answer)",
+            "unavailable (the bridge or the API server did not answer), refused (to a node unknown to the extender)",
             ["outcome"],
             registry=registry,
         )
@@ -135,7 +162,7 @@ class LoadAwareService:
         self.settings = settings
         self.own_args = args
         """The args from the file or Helm values, before load-watermarks-config."""
-        self.state = LoadState(args)
+        self.state = LoadState(args, assumed_ttl_seconds=settings.assumed_ttl_seconds)
         self.extender = Extender(self.state)
         self._registry = registry
         self._metrics = once_per_registry(registry, "loadaware-instruments", _Instruments)
@@ -275,6 +302,11 @@ class LoadAwareService:
         placement = self.extender.bind(body, now=time.time())
         binding = placement.binding
         pod = f"{binding.pod_namespace}/{binding.pod_name}"
+        if placement.refused:
+            self._metrics.binds.labels(outcome="refused").inc()
+            self._observe("bind", started)
+            log.warning("loadaware: not binding %s (%s): %s", pod, binding.pod_uid, placement.refused)
+            return msgspec.json.encode(wire.ExtenderBindingResult(error=placement.refused))
         if not placement.known:
             log.info("loadaware: binding %s to %s without counting it: no filter request carried it", pod, binding.node)
         request = wire.PodBindRequest(

@@ -11,7 +11,9 @@ slo-controller-config's watermarks and strategies, services.slo.watermarks); cor
 Bind-time accounting (user-asks #7): a pod counts from the moment its PodObserved carries a nodeName (its
 timestamp is the PodScheduled transition, else the time the bridge saw it), and `assume` records a placement the
 extender's `bind` or `assume` verb reports before any watch event; the watch event then replaces it, and a bind that
-failed takes it back with `forget_assumed`.
+failed takes it back with `forget_assumed`. A placement no watch event confirms counts for `assumed_ttl_seconds`
+(ASSUMED_TTL_SECONDS by default) and is then forgotten by `expire_assumed` (the extender calls it with `now` at each
+verb): a pod the scheduler assumed but never bound, or a placement a caller invented, cannot hold a node's capacity.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from services.slo import watermarks
 
 ANNOTATION_USAGE_THRESHOLDS: Final = "scheduling.koordinator.sh/usage-thresholds"
 DEFAULT_REPORT_INTERVAL: Final = 60.0
+ASSUMED_TTL_SECONDS: Final = 30.0
+"""How long an assumed placement counts without a watch event showing the pod on its node (the bridge publishes a
+bound pod within seconds)."""
 
 ResourceList = resources.ResourceList
 
@@ -208,8 +213,15 @@ class NodeEntry:
 class LoadState:
     """Every node's entry, and which node each assigned pod is on. Mutated only through the apply methods."""
 
-    def __init__(self, args: LoadAwareArgs, config: watermarks.WatermarkConfig | None = None) -> None:
+    def __init__(
+        self,
+        args: LoadAwareArgs,
+        config: watermarks.WatermarkConfig | None = None,
+        *,
+        assumed_ttl_seconds: float = ASSUMED_TTL_SECONDS,
+    ) -> None:
         self.args = args
+        self.assumed_ttl_seconds = assumed_ttl_seconds
         self.vector = args.vector()
         self.config = config or watermarks.WatermarkConfig()
         self.qos_strategies = self.config.strategies()
@@ -218,6 +230,9 @@ class LoadState:
         self._pod_node: dict[str, str] = {}
         self._bound: set[str] = set()
         """Pods placed by the extender's bind verb that no watch event has shown assigned yet."""
+        self._unconfirmed: dict[str, float] = {}
+        """Pods assumed by the extender that no watch event has shown assigned yet, with when they expire, oldest
+        first (one TTL for all: expiries grow in insertion order)."""
         self.annotation_errors: dict[str, str] = {}
         self.dirty: set[str] = set()
         """Nodes changed since services.loadaware.fast last read them (it pops them)."""
@@ -285,13 +300,20 @@ class LoadState:
             return
         self.assume(key, assigned_pod(pod, seen_at=seen_at, args=self.args), node=node)
 
-    def assume(self, uid: str, pod: AssignedPod, *, node: str, bound: bool = False) -> None:
-        """Record `pod` on `node` (a watch event, or a placement reported before the watch shows it). `bound`: the
-        extender's bind verb is binding it, so a watch event showing it still unassigned is older and ignored."""
+    def assume(
+        self, uid: str, pod: AssignedPod, *, node: str, bound: bool = False, assumed_at: float | None = None
+    ) -> None:
+        """Record `pod` on `node`: a watch event (`assumed_at` None), or a placement reported at `assumed_at`
+        before the watch shows it, which expires `assumed_ttl_seconds` later unless a watch event confirms it.
+        `bound`: the extender's bind verb is binding it, so a watch event showing it still unassigned is older and
+        ignored."""
         if bound:
             self._bound.add(uid)
         else:
             self._bound.discard(uid)
+        self._unconfirmed.pop(uid, None)
+        if assumed_at is not None:
+            self._unconfirmed[uid] = assumed_at + self.assumed_ttl_seconds
         previous = self._pod_node.get(uid)
         if previous is not None and previous != node:
             self.forget_pod(uid)
@@ -303,8 +325,20 @@ class LoadState:
         entry.load = None
         self._pod_node[uid] = node
 
+    def expire_assumed(self, now: float) -> list[str]:
+        """Forget the assumed placements no watch event confirmed within the TTL; returns their keys."""
+        expired = []
+        for uid, expires in self._unconfirmed.items():
+            if expires > now:
+                break
+            expired.append(uid)
+        for uid in expired:
+            self.forget_pod(uid)
+        return expired
+
     def forget_pod(self, uid: str) -> None:
         self._bound.discard(uid)
+        self._unconfirmed.pop(uid, None)
         node = self._pod_node.pop(uid, None)
         if node is None:
             return
@@ -323,6 +357,11 @@ class LoadState:
             return False
         self.forget_pod(uid)
         return True
+
+    def knows_node(self, node: str) -> bool:
+        """A Node or a NodeMetric of this name was seen (pods alone do not make a node known)."""
+        entry = self.nodes.get(node)
+        return entry is not None and (entry.allocatable is not None or entry.metric is not None)
 
     def pod_node(self, uid: str) -> str | None:
         return self._pod_node.get(uid)

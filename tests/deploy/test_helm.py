@@ -334,6 +334,74 @@ def test_the_loadaware_extender_is_wired_for_kube_scheduler() -> None:
     assert _env(container)["KOORDBUS_BIND_TIMEOUT_SECONDS"] == "0.8"
 
 
+def test_the_loadaware_extender_admits_only_kube_scheduler() -> None:
+    """Issue #19 point 5: a NetworkPolicy lets only kube-scheduler's pods reach the verbs; with loadaware.tls the
+    verbs move to an HTTPS port served to client certificates from the Secret's CA, and the snippet tells
+    kube-scheduler to call it over HTTPS with its client certificate (tlsConfig)."""
+    scheduler = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+        "podSelector": {"matchLabels": {"component": "kube-scheduler"}},
+    }
+    objects = render({**DEFAULTS, "services": {"loadaware": {"enabled": True}}})
+    policy = by_kind(objects, "NetworkPolicy")["prod-koordbus-loadaware"]
+    kubernetes_validate.validate(policy, KUBERNETES, strict=True)
+    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "loadaware"
+    assert policy["spec"]["ingress"] == [{"from": [scheduler], "ports": [{"protocol": "TCP", "port": 9090}]}]
+    pod = by_kind(objects, "Deployment")["prod-koordbus-loadaware"]["spec"]["template"]["spec"]
+    assert _env(pod["containers"][0])["KOORDBUS_ASSUMED_TTL_SECONDS"] == "30"
+    assert "KOORDBUS_TLS_CERT_FILE" not in _env(pod["containers"][0])
+
+    values = {
+        **DEFAULTS,
+        "services": {"loadaware": {"enabled": True}},
+        "loadaware": {"tls": {"enabled": True, "secretName": "extender-tls"}},
+    }
+    objects = render(values)
+    for obj in objects:
+        kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+    data = by_kind(objects, "ConfigMap")["prod-koordbus-loadaware"]["data"]
+    (extender,) = yaml.safe_load(data["scheduler-config.yaml"])["extenders"]
+    assert extender["urlPrefix"] == "https://prod-koordbus-loadaware.koordbus.svc:9443"
+    assert extender["enableHTTPS"] is True
+    assert extender["tlsConfig"] == {
+        "insecure": False,
+        "certFile": "/etc/kubernetes/koordbus-extender/tls.crt",
+        "keyFile": "/etc/kubernetes/koordbus-extender/tls.key",
+        "caFile": "/etc/kubernetes/koordbus-extender/ca.crt",
+    }
+    pod = by_kind(objects, "Deployment")["prod-koordbus-loadaware"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = _env(container)
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    for variable, key in (("CERT_FILE", "tls.crt"), ("KEY_FILE", "tls.key"), ("CLIENT_CA_FILE", "ca.crt")):
+        assert env[f"KOORDBUS_TLS_{variable}"] == f"{mounts['loadaware-tls']}/{key}"
+    assert env["KOORDBUS_EXTENDER_PORT"] == "9443"
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "loadaware-tls"]
+    assert volume["secret"]["secretName"] == "extender-tls"
+    assert {"name": "extender", "containerPort": 9443} in container["ports"]
+    service = by_kind(objects, "Service")["prod-koordbus-loadaware"]
+    assert {"name": "extender", "port": 9443, "targetPort": "extender"} in service["spec"]["ports"]
+    policy = by_kind(objects, "NetworkPolicy")["prod-koordbus-loadaware"]
+    assert policy["spec"]["ingress"] == [
+        {"from": [scheduler], "ports": [{"protocol": "TCP", "port": 9443}]},
+        {"ports": [{"protocol": "TCP", "port": 9090}]},  # probes and metrics: no verb there
+    ]
+    # the settings the chart sets are the ones the service reads
+    from services.common import settings as settings_loader
+    from services.loadaware.service import LoadAwareSettings
+
+    files = {k: v for k, v in env.items() if k.startswith("KOORDBUS_TLS_") or k == "KOORDBUS_EXTENDER_PORT"}
+    loaded = settings_loader.load(LoadAwareSettings, env={**files, "KOORDBUS_ASSUMED_TTL_SECONDS": "30"})
+    assert loaded.tls and loaded.extender_port == 9443 and loaded.assumed_ttl_seconds == 30
+
+    with pytest.raises(Exception, match=r"loadaware\.tls\.enabled needs loadaware\.tls\.secretName"):
+        render({**values, "loadaware": {"tls": {"enabled": True}}})
+    with pytest.raises(Exception, match=r"loadaware\.networkPolicy\.from is empty"):
+        render({**values, "loadaware": {"networkPolicy": {"from": []}}})
+    opened = render({**values, "loadaware": {"networkPolicy": {"enabled": False}}})
+    assert "prod-koordbus-loadaware" not in by_kind(opened, "NetworkPolicy")
+
+
 def test_the_loadaware_bind_verb_is_opt_in_and_grants_the_bridge_pods_binding() -> None:
     """Off by default: no bindVerb, the bridge neither may nor does bind. On: kube-scheduler binds through the
     extender, the bridge's ClusterRole allows creating pods/binding and the bridge answers bind requests."""

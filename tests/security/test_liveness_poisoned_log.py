@@ -19,10 +19,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bus import streams, subjects
+from bus import auth, streams, subjects
 from bus.api import HEADER_DLQ_REASON
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
+from koordbus.commands import NATS_CREDS_FILE
 from schemas import quota_events as ev
 from schemas.kube import ObjectMeta
 from schemas.quota import LABEL_TREE_ID, ElasticQuota
@@ -95,7 +96,8 @@ async def test_up_starts_on_a_poisoned_quota_log_and_shows_the_skipped_events(tm
             assert 'koordbus_consumer_dead_lettered_total{consumer="quota-events",service="quota"} 2.0' in metrics
             assert "koordbus_quota_unusable_events_total 2.0" in metrics
             nats_url = json.loads(next((data_dir / "nats" / "ports").glob("*.ports")).read_text())["nats"][0]
-            reader = await JetStreamBus.connect(nats_url, name="dlq-reader")
+            user, password = auth.read_creds((data_dir / NATS_CREDS_FILE).read_text(), source="up's credentials")
+            reader = await JetStreamBus.connect(nats_url, name="dlq-reader", user=user, password=password)
             try:
                 letters = await stream_messages(reader, streams.KOORD_DLQ, subjects.dlq("quota"))
             finally:
