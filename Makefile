@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 
 COMPOSE_SCHEMA := $(VENV)/compose-spec.json
 
-.PHONY: venv up test lint typecheck unit bench clean compose-tokens crds
+.PHONY: venv up test test-repeat lint typecheck unit bench clean compose-tokens crds
 
 venv: $(STAMP)
 
@@ -27,6 +27,19 @@ lint: venv
 
 test: lint $(COMPOSE_SCHEMA)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The suites that start real servers and processes, N times in a row (default 10), stopping at the first failure
+# and never retrying: a flaky test fails here. REPEAT_SUITES narrows it (`make test-repeat N=3 REPEAT_SUITES=tests/faults`).
+N ?= 10
+REPEAT_SUITES ?= tests/integration tests/e2e tests/faults
+
+test-repeat: venv
+	@for run in $$(seq 1 $(N)); do \
+		echo "test-repeat: run $$run of $(N)"; \
+		$(BIN)/python -m pytest -x -q $(REPEAT_SUITES) $(PYTEST_ARGS) \
+			|| { echo "test-repeat: run $$run of $(N) failed"; exit 1; }; \
+	done; \
+	echo "test-repeat: $(N) runs passed"
 
 # The Compose specification's JSON schema, for tests/deploy/test_compose.py (taken from the docker-compose wheel on
 # PyPI; kept in the venv, never committed).

@@ -259,7 +259,8 @@ class Bus(Protocol):
     ) -> PublishAck:
         """Store one message and wait for the stream's ack. In-flight publishes are bounded;
         a publish past the bound waits. A repeated msg_id inside the duplicate window is not
-        stored again (ack.duplicate is True)."""
+        stored again (ack.duplicate is True). bus.subjects.SubjectError, before anything is sent, for a subject
+        longer than bus.subjects.MAX_SUBJECT_BYTES."""
         ...
 
     async def publish_many(self, messages: Sequence[tuple[str, bytes, str]]) -> list[PublishAck]:

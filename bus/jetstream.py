@@ -29,6 +29,7 @@ from nats.aio.msg import Msg
 from nats.js import api as js_api
 from nats.js.client import JetStreamContext
 
+from bus import subjects
 from bus._loop import Fetched, LoopConsumer
 from bus.api import (
     HEADER_MSG_ID,
@@ -162,8 +163,10 @@ def _timestamp(value: datetime.datetime | None) -> float:
 class JetStreamBus:
     """See the module docstring. Build with `await JetStreamBus.connect(url, name=…)`."""
 
-    def __init__(self, nc: Client, *, max_in_flight: int = 1024) -> None:
+    def __init__(self, nc: Client, *, max_in_flight: int = 1024, link: Link | None = None) -> None:
         self._nc = nc
+        self.link = link or Link()
+        """The connection's state (down since when, closed under us and why), kept by `connect`'s callbacks."""
         self._js: JetStreamContext = nc.jetstream(timeout=API_TIMEOUT_SECONDS)
         self._in_flight_bound = asyncio.Semaphore(max_in_flight)
         self._in_flight = 0
@@ -192,11 +195,21 @@ class JetStreamBus:
         async def on_error(e: Exception) -> None:
             log.warning("nats %s: %s", name, e)
 
+        link = Link()
+
         async def on_disconnected() -> None:
             log.warning("nats %s: disconnected from %s", name, url)
+            link.disconnected(time.monotonic())
 
         async def on_reconnected() -> None:
             log.info("nats %s: reconnected", name)
+            link.reconnected()
+
+        async def on_closed() -> None:
+            if not link.closing:  # nats-py never reuses a closed client: the process has lost its bus for good
+                reason = str(nc.last_error) if nc.last_error else "closed"
+                log.error("nats %s: the connection to %s was closed for good: %s", name, url, reason)
+                link.lost(reason)
 
         try:
             nc = await nats.connect(
@@ -207,13 +220,14 @@ class JetStreamBus:
                 error_cb=on_error,
                 disconnected_cb=on_disconnected,
                 reconnected_cb=on_reconnected,
+                closed_cb=on_closed,
                 user=user,
                 password=password,
                 token=token,
             )
         except (OSError, *_UNAVAILABLE, nats.errors.NoServersError) as e:
             raise BusUnavailableError(f"cannot connect to {url}: {e}") from e
-        return cls(nc, max_in_flight=max_in_flight)
+        return cls(nc, max_in_flight=max_in_flight, link=link)
 
     @property
     def jetstream(self) -> JetStreamContext:
@@ -330,6 +344,7 @@ class JetStreamBus:
     async def publish(
         self, subject: str, data: bytes, *, msg_id: str, options: PublishOptions | None = None
     ) -> PublishAck:
+        subjects.check_publishable(subject)  # a longer one would cost the whole connection
         options = options or PublishOptions()
         headers = dict(options.headers)
         if msg_id:
@@ -367,6 +382,8 @@ class JetStreamBus:
         is most of what a single `publish` costs. The first failed ack raises once all are in."""
         if not messages:
             return []
+        for subject, _, _ in messages:  # before anything is sent: the batch fails whole, the connection lives
+            subjects.check_publishable(subject)
         prefix = await self._ack_inbox()
         loop = asyncio.get_running_loop()
         waiting: list[tuple[str, str, asyncio.Future[Msg]]] = []
@@ -458,12 +475,32 @@ class JetStreamBus:
 
         try:
             sub = await self._nc.subscribe(subject, queue=queue, cb=on_request)
-            await self._nc.flush()  # the server has the subscription: a request sent after this is served
+            await self._round_trip()  # the server has the subscription: a request sent after this is served
         except _UNAVAILABLE as e:
             raise BusUnavailableError(f"serve {subject}: {e}") from e
         return _Responder(sub, answering)
 
+    async def _round_trip(self) -> None:
+        """Return once the server has processed everything this connection sent so far: a message published now came
+        back. (nats-py's flush() writes its PING straight to the socket, past a SUB still in nats-py's write buffer,
+        so its PONG proves nothing about that SUB; a publish goes through the same buffer, after it.)"""
+        inbox = self._nc.new_inbox()
+        came_back: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def arrived(_: Msg) -> None:
+            if not came_back.done():
+                came_back.set_result(None)
+
+        sub = await self._nc.subscribe(inbox, cb=arrived, max_msgs=1)
+        try:
+            await self._nc.publish(inbox, b"")
+            await asyncio.wait_for(came_back, API_TIMEOUT_SECONDS)
+        finally:
+            with contextlib.suppress(*_UNAVAILABLE, nats.errors.BadSubscriptionError):
+                await sub.unsubscribe()
+
     async def request(self, subject: str, data: bytes, *, timeout: float) -> bytes:
+        subjects.check_publishable(subject)
         try:
             reply = await self._nc.request(subject, data, timeout=timeout)
         except nats.errors.NoRespondersError as e:
@@ -478,12 +515,49 @@ class JetStreamBus:
         return bytes(reply.data)
 
     async def close(self) -> None:
+        self.link.closing = True
         consumers, self._consumers = self._consumers, []
         for consumer in consumers:
             await consumer.stop()
         if self._nc.is_closed:
             return
-        await self._nc.close()
+        with contextlib.suppress(OSError, *_UNAVAILABLE):  # a server already gone: nothing left to flush to
+            await self._nc.close()
+
+
+class Link:
+    """The state of a bus's connection, for liveness (koordbus.runtime): nats-py reconnects by itself while the
+    server is away, but a client it has closed (the server dropped the connection for a protocol error, or it gave
+    up) is never used again, and nothing of the process reaches the bus from then on."""
+
+    def __init__(self) -> None:
+        self.down_since: float | None = None
+        """time.monotonic() when the connection went down; None while connected."""
+        self.lost_reason = ""
+        """Why the client was closed under us (empty while it is not)."""
+        self.closing = False
+        """Closed by JetStreamBus.close: not a loss."""
+        self._lost = asyncio.Event()
+
+    def disconnected(self, now: float) -> None:
+        if self.down_since is None:
+            self.down_since = now
+
+    def reconnected(self) -> None:
+        self.down_since = None
+
+    def lost(self, reason: str) -> None:
+        self.lost_reason = reason
+        self._lost.set()
+
+    def down_for(self, now: float) -> float:
+        """Seconds the connection has been down at `now` (time.monotonic()); 0.0 while connected."""
+        return 0.0 if self.down_since is None else max(0.0, now - self.down_since)
+
+    async def wait_lost(self) -> str:
+        """Wait until the client is closed under us; the reason."""
+        await self._lost.wait()
+        return self.lost_reason
 
 
 class _Responder:

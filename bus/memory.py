@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from bus import subject_transform
+from bus import subject_transform, subjects
 from bus._loop import Fetched, LoopConsumer
 from bus.api import (
     HEADER_MSG_ID,
@@ -227,6 +227,7 @@ class MemoryBus:
     async def publish(
         self, subject: str, data: bytes, *, msg_id: str, options: PublishOptions | None = None
     ) -> PublishAck:
+        subjects.check_publishable(subject)  # as JetStreamBus: nats-server would drop the connection
         async with self._in_flight_bound:
             self._in_flight += 1
             self.in_flight_peak = max(self.in_flight_peak, self._in_flight)
@@ -238,6 +239,8 @@ class MemoryBus:
                 self._in_flight -= 1
 
     async def publish_many(self, messages: Sequence[tuple[str, bytes, str]]) -> list[PublishAck]:
+        for subject, _, _ in messages:  # as JetStreamBus: the batch fails whole, before anything is stored
+            subjects.check_publishable(subject)
         return list(await asyncio.gather(*(self.publish(s, d, msg_id=m) for s, d, m in messages)))
 
     def _store(self, subject: str, data: bytes, msg_id: str, options: PublishOptions) -> PublishAck:
@@ -400,6 +403,7 @@ class MemoryBus:
         return responder
 
     async def request(self, subject: str, data: bytes, *, timeout: float) -> bytes:
+        subjects.check_publishable(subject)
         candidates = self._responders.get(subject)
         if not candidates:
             raise BusUnavailableError(f"request {subject}: nobody serves this subject")

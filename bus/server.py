@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 from types import TracebackType
@@ -173,6 +175,20 @@ class EmbeddedNatsServer:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             await process.wait()
+
+    async def wait_exited(self) -> int:
+        """Wait until the server process exits (for whatever reason); its exit code (negative: killed by a signal)."""
+        process = self._process
+        if process is None:
+            raise NatsServerError("nats-server is not running")
+        return await process.wait()
+
+    def kill_now(self) -> None:
+        """SIGKILL without waiting, from any thread (koordbus.runtime's shutdown deadline: no child outlives us)."""
+        process = self._process
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
 
     async def kill(self) -> None:
         """SIGKILL, as a crash or a lost node would: the server keeps only what JetStream had already synced to disk

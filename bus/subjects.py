@@ -327,3 +327,20 @@ def members_of(service: str) -> str:
 def member_instance(subject: str) -> str:
     """The instance a heartbeat subject names."""
     return decode_token(subject.rsplit(".", 1)[1])
+
+
+# --- what nats-server accepts
+
+MAX_SUBJECT_BYTES = 3840
+"""The longest subject we publish on: nats-server drops a connection whose protocol line is longer than its
+max_control_line (4096 bytes by default), and a JetStream publish's line also carries a reply subject and two sizes
+(the rest of the 4096). nats-py then closes the client for good, so one long subject would take the bus away from
+every service of the process."""
+
+
+def check_publishable(subject: str) -> str:
+    """`subject`, or SubjectError when it is too long to publish (MAX_SUBJECT_BYTES)."""
+    size = len(subject.encode())
+    if size > MAX_SUBJECT_BYTES:
+        raise SubjectError(f"a subject of {size} bytes is longer than the {MAX_SUBJECT_BYTES} nats-server accepts")
+    return subject

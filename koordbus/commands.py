@@ -385,7 +385,7 @@ async def run_up(args: argparse.Namespace) -> int:
     nm_settings = settings_loader.load(NodeMetricSettings)
     registry = new_registry()
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         creds = common.nats_creds
         if common.nats_url:
             nats_url = common.nats_url
@@ -434,6 +434,7 @@ async def run_up(args: argparse.Namespace) -> int:
                     ("bus", observe.bus_ready(bus)),
                     *cluster.readiness,
                 ),
+                liveness=(("bus", runtime.bus_liveness(bus)),),
                 before_metrics=(nodemetric.refresh_gauges,),
             )
         )
@@ -655,7 +656,7 @@ async def run_agent(args: argparse.Namespace) -> int:
         },
     )
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         # streams are the control plane's to create: an agent's NATS user may only publish as its node
         bus = await open_cluster_bus(stack, common, name=f"agent-{settings.node_name}", ensure_streams=False)
         agent = AgentService(settings, bus)
@@ -731,7 +732,7 @@ async def _run_noderesource(args: argparse.Namespace) -> int:
     settings = settings_loader.load(NodeResourceSettings)
     registry = new_registry()
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         bus = await open_cluster_bus(stack, common, name="noderesource")
         engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=True)
         store = NodeResourceStore(engine, history_limit=settings.history_limit)
@@ -745,6 +746,7 @@ async def _run_noderesource(args: argparse.Namespace) -> int:
             nodemetric_store=NodeMetricStore(engine),
             noderesource_store=store,
             readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
+            liveness=(("bus", runtime.bus_liveness(bus)),),
         )
         await stop.wait()
     return 0
@@ -779,7 +781,7 @@ async def _run_loadaware(args: argparse.Namespace) -> int:
     scheduling_args = loadaware_args(args.args_file or settings.args_file)  # a bad file stops here
     registry = new_registry()
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         bus = await open_cluster_bus(stack, common, name="loadaware")
         service = LoadAwareService(bus, settings, args=scheduling_args, registry=registry)
         await service.start()
@@ -791,7 +793,7 @@ async def _run_loadaware(args: argparse.Namespace) -> int:
                 key_file=settings.tls_key_file,
                 client_ca_file=settings.tls_client_ca_file,
             )
-            app = create_app(service, registry)
+            app = create_app(service, registry, liveness=runtime.bus_liveness(bus))
             await runtime.serve_http(stack, app, host="0.0.0.0", port=settings.extender_port, tls=tls)
         else:
             log.warning(
@@ -801,7 +803,7 @@ async def _run_loadaware(args: argparse.Namespace) -> int:
                 args.port,
             )
         if args.port:
-            plain = create_app(service, registry, verbs=not settings.tls)
+            plain = create_app(service, registry, verbs=not settings.tls, liveness=runtime.bus_liveness(bus))
             await runtime.serve_http(stack, plain, host="0.0.0.0", port=args.port)
         await stop.wait()
     return 0
@@ -818,13 +820,18 @@ async def _run_slo(args: argparse.Namespace) -> int:
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     registry = new_registry()
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         bus = await open_cluster_bus(stack, common, name="slo")
         service = SloService(bus, registry=registry)
         await service.start()
         stack.push_async_callback(service.stop)
         await serve_service_port(
-            stack, args.port, registry, slo_reader=SloReader(bus), readiness=(("bus", observe.bus_ready(bus)),)
+            stack,
+            args.port,
+            registry,
+            slo_reader=SloReader(bus),
+            readiness=(("bus", observe.bus_ready(bus)),),
+            liveness=(("bus", runtime.bus_liveness(bus)),),
         )
         await stop.wait()
     return 0
@@ -853,7 +860,7 @@ async def _run_quota(args: argparse.Namespace) -> int:
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     registry = new_registry()
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         bus = await open_cluster_bus(stack, common, name="quota")
         engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=True)
         _, store = await start_quota(stack, bus, engine, registry)
@@ -864,6 +871,7 @@ async def _run_quota(args: argparse.Namespace) -> int:
             quota_store=store,
             quota_client=QuotaClient(bus),
             readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
+            liveness=(("bus", runtime.bus_liveness(bus)),),
         )
         await stop.wait()
     return 0
@@ -912,13 +920,16 @@ async def _run_migration(args: argparse.Namespace) -> int:
     settings = migration_settings(args.args_file)  # a bad args file stops here, before anything connects
     registry = new_registry()
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         bus = await open_cluster_bus(stack, common, name="migration")
         engine = None
         if common.database_url:
             engine = await runtime.open_database(stack, common.database_url, migrate=True)
         service = await start_migration(stack, bus, registry, settings, engine=engine)
-        context: dict[str, Any] = {"readiness": (("bus", observe.bus_ready(bus)),)}
+        context: dict[str, Any] = {
+            "readiness": (("bus", observe.bus_ready(bus)),),
+            "liveness": (("bus", runtime.bus_liveness(bus)),),
+        }
         if service.store is not None:
             from services.migration.client import MigrationClient
 
@@ -966,7 +977,7 @@ async def _run_k8s(args: argparse.Namespace) -> int:
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     registry = new_registry()
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         bus = await open_cluster_bus(stack, common, name="k8s")
         bridge = await _bridge_cluster(
             stack, bus, registry, kubeconfig=args.kubeconfig, record_only_without_config=False, dry_run=args.dry_run
@@ -977,6 +988,7 @@ async def _run_k8s(args: argparse.Namespace) -> int:
             registry,
             recorded_writes=bridge.recorded_writes,
             readiness=(("bus", observe.bus_ready(bus)), *bridge.readiness),
+            liveness=(("bus", runtime.bus_liveness(bus)),),
         )
         await stop.wait()
     return 0
@@ -994,7 +1006,7 @@ async def _run_nodemetric(args: argparse.Namespace) -> int:
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     registry = new_registry()
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         bus = await open_cluster_bus(stack, common, name="nodemetric")
         engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=True)
         store = NodeMetricStore(engine)
@@ -1007,6 +1019,7 @@ async def _run_nodemetric(args: argparse.Namespace) -> int:
             registry,
             nodemetric_store=store,
             readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
+            liveness=(("bus", runtime.bus_liveness(bus)),),
             before_metrics=(service.refresh_gauges,),
         )
         await stop.wait()
@@ -1099,7 +1112,7 @@ async def run_api(args: argparse.Namespace) -> int:
         raise SystemExit(f"koordbus api: --token-review-roles: {e}") from None
     registry = new_registry()
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         reviewed = await _token_review(stack, review_roles, args.kubeconfig) if review_roles else None
         bus = await open_cluster_bus(stack, common, name="api")
         engine = await runtime.open_database(stack, _require(common.database_url, "--database-url"), migrate=False)
@@ -1118,6 +1131,7 @@ async def run_api(args: argparse.Namespace) -> int:
                 tokens=tokens,
                 reviewed_tokens=reviewed,
                 readiness=(("database", observe.database_ready(engine)), ("bus", observe.bus_ready(bus))),
+                liveness=(("bus", runtime.bus_liveness(bus)),),
             )
         )
         await runtime.serve_http(stack, app, host=settings.host, port=settings.port)

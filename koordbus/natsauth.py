@@ -50,7 +50,7 @@ async def run_natsauth(args: argparse.Namespace) -> int:
         raise SystemExit(f"koordbus service natsauth: the issuer seed (KOORDBUS_ISSUER_SEED_FILE): {e}") from None
     registry = new_registry()
     async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals()
+        stop = runtime.stop_event_on_signals(stack)
         # the callout's user lives in the AUTH account: no streams there
         bus = await commands.open_cluster_bus(stack, common, name="natsauth", ensure_streams=False)
         client = await _kube_client(stack, args.kubeconfig, "service natsauth")

@@ -3,17 +3,28 @@
 Each `open_*` function enters its resource into an AsyncExitStack so shutdown runs in reverse
 order of start-up (simulation → agent → API → services → bus → embedded nats-server). The web server and the
 database toolkit are imported where they are used: `koordbus agent` uses neither and runs on every node.
+
+A process is never silently dead: `stop_event_on_signals` makes the command's `Stop`, which `open_bus` and
+`open_embedded_nats` find (a context variable, so no command passes it along) to stop the process with a clear
+message and a non-zero exit when its bus connection is closed for good or its nats-server exits; once stopping,
+the process exits within SHUTDOWN_DEADLINE_SECONDS whatever its parts do (a thread timer, which a stuck event
+loop cannot hold up, kills the children it was told of and exits).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import inspect
 import logging
 import os
 import signal
 import socket
 import ssl
+import sys
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -31,6 +42,71 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = logging.getLogger("koordbus")
+
+SHUTDOWN_DEADLINE_SECONDS = 8.0
+"""From the stop signal (or failure) to the process's exit at the latest: under the 10 s a supervisor waits."""
+BUS_LIVENESS_SECONDS = 30.0
+"""/healthz fails once the bus connection has been down this long (nats-py keeps reconnecting meanwhile)."""
+
+
+class Stop:
+    """Why and when a long-running command stops: SIGINT/SIGTERM (exit 0 once shut down) or `fail` (the process
+    cannot go on: `wait` raises SystemExit with the message, so it exits 1 after the shutdown)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.failure = ""
+        self._deadline: threading.Timer | None = None
+        self._on_deadline: list[Callable[[], None]] = []
+
+    def set(self) -> None:
+        """Stop cleanly (a signal); the shutdown deadline starts now."""
+        if self._deadline is None:
+            self._deadline = threading.Timer(SHUTDOWN_DEADLINE_SECONDS, self._exit_now)
+            self._deadline.daemon = True
+            self._deadline.start()
+        self._event.set()
+
+    def fail(self, message: str) -> None:
+        """Stop because the process cannot go on; the first message is the one reported."""
+        if not self.failure:
+            self.failure = message
+            log.error("stopping: %s", message)
+        self.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def on_deadline(self, kill: Callable[[], None]) -> None:
+        """`kill` (from a thread, with no event loop) runs if the shutdown misses its deadline: a child process
+        must not outlive us."""
+        self._on_deadline.append(kill)
+
+    async def wait(self) -> None:
+        await self._event.wait()
+        if self.failure:
+            raise SystemExit(f"koordbus: {self.failure}")
+
+    def close(self) -> None:
+        """The command has shut down (the last step of its stack): no deadline, no signal handlers any more."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+    def _exit_now(self) -> None:
+        for kill in self._on_deadline:
+            with contextlib.suppress(Exception):
+                kill()
+        reason = f" ({self.failure})" if self.failure else ""
+        late = f"shutdown did not finish within {SHUTDOWN_DEADLINE_SECONDS:.0f} s"
+        sys.stderr.write(f"koordbus: {late}{reason}; exiting\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+
+_STOP: contextvars.ContextVar[Stop] = contextvars.ContextVar("koordbus_stop")
 
 
 def configure_logging(level: str, log_format: str = "text") -> None:
@@ -55,6 +131,16 @@ async def open_embedded_nats(stack: AsyncExitStack, data_dir: Path, *, user: aut
     )
     await server.start()
     stack.push_async_callback(server.stop)
+    if (stop := _STOP.get(None)) is not None:
+        stop.on_deadline(server.kill_now)
+
+        async def supervise() -> None:
+            code = await server.wait_exited()
+            if not stop.is_set():
+                tail = server.log_tail(5)
+                stop.fail(f"the embedded nats-server exited (code {code}); see {server.log_path}:\n{tail}")
+
+        background(stack, supervise(), name="nats-server-supervisor")
     return server.url
 
 
@@ -102,6 +188,13 @@ async def open_bus(
     token = token_reader(Path(token_file)) if token_file else None
     bus = await JetStreamBus.connect(url, name=name, user=user, password=password, token=token)
     stack.push_async_callback(bus.close)
+    if (stop := _STOP.get(None)) is not None:
+
+        async def watch() -> None:
+            reason = await bus.link.wait_lost()
+            stop.fail(f"the NATS connection to {url} was closed for good ({reason}); this process must be restarted")
+
+        background(stack, watch(), name="bus-watch")
     if ensure_streams:
         await bus.ensure_streams(streams.all_streams(replicas=replicas))
     return bus
@@ -132,8 +225,24 @@ async def open_database(stack: AsyncExitStack, url: str, *, migrate: bool) -> As
     return engine
 
 
+def bus_liveness(bus: JetStreamBus, *, bound: float = BUS_LIVENESS_SECONDS) -> Callable[[], str | None]:
+    """The API's /healthz check of a bus: failing once its connection is closed for good or has been down for
+    `bound` seconds."""
+
+    def check() -> str | None:
+        if bus.link.lost_reason:
+            return f"the NATS connection was closed for good: {bus.link.lost_reason}"
+        down = bus.link.down_for(time.monotonic())
+        return f"the NATS connection has been down for {down:.0f} s" if down >= bound else None
+
+    return check
+
+
 def port_is_free(host: str, port: int) -> bool:
+    """Nothing listens on the port (a connection of a process just killed, in TIME_WAIT, does not count: uvicorn
+    binds with SO_REUSEADDR too)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -197,12 +306,16 @@ async def serve_http(
     return server
 
 
-def stop_event_on_signals() -> asyncio.Event:
-    """An event set by SIGINT or SIGTERM (Ctrl-C shuts down cleanly instead of raising)."""
-    stop = asyncio.Event()
+def stop_event_on_signals(stack: AsyncExitStack) -> Stop:
+    """The command's Stop, set by SIGINT or SIGTERM (Ctrl-C shuts down cleanly instead of raising) until `stack`
+    (the command's, entered first) has closed; the bus and the embedded nats-server opened after this in the same
+    task fail it when they are lost (see the module docstring)."""
+    stop = Stop()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    stack.callback(stop.close)
+    _STOP.set(stop)
     return stop
 
 
@@ -223,6 +336,8 @@ def background(stack: AsyncExitStack, coro: Awaitable[None], *, name: str) -> as
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        if inspect.iscoroutine(coro):  # cancelled before it ran: closed, or Python warns it was never awaited
+            coro.close()
 
     stack.push_async_callback(cancel)
     return task

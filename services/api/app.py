@@ -72,6 +72,9 @@ class ApiContext:
     """NodeMetric objects and node liveness; None (a process without that database): those routes answer 503."""
     readiness: Sequence[tuple[str, ReadinessCheck]] = ()
     """(dependency name, check) pairs; /readyz names each failing dependency."""
+    liveness: Sequence[tuple[str, Callable[[], str | None]]] = ()
+    """(dependency name, check) pairs, each cheap and synchronous: why the process should be restarted, or None;
+    /healthz answers 503 naming each failing one (koordbus.runtime.bus_liveness: the bus lost past a bound)."""
     before_metrics: Sequence[Callable[[], None]] = ()
     """Gauge refreshers run before each /metrics render."""
     clock: Callable[[], float] = field(default=time.time)
@@ -317,9 +320,18 @@ def _add_request_metrics(app: FastAPI, context: ApiContext) -> None:
 
 
 def _add_health_routes(app: FastAPI, context: ApiContext) -> None:
-    @app.get("/healthz", tags=["health"], summary="The process is alive")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    @app.get(
+        "/healthz",
+        tags=["health"],
+        summary="The process is alive (its bus has not been lost past a bound)",
+        responses={503: {"model": NotReadyBody, "description": "Restart the process; `failures` says why"}},
+    )
+    async def healthz() -> JSONResponse:
+        failures = {name: reason for name, check in context.liveness if (reason := check()) is not None}
+        if failures:
+            named = ", ".join(f"{name} ({reason})" for name, reason in failures.items())
+            return JSONResponse({"error": f"not alive: {named}", "failures": failures}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
     @app.get(
         "/readyz",

@@ -31,7 +31,15 @@ class _ExplainRequest(msgspec.Struct, kw_only=True):
 _EXPLAIN = msgspec.json.Decoder(_ExplainRequest)
 
 
-def create_app(service: LoadAwareService, registry: CollectorRegistry, *, verbs: bool = True) -> FastAPI:
+def create_app(
+    service: LoadAwareService,
+    registry: CollectorRegistry,
+    *,
+    verbs: bool = True,
+    liveness: Callable[[], str | None] = lambda: None,
+) -> FastAPI:
+    """`liveness`: why the process should be restarted, or None (koordbus.runtime.bus_liveness); /healthz answers
+    503 with it."""
     app = FastAPI(title="koordbus load-aware scheduler extender", docs_url=None, redoc_url=None, openapi_url=None)
     scheduling = APIRouter()
 
@@ -78,6 +86,8 @@ def create_app(service: LoadAwareService, registry: CollectorRegistry, *, verbs:
 
     @app.get("/healthz")
     async def healthz() -> Response:
+        if (reason := liveness()) is not None:
+            return Response(msgspec.json.encode({"error": f"not alive: {reason}"}), status_code=503, media_type=JSON)
         return Response(b'{"status":"ok"}', media_type=JSON)
 
     @app.get("/readyz")

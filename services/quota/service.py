@@ -83,6 +83,7 @@ LAST_STATUS_READER = "quota-last-status"
 RPC_QUEUE = "quota"
 PUBLISH_RETRY_DELAY_SECONDS = 1.0
 MAX_TREE_PROBLEMS = 20
+MAX_REASON_CHARS = 500
 
 _COMMAND_DECODER = msgspec.json.Decoder(CommandRequest)
 _CHECK_DECODER = msgspec.json.Decoder(CheckRequest)
@@ -96,7 +97,8 @@ class _Instruments:
         )
         self.unusable_events = Counter(
             "koordbus_quota_unusable_events",
-            "Quota events skipped because they could not be decoded or read (dead-lettered)",
+            "Quota events skipped because they could not be decoded, read, applied or have their statuses published "
+            "(dead-lettered)",
             registry=registry,
         )
         self.status_published = Counter(
@@ -248,7 +250,10 @@ class QuotaService:
         )
         await self._read_last_statuses(timeout)
         self._ready = True
-        await self.publish_changes()
+        try:
+            await self.publish_changes()
+        except TemporaryError as e:  # the statuses are published again on the next batch or tick
+            log.warning("quota: %s; the next tick retries", e)
         for subject, answer in (
             (subjects.QUOTA_RPC_COMMAND, self._on_command),
             (subjects.QUOTA_RPC_CHECK, self._on_check),
@@ -349,13 +354,17 @@ class QuotaService:
     # --- inputs
 
     def apply_event(self, delivery: Delivery) -> None:
+        """Fold one logged event into the model. One that cannot be read, whose statuses could not be published, or
+        that the model refuses is skipped for good (PermanentError: the bus dead-letters it), counted and shown on
+        its tree: the log holds it forever, so anything else would stop every later start at the same place."""
         tree = subjects.tree_of_quota_events(delivery.subject)
         try:
             event = ev.decode_quota_event(delivery.data)
+            _check_status_subjects(event)
             self.model.apply_event(event, seq=delivery.stream_seq, tree=tree)
-        except (msgspec.DecodeError, msgspec.ValidationError, quota.QuotaFormatError) as e:
+        except Exception as e:
             self.model.note_seq(tree, delivery.stream_seq)
-            reason = f"event {delivery.stream_seq} skipped: {e}"
+            reason = f"event {delivery.stream_seq} skipped: {_bounded(str(e))}"
             self.model.corrupt[tree] = reason
             self._metrics.unusable_events.inc()
             log.error("quota: tree %s: %s (the tree stays at its last valid state)", tree, reason)
@@ -639,6 +648,35 @@ class QuotaService:
         if quotas:
             reply = msgspec.structs.replace(reply, quota=quotas[-1], quotas=quotas)
         return reply
+
+
+def _check_status_subjects(event: ev.QuotaEvent) -> None:
+    """SubjectError when a quota or tree the event names could not be the subject of its status (a name too long for
+    nats-server, which would drop the connection of every service of the process)."""
+    names: list[str] = []
+    trees = [aggregate.event_tree(event)]
+    match event:
+        case ev.QuotaCreated(quota=obj) | ev.QuotaUpdated(quota=obj) | ev.QuotaDeleted(quota=obj):
+            names.append(obj.metadata.name)
+        case ev.QuotasImported(quotas=objs):
+            names.extend(o.metadata.name for o in objs)
+            trees.extend(aggregate.quota_tree(o) for o in objs)
+        case ev.ProfileCreated(profile=p) | ev.ProfileUpdated(profile=p) | ev.ProfileDeleted(profile=p):
+            names.append(p.spec.quota_name)
+    for what, name, subject in [
+        *(("quota", name, subjects.quota_status) for name in names),
+        *(("tree", tree, subjects.quota_tree_status) for tree in trees),
+    ]:
+        try:
+            subjects.check_publishable(subject(name))
+        except subjects.SubjectError as e:
+            shown = name if len(name) <= 60 else f"{name[:60]}… ({len(name)} characters)"
+            raise subjects.SubjectError(f"{what} {shown} cannot have a status: {e}") from e
+
+
+def _bounded(text: str, limit: int = MAX_REASON_CHARS) -> str:
+    """A reason shown on a tree and logged: a hostile name in it must not make either huge."""
+    return text if len(text) <= limit else f"{text[: limit - 1]}… ({len(text)} characters)"
 
 
 def _version_conflict(what: str, current: str, wanted: str) -> str:

@@ -65,6 +65,11 @@ class KoordbusProcess:
             raise RuntimeError("not started")
         return self._process.pid
 
+    @property
+    def returncode(self) -> int | None:
+        """The exit code once the process has exited by itself; None while it runs (or before it started)."""
+        return None if self._process is None else self._process.poll()
+
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs, as when a node or the OOM killer takes the process."""
         process, self._process = self._process, None

@@ -1,0 +1,144 @@
+"""`koordbus up` supervises its nats-server and always stops in time (issue #19, point 3), as real processes.
+
+* Its nats-server killed: `up` used to keep answering /healthz 200 and every write 503 forever; now it stops within
+  the bound, exits non-zero and says why.
+* SIGTERM or SIGINT reaching both `up` and its nats-server, in either order (a terminal's Ctrl-C reaches the whole
+  process group; a supervisor may signal every process): `up` exits within 10 s (it used to reconnect forever,
+  deaf to further signals).
+* Started again on the same port right after a SIGKILL, with a connection of the killed process in TIME_WAIT: it
+  starts (the port check bound without SO_REUSEADDR and refused for about a minute).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
+
+EXIT_BOUND_SECONDS = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Up:
+    """One `koordbus up` process with its output in a file."""
+
+    def __init__(self, data_dir: Path, port: int, log_path: Path) -> None:
+        self.data_dir, self.port, self.log_path = data_dir, port, log_path
+        command = [sys.executable, "-m", "koordbus.cli", "up", "--data-dir", str(data_dir), "--port", str(port)]
+        with log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [*command, "--no-agent"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, f"koordbus up exited early:\n{self.log()}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"koordbus up not ready within 60 s:\n{self.log()}")
+
+    def nats_pid(self) -> int:
+        """The embedded nats-server's pid, from the ports file it writes (named after its pid)."""
+        (ports,) = (self.data_dir / "nats" / "ports").glob("*.ports")
+        return int(ports.stem.rsplit("_", 1)[1])
+
+    def exit_code_within(self, seconds: float) -> int:
+        try:
+            return self.process.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"koordbus up still running after {seconds:.0f} s:\n{self.log()[-3000:]}") from None
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def kill_quietly(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[Up]:
+    up = Up(tmp_path / "data", free_port(), tmp_path / "up.log")
+    nats_pid = 0
+    try:
+        up.wait_ready()
+        nats_pid = up.nats_pid()
+        yield up
+    finally:
+        up.kill()
+        if nats_pid:
+            kill_quietly(nats_pid)
+
+
+def test_up_stops_with_a_clear_message_when_its_nats_server_dies(started: Up) -> None:
+    os.kill(started.nats_pid(), signal.SIGKILL)
+    code = started.exit_code_within(EXIT_BOUND_SECONDS)
+    assert code != 0
+    assert "the embedded nats-server exited (code -9)" in started.log()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("first", ["up", "nats-server"])
+def test_up_exits_in_time_when_the_signal_reaches_it_and_its_nats_server(
+    started: Up, signum: signal.Signals, first: str
+) -> None:
+    nats_pid = started.nats_pid()
+    order = [started.process.pid, nats_pid] if first == "up" else [nats_pid, started.process.pid]
+    sent = time.monotonic()
+    for pid in order:
+        os.kill(pid, signum)
+    started.exit_code_within(EXIT_BOUND_SECONDS)
+    assert time.monotonic() - sent < EXIT_BOUND_SECONDS
+
+
+def test_up_starts_again_on_the_same_port_right_after_a_sigkill(tmp_path: Path) -> None:
+    port = free_port()
+    first = Up(tmp_path / "first", port, tmp_path / "first.log")
+    orphans: list[int] = []
+    second: Up | None = None
+    try:
+        first.wait_ready()
+        orphans.append(first.nats_pid())  # SIGKILL leaves the child running: killed at the end
+        held = http.client.HTTPConnection("127.0.0.1", port, timeout=5)  # a keep-alive connection the kill closes
+        held.request("GET", "/healthz")
+        assert held.getresponse().read()
+        first.kill()
+        held.close()
+        second = Up(tmp_path / "second", port, tmp_path / "second.log")
+        second.wait_ready()
+        orphans.append(second.nats_pid())
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+        for pid in orphans:
+            kill_quietly(pid)
