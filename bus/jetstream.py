@@ -43,7 +43,7 @@ from bus.api import (
     RequestHandler,
     StreamSpec,
 )
-from bus.errors import BusError, BusUnavailableError, ConflictError, RemoteError
+from bus.errors import BusError, BusUnavailableError, ConflictError, PayloadTooLargeError, RemoteError
 
 log = logging.getLogger(__name__)
 
@@ -468,6 +468,8 @@ class JetStreamBus:
             reply = await self._nc.request(subject, data, timeout=timeout)
         except nats.errors.NoRespondersError as e:
             raise BusUnavailableError(f"request {subject}: nobody serves this subject") from e
+        except nats.errors.MaxPayloadError as e:
+            raise PayloadTooLargeError(f"request {subject}: {len(data)} bytes is over the bus's max payload") from e
         except (nats.errors.TimeoutError, TimeoutError) as e:
             raise BusUnavailableError(f"request {subject}: no answer within {timeout:g} s") from e
         except _UNAVAILABLE as e:

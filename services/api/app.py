@@ -43,6 +43,7 @@ from services.api import (
 )
 from services.api.event_hub import EventHub
 from services.api.settings import ApiSettings
+from services.common import bodies
 from services.common.metrics import CONTENT_TYPE_LATEST, CollectorRegistry, render
 from services.common.observe import ReadinessCheck
 from services.migration.client import MigrationClient
@@ -214,6 +215,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(events.socket_router)
     app.include_router(dashboard.router, responses=responses, dependencies=viewer)
     app.add_middleware(CatchAllMiddleware)
+    app.add_middleware(bodies.BodyLimit, limit=quotas.MAX_BODY_BYTES, refuse=_refuse)
     _add_audit_log(app, context)
     _add_request_metrics(app, context)
     _add_health_routes(app, context)
@@ -222,6 +224,10 @@ def create_app(context: ApiContext) -> FastAPI:
         context.registry.register(EventHubCollector(context.event_hub))
     dashboard.mount(app)
     return app
+
+
+def _refuse(status: int, message: str) -> ASGIApp:
+    return JSONResponse({"error": message}, status_code=status)
 
 
 class EventHubCollector:

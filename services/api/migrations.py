@@ -14,13 +14,13 @@ import uuid
 from typing import Annotated, Any, Final
 
 import msgspec
-import yaml
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 
 from bus.errors import BusUnavailableError
 from schemas import migration
 from services.api import auth
+from services.common import bodies
 from services.migration.client import MigrationClient
 from services.migration.store import JobRecord, MigrationStore
 
@@ -108,9 +108,9 @@ async def _document(request: Request) -> Any:
     if len(raw) > MAX_BODY_BYTES:
         raise HTTPException(413, f"the request body is {len(raw)} bytes; the limit is {MAX_BODY_BYTES}")
     try:
-        return yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as e:
-        raise HTTPException(400, f"the body is not valid JSON or YAML: {' '.join(str(e).split())}") from None
+        return bodies.decode_yaml(raw) if raw.strip() else None
+    except bodies.BodyError as e:
+        raise HTTPException(400, str(e)) from None
 
 
 def _job_from(document: Any) -> migration.PodMigrationJob:

@@ -19,11 +19,10 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Final
 
 import msgspec
-import yaml
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 
-from bus.errors import BusUnavailableError, RemoteError
+from bus.errors import BusUnavailableError, PayloadTooLargeError, RemoteError
 from schemas import kube, quota
 from schemas import quota_events as ev
 from schemas.quota_service import (
@@ -35,6 +34,7 @@ from schemas.quota_service import (
     WhatIfRequest,
 )
 from services.api import auth
+from services.common import bodies
 from services.quota.aggregate import DEFAULT_TREE
 from services.quota.client import QuotaClient
 from services.quota.store import QuotaStore
@@ -42,7 +42,8 @@ from services.quota.store import QuotaStore
 router = APIRouter(prefix="/api/v1", tags=["quotas"])
 
 MAX_BODY_BYTES: Final = 1024 * 1024
-"""Larger bodies are refused with 413 (a request to the quota service must fit one NATS message)."""
+"""Larger bodies are refused with 413 before they are read (services.api.app caps every route at this); a request
+to the quota service that does not fit one NATS message once encoded is a 413 too."""
 DEFAULT_HISTORY: Final = 50
 LIST_API_VERSION: Final = "v1"
 
@@ -104,20 +105,16 @@ def _client(request: Request) -> QuotaClient:
 
 
 async def _document(request: Request) -> Any:
+    """The body as a document; its size is capped by services.common.bodies.BodyLimit before it is read."""
     raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise HTTPException(413, f"the request body is {len(raw)} bytes; the limit is {MAX_BODY_BYTES} bytes")
     if not raw.strip():
         raise HTTPException(400, "the request body is empty")
-    if "yaml" in request.headers.get("content-type", ""):
-        try:
-            return yaml.safe_load(raw)
-        except yaml.YAMLError as e:
-            raise HTTPException(400, f"the body is not valid YAML: {' '.join(str(e).split())}") from None
     try:
-        return msgspec.json.decode(raw)
-    except msgspec.DecodeError as e:
-        raise HTTPException(400, f"the body is not valid JSON: {e}") from None
+        if "yaml" in request.headers.get("content-type", ""):
+            return bodies.decode_yaml(raw)
+        return bodies.decode_json(raw)
+    except bodies.BodyError as e:
+        raise HTTPException(400, str(e)) from None
 
 
 def _convert(document: Any, kind: str, target: type[Any], *, where: str = "body") -> Any:
@@ -165,6 +162,8 @@ async def _run(
         reply = await _client(request).command(
             CommandRequest(actor=identity.name, command=command, expected_resource_version=version, dry_run=dry_run)
         )
+    except PayloadTooLargeError as e:
+        raise HTTPException(413, f"the request is too large for the bus once encoded: {e}; send less") from None
     except BusUnavailableError as e:
         raise HTTPException(503, f"the quota service does not answer: {e}") from None
     except RemoteError as e:
@@ -587,6 +586,8 @@ async def check_pods(
         raise HTTPException(422, "no pods to check")
     try:
         reply = await _client(request).check(CheckRequest(pods=pods, enable_check_parent_quota=parents))
+    except PayloadTooLargeError as e:
+        raise HTTPException(413, f"the request is too large for the bus once encoded: {e}; send less") from None
     except BusUnavailableError as e:
         raise HTTPException(503, f"the quota service does not answer: {e}") from None
     except RemoteError as e:
@@ -636,6 +637,8 @@ async def what_if(request: Request) -> Any:
         batches.append(PodBatch(pod=pod, count=count, assigned=bool(item.get("assigned", False))))
     try:
         reply = await _client(request).what_if(WhatIfRequest(commands=commands, pods=batches))
+    except PayloadTooLargeError as e:
+        raise HTTPException(413, f"the request is too large for the bus once encoded: {e}; send less") from None
     except BusUnavailableError as e:
         raise HTTPException(503, f"the quota service does not answer: {e}") from None
     except RemoteError as e:
