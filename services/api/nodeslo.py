@@ -17,6 +17,8 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from pydantic import BaseModel, Field
 
 from bus.errors import BusError, BusUnavailableError
+from services.api import event_catalogue as catalogue
+from services.api import events
 from services.slo.reader import SloReader
 
 router = APIRouter(prefix="/api/v1")
@@ -93,10 +95,16 @@ async def get_node_actuations(
     limit: Annotated[int, Query(ge=1, le=MAX_ACTUATIONS, description="newest events to return (default 50)")] = (
         DEFAULT_ACTUATIONS
     ),
-    since: Annotated[float | None, Query(ge=0, description="unix seconds; default: the last hour")] = None,
+    since: Annotated[
+        str | None, Query(description="unix seconds or RFC 3339 (as the event routes take it); default: the last hour")
+    ] = None,
 ) -> Actuations:
+    try:
+        given = events.parse_since(since)
+    except catalogue.FilterError as e:
+        raise HTTPException(400, str(e)) from None
     reader = _reader(request)
-    start = since if since is not None else time.time() - DEFAULT_WINDOW_SECONDS
+    start = given if given is not None else time.time() - DEFAULT_WINDOW_SECONDS
     try:
         stored = await reader.actuations(node, since=start, limit=limit)
     except BusUnavailableError as e:
