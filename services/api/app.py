@@ -110,9 +110,16 @@ class NotReadyBody(ErrorBody):
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {
+        "model": ErrorBody,
+        "description": "The request is malformed (a body that is not UTF-8 JSON/YAML of the expected shape, nested "
+        "too deep, a bad filter or time); the message says what and where",
+    },
     404: {"model": ErrorBody, "description": "No such object"},
+    413: {"model": ErrorBody, "description": "The body is over the limit (refused before it is read)"},
     422: {"model": ErrorBody, "description": "A query parameter is invalid"},
     500: {"model": ErrorBody, "description": "Unexpected server error (details in the server log)"},
+    503: {"model": ErrorBody, "description": "A dependency (database, bus, a service) is not available"},
 }
 
 AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {

@@ -146,7 +146,22 @@ def _job_from(document: Any) -> migration.PodMigrationJob:
     return msgspec.structs.replace(job, metadata=meta, status=migration.PodMigrationJobStatus())
 
 
-@router.post("/migrations", status_code=202, summary="Ask for a pod to be migrated (goes through arbitration)")
+CONFLICT: Final[dict[int | str, dict[str, Any]]] = {409: {"description": "A job of that name exists or has ended"}}
+
+
+@router.post(
+    "/migrations",
+    status_code=202,
+    summary="Ask for a pod to be migrated (goes through arbitration)",
+    responses=CONFLICT,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "A PodMigrationJob (JSON or YAML) or {pod: {namespace, name}, mode, ttl}",
+            "content": {"application/json": {"schema": {"type": "object"}}, "application/yaml": {"schema": {}}},
+        }
+    },
+)
 async def request_migration(request: Request, identity: Admin) -> Any:
     job = _job_from(await _document(request))
     if await _store(request).job(job.metadata.name) is not None:
@@ -161,7 +176,7 @@ async def request_migration(request: Request, identity: Admin) -> Any:
     return JSONResponse(body, status_code=202)
 
 
-@router.post("/migrations/{name}/abort", summary="Abort a migration job that has not finished")
+@router.post("/migrations/{name}/abort", summary="Abort a migration job that has not finished", responses=CONFLICT)
 async def abort_migration(request: Request, name: str, identity: Admin) -> Any:
     record = await _store(request).job(name)
     if record is None:

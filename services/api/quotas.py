@@ -392,7 +392,11 @@ def _strip_server_fields(patch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@router.delete("/quotas/{name}", summary="Delete an ElasticQuota (refused while it has children or pods)")
+@router.delete(
+    "/quotas/{name}",
+    summary="Delete an ElasticQuota (refused while it has children or pods)",
+    responses=WRITE_RESPONSES,
+)
 async def delete_quota(
     request: Request,
     name: str,
@@ -549,7 +553,7 @@ async def replace_profile(request: Request, name: str, identity: Writer) -> Any:
     return quota.profile_to_json(reply.profile)
 
 
-@router.delete("/quota-profiles/{name}", summary="Delete an ElasticQuotaProfile")
+@router.delete("/quota-profiles/{name}", summary="Delete an ElasticQuotaProfile", responses=WRITE_RESPONSES)
 async def delete_profile(request: Request, name: str, identity: Writer) -> Any:
     try:
         reply = await _run(request, identity, ev.DeleteProfile(command_id=_command_id(request), name=name))

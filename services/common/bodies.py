@@ -13,6 +13,8 @@ offset); routes answer it with a 400.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -115,19 +117,36 @@ def decode_yaml(raw: bytes) -> Any:
 
 
 def check_depth(document: Any, *, limit: int = MAX_DEPTH) -> None:
-    """BodyError naming the JSON path where `document` nests deeper than `limit` (iterative: no recursion)."""
+    """BodyError naming the JSON path where `document` nests deeper than `limit` or holds a string that is not
+    Unicode text (a lone surrogate, which YAML's escapes can make); iterative, so no recursion."""
     stack: list[tuple[Any, int, str]] = [(document, 0, "$")]
     while stack:
         value, depth, path = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                raise BodyError(f"the body has a string that is not Unicode text (a lone surrogate) at {path}")
+            continue
         if isinstance(value, dict):
-            children = ((v, f"{path}.{k}") for k, v in value.items())
+            children = [(k, f"{path}.{_key(k)}") for k in value if isinstance(k, str)]
+            children += [(v, f"{path}.{_key(k)}") for k, v in value.items()]
         elif isinstance(value, list):
-            children = ((v, f"{path}[{i}]") for i, v in enumerate(value))
+            children = [(v, f"{path}[{i}]") for i, v in enumerate(value)]
         else:
             continue
         if depth >= limit:
             raise BodyError(f"the body is nested more than {limit} levels deep at {path}")
         stack.extend((child, depth + 1, child_path) for child, child_path in children)
+
+
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+_PLAIN_KEY: Final = re.compile(r"[A-Za-z0-9_./-]+")
+
+
+def _key(key: object) -> str:
+    """A key as a JSON path writes it: plain, or quoted and escaped (a message never carries raw control characters
+    or surrogates)."""
+    text = str(key)
+    return text if _PLAIN_KEY.fullmatch(text) else json.dumps(text)
 
 
 class _PlainLoader(yaml.SafeLoader):
