@@ -96,11 +96,20 @@ DOCUMENTS = (
 @st.composite
 def requests(draw: st.DrawFn) -> tuple[str, str, bytes, str]:
     method, path = draw(st.sampled_from(ROUTES))
-    kind = draw(st.sampled_from(["json", "json", "yaml", "bytes"]))
+    kind = draw(st.sampled_from(["json", "json", "yaml", "bytes", "mutated", "deep"]))
     if kind == "bytes":
         return method, path, draw(st.binary(max_size=300)), draw(st.sampled_from(["application/json", "text/plain"]))
     document = draw(DOCUMENTS)
     raw = msgspec.json.encode(document)
+    if kind == "deep":
+        depth = draw(st.integers(min_value=50, max_value=5000))
+        raw = b'{"metadata": {"name": "x"}, "spec": ' + b"[" * depth + raw + b"]" * depth + b"}"
+    if kind == "mutated":  # a byte or two changed: invalid UTF-8 inside strings, broken syntax
+        mutated = bytearray(raw)
+        for _ in range(draw(st.integers(min_value=1, max_value=2))):
+            position = draw(st.integers(min_value=0, max_value=len(mutated) - 1))
+            mutated[position] = draw(st.sampled_from([0x80, 0xC3, 0xE9, 0xFF, 0x00, 0x22, 0x5C]))
+        raw = bytes(mutated)
     if kind == "yaml":  # JSON is YAML; the YAML reader (and its escapes) reads it
         return method, path, raw.decode().replace('\\"', "'").encode(), "application/yaml"
     return method, path, raw, "application/json"
