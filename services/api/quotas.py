@@ -58,18 +58,62 @@ WRITE_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def body(description: str, example: Any) -> dict[str, Any]:
-    """OpenAPI for a route that reads its body itself (JSON or YAML, Kubernetes-shaped)."""
+def ref(name: str) -> dict[str, str]:
+    """A body type's schema in the OpenAPI document (services.api.app adds BODY_TYPES' schemas as components)."""
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+BODY_TYPES: Final = (quota.ElasticQuota, quota.ElasticQuotaProfile, kube.Pod)
+"""The Kubernetes objects bodies carry, whose JSON schemas the OpenAPI document declares (from their msgspec types)."""
+
+
+def body(description: str, schema: dict[str, Any], example: Any) -> dict[str, Any]:
+    """OpenAPI for a route that reads its body itself: JSON of `schema`, or the same as YAML text."""
     return {
         "requestBody": {
             "required": True,
             "description": description,
             "content": {
-                "application/json": {"schema": {"type": "object"}, "example": example},
-                "application/yaml": {"schema": {"type": "string"}},
+                "application/json": {"schema": schema, "example": example},
+                "application/yaml": {"schema": {"type": "string", "description": "the same object as YAML"}},
             },
         }
     }
+
+
+def _list_of(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": schema}
+
+
+NAMES: Final = _list_of({"type": "string", "minLength": 1})
+WHAT_IF_SCHEMA: Final = {
+    "type": "object",
+    "properties": {
+        "create": _list_of(ref("ElasticQuota")),
+        "update": _list_of(ref("ElasticQuota")),
+        "patch": {"type": "object", "additionalProperties": {"type": "object"}},
+        "delete": NAMES,
+        "pods": _list_of(
+            {
+                "type": "object",
+                "properties": {
+                    "pod": ref("Pod"),
+                    "count": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+                    "assigned": {"type": "boolean"},
+                },
+                "required": ["pod"],
+            }
+        ),
+    },
+    "additionalProperties": False,
+}
+PODS_SCHEMA: Final = {
+    "anyOf": [
+        ref("Pod"),
+        {"type": "object", "properties": {"items": _list_of(ref("Pod"))}, "required": ["items"]},
+        {"type": "object", "properties": {"pods": _list_of(ref("Pod"))}, "required": ["pods"]},
+    ]
+}
 
 
 EXAMPLE_QUOTA: Final = {
@@ -84,7 +128,12 @@ EXAMPLE_POD: Final = {
     "metadata": {"name": "train-0", "namespace": "ml", "labels": {quota.LABEL_QUOTA_NAME: "team-a"}},
     "spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "4", "memory": "8Gi"}}}]},
 }
-QUOTA_BODY: Final = body("An ElasticQuota (scheduling.sigs.k8s.io/v1alpha1), as kubectl prints it", EXAMPLE_QUOTA)
+QUOTA_BODY: Final = body(
+    "An ElasticQuota (scheduling.sigs.k8s.io/v1alpha1), as kubectl prints it", ref("ElasticQuota"), EXAMPLE_QUOTA
+)
+PROFILE_BODY: Final = body(
+    "An ElasticQuotaProfile (quota.koordinator.sh/v1alpha1)", ref("ElasticQuotaProfile"), {"metadata": {"name": "p"}}
+)
 
 
 # --- plumbing
@@ -308,7 +357,20 @@ async def create_quota(request: Request, identity: Writer) -> Any:
     "/quotas/import",
     summary="Adopt existing ElasticQuotas as one validated batch",
     responses=WRITE_RESPONSES,
-    openapi_extra=body("An ElasticQuotaList, a JSON array or {items: [...]}", {"items": [EXAMPLE_QUOTA]}),
+    openapi_extra=body(
+        "An ElasticQuotaList, a JSON array or {items: [...]}",
+        {
+            "anyOf": [
+                {**_list_of(ref("ElasticQuota")), "minItems": 1},
+                {
+                    "type": "object",
+                    "properties": {"items": {**_list_of(ref("ElasticQuota")), "minItems": 1}},
+                    "required": ["items"],
+                },
+            ]
+        },
+        {"items": [EXAMPLE_QUOTA]},
+    ),
 )
 async def import_quotas(
     request: Request,
@@ -362,7 +424,9 @@ async def replace_quota(request: Request, name: str, identity: Writer) -> Any:
     "/quotas/{name}",
     summary="Change an ElasticQuota with a JSON merge patch",
     responses=WRITE_RESPONSES,
-    openapi_extra=body("A JSON merge patch (RFC 7386) of the ElasticQuota", {"spec": {"min": {"cpu": "12"}}}),
+    openapi_extra=body(
+        "A JSON merge patch (RFC 7386) of the ElasticQuota", {"type": "object"}, {"spec": {"min": {"cpu": "12"}}}
+    ),
 )
 async def patch_quota(request: Request, name: str, identity: Writer) -> Any:
     try:
@@ -417,7 +481,11 @@ async def delete_quota(
     "/quotas/{name}/namespaces",
     summary="Attach and/or detach namespaces",
     responses=WRITE_RESPONSES,
-    openapi_extra=body("Namespaces to attach and to detach", {"attach": ["ml"], "detach": []}),
+    openapi_extra=body(
+        "Namespaces to attach and to detach",
+        {"type": "object", "properties": {"attach": NAMES, "detach": NAMES}, "additionalProperties": False},
+        {"attach": ["ml"], "detach": []},
+    ),
 )
 async def change_namespaces(request: Request, name: str, identity: Writer) -> Any:
     """Body `{"attach": ["ns1"], "detach": ["ns2"]}`: pods in attached namespaces resolve to this quota (§3.4)."""
@@ -519,7 +587,7 @@ async def get_profile(request: Request, name: str) -> dict[str, Any]:
     status_code=201,
     summary="Create an ElasticQuotaProfile",
     responses=WRITE_RESPONSES,
-    openapi_extra=body("An ElasticQuotaProfile (quota.koordinator.sh/v1alpha1)", {}),
+    openapi_extra=PROFILE_BODY,
 )
 async def create_profile(request: Request, identity: Writer) -> Any:
     try:
@@ -536,7 +604,7 @@ async def create_profile(request: Request, identity: Writer) -> Any:
     "/quota-profiles/{name}",
     summary="Replace an ElasticQuotaProfile",
     responses=WRITE_RESPONSES,
-    openapi_extra=body("An ElasticQuotaProfile (quota.koordinator.sh/v1alpha1)", {}),
+    openapi_extra=PROFILE_BODY,
 )
 async def replace_profile(request: Request, name: str, identity: Writer) -> Any:
     try:
@@ -579,7 +647,7 @@ def _pods(document: Any) -> list[kube.Pod]:
 @router.post(
     "/quotas/check",
     summary="Would these pods fit their quotas (§3.8)? In order, each fitting one reserved",
-    openapi_extra=body("A Pod, a PodList or {pods: [...]}", EXAMPLE_POD),
+    openapi_extra=body("A Pod, a PodList or {pods: [...]}", PODS_SCHEMA, EXAMPLE_POD),
 )
 async def check_pods(
     request: Request,
@@ -604,6 +672,7 @@ async def check_pods(
     summary="How runtimes would change: hypothetical quotas, mins, pods; nothing is written",
     openapi_extra=body(
         "{create, update: [ElasticQuota], patch: {name: mergePatch}, delete: [name], pods: [{pod, count, assigned}]}",
+        WHAT_IF_SCHEMA,
         {"patch": {"team-a": {"spec": {"min": {"cpu": "20"}}}}, "pods": [{"pod": EXAMPLE_POD, "count": 10}]},
     ),
 )

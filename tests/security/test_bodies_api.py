@@ -207,3 +207,24 @@ async def test_a_quantity_past_int64_is_refused_naming_the_field_never_stored(
         assert answer.status_code == 422, answer.text
         error = answer.json()["error"]
         assert where in error and f"requests.{resource}: quantity {text!r} is out of range" in error
+
+
+async def test_the_openapi_document_declares_each_body_with_its_real_schema(stack: QuotaStack) -> None:
+    async with client(stack) as api:
+        document = (await api.get("/openapi.json")).json()
+    schemas = document["components"]["schemas"]
+    declared = {
+        (method, path): document["paths"][path.replace("team-a", "{name}").replace("/p", "/{name}")][method.lower()]
+        for method, path in ROUTES
+    }
+    for (method, path), operation in declared.items():
+        schema = operation["requestBody"]["content"]["application/json"]["schema"]
+        if method != "PATCH":  # a merge patch is any object
+            assert schema != {"type": "object"}, (method, path)
+    quota_body = declared[("POST", "/api/v1/quotas")]["requestBody"]["content"]["application/json"]["schema"]
+    assert quota_body == {"$ref": "#/components/schemas/ElasticQuota"}
+    spec = schemas["ElasticQuotaSpec"]["properties"]
+    assert set(spec) >= {"min", "max"} and "pattern" in str(spec["min"])  # quantities with Kubernetes' syntax
+    assert {"Pod", "PodMigrationJob", "ElasticQuotaProfile", "ObjectMeta"} <= set(schemas)
+    for code in ("400", "413"):
+        assert code in declared[("POST", "/api/v1/quotas/what-if")]["responses"]
