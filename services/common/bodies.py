@@ -117,8 +117,9 @@ def decode_yaml(raw: bytes) -> Any:
 
 
 def check_depth(document: Any, *, limit: int = MAX_DEPTH) -> None:
-    """BodyError naming the JSON path where `document` nests deeper than `limit` or holds a string that is not
-    Unicode text (a lone surrogate, which YAML's escapes can make); iterative, so no recursion."""
+    """BodyError naming the JSON path where `document` nests deeper than `limit`, or is not JSON data: a key that is
+    not a string or a string that is not Unicode text (YAML makes both: `1: x`, escaped lone surrogates); iterative,
+    so no recursion."""
     stack: list[tuple[Any, int, str]] = [(document, 0, "$")]
     while stack:
         value, depth, path = stack.pop()
@@ -127,7 +128,10 @@ def check_depth(document: Any, *, limit: int = MAX_DEPTH) -> None:
                 raise BodyError(f"the body has a string that is not Unicode text (a lone surrogate) at {path}")
             continue
         if isinstance(value, dict):
-            children = [(k, f"{path}.{_key(k)}") for k in value if isinstance(k, str)]
+            if not all(isinstance(k, str) for k in value):
+                odd = next(k for k in value if not isinstance(k, str))
+                raise BodyError(f"the body has a key that is not a string ({_key(odd)}) at {path}; quote it")
+            children = [(k, f"{path}.{_key(k)}") for k in value]
             children += [(v, f"{path}.{_key(k)}") for k, v in value.items()]
         elif isinstance(value, list):
             children = [(v, f"{path}[{i}]") for i, v in enumerate(value)]

@@ -106,6 +106,14 @@ async def test_yaml_tags_beyond_json_types_are_refused(stack: QuotaStack, tag: s
     assert "not valid JSON or YAML" in answer.json()["error"]
 
 
+@pytest.mark.parametrize("body", ["null: 1\n1: 2\n", "delete: []\npatch: {1.5: {}}\n"])
+async def test_yaml_keys_that_are_not_strings_are_a_400(stack: QuotaStack, body: str) -> None:
+    async with client(stack) as api:
+        answer = await api.post("/api/v1/quotas/what-if", content=body, headers={"Content-Type": "application/yaml"})
+    assert answer.status_code == 400, answer.text
+    assert "a key that is not a string" in answer.json()["error"]
+
+
 @pytest.mark.parametrize("depth", [100, 5_000, 100_000])
 @pytest.mark.parametrize(("method", "path"), ROUTES)
 async def test_deep_nesting_is_a_400_on_every_body_route(stack: QuotaStack, method: str, path: str, depth: int) -> None:
