@@ -452,7 +452,11 @@ class JetStreamBus:
                 log.exception("request handler on %s failed", subject)
                 reply, headers = b"", {HEADER_RPC_ERROR: f"{type(e).__name__}: {e}"[:1000]}
             try:
-                await self._nc.publish(msg.reply, reply, headers=headers)
+                try:
+                    await self._nc.publish(msg.reply, reply, headers=headers)
+                except nats.errors.MaxPayloadError:  # the asker hears why at once instead of timing out
+                    error = f"PayloadTooLargeError: the reply of {len(reply)} bytes is over the bus's max payload"
+                    await self._nc.publish(msg.reply, b"", headers={HEADER_RPC_ERROR: error})
             except _UNAVAILABLE as e:
                 log.warning("reply on %s not sent: %s", subject, e)
 
