@@ -7,8 +7,8 @@ before a byte is read, and one that streams more than the limit (chunked, or lyi
 a 413 as soon as it passes it, so no route ever buffers more than the limit. `decode_json` and `decode_yaml` are the
 only way a route turns bytes into a document: invalid UTF-8, malformed text, YAML aliases (the "billion laughs"
 bomb: a few hundred bytes expanding to gigabytes) and tags beyond plain JSON types, numbers Python will not hold,
-and nesting deeper than MAX_DEPTH are each a BodyError whose message says what and where (a JSON path or a byte
-offset); routes answer it with a 400.
+keys that are not strings, lone surrogates and nesting deeper than MAX_DEPTH are each a BodyError whose message says
+what and where (a JSON path or a byte offset); routes answer it with a 400. What they return is plain JSON data.
 """
 
 from __future__ import annotations
