@@ -1,6 +1,7 @@
 """Hypothesis fuzzing of every event decoder in schemas/ and of the body decoders of services.common.bodies (issue
 #19, point 7): whatever bytes arrive, a decoder returns a value or raises its one documented error kind —
-msgspec.DecodeError / ValidationError for the event decoders (the bus terms the message and dead-letters it),
+msgspec.DecodeError / ValidationError or a UnicodeDecodeError for the event decoders (the bus terms the message
+and dead-letters it at once),
 BodyError for the bodies (a 400) — and nothing else escapes.
 
 The decoders are found by walking schemas/, so a new one is fuzzed without being listed here. Inputs are random
@@ -22,10 +23,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import schemas
+from bus import _loop
 from services.common import bodies
 
 Decode = Callable[[bytes], Any]
-EXPECTED = (msgspec.DecodeError, msgspec.ValidationError)
+EXPECTED = (msgspec.DecodeError, UnicodeDecodeError)
+"""What the consumer loops dead-letter at once as undecodable (bus._loop.DECODE_ERRORS); anything else is retried as
+an unexpected handler error, so a poison message would come back again and again."""
 
 
 def _decoders() -> Iterator[tuple[str, Decode, bool, Any]]:
@@ -124,6 +128,20 @@ def _documented_errors(name: str) -> tuple[type[BaseException], ...]:
     module = importlib.import_module(f"schemas.{name.split('.')[0]}")
     own = [v for k, v in vars(module).items() if k.endswith("FormatError") and isinstance(v, type)]
     return (*EXPECTED, *own)
+
+
+def _invalid_utf8_error() -> UnicodeDecodeError:
+    try:
+        msgspec.json.decode(b'"\xff"')
+    except UnicodeDecodeError as e:
+        return e
+    raise AssertionError("msgspec decoded invalid UTF-8")
+
+
+def test_what_a_decoder_may_raise_is_dead_lettered_at_once() -> None:
+    for error in (msgspec.DecodeError("x"), msgspec.ValidationError("x"), _invalid_utf8_error()):
+        assert isinstance(error, EXPECTED)
+        assert isinstance(_loop.decide(error, num_delivered=1, max_deliver=5), _loop.DeadLetter), error
 
 
 def test_every_decoder_family_is_found() -> None:
