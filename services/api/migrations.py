@@ -146,6 +146,30 @@ def _job_from(document: Any) -> migration.PodMigrationJob:
     return msgspec.structs.replace(job, metadata=meta, status=migration.PodMigrationJobStatus())
 
 
+JOB_SCHEMA: Final[dict[str, Any]] = {
+    "anyOf": [
+        {"$ref": "#/components/schemas/PodMigrationJob"},
+        {
+            "type": "object",
+            "properties": {
+                "pod": {
+                    "type": "object",
+                    "properties": {
+                        "namespace": {"type": "string", "minLength": 1},
+                        "name": {"type": "string", "minLength": 1},
+                        "uid": {"type": "string"},
+                    },
+                    "required": ["namespace", "name"],
+                },
+                "name": {"type": "string"},
+                "mode": {"enum": [migration.MODE_RESERVATION_FIRST, migration.MODE_EVICT_DIRECTLY]},
+                "ttl": {"type": "string"},
+            },
+            "required": ["pod"],
+        },
+    ]
+}
+"""A PodMigrationJob or the short form, as JSON or YAML."""
 BODY_TYPES: Final = (migration.PodMigrationJob,)
 """Whose JSON schemas the OpenAPI document declares (services.api.app)."""
 CONFLICT: Final[dict[int | str, dict[str, Any]]] = {409: {"description": "A job of that name exists or has ended"}}
@@ -160,34 +184,7 @@ CONFLICT: Final[dict[int | str, dict[str, Any]]] = {409: {"description": "A job 
         "requestBody": {
             "required": True,
             "description": "A PodMigrationJob (JSON or YAML) or {pod: {namespace, name}, mode, ttl}",
-            "content": {
-                "application/json": {
-                    "schema": {
-                        "anyOf": [
-                            {"$ref": "#/components/schemas/PodMigrationJob"},
-                            {
-                                "type": "object",
-                                "properties": {
-                                    "pod": {
-                                        "type": "object",
-                                        "properties": {
-                                            "namespace": {"type": "string", "minLength": 1},
-                                            "name": {"type": "string", "minLength": 1},
-                                            "uid": {"type": "string"},
-                                        },
-                                        "required": ["namespace", "name"],
-                                    },
-                                    "name": {"type": "string"},
-                                    "mode": {"enum": [migration.MODE_RESERVATION_FIRST, migration.MODE_EVICT_DIRECTLY]},
-                                    "ttl": {"type": "string"},
-                                },
-                                "required": ["pod"],
-                            },
-                        ]
-                    }
-                },
-                "application/yaml": {"schema": {"type": "string", "description": "the same object as YAML"}},
-            },
+            "content": {"application/json": {"schema": JOB_SCHEMA}, "application/yaml": {"schema": JOB_SCHEMA}},
         }
     },
 )

@@ -68,14 +68,14 @@ BODY_TYPES: Final = (quota.ElasticQuota, quota.ElasticQuotaProfile, kube.Pod)
 
 
 def body(description: str, schema: dict[str, Any], example: Any) -> dict[str, Any]:
-    """OpenAPI for a route that reads its body itself: JSON of `schema`, or the same as YAML text."""
+    """OpenAPI for a route that reads its body itself: `schema` as JSON or as YAML."""
     return {
         "requestBody": {
             "required": True,
             "description": description,
             "content": {
                 "application/json": {"schema": schema, "example": example},
-                "application/yaml": {"schema": {"type": "string", "description": "the same object as YAML"}},
+                "application/yaml": {"schema": schema},
             },
         }
     }
@@ -697,8 +697,10 @@ async def what_if(request: Request) -> Any:
         raise HTTPException(422, "patch must map quota names to merge patches (objects)")
     for name, patch in patches.items():
         commands.append(ev.PatchQuota(command_id=f"what-if-{len(commands)}", name=name, patch=patch))
-    for name in _list(document, "delete"):
-        commands.append(ev.DeleteQuota(command_id=f"what-if-{len(commands)}", name=str(name)))
+    for i, name in enumerate(_list(document, "delete")):
+        if not isinstance(name, str) or not name:
+            raise HTTPException(422, f"delete[{i}] must be a quota name (a non-empty string), not {name!r}")
+        commands.append(ev.DeleteQuota(command_id=f"what-if-{len(commands)}", name=name))
     batches: list[PodBatch] = []
     for i, item in enumerate(_list(document, "pods")):
         if not isinstance(item, dict) or "pod" not in item:
