@@ -107,6 +107,11 @@ def one_line(text: str, limit: int = MAX_REASON_CHARS) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+DECODE_ERRORS = msgspec.DecodeError | UnicodeDecodeError
+"""A message that cannot be decoded: msgspec's errors (ValidationError included), and invalid UTF-8 in a JSON string,
+which msgspec reports as a UnicodeDecodeError. Dead-lettered at once: no retry can make it decode."""
+
+
 def describe(error: BaseException) -> str:
     text = str(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
@@ -114,7 +119,7 @@ def describe(error: BaseException) -> str:
 
 def decide(error: Exception, *, num_delivered: int, max_deliver: int) -> Outcome:
     """What to do with a message whose handler raised `error` on its `num_delivered`-th delivery."""
-    if isinstance(error, PermanentError | msgspec.DecodeError):
+    if isinstance(error, PermanentError | DECODE_ERRORS):
         return DeadLetter(one_line(describe(error)))
     delay = error.delay if isinstance(error, TemporaryError) else UNEXPECTED_ERROR_DELAY_SECONDS
     if max_deliver > 0 and num_delivered >= max_deliver:
@@ -314,7 +319,7 @@ class LoopConsumer:
     async def _settle_failure(self, item: Fetched, error: Exception) -> None:
         d = item.delivery
         self._stats.last_error = one_line(describe(error))
-        expected = isinstance(error, TemporaryError | PermanentError | msgspec.DecodeError)
+        expected = isinstance(error, TemporaryError | PermanentError | DECODE_ERRORS)
         if not expected:
             where = f"{self._spec.durable} on {d.subject} seq {d.stream_seq}"
             log.error("consumer %s: unexpected handler error, will retry", where, exc_info=error)

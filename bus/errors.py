@@ -38,3 +38,7 @@ class RemoteError(BusError):
 
 class BusUnavailableError(BusError):
     """The bus could not be reached (or did not answer in time)."""
+
+
+class PayloadTooLargeError(BusError):
+    """A message larger than the server's max_payload: it was not sent (the sender can only send less)."""

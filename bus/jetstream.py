@@ -44,7 +44,7 @@ from bus.api import (
     RequestHandler,
     StreamSpec,
 )
-from bus.errors import BusError, BusUnavailableError, ConflictError, RemoteError
+from bus.errors import BusError, BusUnavailableError, ConflictError, PayloadTooLargeError, RemoteError
 
 log = logging.getLogger(__name__)
 
@@ -469,7 +469,11 @@ class JetStreamBus:
                 log.exception("request handler on %s failed", subject)
                 reply, headers = b"", {HEADER_RPC_ERROR: f"{type(e).__name__}: {e}"[:1000]}
             try:
-                await self._nc.publish(msg.reply, reply, headers=headers)
+                try:
+                    await self._nc.publish(msg.reply, reply, headers=headers)
+                except nats.errors.MaxPayloadError:  # the asker hears why at once instead of timing out
+                    error = f"PayloadTooLargeError: the reply of {len(reply)} bytes is over the bus's max payload"
+                    await self._nc.publish(msg.reply, b"", headers={HEADER_RPC_ERROR: error})
             except _UNAVAILABLE as e:
                 log.warning("reply on %s not sent: %s", subject, e)
 
@@ -505,6 +509,8 @@ class JetStreamBus:
             reply = await self._nc.request(subject, data, timeout=timeout)
         except nats.errors.NoRespondersError as e:
             raise BusUnavailableError(f"request {subject}: nobody serves this subject") from e
+        except nats.errors.MaxPayloadError as e:
+            raise PayloadTooLargeError(f"request {subject}: {len(data)} bytes is over the bus's max payload") from e
         except (nats.errors.TimeoutError, TimeoutError) as e:
             raise BusUnavailableError(f"request {subject}: no answer within {timeout:g} s") from e
         except _UNAVAILABLE as e:

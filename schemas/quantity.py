@@ -4,11 +4,15 @@ This is the edge between Kubernetes' quantity strings and koordbus' integer Reso
 services.k8s, the `koordbus calc` input decoder and the agent parse quantities with `amount`/`resource_list`
 and write them back with `format_amount`/`format_resource_list`. Parsing and canonical formatting follow
 k8s.io/apimachinery/pkg/api/resource with exact fractions, never floats: values finer than a nano are
-rounded away from zero, BinarySI values are capped at 2^63-1, and `format_quantity` emits the canonical
-String() form. Deliberate differences, all for inputs no real object carries: a sign or unit with no digits
-("Gi", "-") is an error rather than zero; mantissas and exponents are limited to 400 digits; values beyond
-the largest suffix are written with that suffix (Go prints a wrong number there); and non-canonical spellings
-such as "+1" or "1E3" come back canonical ("1", "1e3"), where Go's String() may echo the input text.
+rounded away from zero, and `format_quantity` emits the canonical String() form. The one range rule, the same
+for every caller (API bodies, the extender, the bridge, `calc`): a quantity's value, rounded up to a whole unit
+as Kubernetes' Value() does, must fit Kubernetes' int64 (magnitude at most 2^63-1); beyond that is a
+QuantityError saying "out of range" (the callers prefix the field). Go caps BinarySI values there and keeps
+larger decimal ones it cannot report as an int64; koordbus refuses both rather than hold an amount other than
+the one written. Other deliberate differences, all for inputs no real object carries: a sign or unit with no
+digits ("Gi", "-") is an error rather than zero; mantissas and exponents are limited to 400 digits; values
+beyond the largest suffix are written with that suffix (Go prints a wrong number there); and non-canonical
+spellings such as "+1" or "1E3" come back canonical ("1", "1e3"), where Go's String() may echo the input text.
 
 Speed matters here: the Kubernetes bridge parses every quantity of every pod. Parsed text is memoised in a
 bounded LRU cache (real objects repeat a handful of strings), and the common unsigned forms ("500m", "4Gi",
@@ -62,11 +66,11 @@ _EXPONENT = re.compile(r"[eE](?P<exponent>[+-]?[0-9]+)")
 _COMMON_FORM = re.compile(r"([0-9]{1,40})(?:\.([0-9]{1,40}))?(n|u|m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 
 _NANO = Fraction(1, 10**9)
-_BINARY_SI_MAX = 2**63 - 1  # Kubernetes caps BinarySI magnitudes at the largest int64.
+MAX_VALUE: Final = 2**63 - 1
+"""The largest magnitude of a quantity's whole-unit value (Kubernetes' int64 Value()); larger is out of range."""
 _MAX_DIGITS = 400  # keeps arithmetic and str() of the result bounded for hostile input.
 _NANOS_PER_UNIT = 10**9
 _NANOS_PER_MILLI = 10**6
-_BINARY_SI_MAX_NANOS = _BINARY_SI_MAX * _NANOS_PER_UNIT
 # suffix -> (nanos in one unit of it, format); every decimal exponent is >= -9, so these are whole numbers.
 _NANOS_PER_SUFFIX: dict[str, tuple[int, QuantityFormat]] = {
     **{suffix: (10 ** (exponent + 9), DECIMAL_SI) for suffix, exponent in _DECIMAL_SUFFIXES.items()},
@@ -125,12 +129,17 @@ def _parse_common_form(source: str) -> _ParsedText | None:
     nanos = int(whole + frac) * nanos_per_unit_of_suffix
     if frac:
         nanos = -(-nanos // 10 ** len(frac))  # round up to a whole nano, as the general path does
-    if fmt == BINARY_SI:
-        nanos = min(nanos, _BINARY_SI_MAX_NANOS)
-        if 0 < nanos < _NANOS_PER_UNIT:
-            fmt = DECIMAL_SI
-    return _ParsedText(
-        Quantity(Fraction(nanos, _NANOS_PER_UNIT), fmt), -(-nanos // _NANOS_PER_UNIT), -(-nanos // _NANOS_PER_MILLI)
+    whole_units = -(-nanos // _NANOS_PER_UNIT)
+    if whole_units > MAX_VALUE:
+        raise _out_of_range(source)
+    if fmt == BINARY_SI and 0 < nanos < _NANOS_PER_UNIT:
+        fmt = DECIMAL_SI
+    return _ParsedText(Quantity(Fraction(nanos, _NANOS_PER_UNIT), fmt), whole_units, -(-nanos // _NANOS_PER_MILLI))
+
+
+def _out_of_range(source: str) -> QuantityError:
+    return QuantityError(
+        f"quantity {source!r} is out of range: Kubernetes holds values up to {MAX_VALUE} (2^63-1) whole units"
     )
 
 
@@ -150,10 +159,10 @@ def _parse_exact(source: str) -> Quantity:
         raise QuantityError(f"cannot parse quantity {source!r}: more than {_MAX_DIGITS} digits")
     magnitude, fmt = _apply_suffix(Fraction(int(digits), 10 ** len(frac)), match["suffix"], source)
     magnitude = _round_up_to_nano(magnitude)
-    if fmt == BINARY_SI:
-        magnitude = min(magnitude, Fraction(_BINARY_SI_MAX))
-        if 0 < magnitude < 1:
-            fmt = DECIMAL_SI  # Kubernetes' own choice: a sub-unit binary value reads better in milli/micro/nano.
+    if math.ceil(magnitude) > MAX_VALUE:
+        raise _out_of_range(source)
+    if fmt == BINARY_SI and 0 < magnitude < 1:
+        fmt = DECIMAL_SI  # Kubernetes' own choice: a sub-unit binary value reads better in milli/micro/nano.
     return Quantity(-magnitude if match["sign"] == "-" else magnitude, fmt)
 
 

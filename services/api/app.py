@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -46,6 +47,7 @@ from services.api import (
 )
 from services.api.event_hub import EventHub
 from services.api.settings import ApiSettings
+from services.common import bodies
 from services.common.metrics import CONTENT_TYPE_LATEST, CollectorRegistry, render
 from services.common.observe import ReadinessCheck
 from services.migration.client import MigrationClient
@@ -115,9 +117,16 @@ class NotReadyBody(ErrorBody):
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {
+        "model": ErrorBody,
+        "description": "The request is malformed (a body that is not UTF-8 JSON/YAML of the expected shape, nested "
+        "too deep, a bad filter or time); the message says what and where",
+    },
     404: {"model": ErrorBody, "description": "No such object"},
+    413: {"model": ErrorBody, "description": "The body is over the limit (refused before it is read)"},
     422: {"model": ErrorBody, "description": "A query parameter is invalid"},
     500: {"model": ErrorBody, "description": "Unexpected server error (details in the server log)"},
+    503: {"model": ErrorBody, "description": "A dependency (database, bus, a service) is not available"},
 }
 
 AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -222,6 +231,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(events.socket_router)
     app.include_router(dashboard.router, responses=responses, dependencies=viewer)
     app.add_middleware(CatchAllMiddleware)
+    app.add_middleware(bodies.BodyLimit, limit=quotas.MAX_BODY_BYTES, refuse=_refuse)
     _add_audit_log(app, context)
     _add_request_metrics(app, context)
     _add_health_routes(app, context)
@@ -230,7 +240,43 @@ def create_app(context: ApiContext) -> FastAPI:
         context.registry.register(EventHubCollector(context.event_hub))
     dashboard.mount(app)
     docs.mount(app)
+    _declare_body_schemas(app)
     return app
+
+
+def _declare_body_schemas(app: FastAPI) -> None:
+    """The OpenAPI document declares the bodies' real schemas (the routes read their bodies themselves, as JSON or
+    YAML, so FastAPI does not know them): each Kubernetes object's JSON schema from its msgspec type, as a component
+    the routes' request bodies refer to, so the documented contract can be checked (tests/security/
+    test_schemathesis_api.py)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        document = build()
+        _, components = msgspec.json.schema_components(
+            (*quotas.BODY_TYPES, *migrations.BODY_TYPES),
+            ref_template="#/components/schemas/{name}",
+            schema_hook=_any_json,
+        )
+        declared = document.setdefault("components", {}).setdefault("schemas", {})
+        if clash := set(declared) & set(components):
+            raise RuntimeError(f"body schemas named like the API's own: {sorted(clash)}")
+        declared.update(components)
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _any_json(cls: type) -> dict[str, Any]:
+    if cls is object:  # `dict[str, object]`: any JSON value
+        return {"description": "any JSON value"}
+    raise NotImplementedError
+
+
+def _refuse(status: int, message: str) -> ASGIApp:
+    return JSONResponse({"error": message}, status_code=status)
 
 
 class EventHubCollector:

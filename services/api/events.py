@@ -22,6 +22,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import math
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Final
 
@@ -52,22 +53,37 @@ def _hub(connection: Request | WebSocket) -> EventHub:
     return hub
 
 
+LATEST_SINCE: Final = 253402300799.0
+"""9999-12-31T23:59:59Z, the last second a datetime can hold: `since` is a time between the epoch and this."""
+
+
 def parse_since(text: str | None) -> float | None:
+    """`since` as unix seconds: a finite number of seconds from 0 to LATEST_SINCE, or an RFC 3339 time; FilterError
+    (a 400) for anything else."""
     if text is None or not text.strip():
         return None
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
-        pass
-    try:
-        parsed = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
+        seconds = None
+    if seconds is None:
+        try:
+            parsed = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise catalogue.FilterError(
+                f"invalid since {text!r}: expected unix seconds or an RFC 3339 time such as 2026-11-24T03:00:00Z"
+            ) from None
+        if parsed.tzinfo is None:
+            raise catalogue.FilterError(f"invalid since {text!r}: give a time zone (e.g. Z)")
+        try:
+            seconds = parsed.timestamp()
+        except (OverflowError, ValueError):
+            seconds = math.inf
+    if not 0 <= seconds <= LATEST_SINCE:  # NaN fails both comparisons
         raise catalogue.FilterError(
-            f"invalid since {text!r}: expected unix seconds or an RFC 3339 time such as 2026-11-24T03:00:00Z"
-        ) from None
-    if parsed.tzinfo is None:
-        raise catalogue.FilterError(f"invalid since {text!r}: give a time zone (e.g. Z)")
-    return parsed.timestamp()
+            f"invalid since {text!r}: expected unix seconds from 0 to {LATEST_SINCE:.0f} (9999-12-31T23:59:59Z)"
+        )
+    return seconds
 
 
 class EventQuery:
@@ -181,6 +197,18 @@ def sse(message: Message) -> bytes:
             return b"event: " + message.kind.encode() + b"\ndata: " + message.data + b"\n\n"
 
 
+MAX_CLOSE_REASON_BYTES: Final = 123
+"""RFC 6455 §5.5: a close frame's payload is at most 125 bytes, 2 of them the code; the reason is UTF-8."""
+
+
+def close_reason(text: str) -> str:
+    """`text` cut to fit a close frame: at most 123 bytes of UTF-8, never splitting a character."""
+    encoded = text.encode()
+    if len(encoded) <= MAX_CLOSE_REASON_BYTES:
+        return text
+    return encoded[: MAX_CLOSE_REASON_BYTES - 3].decode(errors="ignore") + "…"
+
+
 @socket_router.websocket("/events/ws")
 async def event_socket(websocket: WebSocket) -> None:
     params = websocket.query_params
@@ -200,7 +228,7 @@ async def event_socket(websocket: WebSocket) -> None:
         detail = str(e.detail) if isinstance(e, HTTPException) else str(e)
         await websocket.accept()
         await websocket.send_text(json.dumps({"type": "error", "status": status, "error": detail}))
-        await websocket.close(code=4000 + status, reason=detail[:120])
+        await websocket.close(code=4000 + status, reason=close_reason(detail))
         return
     await websocket.accept()
 

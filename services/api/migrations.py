@@ -14,13 +14,13 @@ import uuid
 from typing import Annotated, Any, Final
 
 import msgspec
-import yaml
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 
 from bus.errors import BusUnavailableError
 from schemas import migration, names
 from services.api import auth
+from services.common import bodies
 from services.migration.client import MigrationClient
 from services.migration.store import JobRecord, MigrationStore
 
@@ -115,9 +115,9 @@ async def _document(request: Request) -> Any:
     if len(raw) > MAX_BODY_BYTES:
         raise HTTPException(413, f"the request body is {len(raw)} bytes; the limit is {MAX_BODY_BYTES}")
     try:
-        return yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as e:
-        raise HTTPException(400, f"the body is not valid JSON or YAML: {' '.join(str(e).split())}") from None
+        return bodies.decode_yaml(raw) if raw.strip() else None
+    except bodies.BodyError as e:
+        raise HTTPException(400, str(e)) from None
 
 
 def _job_from(document: Any) -> migration.PodMigrationJob:
@@ -157,7 +157,48 @@ def _job_from(document: Any) -> migration.PodMigrationJob:
     return msgspec.structs.replace(job, metadata=meta, status=migration.PodMigrationJobStatus())
 
 
-@router.post("/migrations", status_code=202, summary="Ask for a pod to be migrated (goes through arbitration)")
+JOB_SCHEMA: Final[dict[str, Any]] = {
+    "anyOf": [
+        {"$ref": "#/components/schemas/PodMigrationJob"},
+        {
+            "type": "object",
+            "properties": {
+                "pod": {
+                    "type": "object",
+                    "properties": {
+                        "namespace": {"type": "string", "minLength": 1},
+                        "name": {"type": "string", "minLength": 1},
+                        "uid": {"type": "string"},
+                    },
+                    "required": ["namespace", "name"],
+                },
+                "name": {"type": "string"},
+                "mode": {"enum": [migration.MODE_RESERVATION_FIRST, migration.MODE_EVICT_DIRECTLY]},
+                "ttl": {"type": "string"},
+            },
+            "required": ["pod"],
+        },
+    ]
+}
+"""A PodMigrationJob or the short form, as JSON or YAML."""
+BODY_TYPES: Final = (migration.PodMigrationJob,)
+"""Whose JSON schemas the OpenAPI document declares (services.api.app)."""
+CONFLICT: Final[dict[int | str, dict[str, Any]]] = {409: {"description": "A job of that name exists or has ended"}}
+
+
+@router.post(
+    "/migrations",
+    status_code=202,
+    summary="Ask for a pod to be migrated (goes through arbitration)",
+    responses=CONFLICT,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "A PodMigrationJob (JSON or YAML) or {pod: {namespace, name}, mode, ttl}",
+            "content": {"application/json": {"schema": JOB_SCHEMA}, "application/yaml": {"schema": JOB_SCHEMA}},
+        }
+    },
+)
 async def request_migration(request: Request, identity: Admin) -> Any:
     job = _job_from(await _document(request))
     if await _store(request).job(job.metadata.name) is not None:
@@ -172,7 +213,7 @@ async def request_migration(request: Request, identity: Admin) -> Any:
     return JSONResponse(body, status_code=202)
 
 
-@router.post("/migrations/{name}/abort", summary="Abort a migration job that has not finished")
+@router.post("/migrations/{name}/abort", summary="Abort a migration job that has not finished", responses=CONFLICT)
 async def abort_migration(request: Request, name: str, identity: Admin) -> Any:
     names.object_name(name)
     record = await _store(request).job(name)

@@ -18,6 +18,8 @@ from pydantic import BaseModel, Field
 
 from bus.errors import BusError, BusUnavailableError
 from schemas import names
+from services.api import event_catalogue as catalogue
+from services.api import events
 from services.slo.reader import SloReader
 
 router = APIRouter(prefix="/api/v1")
@@ -95,11 +97,17 @@ async def get_node_actuations(
     limit: Annotated[int, Query(ge=1, le=MAX_ACTUATIONS, description="newest events to return (default 50)")] = (
         DEFAULT_ACTUATIONS
     ),
-    since: Annotated[float | None, Query(ge=0, description="unix seconds; default: the last hour")] = None,
+    since: Annotated[
+        str | None, Query(description="unix seconds or RFC 3339 (as the event routes take it); default: the last hour")
+    ] = None,
 ) -> Actuations:
     names.node_name(node)
+    try:
+        given = events.parse_since(since)
+    except catalogue.FilterError as e:
+        raise HTTPException(400, str(e)) from None
     reader = _reader(request)
-    start = since if since is not None else time.time() - DEFAULT_WINDOW_SECONDS
+    start = given if given is not None else time.time() - DEFAULT_WINDOW_SECONDS
     try:
         stored = await reader.actuations(node, since=start, limit=limit)
     except BusUnavailableError as e:

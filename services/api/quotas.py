@@ -19,11 +19,10 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Final
 
 import msgspec
-import yaml
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 
-from bus.errors import BusUnavailableError, RemoteError
+from bus.errors import BusUnavailableError, PayloadTooLargeError, RemoteError
 from schemas import kube, names, quota
 from schemas import quota_events as ev
 from schemas.quota_service import (
@@ -35,6 +34,7 @@ from schemas.quota_service import (
     WhatIfRequest,
 )
 from services.api import auth
+from services.common import bodies
 from services.quota.aggregate import DEFAULT_TREE
 from services.quota.client import QuotaClient
 from services.quota.store import QuotaStore
@@ -42,7 +42,8 @@ from services.quota.store import QuotaStore
 router = APIRouter(prefix="/api/v1", tags=["quotas"])
 
 MAX_BODY_BYTES: Final = 1024 * 1024
-"""Larger bodies are refused with 413 (a request to the quota service must fit one NATS message)."""
+"""Larger bodies are refused with 413 before they are read (services.api.app caps every route at this); a request
+to the quota service that does not fit one NATS message once encoded is a 413 too."""
 DEFAULT_HISTORY: Final = 50
 LIST_API_VERSION: Final = "v1"
 
@@ -57,18 +58,62 @@ WRITE_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def body(description: str, example: Any) -> dict[str, Any]:
-    """OpenAPI for a route that reads its body itself (JSON or YAML, Kubernetes-shaped)."""
+def ref(name: str) -> dict[str, str]:
+    """A body type's schema in the OpenAPI document (services.api.app adds BODY_TYPES' schemas as components)."""
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+BODY_TYPES: Final = (quota.ElasticQuota, quota.ElasticQuotaProfile, kube.Pod)
+"""The Kubernetes objects bodies carry, whose JSON schemas the OpenAPI document declares (from their msgspec types)."""
+
+
+def body(description: str, schema: dict[str, Any], example: Any) -> dict[str, Any]:
+    """OpenAPI for a route that reads its body itself: `schema` as JSON or as YAML."""
     return {
         "requestBody": {
             "required": True,
             "description": description,
             "content": {
-                "application/json": {"schema": {"type": "object"}, "example": example},
-                "application/yaml": {"schema": {"type": "string"}},
+                "application/json": {"schema": schema, "example": example},
+                "application/yaml": {"schema": schema},
             },
         }
     }
+
+
+def _list_of(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": schema}
+
+
+NAMES: Final = _list_of({"type": "string", "minLength": 1})
+WHAT_IF_SCHEMA: Final = {
+    "type": "object",
+    "properties": {
+        "create": _list_of(ref("ElasticQuota")),
+        "update": _list_of(ref("ElasticQuota")),
+        "patch": {"type": "object", "additionalProperties": {"type": "object"}},
+        "delete": NAMES,
+        "pods": _list_of(
+            {
+                "type": "object",
+                "properties": {
+                    "pod": ref("Pod"),
+                    "count": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+                    "assigned": {"type": "boolean"},
+                },
+                "required": ["pod"],
+            }
+        ),
+    },
+    "additionalProperties": False,
+}
+PODS_SCHEMA: Final = {
+    "anyOf": [
+        ref("Pod"),
+        {"type": "object", "properties": {"items": _list_of(ref("Pod"))}, "required": ["items"]},
+        {"type": "object", "properties": {"pods": _list_of(ref("Pod"))}, "required": ["pods"]},
+    ]
+}
 
 
 EXAMPLE_QUOTA: Final = {
@@ -83,7 +128,12 @@ EXAMPLE_POD: Final = {
     "metadata": {"name": "train-0", "namespace": "ml", "labels": {quota.LABEL_QUOTA_NAME: "team-a"}},
     "spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "4", "memory": "8Gi"}}}]},
 }
-QUOTA_BODY: Final = body("An ElasticQuota (scheduling.sigs.k8s.io/v1alpha1), as kubectl prints it", EXAMPLE_QUOTA)
+QUOTA_BODY: Final = body(
+    "An ElasticQuota (scheduling.sigs.k8s.io/v1alpha1), as kubectl prints it", ref("ElasticQuota"), EXAMPLE_QUOTA
+)
+PROFILE_BODY: Final = body(
+    "An ElasticQuotaProfile (quota.koordinator.sh/v1alpha1)", ref("ElasticQuotaProfile"), {"metadata": {"name": "p"}}
+)
 
 
 # --- plumbing
@@ -104,20 +154,16 @@ def _client(request: Request) -> QuotaClient:
 
 
 async def _document(request: Request) -> Any:
+    """The body as a document; its size is capped by services.common.bodies.BodyLimit before it is read."""
     raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise HTTPException(413, f"the request body is {len(raw)} bytes; the limit is {MAX_BODY_BYTES} bytes")
     if not raw.strip():
         raise HTTPException(400, "the request body is empty")
-    if "yaml" in request.headers.get("content-type", ""):
-        try:
-            return yaml.safe_load(raw)
-        except yaml.YAMLError as e:
-            raise HTTPException(400, f"the body is not valid YAML: {' '.join(str(e).split())}") from None
     try:
-        return msgspec.json.decode(raw)
-    except msgspec.DecodeError as e:
-        raise HTTPException(400, f"the body is not valid JSON: {e}") from None
+        if "yaml" in request.headers.get("content-type", ""):
+            return bodies.decode_yaml(raw)
+        return bodies.decode_json(raw)
+    except bodies.BodyError as e:
+        raise HTTPException(400, str(e)) from None
 
 
 def _convert(document: Any, kind: str, target: type[Any], *, where: str = "body") -> Any:
@@ -165,6 +211,8 @@ async def _run(
         reply = await _client(request).command(
             CommandRequest(actor=identity.name, command=command, expected_resource_version=version, dry_run=dry_run)
         )
+    except PayloadTooLargeError as e:
+        raise HTTPException(413, f"the request is too large for the bus once encoded: {e}; send less") from None
     except BusUnavailableError as e:
         raise HTTPException(503, f"the quota service does not answer: {e}") from None
     except RemoteError as e:
@@ -314,7 +362,20 @@ async def create_quota(request: Request, identity: Writer) -> Any:
     "/quotas/import",
     summary="Adopt existing ElasticQuotas as one validated batch",
     responses=WRITE_RESPONSES,
-    openapi_extra=body("An ElasticQuotaList, a JSON array or {items: [...]}", {"items": [EXAMPLE_QUOTA]}),
+    openapi_extra=body(
+        "An ElasticQuotaList, a JSON array or {items: [...]}",
+        {
+            "anyOf": [
+                {**_list_of(ref("ElasticQuota")), "minItems": 1},
+                {
+                    "type": "object",
+                    "properties": {"items": {**_list_of(ref("ElasticQuota")), "minItems": 1}},
+                    "required": ["items"],
+                },
+            ]
+        },
+        {"items": [EXAMPLE_QUOTA]},
+    ),
 )
 async def import_quotas(
     request: Request,
@@ -369,7 +430,9 @@ async def replace_quota(request: Request, name: str, identity: Writer) -> Any:
     "/quotas/{name}",
     summary="Change an ElasticQuota with a JSON merge patch",
     responses=WRITE_RESPONSES,
-    openapi_extra=body("A JSON merge patch (RFC 7386) of the ElasticQuota", {"spec": {"min": {"cpu": "12"}}}),
+    openapi_extra=body(
+        "A JSON merge patch (RFC 7386) of the ElasticQuota", {"type": "object"}, {"spec": {"min": {"cpu": "12"}}}
+    ),
 )
 async def patch_quota(request: Request, name: str, identity: Writer) -> Any:
     names.object_name(name)
@@ -400,7 +463,11 @@ def _strip_server_fields(patch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@router.delete("/quotas/{name}", summary="Delete an ElasticQuota (refused while it has children or pods)")
+@router.delete(
+    "/quotas/{name}",
+    summary="Delete an ElasticQuota (refused while it has children or pods)",
+    responses=WRITE_RESPONSES,
+)
 async def delete_quota(
     request: Request,
     name: str,
@@ -422,7 +489,11 @@ async def delete_quota(
     "/quotas/{name}/namespaces",
     summary="Attach and/or detach namespaces",
     responses=WRITE_RESPONSES,
-    openapi_extra=body("Namespaces to attach and to detach", {"attach": ["ml"], "detach": []}),
+    openapi_extra=body(
+        "Namespaces to attach and to detach",
+        {"type": "object", "properties": {"attach": NAMES, "detach": NAMES}, "additionalProperties": False},
+        {"attach": ["ml"], "detach": []},
+    ),
 )
 async def change_namespaces(request: Request, name: str, identity: Writer) -> Any:
     """Body `{"attach": ["ns1"], "detach": ["ns2"]}`: pods in attached namespaces resolve to this quota (§3.4)."""
@@ -527,7 +598,7 @@ async def get_profile(request: Request, name: str) -> dict[str, Any]:
     status_code=201,
     summary="Create an ElasticQuotaProfile",
     responses=WRITE_RESPONSES,
-    openapi_extra=body("An ElasticQuotaProfile (quota.koordinator.sh/v1alpha1)", {}),
+    openapi_extra=PROFILE_BODY,
 )
 async def create_profile(request: Request, identity: Writer) -> Any:
     try:
@@ -544,7 +615,7 @@ async def create_profile(request: Request, identity: Writer) -> Any:
     "/quota-profiles/{name}",
     summary="Replace an ElasticQuotaProfile",
     responses=WRITE_RESPONSES,
-    openapi_extra=body("An ElasticQuotaProfile (quota.koordinator.sh/v1alpha1)", {}),
+    openapi_extra=PROFILE_BODY,
 )
 async def replace_profile(request: Request, name: str, identity: Writer) -> Any:
     names.object_name(name)
@@ -562,7 +633,7 @@ async def replace_profile(request: Request, name: str, identity: Writer) -> Any:
     return quota.profile_to_json(reply.profile)
 
 
-@router.delete("/quota-profiles/{name}", summary="Delete an ElasticQuotaProfile")
+@router.delete("/quota-profiles/{name}", summary="Delete an ElasticQuotaProfile", responses=WRITE_RESPONSES)
 async def delete_profile(request: Request, name: str, identity: Writer) -> Any:
     names.object_name(name)
     try:
@@ -589,7 +660,7 @@ def _pods(document: Any) -> list[kube.Pod]:
 @router.post(
     "/quotas/check",
     summary="Would these pods fit their quotas (§3.8)? In order, each fitting one reserved",
-    openapi_extra=body("A Pod, a PodList or {pods: [...]}", EXAMPLE_POD),
+    openapi_extra=body("A Pod, a PodList or {pods: [...]}", PODS_SCHEMA, EXAMPLE_POD),
 )
 async def check_pods(
     request: Request,
@@ -600,6 +671,8 @@ async def check_pods(
         raise HTTPException(422, "no pods to check")
     try:
         reply = await _client(request).check(CheckRequest(pods=pods, enable_check_parent_quota=parents))
+    except PayloadTooLargeError as e:
+        raise HTTPException(413, f"the request is too large for the bus once encoded: {e}; send less") from None
     except BusUnavailableError as e:
         raise HTTPException(503, f"the quota service does not answer: {e}") from None
     except RemoteError as e:
@@ -612,6 +685,7 @@ async def check_pods(
     summary="How runtimes would change: hypothetical quotas, mins, pods; nothing is written",
     openapi_extra=body(
         "{create, update: [ElasticQuota], patch: {name: mergePatch}, delete: [name], pods: [{pod, count, assigned}]}",
+        WHAT_IF_SCHEMA,
         {"patch": {"team-a": {"spec": {"min": {"cpu": "20"}}}}, "pods": [{"pod": EXAMPLE_POD, "count": 10}]},
     ),
 )
@@ -636,8 +710,10 @@ async def what_if(request: Request) -> Any:
         raise HTTPException(422, "patch must map quota names to merge patches (objects)")
     for name, patch in patches.items():
         commands.append(ev.PatchQuota(command_id=f"what-if-{len(commands)}", name=name, patch=patch))
-    for name in _list(document, "delete"):
-        commands.append(ev.DeleteQuota(command_id=f"what-if-{len(commands)}", name=str(name)))
+    for i, name in enumerate(_list(document, "delete")):
+        if not isinstance(name, str) or not name:
+            raise HTTPException(422, f"delete[{i}] must be a quota name (a non-empty string), not {name!r}")
+        commands.append(ev.DeleteQuota(command_id=f"what-if-{len(commands)}", name=name))
     batches: list[PodBatch] = []
     for i, item in enumerate(_list(document, "pods")):
         if not isinstance(item, dict) or "pod" not in item:
@@ -649,6 +725,8 @@ async def what_if(request: Request) -> Any:
         batches.append(PodBatch(pod=pod, count=count, assigned=bool(item.get("assigned", False))))
     try:
         reply = await _client(request).what_if(WhatIfRequest(commands=commands, pods=batches))
+    except PayloadTooLargeError as e:
+        raise HTTPException(413, f"the request is too large for the bus once encoded: {e}; send less") from None
     except BusUnavailableError as e:
         raise HTTPException(503, f"the quota service does not answer: {e}") from None
     except RemoteError as e:

@@ -30,6 +30,10 @@ class BadRequest(ValueError):
     """A request kube-scheduler's extender API does not allow; the message says what is wrong."""
 
 
+DECODE_ERRORS = (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError)
+"""What decoding a hostile body can raise: invalid UTF-8 and absurd nesting included (each a 400)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Candidates:
     pod: kube.Pod
@@ -41,7 +45,7 @@ class Candidates:
 def decode_args(body: bytes) -> Candidates:
     try:
         args = wire.EXTENDER_ARGS.decode(body)
-    except (msgspec.ValidationError, msgspec.DecodeError) as err:
+    except DECODE_ERRORS as err:
         raise BadRequest(f"not ExtenderArgs: {err}") from None
     if args.nodes is None and args.node_names is None:
         raise BadRequest("ExtenderArgs names no candidate nodes (neither Nodes nor NodeNames)")
@@ -52,7 +56,7 @@ def decode_args(body: bytes) -> Candidates:
     for i, raw in enumerate(args.nodes.items):
         try:
             node = wire.NODE.decode(raw)
-        except (msgspec.ValidationError, msgspec.DecodeError) as err:
+        except DECODE_ERRORS as err:
             raise BadRequest(f"Nodes.items[{i}]: {err}") from None
         if not node.metadata.name:
             raise BadRequest(f"Nodes.items[{i}]: a node without metadata.name")
@@ -64,7 +68,7 @@ def decode_args(body: bytes) -> Candidates:
 def decode_binding(body: bytes) -> wire.ExtenderBindingArgs:
     try:
         return wire.BINDING_ARGS.decode(body)
-    except (msgspec.ValidationError, msgspec.DecodeError) as err:
+    except DECODE_ERRORS as err:
         raise BadRequest(f"not ExtenderBindingArgs: {err}") from None
 
 

@@ -25,6 +25,10 @@ from services.loadaware.state import LoadState
 from services.slo import watermarks
 
 Int = npt.NDArray[np.int64]
+MAX_AMOUNT: Final = (2**63 - 1) // 400
+"""Rows hold amounts saturated at ±this (2.3e16: 23 billion cores in millicores, 20 PiB of memory), so the sums and
+the ×200 of the percentages below cannot overflow int64, which numpy would wrap silently. A quantity may reach 2^63-1
+whole units (schemas.quantity), 1000 times that in millicores; a pod asking that much fits no real node either way."""
 _EMPTY: Final[core.IncomingPod] = core.IncomingPod(key="", estimated={}, prod=False, daemonset=False)
 
 
@@ -99,7 +103,7 @@ class Matrix:
             self.prod_base[row] = self._vec(core.estimate(metric, load, _EMPTY, prod=True, aggregation=None).total)
 
     def _vec(self, amounts: dict[str, int]) -> Int:
-        return np.array([amounts.get(r, 0) for r in self.vector], np.int64)
+        return np.array([max(-MAX_AMOUNT, min(amounts.get(r, 0), MAX_AMOUNT)) for r in self.vector], np.int64)
 
     def rows(self, names: Sequence[str]) -> Int:
         self.refresh()

@@ -1,7 +1,8 @@
 """The extender's HTTP routes: kube-scheduler's verbs (filter, prioritize, bind), assume, explain, health, metrics.
 
 Bodies are decoded and encoded with msgspec by services.loadaware.extender (no pydantic models: a request for
-5,000 nodes must be answered in milliseconds). A malformed request is a 400 with `{"error": message}`.
+5,000 nodes must be answered in milliseconds). A malformed request (invalid UTF-8, a bad quantity, too deep) is a
+400 with `{"error": message}`; a body over MAX_BODY_BYTES a 413 before it is read (services.common.bodies).
 `create_app(..., verbs=False)` leaves out the scheduling verbs: the plain port of an extender that serves them over
 mutual TLS (LoadAwareSettings.tls_cert_file) keeps only health, readiness, metrics and explain.
 Served by `koordbus service loadaware`; exercised by tests/integration/test_loadaware_http.py and bench/loadaware.py.
@@ -14,13 +15,18 @@ from collections.abc import Callable
 import msgspec
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
+from starlette.exceptions import HTTPException
 
 from schemas import kube
+from services.common import bodies
 from services.common.metrics import CONTENT_TYPE_LATEST, CollectorRegistry, render
-from services.loadaware.extender import BadRequest
+from services.loadaware.extender import DECODE_ERRORS, BadRequest
 from services.loadaware.service import LoadAwareService
 
 JSON = "application/json"
+MAX_BODY_BYTES = 32 * 1024 * 1024
+"""Larger request bodies are refused with 413 before they are read. With nodeCacheCapable (the chart's default)
+kube-scheduler sends node names, ~100 KB for 5,000 nodes; whole Node objects fit for a few thousand nodes."""
 
 
 class _ExplainRequest(msgspec.Struct, kw_only=True):
@@ -42,6 +48,11 @@ def create_app(
     503 with it."""
     app = FastAPI(title="koordbus load-aware scheduler extender", docs_url=None, redoc_url=None, openapi_url=None)
     scheduling = APIRouter()
+    app.add_middleware(bodies.BodyLimit, limit=MAX_BODY_BYTES, refuse=_error)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return _error(exc.status_code, str(exc.detail))
 
     async def answer(verb: str, request: Request, call: Callable[[bytes], bytes]) -> Response:
         body = await request.body()
@@ -78,10 +89,8 @@ def create_app(
     async def explain_route(request: Request) -> Response:
         try:
             asked = _EXPLAIN.decode(await request.body())
-        except (msgspec.ValidationError, msgspec.DecodeError) as err:
-            return Response(
-                msgspec.json.encode({"error": f"expected {{pod, node}}: {err}"}), status_code=400, media_type=JSON
-            )
+        except DECODE_ERRORS as err:
+            return _error(400, f"expected {{pod, node}}: {err}")
         return Response(msgspec.json.encode(service.explain(asked.pod, asked.node)), media_type=JSON)
 
     @app.get("/healthz")
@@ -100,3 +109,7 @@ def create_app(
         return Response(render(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def _error(status: int, message: str) -> Response:
+    return Response(msgspec.json.encode({"error": message}), status_code=status, media_type=JSON)

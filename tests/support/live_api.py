@@ -1,0 +1,101 @@
+"""The whole REST API served over HTTP from a thread of its own, for tests that call it blocking (schemathesis,
+hypothesis): a nats-server with koordbus's streams, SQLite migrated to head, the quota service with its projections,
+the event hub, the NodeSLO reader and the migration, nodemetric and noderesource stores, as `koordbus up` wires them
+(tests/security/test_schemathesis_api.py, test_bodies_fuzz_api.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from bus import streams
+from bus.jetstream import JetStreamBus
+from bus.server import EmbeddedNatsServer
+from koordbus import runtime
+from services.api.app import ApiContext, create_app
+from services.api.event_hub import EventHub
+from services.api.settings import ApiSettings
+from services.common import db
+from services.common.metrics import new_registry
+from services.migration.client import MigrationClient
+from services.migration.store import MigrationStore
+from services.nodemetric.store import NodeMetricStore
+from services.noderesource.store import NodeResourceStore
+from services.quota.client import QuotaClient
+from services.quota.service import QuotaService
+from services.quota.store import QuotaStore
+from services.slo.reader import SloReader
+from tests.integration.test_quota_cli import free_port
+from tests.integration.test_quota_service import SETTINGS, node, observe
+from tests.support import api_auth
+
+
+async def _serve(tmp: Path, port: int, ready: threading.Event, stop: asyncio.Event) -> None:
+    url = f"sqlite:///{tmp / 'koordbus.db'}"
+    await db.run_migrations(url)
+    engine = db.create_engine(url)
+    server = EmbeddedNatsServer(store_dir=tmp / "nats")
+    await server.start()
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(server.stop)
+        stack.push_async_callback(engine.dispose)
+        bus = await JetStreamBus.connect(server.url, name="live-api")
+        stack.push_async_callback(bus.close)
+        await bus.ensure_streams(streams.all_streams())
+        quota_store = QuotaStore(engine)
+        service = QuotaService(bus, SETTINGS, registry=new_registry(), store=quota_store)
+        await service.start()
+        stack.push_async_callback(service.stop)
+        await observe(bus, node("n1", "40", "40Gi"))
+        hub = EventHub(bus)
+        stack.push_async_callback(hub.close)
+        context = ApiContext(
+            settings=ApiSettings(),
+            registry=new_registry(),
+            tokens=api_auth.token_store(),
+            nodemetric_store=NodeMetricStore(engine),
+            noderesource_store=NodeResourceStore(engine),
+            quota_store=quota_store,
+            quota_client=QuotaClient(bus, timeout=5),
+            migration_store=MigrationStore(engine),
+            migration_client=MigrationClient(bus),
+            slo_reader=SloReader(bus),
+            event_hub=hub,
+            recorded_writes=lambda: {"items": []},
+        )
+        await runtime.serve_http(stack, create_app(context), host="127.0.0.1", port=port)
+        ready.set()
+        await stop.wait()
+
+
+@contextlib.contextmanager
+def live_api(tmp: Path) -> Iterator[str]:
+    """The API's base URL, served from its own thread and event loop until the block ends."""
+    port = free_port()
+    ready = threading.Event()
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            loop.run_until_complete(_serve(tmp, port, ready, stop))
+        except BaseException as e:  # reported by the fixture below, not lost in the thread
+            failure.append(e)
+            ready.set()
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=run, name="live-api", daemon=True)
+    thread.start()
+    assert ready.wait(60), "the API did not come up within 60 s"
+    if failure:
+        raise failure[0]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(30)
