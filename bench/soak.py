@@ -36,6 +36,7 @@ import os
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -431,7 +432,9 @@ def _state(pid: int) -> str:
 # --- the run
 
 
-async def wait_until_up(session: aiohttp.ClientSession, base: str, up: Any, token_file: Path, log_path: Path) -> str:
+async def wait_until_up(
+    session: aiohttp.ClientSession, base: str, up: subprocess.Popen[bytes], token_file: Path, log_path: Path
+) -> str:
     deadline = time.monotonic() + READY_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         if up.poll() is not None:
@@ -445,59 +448,81 @@ async def wait_until_up(session: aiohttp.ClientSession, base: str, up: Any, toke
 
 
 async def soak(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Start `koordbus up`, `drive` it for --duration once it is ready, stop it and what it left behind; the figures."""
     port, data_dir, log_path = free_port(), workdir / "data", workdir / "up.log"
     command = [sys.executable, "-m", "koordbus.cli", "up", "--data-dir", str(data_dir), "--port", str(port),
                "--simulate-nodes", str(args.nodes), "--simulate-pods", str(args.pods),
                "--log-format", "json"]  # fmt: skip
     base = f"http://127.0.0.1:{port}"
-    nodes = simulated_node_names(args.nodes)
     samples, counts = Samples(), Counter[str]()
-    subscribers: list[Subscriber] = []
     launched = time.monotonic()
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with processes.pinned_process(command, cpu=None, log_path=log_path, env=env) as up:
-        log.info("koordbus up pid %d on port %d, %d simulated nodes; data in %s", up.pid, port, args.nodes, data_dir)
-        try:
-            async with aiohttp.ClientSession(timeout=timeout, read_bufsize=2**22) as session:
-                token = await wait_until_up(session, base, up, data_dir / "api-token", log_path)
-                started = time.monotonic()
-                log.info("ready after %.1f s; soaking for %g s (warm-up %g s)", started - launched, args.duration,
-                         args.warmup)  # fmt: skip
-                api = Api(session, base, token)
-                await create_tree(api)
-                tasks = [asyncio.create_task(traffic(api, nodes, args.write_interval, counts))]
-                for i in range(args.subscribers):
-                    path = "/api/v1/events/stream" + SSE_FILTERS[i % len(SSE_FILTERS)].format(node=nodes[0])
-                    subscribers.append(Subscriber(path))
-                    tasks.append(asyncio.create_task(follow_sse(api, subscribers[-1])))
-                for _ in range(args.websockets):
-                    subscribers.append(Subscriber("/api/v1/events/ws" + WS_FILTER))
-                    tasks.append(asyncio.create_task(follow_ws(api, subscribers[-1])))
-                try:
-                    next_report = started + 60
-                    while (now := time.monotonic()) < started + args.duration:
-                        if up.poll() is not None:
-                            raise RuntimeError(f"koordbus up died during the soak:\n{processes.tail(log_path)}")
-                        await sample(api, up.pid, samples, at=now - started, warmup=args.warmup)
-                        if now >= next_report:
-                            next_report += 60
-                            total = samples.rss["total"][-1][1] / 2**20
-                            log.info("%.0f s: RSS %.0f MiB, %d requests, %d 5xx", now - started, total,
-                                     api.answers.requests, sum(api.answers.server_errors.values()))  # fmt: skip
-                        await asyncio.sleep(min(args.sample_interval, started + args.duration - time.monotonic()))
-                    await sample(api, up.pid, samples, at=time.monotonic() - started, warmup=args.warmup)
+    children: set[int] = set()
+    try:
+        with processes.pinned_process(command, cpu=None, log_path=log_path, env=env) as up:
+            log.info("koordbus up pid %d on port %d, %d simulated nodes; data in %s", up.pid, port, args.nodes,
+                     data_dir)  # fmt: skip
+            try:
+                async with aiohttp.ClientSession(timeout=timeout, read_bufsize=2**22) as session:
+                    token = await wait_until_up(session, base, up, data_dir / "api-token", log_path)
+                    started = time.monotonic()
+                    log.info("ready after %.1f s; soaking for %g s (warm-up %g s)", started - launched, args.duration,
+                             args.warmup)  # fmt: skip
+                    api = Api(session, base, token)
+                    subscribers = await drive(args, api, up, samples, counts, started=started, log_path=log_path)
                     ended = time.monotonic()
-                finally:
-                    for task in tasks:
-                        task.cancel()
-                    await asyncio.gather(*tasks, return_exceptions=True)
-        finally:  # up stops its children itself; any it leaves behind are stopped below
-            children = {pid for pid in [*samples.names, *process_tree(up.pid)] if pid != up.pid}
-    leftovers = stop_leftovers(sorted(children))
+            finally:
+                children = {pid for pid in [*samples.names, *process_tree(up.pid)] if pid != up.pid}
+    finally:  # up stops its children itself (also on Ctrl-C); any it leaves behind are stopped here
+        leftovers = stop_leftovers(sorted(children))
     return report(args, samples, api, subscribers, counts, log_path=log_path, nats_log=data_dir / "nats-server.log",
                   seconds=ended - started, startup=started - launched, exit_code=up.returncode,
                   leftovers=leftovers, ended=ended)  # fmt: skip
+
+
+async def drive(
+    args: argparse.Namespace,
+    api: Api,
+    up: subprocess.Popen[bytes],
+    samples: Samples,
+    counts: Counter[str],
+    *,
+    started: float,
+    log_path: Path,
+) -> list[Subscriber]:
+    """The soak proper: the quota tree, then traffic and subscribers running and a sample every --sample-interval
+    until --duration has passed since `started`; the subscribers' figures."""
+    nodes = simulated_node_names(args.nodes)
+    await create_tree(api)
+    subscribers: list[Subscriber] = []
+    tasks = [asyncio.create_task(traffic(api, nodes, args.write_interval, counts))]
+    for i in range(args.subscribers):
+        subscribers.append(
+            Subscriber("/api/v1/events/stream" + SSE_FILTERS[i % len(SSE_FILTERS)].format(node=nodes[0]))
+        )
+        tasks.append(asyncio.create_task(follow_sse(api, subscribers[-1])))
+    for _ in range(args.websockets):
+        subscribers.append(Subscriber("/api/v1/events/ws" + WS_FILTER))
+        tasks.append(asyncio.create_task(follow_ws(api, subscribers[-1])))
+    try:
+        next_report = started + 60
+        while (now := time.monotonic()) < started + args.duration:
+            if up.poll() is not None:
+                raise RuntimeError(f"koordbus up died during the soak:\n{processes.tail(log_path)}")
+            await sample(api, up.pid, samples, at=now - started, warmup=args.warmup)
+            if now >= next_report:
+                next_report += 60
+                log.info("%.0f s: RSS %.0f MiB, %d requests, %d 5xx", now - started,
+                         samples.rss["total"][-1][1] / 2**20, api.answers.requests,
+                         sum(api.answers.server_errors.values()))  # fmt: skip
+            await asyncio.sleep(min(args.sample_interval, started + args.duration - time.monotonic()))
+        await sample(api, up.pid, samples, at=time.monotonic() - started, warmup=args.warmup)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return subscribers
 
 
 def report(
