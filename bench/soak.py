@@ -13,13 +13,15 @@ token is read from the data dir. Once it is ready, this process keeps, until --d
   deleted), a what-if, an admission check, and the reads the dashboard and `koordbus quota` make;
 * every --sample-interval, the resident set of `koordbus up` and of each of its child processes (nats-server), and a
   /metrics scrape: consumer lag (koordbus_consumer_pending_messages), dead letters
-  (koordbus_consumer_dead_lettered_total), 5xx answers as the API counted them.
+  (koordbus_consumer_dead_lettered_total), 5xx answers as the API counted them; at the start, once a minute and at
+  the end, the size of the data dir (per stream and database file).
 
 Then it stops `koordbus up` (SIGTERM: a clean shutdown) and everything else it started, and prints one JSON line:
 per process and for the tree, RSS at the start, once warm (after --warmup) and at the end, the growth since the
 warm-up and the least-squares slope after it (% per hour), CPU; the consumer lag's maximum after (and during) the
 warm-up; error and warning lines of up's log (with the first few) and nats-server's [ERR] lines; requests sent,
-5xx answers (by route, with the first bodies), other 4xx answers and failed requests; dead letters; events each
+5xx answers (by route, with the first bodies), other 4xx answers and failed requests; dead letters; the data dir's
+size at the end and its growth per hour after the warm-up, with its largest parts; events each
 subscriber received; and whether the issue's target held (RSS growth < 5 % after the warm-up, no 5xx, no error
 lines). Progress goes to stderr.
 """
@@ -351,7 +353,8 @@ def process_name(pid: int, root: int) -> str:
 
 @dataclass
 class Samples:
-    """RSS per process over time, CPU at the first and last sample, and the lag and dead letters seen."""
+    """RSS per process over time, CPU at the first and last sample, the lag and dead letters seen, the data dir's
+    size."""
 
     names: dict[int, str] = field(default_factory=dict)
     rss: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
@@ -361,10 +364,19 @@ class Samples:
     lag_max_warmup: tuple[float, str] = (0.0, "")
     lag: list[tuple[float, float]] = field(default_factory=list)
     """(seconds, the largest consumer lag) at each scrape."""
+    disk: list[tuple[float, int]] = field(default_factory=list)
+    """(seconds, bytes in the data dir) at the start, once a minute and at the end."""
+    disk_parts: dict[str, int] = field(default_factory=dict)
+    """The last measure's bytes per stream and per database file."""
+    """(seconds, the largest consumer lag) at each scrape."""
     lag_at_warmup: dict[str, float] | None = None
     """Each consumer's lag at the first sample after the warm-up (to compare with the end: shrinking or growing)."""
     last_scrape: figures.Scrape | None = None
     scrape_failures: int = 0
+
+    async def measure_disk(self, data_dir: Path, *, at: float) -> None:
+        self.disk_parts = await asyncio.to_thread(disk_usage, data_dir)
+        self.disk.append((at, sum(self.disk_parts.values())))
 
     def name(self, pid: int, root: int) -> str:
         if pid not in self.names:
@@ -403,6 +415,17 @@ async def sample(api: Api, root: int, samples: Samples, *, at: float, warmup: fl
             samples.lag_max_warmup = (lag, consumer)
         elif at >= warmup and lag > samples.lag_max[0]:
             samples.lag_max = (lag, consumer)
+
+
+def disk_usage(data_dir: Path) -> dict[str, int]:
+    """Bytes per JetStream stream (its directory) and per other file of `up`'s data dir (the SQLite database)."""
+    parts: dict[str, int] = {}
+    streams = data_dir.glob("nats/jetstream/jetstream/*/streams/*")
+    for part in [*streams, *(p for p in data_dir.iterdir() if p.is_file())]:
+        files = [part] if part.is_file() else [f for f in part.rglob("*") if f.is_file()]
+        with contextlib.suppress(OSError):
+            parts[part.name] = sum(f.stat().st_size for f in files)
+    return parts
 
 
 def stop_leftovers(pids: list[int]) -> list[int]:
@@ -470,7 +493,8 @@ async def soak(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     log.info("ready after %.1f s; soaking for %g s (warm-up %g s)", started - launched, args.duration,
                              args.warmup)  # fmt: skip
                     api = Api(session, base, token)
-                    subscribers = await drive(args, api, up, samples, counts, started=started, log_path=log_path)
+                    subscribers = await drive(args, api, up, samples, counts, started=started, log_path=log_path,
+                                              data_dir=data_dir)  # fmt: skip
                     ended = time.monotonic()
             finally:
                 children = {pid for pid in [*samples.names, *process_tree(up.pid)] if pid != up.pid}
@@ -490,6 +514,7 @@ async def drive(
     *,
     started: float,
     log_path: Path,
+    data_dir: Path,
 ) -> list[Subscriber]:
     """The soak proper: the quota tree, then traffic and subscribers running and a sample every --sample-interval
     until --duration has passed since `started`; the subscribers' figures."""
@@ -506,6 +531,7 @@ async def drive(
         subscribers.append(Subscriber("/api/v1/events/ws" + WS_FILTER))
         tasks.append(asyncio.create_task(follow_ws(api, subscribers[-1])))
     try:
+        await samples.measure_disk(data_dir, at=time.monotonic() - started)
         next_report = started + 60
         while (now := time.monotonic()) < started + args.duration:
             if up.poll() is not None:
@@ -513,11 +539,13 @@ async def drive(
             await sample(api, up.pid, samples, at=now - started, warmup=args.warmup)
             if now >= next_report:
                 next_report += 60
-                log.info("%.0f s: RSS %.0f MiB, %d requests, %d 5xx", now - started,
-                         samples.rss["total"][-1][1] / 2**20, api.answers.requests,
+                await samples.measure_disk(data_dir, at=now - started)
+                log.info("%.0f s: RSS %.0f MiB, data dir %.0f MiB, %d requests, %d 5xx", now - started,
+                         samples.rss["total"][-1][1] / 2**20, samples.disk[-1][1] / 2**20, api.answers.requests,
                          sum(api.answers.server_errors.values()))  # fmt: skip
             await asyncio.sleep(min(args.sample_interval, started + args.duration - time.monotonic()))
         await sample(api, up.pid, samples, at=time.monotonic() - started, warmup=args.warmup)
+        await samples.measure_disk(data_dir, at=time.monotonic() - started)
     finally:
         for task in tasks:
             task.cancel()
@@ -592,6 +620,14 @@ def report(
         "warning_log_first": lines.first_warnings,
         "nats_error_lines": len(nats_errors),
         "nats_error_first": nats_errors[:KEEP],
+        "data_dir_mb_end": round(samples.disk[-1][1] / 2**20, 1),
+        "data_dir_growth_mb_per_hour": round(
+            figures.slope([(t, b) for t, b in samples.disk if t >= args.warmup]) * 3600 / 2**20, 1
+        ),
+        "data_dir_largest_mb": {
+            name: round(size / 2**20, 1)
+            for name, size in sorted(samples.disk_parts.items(), key=lambda item: -item[1])[:KEEP]
+        },
         "requests_total": answers.requests,
         "request_p50_s": _rounded(measure.quantile(answers.seconds, 0.5)),
         "request_p99_s": _rounded(measure.quantile(answers.seconds, 0.99)),

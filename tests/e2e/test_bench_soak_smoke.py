@@ -22,7 +22,8 @@ DOCUMENTED_KEYS = {
     "rss_peak_mb", "rss_growth_percent_after_warmup", "rss_slope_percent_per_hour", "processes", "consumer_lag_max",
     "consumer_lag_max_during_warmup", "consumer_lag_settled_s", "consumers_watched", "error_log_lines",
     "error_log_first", "http_5xx", "http_5xx_by_route", "requests_total", "request_p99_s", "dead_letters",
-    "subscribers", "up_exit_code", "leftover_processes", "target_held", "target_misses", "command",
+    "data_dir_mb_end", "data_dir_growth_mb_per_hour", "subscribers", "up_exit_code", "leftover_processes",
+    "target_held", "target_misses", "command",
 }  # fmt: skip
 PROCESS_KEYS = {"rss_start_mb", "rss_after_warmup_mb", "rss_end_mb", "rss_peak_mb", "rss_growth_percent_after_warmup",
                 "rss_slope_percent_per_hour", "cpu_cores"}  # fmt: skip
@@ -59,6 +60,7 @@ def test_prints_one_json_line_with_sane_figures(tmp_path: Path) -> None:
     assert 0 < result["request_p50_s"] <= result["request_p99_s"] <= result["request_max_s"] < 60
     assert result["error_log_lines"] == 0, result["error_log_first"]
     assert result["dead_letters"] == 0
+    assert result["data_dir_mb_end"] > 1 and "KOORD_NODE" in result["data_dir_largest_mb"]
     subscribers = result["subscribers"]
     assert len(subscribers) == 5 and [s["path"].split("?")[0] for s in subscribers].count("/api/v1/events/ws") == 1
     assert all(s["events"] > 0 and s["drops"] == 0 for s in subscribers)  # each filter saw its events
