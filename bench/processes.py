@@ -96,14 +96,25 @@ def tail(path: Path, lines: int = 30) -> str:
 def run_pinned_bench(
     args: argparse.Namespace, run: Callable[[argparse.Namespace, Path], Awaitable[dict[str, Any]]]
 ) -> int:
-    """Keep this process off `args.service_cpu`, run `run(args, workdir)` in a temporary directory (kept with
-    `args.keep`), print its one JSON line; 130 on Ctrl-C (everything started has been stopped by then)."""
+    """Keep this process off `args.service_cpu`, then `run_bench`."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     pin_away_from(args.service_cpu)
-    workdir = Path(tempfile.mkdtemp(prefix="koordbus-bench-"))
+    return run_bench(args, run)
+
+
+def run_bench(
+    args: argparse.Namespace,
+    run: Callable[[argparse.Namespace, Path], Awaitable[dict[str, Any]]],
+    *,
+    prefix: str = "koordbus-bench-",
+) -> int:
+    """Run `run(args, workdir)` in a temporary directory (kept with `args.keep`) and print its one JSON line; 130 on
+    Ctrl-C or SIGTERM turned into a cancellation (everything started has been stopped by then)."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         line = asyncio.run(run(args, workdir))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         log.warning("interrupted; everything started has been stopped")
         return 130
     finally:

@@ -36,11 +36,9 @@ import json
 import logging
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -679,21 +677,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
-    workdir = Path(tempfile.mkdtemp(prefix="koordbus-soak-"))
-    try:
-        line = asyncio.run(run(args, workdir))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        log.warning("interrupted; everything started has been stopped")
-        return 130
-    finally:
-        if args.keep:
-            log.info("kept %s", workdir)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-    print(json.dumps(line), flush=True)
-    return 0
+    return processes.run_bench(parse_args(argv), run, prefix="koordbus-soak-")
 
 
 if __name__ == "__main__":
