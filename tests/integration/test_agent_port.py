@@ -15,7 +15,10 @@ from prometheus_client import CollectorRegistry, Counter
 from agent.pods import KubeletPods, PodListError
 from agent.port import AgentPort
 
-POD_LIST = {"kind": "PodList", "items": [{"metadata": {"name": "web", "namespace": "shop", "uid": "0b6a3c1e-5f2d-4c8a-9e7b-1d2f3a4b5c6d"}}]}
+POD_LIST = {
+    "kind": "PodList",
+    "items": [{"metadata": {"name": "web", "namespace": "shop", "uid": "0b6a3c1e-5f2d-4c8a-9e7b-1d2f3a4b5c6d"}}],
+}
 
 
 @pytest.fixture
