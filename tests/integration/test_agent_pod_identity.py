@@ -22,7 +22,7 @@ from bus import streams, subjects
 from bus.jetstream import JetStreamBus
 from schemas import kube, vocab
 from schemas.cluster import NodeObserved, PodObserved
-from schemas.node import NodeMetricComputed
+from schemas.node import NODE_EVENT_DECODER, NodeMetricComputed, NodeMetricsReported
 from services.common import db
 from services.common.metrics import new_registry
 from services.nodemetric.service import NodeMetricService
@@ -30,6 +30,7 @@ from services.nodemetric.settings import NodeMetricSettings
 from services.nodemetric.store import NodeMetricStore
 from services.noderesource import core
 from tests.cgroup_tree import FakeCgroupTree
+from tests.integration.test_agent_collect import FlakyPublisher
 from tests.integration.test_agent_port import Kubelet
 from tests.integration.test_noderesource_service import Clock, latest, service
 from tests.support.events import publish_events as publish
@@ -166,3 +167,41 @@ async def test_pods_metric_names_pods_and_batch_allocatable_counts_each_hp_pod_o
         0,
     )
     assert accounted.low_priority_skipped == 1
+
+
+async def test_a_pod_the_kubelet_lists_late_is_reported_by_uid_then_named_and_a_failed_list_keeps_the_names(
+    tmp_path: Path,
+) -> None:
+    tree = FakeCgroupTree(root=tmp_path / "node", version=1, driver="cgroupfs")
+    pods = [tree.add_pod(WEB_UID, "Burstable", active_anon=GiB), tree.add_pod(SPARK_UID, "Burstable")]
+    tree.write()
+    start = 1_750_000_020.0  # a window boundary
+    now = [start]
+    publisher = FlakyPublisher()
+    kubelet = Kubelet(200, json.dumps({"kind": "PodList", "items": [WEB, GONE]}).encode())
+    async with kubelet as url:
+        settings = AgentSettings(node_name=NODE, proc_root=str(tree.proc_root), cgroup_root=str(tree.cgroup_root))
+        agent = AgentService(settings, publisher, clock=lambda: now[0], pods=KubeletPods(url), pods_poll_interval=5)
+        for second in range(31):
+            if second == 12:  # the kubelet lists spark-exec-1 from now on; the agent reads the list at 15
+                kubelet.body = json.dumps({"kind": "PodList", "items": [WEB, SPARK, GONE]}).encode()
+            if second == 18:  # the kubelet goes away: the reads at 20, 25 and 30 fail
+                kubelet.status, kubelet.body = 503, b"kubelet restarting"
+            await agent.collect_once()
+            now[0] += 1.0
+            for pod in pods:
+                pod.cpu_ns += 250_000_000
+            tree.write()
+    batches = [NODE_EVENT_DECODER.decode(data) for subject, data, _ in publisher.sent if subject.endswith("metrics")]
+    assert all(isinstance(b, NodeMetricsReported) for b in batches)
+    first, second, third = batches[:3]
+    assert isinstance(first, NodeMetricsReported) and isinstance(second, NodeMetricsReported)
+    assert isinstance(third, NodeMetricsReported)
+    # [start, start+10): spark-exec-1 has a cgroup but is not listed yet; no-cgroup is listed but not invented
+    assert [(p.uid, p.namespace, p.name) for p in first.pods] == [(WEB_UID, "shop", "web-0"), (SPARK_UID, "", "")]
+    # [start+10, start+20): named by the list read at start+15, with its Koordinator labels
+    assert [(p.namespace, p.name) for p in second.pods] == [("shop", "web-0"), ("jobs", "spark-exec-1")]
+    assert second.pods[1].labels == {vocab.PRIORITY_CLASS_LABEL: "koord-batch", vocab.QOS_CLASS_LABEL: "BE"}
+    # [start+20, start+30): the list could not be read, the names stay (the unchanged list is named by digest)
+    assert third.pods == [] and third.pods_digest == second.pods_digest
+    assert agent.stats.pod_list_failures == 3
