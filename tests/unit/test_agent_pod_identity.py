@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from agent.batch import BatchBuilder, attribute_pods
 from agent.core import PodSample, Tick
 from agent.pods import parse_pod_list
+from agent.settings import AgentSettingsError, QosSettings
 from schemas import vocab
 from schemas.node import PodRef
 from services.nodemetric.window import _pod_info
@@ -131,3 +134,9 @@ def test_classes_follow_koordinator_from_labels_and_priority_not_the_kube_qos() 
     assert (_pod_info(free, PROD_UID).priority, _pod_info(free, PROD_UID).qos) == ("koord-free", "LSR")
     unlisted = _pod_info(PodRef(uid=NEW_UID, kube_qos="BestEffort"), NEW_UID)
     assert (unlisted.namespace, unlisted.name, unlisted.priority) == ("", NEW_UID, "koord-batch")
+
+
+def test_the_kubelets_ca_and_insecure_exclude_each_other() -> None:
+    with pytest.raises(AgentSettingsError, match="kubelet_ca_file and kubelet_insecure exclude each other"):
+        QosSettings(kubelet_pods_url="https://10.0.0.1:10250/pods", kubelet_ca_file="/ca.crt", kubelet_insecure=True)
+    assert QosSettings(kubelet_pods_url="https://10.0.0.1:10250/pods", kubelet_ca_file="/ca.crt").kubelet_ca_file
