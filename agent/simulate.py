@@ -170,6 +170,11 @@ class SimulatedNode:
             )
         return pod
 
+    @property
+    def batch_allocatable(self) -> tuple[float, int] | None:
+        """(cores, bytes) batch pods run within; None while the loop is open (they run as they come)."""
+        return self._batch_allocatable
+
     def set_batch_allocatable(self, cpu_cores: float, memory_bytes: int) -> None:
         """Close the loop: from the next window batch pods run only within this batch allocatable."""
         self._batch_allocatable = (max(cpu_cores, 0.0), max(memory_bytes, 0))
