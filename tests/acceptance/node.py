@@ -12,18 +12,21 @@ server's pods of the node as the kubelet's `/pods` does. Used by tests/acceptanc
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
+log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
@@ -185,14 +188,33 @@ class Hierarchy:
             top = self.path(controller)
             if top.is_dir():
                 for directory in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-                    directory.rmdir()
-                top.rmdir()
+                    self._rmdir(directory)
+                self._rmdir(top)
+
+    @staticmethod
+    def _rmdir(directory: Path) -> None:
+        try:
+            directory.rmdir()
+        except OSError as e:  # keep removing the rest; leftovers() names what stayed
+            log.error("acceptance teardown: cannot remove %s: %s", directory, e)
 
     def leftovers(self) -> list[str]:
         """What of this tree is still there: directories and running processes."""
         left = [str(self.path(c)) for c in CONTROLLERS if self.path(c).exists()]
         left += [f"pid {b.pid}" for b in self.burners if b.process.poll() is None]
         return left
+
+
+@contextlib.contextmanager
+def running_hierarchy() -> Iterator[Hierarchy]:
+    """A Hierarchy closed on the way out however the block ends; AssertionError when something of it is left."""
+    hierarchy = Hierarchy()
+    try:
+        yield hierarchy
+    finally:
+        hierarchy.close()
+        left = hierarchy.leftovers()
+        assert not left, f"teardown left behind: {left}"
 
 
 class Kubelet:

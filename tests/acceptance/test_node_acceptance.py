@@ -18,12 +18,14 @@ import datetime as dt
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import pytest_asyncio
 
@@ -31,13 +33,14 @@ from bus import streams
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
 from schemas.quantity import parse_quantity
-from tests.acceptance.node import Hierarchy, Kubelet, PodSpec, v1_writable, v2_usable
+from tests.acceptance.node import CONTROLLERS, Hierarchy, Kubelet, PodSpec, running_hierarchy, v1_writable, v2_usable
 from tests.fakes.kube_api import FakeKubeApi
 from tests.fakes.kube_rules import CRD_DIR
 from tests.faults.private_postgres import free_port
 from tests.faults.processes import KoordbusProcess
 from tests.faults.service_process import ServiceProcess
 from tests.support.crd import assert_valid_nodemetric
+from tests.support.loadaware import pod_json
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.cgroup, pytest.mark.timeout(240)]
@@ -173,10 +176,8 @@ async def node(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Node]:
         pytest.skip(f"CRD schemas not found at {CRD_DIR}")
     tmp = tmp_path_factory.mktemp("acceptance")
     cpus, memory = _capacity()
-    hierarchy = Hierarchy()
     async with contextlib.AsyncExitStack() as stack:
-        stack.callback(_assert_removed, hierarchy)
-        stack.callback(hierarchy.close)
+        hierarchy = stack.enter_context(running_hierarchy())
         for pod in PODS:
             hierarchy.add_pod(pod)
             share, mib = LOAD[pod.key]
@@ -244,11 +245,6 @@ async def node(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Node]:
         sampler = asyncio.create_task(_sample(running))
         stack.callback(sampler.cancel)
         yield running
-
-
-def _assert_removed(hierarchy: Hierarchy) -> None:
-    left = hierarchy.leftovers()
-    assert not left, f"teardown left behind: {left}"
 
 
 def _milli(quantity: str) -> int:
@@ -444,3 +440,165 @@ async def test_the_be_pods_cgroups_hold_spec_5_7_values(node: Node) -> None:
         await eventually(written, timeout=30)
     except AssertionError:
         raise AssertionError("BE cgroups:\n" + "\n".join(wrong) + f"\n{node.agent.tail()}") from None
+
+
+_SCORE_TOTALS = re.compile(r"(cpu|memory) (\d+)/(\d+)")
+_DETAIL = re.compile(r"(cpu|memory) (\d+)% = \((.+?) (\d+) \+ assigned (\d+) \+ pod (\d+)\) / (\d+)")
+
+
+async def test_the_load_aware_extender_filters_and_scores_by_the_measured_usage(node: Node) -> None:
+    await _first_report(node)
+    new_pod = pod_json("new", namespace="shop", cpu="200m", memory="256Mi", limit_cpu="200m", limit_memory="256Mi")
+    service = node.services["loadaware"]
+    async with httpx.AsyncClient(base_url=service.base_url, timeout=10) as client:
+
+        async def explained() -> dict[str, Any]:
+            response = await client.post("/explain", json={"pod": new_pod, "node": NODE})
+            assert response.status_code == 200, f"{response.status_code} {response.text}\n{service.describe()}"
+            return dict(response.json())
+
+        async def has_metric() -> bool:
+            return (await explained())["nodemetric_update_time"] is not None
+
+        await eventually(has_metric, timeout=2 * REPORT_INTERVAL)
+        body = {"Pod": new_pod, "NodeNames": [NODE]}
+        # one NodeMetric round: explain, filter and prioritize must all answer from the same report
+        for _ in range(3):
+            explain = await explained()
+            filtered = (await client.post("/filter", json=body)).json()
+            prioritized = (await client.post("/prioritize", json=body)).json()
+            if (await explained())["nodemetric_update_time"] == explain["nodemetric_update_time"]:
+                break
+    metric = node.nodemetric()
+    assert metric is not None
+    report_time = dt.datetime.fromisoformat(metric["status"]["updateTime"]).timestamp()
+    assert abs(report_time - float(explain["nodemetric_update_time"])) < 1, (explain, metric["status"]["updateTime"])
+    usage = metric["status"]["nodeMetric"]["nodeUsage"]["resources"]
+    measured = {"cpu": _milli(usage["cpu"]), "memory": _bytes(usage["memory"])}
+    allocatable = {"cpu": node.cpus * 1000, "memory": node.memory}
+    thresholds = {"cpu": 90, "memory": 95}
+    lines = _DETAIL.findall(explain["filter"]["detail"])
+    assert lines, f"no arithmetic in the extender's answer: {explain}"
+    totals: dict[str, int] = {}
+    for name, percent, _, base, assigned, pod, total in lines:
+        assert int(base) == measured[name], f"{name}: the extender's base {base} is not the NodeMetric's {measured}"
+        assert int(total) == allocatable[name], f"{name}: allocatable {total}, node {allocatable[name]}"
+        totals[name] = int(base) + int(assigned) + int(pod)
+        assert int(percent) == round(totals[name] * 100 / allocatable[name]), (name, percent, totals, allocatable)
+    passes = all(round(totals[n] * 100 / allocatable[n]) <= thresholds[n] for n in totals)
+    assert filtered["NodeNames"] == ([NODE] if passes else []), f"filter {filtered} for totals {totals}: {explain}"
+    # spec §6.6 (weights cpu 1, memory 1) from the estimated totals the score names: the cpu one is the filter's
+    estimated = {name: int(used) for name, used, _ in _SCORE_TOTALS.findall(explain["score"]["detail"])}
+    assert estimated.get("cpu") == totals["cpu"] and "memory" in estimated, (explain["score"], totals)
+    shares = [
+        (allocatable[n] - used) * 100 // allocatable[n] if used <= allocatable[n] else 0
+        for n, used in estimated.items()
+    ]
+    assert explain["score"]["score"] == sum(shares) // 2, f"score {explain['score']}, §6.6 shares {shares}"
+    (entry,) = prioritized
+    assert entry == {"Host": NODE, "Score": explain["score"]["extender_score"]}, (prioritized, explain["score"])
+    log.warning("acceptance extender: measured %s, totals %s, filter %s, score %s", measured, totals, filtered, entry)
+
+
+BESTEFFORT_QUOTA = ("cpu", "kubepods/besteffort", "cpu.cfs_quota_us")
+
+
+async def test_raising_the_ls_load_narrows_the_besteffort_quota_and_lowering_it_restores_it(node: Node) -> None:
+    def quota() -> int:
+        return int(node.hierarchy.read(*BESTEFFORT_QUOTA))
+
+    seen: list[int] = []
+
+    def observe() -> int:
+        seen.append(quota())
+        return seen[-1]
+
+    def suppressing() -> bool:
+        return observe() > 0  # the cfsQuota policy has written a quota (−1 = not suppressed)
+
+    await eventually(suppressing, timeout=30)
+    room = 30_000  # 0.3 CPU
+    floor = 2000
+
+    def has_room() -> bool:
+        return observe() >= floor + room
+
+    try:
+        await eventually(has_room, timeout=15)
+    except AssertionError:
+        pytest.skip(
+            f"CPU suppress NOT checked: this machine's other load leaves BE pods no room above the minimum quota "
+            f"(besteffort cfs_quota_us stayed at {sorted(set(seen[-20:]))}, needs ≥ {floor + room})"
+        )
+    before = seen[-1]
+    extra = node.hierarchy.start(LS, share=0.9, mib=8)
+    try:
+        await eventually(lambda: observe() <= max(floor, before - room), timeout=15)
+    except AssertionError:
+        raise AssertionError(f"quota not narrowed from {before}: last values {seen[-10:]}") from None
+    finally:
+        extra.stop()
+    narrowed = seen[-1]
+    try:
+        await eventually(lambda: observe() >= narrowed + room, timeout=15)
+    except AssertionError:
+        raise AssertionError(f"quota not restored from {narrowed} (before: {before}): {seen[-10:]}") from None
+    log.warning("acceptance suppress: quota %s → %s → %s", before, narrowed, seen[-1])
+
+
+def _memory_used_percent() -> int:
+    meminfo = {
+        k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    }
+    return (meminfo["MemTotal"] - meminfo["MemAvailable"]) * 100 // meminfo["MemTotal"]
+
+
+async def test_a_growing_be_process_gets_its_be_pod_evicted_and_never_an_ls_pod(node: Node) -> None:
+    used = _memory_used_percent()
+    threshold = used + 4
+    node.kube.put("configmaps", _slo_config(suppress_percent=100, memory_evict_percent=threshold))
+
+    def configured() -> bool:
+        slo = node.kube.get("NodeSLO", NODE) or {}
+        return (
+            slo.get("spec", {}).get("resourceUsedThresholdWithBE", {}).get("memoryEvictThresholdPercent") == threshold
+        )
+
+    await eventually(configured, timeout=30)
+    assert not [r for r in node.kube.requests if r.verb == "evict"], "evicted before any BE process grew"
+    grow_mib = (threshold - used + 3) * node.memory // 100 // MIB
+    grown = node.hierarchy.start(BE_B, share=0.0, mib=grow_mib)
+
+    def evicted() -> bool:
+        return node.kube.get("pods", BE_B.name, BE_B.namespace) is None
+
+    try:
+        await eventually(evicted, timeout=30)
+    except AssertionError:
+        raise AssertionError(
+            f"{BE_B.key} not evicted: node memory {_memory_used_percent()} %, threshold {threshold} % "
+            f"(grew by {grow_mib} MiB)\n{node.describe()}"
+        ) from None
+    finally:
+        grown.stop()  # the kubelet's part: the evicted pod's processes end
+    evictions = [r.path for r in node.kube.requests if r.verb == "evict"]
+    assert f"/api/v1/namespaces/{BE_B.namespace}/pods/{BE_B.name}/eviction" in evictions, evictions
+    for ls in (PROD, LS):
+        assert node.kube.get("pods", ls.name, ls.namespace) is not None, f"LS pod {ls.key} is gone: {evictions}"
+        assert not [p for p in evictions if f"/pods/{ls.name}/" in p], f"LS pod {ls.key} evicted: {evictions}"
+    log.warning("acceptance eviction: memory %s %% ≥ %s %% after +%s MiB: %s", used, threshold, grow_mib, evictions)
+
+
+def test_teardown_removes_every_cgroup_and_process_also_after_a_failed_assertion() -> None:
+    why = v1_writable()
+    if why:
+        pytest.skip(f"no writable cgroup v1 here ({why})")
+    pod = PodSpec("teardown", "shop", "BestEffort")
+    with pytest.raises(AssertionError, match="a failing test"), running_hierarchy() as hierarchy:
+        hierarchy.add_pod(pod)
+        burner = hierarchy.start(pod, share=0.05, mib=8)
+        assert burner.pid in hierarchy.tasks()
+        raise AssertionError("a failing test")
+    assert burner.process.poll() is not None, "the burner still runs"
+    assert hierarchy.leftovers() == []
+    assert not [c for c in CONTROLLERS if hierarchy.path(c).exists()]
