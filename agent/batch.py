@@ -1,5 +1,6 @@
-"""Pure batching for the node agent: samples into one NodeMetricsReported per publish window, and the bounded
-outbox that holds batches while the bus is away.
+"""Pure batching for the node agent: the join of measured pods with the kubelet's pod list (`attribute_pods`),
+samples into one NodeMetricsReported per publish window, and the bounded outbox that holds batches while the bus is
+away.
 
 Called by agent/service.py. Windows are aligned to wall-clock multiples of the publish interval, so the
 nodemetric service's reports fall on batch boundaries; the same ticks always build the same batches.
@@ -9,12 +10,15 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 import msgspec
 
-from agent.core import Tick
+from agent.actuate import NodePod
+from agent.core import PodSample, Tick
+from schemas import vocab
 from schemas.node import (
     ContainerRef,
     ContainerSampleColumns,
@@ -24,6 +28,40 @@ from schemas.node import (
     Sample,
     pod_list_digest,
 )
+
+_KOORD_LABELS = (vocab.PRIORITY_CLASS_LABEL, vocab.QOS_CLASS_LABEL)
+"""The labels a pod's Koordinator classes come from (spec §0); the batch carries these and no others."""
+
+
+def identify(uid: str, kube_qos: str, listed: NodePod | None) -> PodRef:
+    """The batch's entry for a pod measured under `uid`: by UID and its cgroup's kube QoS alone when the kubelet
+    does not list it (yet), else with the list's namespace, name, priority, priorityClassName, Koordinator labels
+    and status.qosClass (the cgroup's QoS when the list has none yet)."""
+    if listed is None:
+        return PodRef(uid=uid, kube_qos=kube_qos)
+    pod = listed.pod
+    labels = {k: pod.metadata.labels[k] for k in _KOORD_LABELS if k in pod.metadata.labels}
+    return PodRef(
+        uid=uid,
+        kube_qos=pod.status.qos_class or kube_qos,
+        namespace=pod.metadata.namespace,
+        name=pod.metadata.name,
+        priority=pod.spec.priority,
+        labels=labels,
+        priority_class_name=pod.spec.priority_class_name,
+    )
+
+
+def attribute_pods(measured: Sequence[PodSample], listed: Iterable[NodePod] | None) -> tuple[PodSample, ...]:
+    """Join what was measured in cgroups (by pod UID) with the kubelet's pod list: each sample's pod named as the
+    list names it (`identify`). Only measured pods come out: a listed pod without a cgroup is not invented, and a
+    measured pod the list does not name (its cgroup appeared first, or there is no list) stays known by UID."""
+    if listed is None:
+        return tuple(measured)
+    by_uid = {p.uid: p for p in listed}
+    return tuple(
+        msgspec.structs.replace(s, pod=identify(s.pod.uid, s.pod.kube_qos, by_uid.get(s.pod.uid))) for s in measured
+    )
 
 
 def window_start_of(at: float, interval: float) -> float:

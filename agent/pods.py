@@ -6,10 +6,14 @@ is skipped and counted, and so is one whose uid is not a pod UID or whose status
 (its cgroup directory cannot be named), with the reason in `refused`; a container ID that is not one (schemas.names)
 is left out, as a container not running yet.
 
-`KubeletPods` fetches the list over HTTP(S) with an optional bearer token file (the agent's service account token
-when the kubelet wants authentication) — the agent never talks to the API server. One GET a
-round with the standard library's client in a worker thread: an async HTTP client library would be most of the
-agent's memory for one request a second.
+`KubeletPods` fetches the list the way koordlet does on a real node, and the agent never talks to the API server:
+the kubelet's secure port (https://<node>:10250/pods) with a bearer token file (the pod's service account token,
+which the kubelet checks with a TokenReview; the agent's role needs nodes/proxy or nodes/pods get), verifying the
+kubelet's serving certificate with its CA file (or, explicitly, not at all: kubelets serve self-signed certificates
+by default), or the read-only port (http://<node>:10255/pods) where a cluster still opens it. Every failure is a
+PodListError naming the URL and what answered (a status, a TLS or connection error, a body that is no PodList).
+One GET a round with the standard library's client in a worker thread: an async HTTP client library would be most
+of the agent's memory for one request a second.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import ssl
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol
 
 import msgspec
 
@@ -98,14 +102,25 @@ def parse_pod_list(data: bytes) -> PodList:
     return PodList(pods=pods, unreadable=unreadable, refused=refused)
 
 
-class KubeletPods:
-    """GET <url> (the kubelet's /pods) with an optional bearer token; `insecure` skips TLS verification (kubelets
-    serve self-signed certificates by default)."""
+class PodSource(Protocol):
+    """Where the agent's two halves read the node's pods: KubeletPods, or a test's list."""
 
-    def __init__(self, url: str, *, token_file: str = "", insecure: bool = False, timeout: float = 5.0) -> None:
+    async def list(self) -> PodList: ...
+
+
+class KubeletPods:
+    """GET <url> (the kubelet's /pods) with an optional bearer token; `ca_file` verifies the kubelet's certificate
+    with that CA instead of the system's, `insecure` skips TLS verification."""
+
+    def __init__(
+        self, url: str, *, token_file: str = "", ca_file: str = "", insecure: bool = False, timeout: float = 5.0
+    ) -> None:
         self.url = url
         self._token_file = token_file
-        context = ssl.create_default_context()
+        try:
+            context = ssl.create_default_context(cafile=ca_file or None)
+        except (OSError, ssl.SSLError) as e:
+            raise PodListError(f"cannot load the kubelet CA file {ca_file!r} for {url}: {e}") from None
         if insecure:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
@@ -121,13 +136,19 @@ class KubeletPods:
         status does: decoding 200 pods every round was a third of the agent's CPU)."""
         body = await asyncio.to_thread(self._get)
         if self._last is None or self._last[0] != body:
-            self._last = (body, parse_pod_list(body))
+            try:
+                self._last = (body, parse_pod_list(body))
+            except PodListError as e:
+                raise PodListError(f"{self.url}: {e}") from None
         return self._last[1]
 
     def _get(self) -> bytes:
         headers = {"Accept": "application/json"}
         if self._token_file:
-            headers["Authorization"] = f"Bearer {_read_token(self._token_file)}"  # re-read: projected tokens rotate
+            try:  # re-read every time: projected tokens rotate
+                headers["Authorization"] = f"Bearer {_read_token(self._token_file)}"
+            except OSError as e:
+                raise PodListError(f"cannot read the kubelet token file for {self.url}: {e}") from None
         request = urllib.request.Request(self.url, headers=headers)
         try:
             with self._open(request, timeout=self._timeout) as response:
@@ -136,6 +157,15 @@ class KubeletPods:
             with e:
                 body = e.read()
             raise PodListError(f"the kubelet answered {e.code} for {self.url}: {body[:200]!r}") from None
+        except urllib.error.URLError as e:
+            if isinstance(e.reason, ssl.SSLCertVerificationError):
+                raise PodListError(
+                    f"the kubelet's certificate at {self.url} is not trusted ({e.reason.verify_message}): give its "
+                    "CA (--kubelet-ca-file) or skip verification explicitly (--kubelet-insecure)"
+                ) from None
+            raise PodListError(f"cannot reach the kubelet at {self.url}: {e.reason}") from None
+        except (TimeoutError, OSError) as e:  # a timeout or reset after the connection was made
+            raise PodListError(f"no complete answer from the kubelet at {self.url}: {e!r}") from None
 
     async def close(self) -> None:
         """Nothing stays open between requests; kept so callers can close any pod source alike."""

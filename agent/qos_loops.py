@@ -40,7 +40,7 @@ from agent.loops.cgroups import Failsafe, be_cgroups
 from agent.loops.eviction import Evictions
 from agent.loops.resctrl import Resctrl
 from agent.loops.suppression import cpu_suppress
-from agent.pods import PodList
+from agent.pods import PodSource
 from agent.settings import AgentSettings, QosSettings
 from agent.slo import effective_slo
 from agent.slo_watch import KeyReader, SloSource
@@ -64,10 +64,6 @@ def _pod_identity(node_pod: actuate.NodePod) -> tuple[object, ...]:
         node_pod.pod.status.phase,
         frozenset(node_pod.containers.items()),
     )
-
-
-class PodSource(Protocol):
-    async def list(self) -> PodList: ...
 
 
 class BusLike(KeyReader, Protocol):

@@ -5,6 +5,12 @@ drive it with a fake publisher, an injected clock and sleep, and call `collect_o
 `publish(subject, data, *, msg_id)` method of the publisher is used. While the bus is away, finished batches
 wait in the Outbox (oldest dropped past the bound and counted); when it returns they go out oldest first,
 each with its deterministic msg id, so a batch sent twice is stored once.
+
+With a pod source (the kubelet's pod list, agent/pods.py: the list the QoS loops read, also when they are off), each
+collection's pod samples are joined with the latest list (agent.batch.attribute_pods), read again every
+`pods_poll_interval` seconds: a pod whose cgroup appears before the kubelet lists it is published by UID and named
+by the first batch closed after a list names it, at most pods_poll_interval + publish_interval later (15 s by
+default). A failed read keeps the last good list (it only names cgroups that exist) and is logged once per outage.
 """
 
 from __future__ import annotations
@@ -16,9 +22,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
+
 from agent import core
-from agent.batch import BatchBuilder, Outbox, PodListThinner
+from agent.actuate import NodePod
+from agent.batch import BatchBuilder, Outbox, PodListThinner, attribute_pods
 from agent.collect import Collector
+from agent.pods import PodSource
 from agent.settings import AgentSettings
 from bus import api, subjects
 from bus.errors import BusUnavailableError
@@ -48,6 +58,8 @@ class AgentStats:
     buffered_batches: int = 0
     publish_failures: int = 0
     states_sent: int = 0
+    pod_list_failures: int = 0
+    """Reads of the kubelet's pod list that failed (the last good list stays in use)."""
     bus_available: bool = True
     last_error: str = ""
 
@@ -64,6 +76,8 @@ class AgentService:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         collector: Callable[[float], core.NodeReading] | None = None,
+        pods: PodSource | None = None,
+        pods_poll_interval: float = 5.0,
     ) -> None:
         self.settings = settings
         self.stats = AgentStats()
@@ -81,6 +95,11 @@ class AgentService:
         self._state_pending = False
         self._stopping = False
         self._failure_streak = 0
+        self._pods = pods
+        self._pods_poll_interval = pods_poll_interval
+        self._listed: list[NodePod] | None = None
+        self._listed_at: float | None = None
+        self._pods_failing = False
         self.latest_tick: core.Tick | None = None
         """The samples of the latest collection (the QoS loops read current usage from it)."""
 
@@ -110,12 +129,36 @@ class AgentService:
         reading = await self._read(now)
         if reading is not None:
             tick = self._sampler.observe(reading)
+            listed = await self._list_pods(now)
+            if listed is not None and tick.pods:
+                tick = msgspec.structs.replace(tick, pods=attribute_pods(tick.pods, listed))
             self.latest_tick = tick
             self._enqueue(self._builder.add(tick, dropped_batches=self._dropped_unreported))
             self._note_state(reading)
         elif self._builder.due(now):
             self._enqueue(self._builder.close(sent_at=now, dropped_batches=self._dropped_unreported))
         await self._send()
+
+    async def _list_pods(self, now: float) -> list[NodePod] | None:
+        """The kubelet's pods, read again once pods_poll_interval has passed; None before the first good read."""
+        if self._pods is None:
+            return None
+        if self._listed_at is not None and now - self._listed_at < self._pods_poll_interval:
+            return self._listed
+        self._listed_at = now  # a failed read is retried after the interval too, not every collection
+        try:
+            listed = await self._pods.list()
+        except Exception as e:  # the kubelet away or answering garbage: pods stay named by the last good list
+            self.stats.pod_list_failures += 1
+            if not self._pods_failing:
+                log.warning("node %s: cannot list pods from the kubelet: %s", self.settings.node_name, e)
+            self._pods_failing = True
+            return self._listed
+        if self._pods_failing:
+            log.info("node %s: the kubelet's pod list is readable again", self.settings.node_name)
+        self._pods_failing = False
+        self._listed = listed.pods
+        return self._listed
 
     async def _read(self, now: float) -> core.NodeReading | None:
         """One collection, on the event loop's thread (a few milliseconds at 200 pods; see agent.qos_loops on why

@@ -96,11 +96,14 @@ class QosSettings:
     state_dir: str = "/var/lib/koordbus"
     """Where the last good NodeSLO is kept across restarts ("" = nowhere)."""
     kubelet_pods_url: str = ""
-    """The kubelet's pod list, e.g. https://127.0.0.1:10250/pods; "" = no pods (only node-level loops run)."""
+    """The kubelet's pod list, e.g. https://127.0.0.1:10250/pods (or the read-only http://127.0.0.1:10255/pods); ""
+    = no pods: only node-level QoS loops run, and the metrics half reports pods by UID only."""
     kubelet_token_file: str = ""
     """Bearer token for the kubelet (a service account token file); "" = none."""
     kubelet_insecure: bool = False
     """Skip TLS verification of the kubelet (its serving certificate is self-signed by default)."""
+    kubelet_ca_file: str = ""
+    """CA bundle the kubelet's serving certificate is verified with ("" = the system's trust store)."""
     round_interval: float = 1.0
     """Seconds between two rounds of the QoS loops (koordlet: 1 s)."""
     reconcile_interval: float = 10.0
@@ -167,3 +170,5 @@ class QosSettings:
             )
         if self.kubelet_pods_url and not self.kubelet_pods_url.startswith(("http://", "https://")):
             raise AgentSettingsError(f"kubelet_pods_url must be an http(s) URL, got {self.kubelet_pods_url!r}")
+        if self.kubelet_ca_file and self.kubelet_insecure:
+            raise AgentSettingsError("kubelet_ca_file and kubelet_insecure exclude each other: verify, or do not")

@@ -148,8 +148,27 @@ def add_parsers(sub: Any) -> None:
     agent.add_argument(
         "--kubelet-pods-url",
         default=None,
-        help="the kubelet's pod list for the QoS loops, e.g. https://127.0.0.1:10250/pods (default: none, only "
-        "node-level loops; or KOORDBUS_KUBELET_PODS_URL)",
+        help="the kubelet's pod list, read by the metrics half (pod names and classes) and the QoS loops, e.g. "
+        "https://127.0.0.1:10250/pods or the read-only http://127.0.0.1:10255/pods (default: none, pods reported by "
+        "UID only and only node-level loops; or KOORDBUS_KUBELET_PODS_URL)",
+    )
+    agent.add_argument(
+        "--kubelet-token-file",
+        default=None,
+        help="bearer token for the kubelet's secure port, e.g. /var/run/secrets/kubernetes.io/serviceaccount/token "
+        "(default: none; or KOORDBUS_KUBELET_TOKEN_FILE)",
+    )
+    kubelet_tls = agent.add_mutually_exclusive_group()
+    kubelet_tls.add_argument(
+        "--kubelet-ca-file",
+        default=None,
+        help="CA that signed the kubelet's serving certificate (default: the system's; or KOORDBUS_KUBELET_CA_FILE)",
+    )
+    kubelet_tls.add_argument(
+        "--kubelet-insecure",
+        action="store_true",
+        default=None,
+        help="do not verify the kubelet's certificate (self-signed by default)",
     )
     agent.add_argument("--resctrl-root", default=None, help="resctrl mount (default /sys/fs/resctrl)")
     agent.add_argument(
@@ -649,6 +668,9 @@ async def run_agent(args: argparse.Namespace) -> int:
         {
             "qos_mode": args.qos_mode,
             "kubelet_pods_url": args.kubelet_pods_url,
+            "kubelet_token_file": args.kubelet_token_file,
+            "kubelet_ca_file": args.kubelet_ca_file,
+            "kubelet_insecure": args.kubelet_insecure,
             "resctrl_root": args.resctrl_root,
             "state_dir": args.state_dir,
             "evict_features": args.evict,
@@ -659,18 +681,19 @@ async def run_agent(args: argparse.Namespace) -> int:
         stop = runtime.stop_event_on_signals(stack)
         # streams are the control plane's to create: an agent's NATS user may only publish as its node
         bus = await open_cluster_bus(stack, common, name=f"agent-{settings.node_name}", ensure_streams=False)
-        agent = AgentService(settings, bus)
+        pods = None
+        if qos_settings.kubelet_pods_url:  # both halves read it: pod names in the metrics, pods for the QoS loops
+            pods = KubeletPods(
+                qos_settings.kubelet_pods_url,
+                token_file=qos_settings.kubelet_token_file,
+                ca_file=qos_settings.kubelet_ca_file,
+                insecure=qos_settings.kubelet_insecure,
+            )
+            stack.push_async_callback(pods.close)
+        agent = AgentService(settings, bus, pods=pods, pods_poll_interval=qos_settings.pods_poll_interval)
         runtime.background(stack, agent.run(), name="agent")
         loops = None
         if qos_settings.qos_mode != "off":
-            pods = None
-            if qos_settings.kubelet_pods_url:
-                pods = KubeletPods(
-                    qos_settings.kubelet_pods_url,
-                    token_file=qos_settings.kubelet_token_file,
-                    insecure=qos_settings.kubelet_insecure,
-                )
-                stack.push_async_callback(pods.close)
             loops = QosLoops(settings, qos_settings, bus, pods=pods, usage=lambda: agent.latest_tick)
             runtime.background(stack, loops.run(), name="qos")
         registry = CollectorRegistry(auto_describe=True)

@@ -57,7 +57,10 @@ MemorySample = tuple[UnixSeconds, Bytes]
 
 
 class PodRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """What the agent knows about a pod: always its UID and kube QoS (from the cgroup path), the rest when known."""
+    """What the agent knows about a pod: always its UID and kube QoS (from the cgroup path), the rest once the
+    kubelet's pod list names the UID (agent.batch.attribute_pods): namespace, name, spec.priority,
+    spec.priorityClassName and the Koordinator priority/QoS labels. A pod with an empty `name` is known by UID only
+    (its cgroup appeared before the kubelet listed it)."""
 
     uid: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
     kube_qos: str = ""
@@ -65,6 +68,8 @@ class PodRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     name: str = ""
     priority: int | None = None
     labels: dict[str, str] = {}
+    priority_class_name: str = ""
+    """spec.priorityClassName (informational: Koordinator's classes come from the labels and spec.priority)."""
 
 
 PodIndex = Annotated[int, msgspec.Meta(ge=0, description="position of a pod in the batch's `pods`")]

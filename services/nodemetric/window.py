@@ -150,7 +150,14 @@ class _HeldBatches:
 
 
 def _pod_info(ref: node.PodRef, uid: str) -> PodInfo:
-    """A pod the agent knows only by uid is reported as namespace "" and name = uid.
+    """The pod as the agent named it from the kubelet's list: namespace/name, and Koordinator's classes from its
+    labels and spec.priority exactly as koordlet computes them (spec §0: PriorityClassWithDefault,
+    QoSClassWithDefault; the kube QoS only where those leave it open).
+
+    A pod the agent knows only by uid (its cgroup appeared before the kubelet listed it, or the agent has no kubelet
+    URL) is reported as namespace "" and name = uid, its classes derived from the kube QoS of its cgroup: no pod of
+    the cluster has that key, so noderesource counts it as a dangling metric (its usage, when its class is not
+    batch/free) until a later batch names it, which renames its slot, samples already held included.
 
     `uid` is the window's own copy of ref.uid and namespaces are interned: 10,000 nodes × 100 pods of strings
     are the largest Python-object cost of the service.

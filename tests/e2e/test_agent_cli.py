@@ -18,6 +18,7 @@ import pytest
 
 from bus import streams, subjects
 from bus.jetstream import JetStreamBus
+from schemas.node import NODE_EVENT_DECODER, NodeMetricsReported
 from schemas.qos import ACTUATION_DECODER, ActuationApplied, NodeSloRendered
 from tests.e2e.test_qos_e2e import _be_pod
 from tests.e2e.test_up import free_port
@@ -99,6 +100,37 @@ async def test_the_agent_command_applies_or_plans_the_be_cgroups(
         assert event.dry_run and shares.read_text().strip() == "1024"
     saved = json.loads((tmp_path / "state" / "nodeslo.json").read_text())
     assert saved == {"revision": 1, "spec": {}}
+
+
+async def test_the_metrics_half_names_pods_from_the_kubelets_list_with_the_qos_loops_off(
+    tmp_path: Path, koordbus_nats_url: str, koordbus_bus: JetStreamBus, kube_api: FakeKubeApi
+) -> None:
+    """--no-qos: no QoS loop reads the kubelet's list, the metrics half still does and names the pod it measures."""
+    v1_tree(tmp_path / "cg")
+    pod_dir = tmp_path / "cg" / "{}" / "kubepods" / "besteffort" / f"pod{UID}"
+    (Path(str(pod_dir).format("cpuacct")) / "cpuacct.usage").write_text("1000000\n")
+    (Path(str(pod_dir).format("memory")) / "memory.stat").write_text("total_active_anon 1048576\n")
+    kube_api.put("pods", _be_pod())
+    process = await _run_agent(tmp_path, koordbus_nats_url, kube_api, "--no-qos", 0, KOORDBUS_PUBLISH_INTERVAL="2")
+    try:
+
+        async def named() -> list[NodeMetricsReported]:
+            assert process.returncode is None, "koordbus agent exited early"
+            stored = await koordbus_bus.read_recent(
+                streams.KOORD_NODE, subjects.stored(subjects.node_metrics(NODE)), since=0, limit=100
+            )
+            batches = [NODE_EVENT_DECODER.decode(d.data) for d in stored]
+            return [b for b in batches if isinstance(b, NodeMetricsReported) and b.pods]
+
+        await eventually(named, timeout=30)
+        batch = (await named())[0]
+    finally:
+        output = await _stop(process)
+    assert process.returncode == 0, output
+    assert [(p.uid, p.namespace, p.name, p.labels) for p in batch.pods] == [
+        (UID, "jobs", "batch-0", {"koordinator.sh/qosClass": "BE"})
+    ]
+    assert await _events(koordbus_bus) == []  # the QoS loops are off
 
 
 CONTROL_PLANE_LIBRARIES = ("numpy", "fastapi", "starlette", "pydantic", "sqlalchemy", "uvicorn", "aiohttp", "yarl")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import ssl
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -14,8 +16,12 @@ from prometheus_client import CollectorRegistry, Counter
 
 from agent.pods import KubeletPods, PodListError
 from agent.port import AgentPort
+from tests.support.tls import CertificateAuthority
 
-POD_LIST = {"kind": "PodList", "items": [{"metadata": {"name": "web", "namespace": "shop", "uid": "0b6a3c1e-5f2d-4c8a-9e7b-1d2f3a4b5c6d"}}]}
+POD_LIST = {
+    "kind": "PodList",
+    "items": [{"metadata": {"name": "web", "namespace": "shop", "uid": "0b6a3c1e-5f2d-4c8a-9e7b-1d2f3a4b5c6d"}}],
+}
 
 
 @pytest.fixture
@@ -82,13 +88,15 @@ async def test_a_client_that_sends_garbage_or_nothing_costs_nothing(
 class Kubelet:
     """Answers every request with `status` and `body`, keeping each request head."""
 
-    def __init__(self, status: int, body: bytes) -> None:
+    def __init__(self, status: int, body: bytes, *, tls: ssl.SSLContext | None = None) -> None:
         self.status, self.body, self.heads = status, body, list[str]()
         self.server: asyncio.Server | None = None
+        self.tls = tls
 
     async def __aenter__(self) -> str:
-        self.server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/pods"
+        self.server = await asyncio.start_server(self._answer, "127.0.0.1", 0, ssl=self.tls)
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/pods"
 
     async def __aexit__(self, *_: object) -> None:
         assert self.server is not None
@@ -130,3 +138,39 @@ async def test_kubelet_pods_errors_name_the_status_and_the_url() -> None:
     async with Kubelet(200, b"<html>not a pod list</html>") as url:
         with pytest.raises(PodListError, match="not JSON"):
             await KubeletPods(url).list()
+
+
+async def test_kubelet_pods_on_the_secure_port_trust_only_the_kubelets_ca_or_an_explicit_insecure(
+    tmp_path: Path,
+) -> None:
+    ca = CertificateAuthority.create(tmp_path, "kubelet")
+    serving = ca.issue("kubelet-serving", server=True)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(serving.cert, serving.key)
+    token = tmp_path / "token"
+    token.write_text("sa-token\n")
+    kubelet = Kubelet(200, json.dumps(POD_LIST).encode(), tls=tls)
+    async with kubelet as url:
+        with pytest.raises(PodListError, match=r"certificate at https://127\.0\.0\.1:\d+/pods is not trusted.*"
+                           r"--kubelet-ca-file.*--kubelet-insecure"):  # fmt: skip
+            await KubeletPods(url, token_file=str(token)).list()
+        verified = await KubeletPods(url, token_file=str(token), ca_file=str(ca.cert)).list()
+        unverified = await KubeletPods(url, insecure=True).list()
+    assert [p.pod.metadata.name for p in verified.pods] == [p.pod.metadata.name for p in unverified.pods] == ["web"]
+    assert "Authorization: Bearer sa-token" in kubelet.heads[0]
+
+
+async def test_kubelet_pods_errors_name_the_url_and_what_answered(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}/pods"
+    with pytest.raises(PodListError, match=rf"cannot reach the kubelet at {closed}: .*refused"):
+        await KubeletPods(closed).list()
+    async with Kubelet(200, json.dumps(POD_LIST).encode()) as url:
+        with pytest.raises(PodListError, match=rf"cannot read the kubelet token file for {url}: .*No such file"):
+            await KubeletPods(url, token_file=str(tmp_path / "missing-token")).list()
+    async with Kubelet(200, b'{"kind": "Status"}') as url:
+        with pytest.raises(PodListError, match=rf"^{url}: the kubelet's answer has no items list"):
+            await KubeletPods(url).list()
+    with pytest.raises(PodListError, match=r"cannot load the kubelet CA file '.*missing-ca' for https://n:10250/pods"):
+        KubeletPods("https://n:10250/pods", ca_file=str(tmp_path / "missing-ca"))
