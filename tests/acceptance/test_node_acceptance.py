@@ -282,20 +282,12 @@ def _entries(metric: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _entry(metric: dict[str, Any], pod: PodSpec) -> dict[str, Any]:
-    """`pod`'s podsMetric entry: by namespace/name, or by its uid while the agent reports pods by uid only."""
-    for entry in metric["status"]["podsMetric"]:
-        if (entry.get("namespace"), entry.get("name")) == (pod.namespace, pod.name) or pod.uid in (
-            entry.get("uid"),
-            entry.get("name"),
-        ):
-            return dict(entry)
-    raise AssertionError(f"no podsMetric entry for {pod.key} (uid {pod.uid}): {metric['status']['podsMetric']}")
+    """`pod`'s podsMetric entry, found by namespace/name."""
+    found = _entries(metric).get(pod.key)
+    assert found is not None, f"no podsMetric entry for {pod.key}: {metric['status']['podsMetric']}"
+    return found
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="waits for the identity branch: the agent reports pods by cgroup UID only, without namespace/name/class",
-)
 async def test_the_nodemetric_names_the_four_pods_with_their_classes(node: Node) -> None:
     metric = await _first_report(node)
     assert_valid_nodemetric(metric)
