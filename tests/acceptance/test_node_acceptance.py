@@ -29,9 +29,10 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from bus import streams
+from bus import streams, subjects
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
+from schemas.qos import ACTUATION_DECODER
 from schemas.quantity import parse_quantity
 from tests.acceptance.node import CONTROLLERS, Hierarchy, Kubelet, PodSpec, running_hierarchy, v1_writable, v2_usable
 from tests.fakes.kube_api import FakeKubeApi
@@ -141,6 +142,7 @@ class Node:
     agent: KoordbusProcess
     cpus: int
     memory: int
+    nats_url: str
     samples: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
 
     def describe(self) -> str:
@@ -241,7 +243,15 @@ async def node(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Node]:
         )
         agent.start()
         stack.callback(agent.kill)
-        running = Node(hierarchy=hierarchy, kube=kube, services=services, agent=agent, cpus=cpus, memory=memory)
+        running = Node(
+            hierarchy=hierarchy,
+            kube=kube,
+            services=services,
+            agent=agent,
+            cpus=cpus,
+            memory=memory,
+            nats_url=server.url,
+        )
         sampler = asyncio.create_task(_sample(running))
         stack.callback(sampler.cancel)
         yield running
@@ -492,6 +502,18 @@ async def test_the_load_aware_extender_filters_and_scores_by_the_measured_usage(
     log.warning("acceptance extender: measured %s, totals %s, filter %s, score %s", measured, totals, filtered, entry)
 
 
+def _cpu_idle_seconds() -> float:
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")  # idle + iowait
+
+
+async def _idle_milli(seconds: float) -> float:
+    """Idle CPU of the whole machine over the next `seconds`, in millicores."""
+    start = _cpu_idle_seconds()
+    await asyncio.sleep(seconds)  # a measurement window, not a wait for a condition
+    return (_cpu_idle_seconds() - start) / seconds * 1000
+
+
 BESTEFFORT_QUOTA = ("cpu", "kubepods/besteffort", "cpu.cfs_quota_us")
 
 
@@ -521,6 +543,12 @@ async def test_raising_the_ls_load_narrows_the_besteffort_quota_and_lowering_it_
         pytest.skip(
             f"CPU suppress NOT checked: this machine's other load leaves BE pods no room above the minimum quota "
             f"(besteffort cfs_quota_us stayed at {sorted(set(seen[-20:]))}, needs ≥ {floor + room})"
+        )
+    idle = await _idle_milli(2.0)
+    if idle < 500:
+        pytest.skip(
+            f"CPU suppress NOT checked: other load saturates this machine (idle {idle:.0f}m of {node.cpus} CPUs): "
+            "a busier LS pod then only takes CPU from the system share, which spec §5.5.1 leaves the BE allowance as is"
         )
     before = seen[-1]
     extra = node.hierarchy.start(LS, share=0.9, mib=8)
@@ -579,6 +607,26 @@ async def test_a_growing_be_process_gets_its_be_pod_evicted_and_never_an_ls_pod(
         assert node.kube.get("pods", ls.name, ls.namespace) is not None, f"LS pod {ls.key} is gone: {evictions}"
         assert not [p for p in evictions if f"/pods/{ls.name}/" in p], f"LS pod {ls.key} evicted: {evictions}"
     log.warning("acceptance eviction: memory %s %% ≥ %s %% after +%s MiB: %s", used, threshold, grow_mib, evictions)
+
+
+async def test_every_file_the_agent_wrote_is_inside_the_tests_cgroup_parent(node: Node) -> None:
+    """--apply confined: the agent's own account of its writes (ActuationApplied) names only files of this tree."""
+    bus = await JetStreamBus.connect(node.nats_url, name="acceptance-reader")
+    try:
+        stored = await bus.read_recent(
+            streams.KOORD_NODE, subjects.stored(subjects.node_actuation(NODE)), since=0, limit=10_000
+        )
+    finally:
+        await bus.close()
+    events = [ACTUATION_DECODER.decode(d.data) for d in stored]
+    assert events and not any(event.dry_run for event in events), f"{len(events)} events, dry runs among them"
+    evicted = {c.path for e in events if e.loop in ("memory-evict", "cpu-evict") for c in e.changes}
+    assert evicted <= {f"pods/{pod.key}" for pod in (BE_A, BE_B)}, f"evictions named {evicted}"
+    paths = {c.path for e in events if e.loop not in ("memory-evict", "cpu-evict") for c in e.changes}
+    outside = sorted(p for p in paths if p.split("/")[1:2] != [node.hierarchy.parent])
+    assert paths and not outside, f"the agent wrote outside {node.hierarchy.parent}: {outside[:10]}"
+    loops = sorted({event.loop for event in events})
+    log.warning("acceptance confinement: %s files written by loops %s, all under the test's parent", len(paths), loops)
 
 
 def test_teardown_removes_every_cgroup_and_process_also_after_a_failed_assertion() -> None:
