@@ -1,0 +1,88 @@
+"""Koordinator's arithmetic as the acceptance suite recomputes it from what the API server holds: quantities, the
+podsMetric by namespace/name, priority classes (spec §0) and the batch resources of a node (spec §2.4). Used by
+tests/acceptance/test_node_acceptance.py; the code under test computes the same numbers its own way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas.quantity import parse_quantity
+
+
+def milli(quantity: str) -> int:
+    return int(parse_quantity(quantity).value * 1000)
+
+
+def to_bytes(quantity: str) -> int:
+    return int(parse_quantity(quantity).value)
+
+
+def entries(metric: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The NodeMetric's podsMetric by namespace/name."""
+    return {f"{p.get('namespace', '')}/{p.get('name', '')}": p for p in metric["status"].get("podsMetric", [])}
+
+
+def priority_class(pod: dict[str, Any]) -> str:
+    """Spec §0: the label, else spec.priority by range."""
+    label = pod["metadata"].get("labels", {}).get("koordinator.sh/priority-class")
+    if label in ("koord-prod", "koord-mid", "koord-batch", "koord-free"):
+        return str(label)
+    value = pod["spec"].get("priority")
+    for low, high, name in ((9000, 9999, "koord-prod"), (7000, 7999, "koord-mid"), (5000, 5999, "koord-batch")):
+        if value is not None and low <= value <= high:
+            return name
+    return "koord-free" if value is not None and 3000 <= value <= 3999 else ""
+
+
+def request(pod: dict[str, Any]) -> tuple[int, int]:
+    """(cpu milli, memory bytes) the pod's containers request."""
+    cpu = memory = 0
+    for container in pod["spec"]["containers"]:
+        requests = container.get("resources", {}).get("requests", {})
+        cpu += milli(requests.get("cpu", "0"))
+        memory += to_bytes(requests.get("memory", "0"))
+    return cpu, memory
+
+
+def spec_batch(node_obj: dict[str, Any], metric: dict[str, Any], pods: list[dict[str, Any]]) -> tuple[int, int, str]:
+    """Spec §2.4 with the default reclaim thresholds (60 % CPU, 65 % memory) and the usage policy: (batch-cpu milli,
+    batch-memory bytes, the formula with its numbers)."""
+    capacity = node_obj["status"]["capacity"]
+    allocatable = node_obj["status"]["allocatable"]
+    cap = (milli(capacity["cpu"]), to_bytes(capacity["memory"]))
+    margin = (cap[0] * 40 // 100, cap[1] * 35 // 100)
+    reserved = (
+        max(cap[0] - milli(allocatable["cpu"]), 0),
+        max(cap[1] - to_bytes(allocatable["memory"]), 0),
+    )
+    system_usage = metric["status"]["nodeMetric"]["systemUsage"]["resources"]
+    system = (milli(system_usage.get("cpu", "0")), to_bytes(system_usage.get("memory", "0")))
+    metrics = entries(metric)
+    used = [0, 0]
+    seen: set[str] = set()
+    for pod in pods:
+        if pod["status"].get("phase") not in ("Running", "Pending"):
+            continue
+        key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        entry = metrics.get(key)
+        if entry is not None:
+            seen.add(key)
+        if priority_class(pod) in ("koord-batch", "koord-free"):
+            continue
+        if entry is None:
+            requested = request(pod)
+            used = [used[0] + requested[0], used[1] + requested[1]]
+        else:
+            usage = entry["podUsage"]["resources"]
+            used = [used[0] + milli(usage["cpu"]), used[1] + to_bytes(usage["memory"])]
+    for key, entry in metrics.items():  # dangling: a metric without a pod
+        if key not in seen and entry.get("priority") not in ("koord-batch", "koord-free"):
+            usage = entry["podUsage"]["resources"]
+            used = [used[0] + milli(usage["cpu"]), used[1] + to_bytes(usage["memory"])]
+    out = [max(cap[i] - margin[i] - max(system[i], reserved[i]) - used[i], 0) for i in range(2)]
+    formula = (
+        f"cpu {out[0]} = capacity {cap[0]} - margin {margin[0]} - max(system {system[0]}, reserved {reserved[0]}) "
+        f"- hp used {used[0]}; memory {out[1]} = {cap[1]} - {margin[1]} - max({system[1]}, {reserved[1]}) - {used[1]}"
+    )
+    return out[0], out[1], formula
