@@ -1,11 +1,18 @@
 """Synthetic nodes with realistic co-location load, for `koordbus up --simulate-nodes N` and the ingest benchmark.
 
-Pure and deterministic: a node's parameters come from its seed, and each window's noise from (seed, window),
-so `batch(w)` returns the same samples whatever was asked before and in whatever order. Online (koord-prod,
+A simulated node speaks the real agent's dialect and nothing more: it makes what the real collector and sampler
+make (per-second node and system samples, pod samples keyed by pod UID and the cgroup's kube QoS) and what the
+kubelet lists (`kubelet_pods`: Kubernetes Pod objects with metadata, spec and status), and its batch is built by
+the agent's own BatchBuilder after the agent's own pod-identity join (agent.batch.attribute_pods).
+
+Deterministic: a node's parameters come from its seed, and each window's noise from (seed, window), so with the
+loop open `batch(w)` returns the same samples whatever was asked before and in whatever order. Online (koord-prod,
 LS/LSR) pods follow a 24 h sinusoid with noise; batch (koord-batch, BE) pods belong to a few jobs that run in
 bursts, so pods appear and disappear with new UIDs each burst; node usage is Σ pods + system overhead and never
-exceeds capacity (batch is squeezed first, as BE suppression would). Arrays are computed with numpy per
-window; only the final lists are Python objects, which keeps one 100-pod batch well under a millisecond or two.
+exceeds capacity (batch is squeezed first, as BE suppression would). With the loop closed
+(`set_batch_allocatable`, fed by koordbus.simulation from NodeResourceComputed) batch pods are placed only within
+the node's batch allocatable and evicted when it shrinks (`place_batch_pods`, pure), as koord-scheduler and
+koordlet would do.
 """
 
 from __future__ import annotations
@@ -13,21 +20,18 @@ from __future__ import annotations
 import hashlib
 import math
 import uuid
+from collections.abc import Sequence
+from typing import NamedTuple
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from schemas import vocab
-from schemas.node import (
-    CPU_DTYPE,
-    INDEX_DTYPE,
-    MEMORY_DTYPE,
-    TIME_DTYPE,
-    NodeMetricsReported,
-    PodRef,
-    PodSampleColumns,
-    Sample,
-)
+from agent.actuate import NodePod
+from agent.batch import BatchBuilder, attribute_pods
+from agent.core import PodSample, Tick
+from schemas import kube, vocab
+from schemas.node import NodeMetricsReported, PodRef
 
 GiB = 1024**3
 DAY = 86_400.0
@@ -77,7 +81,11 @@ class SimulatedNode:
         self._sys_cpu = float(rng.uniform(0.3, 0.8))
         self._sys_mem = float(rng.uniform(2, 4)) * GiB
         self._page_cache = float(rng.uniform(0.05, 0.15)) * memory_bytes
-        self._batch_refs: dict[tuple[int, int], PodRef] = {}
+        self._batch_pods: dict[tuple[int, int], NodePod] = {}
+        self._batch_allocatable: tuple[float, int] | None = None
+        self._running: dict[tuple[int, int], None] = {}
+        """Batch pods placed (with the loop closed), oldest first: the order they are kept in when room shrinks."""
+        self._evicted: set[tuple[int, int]] = set()
 
     def _init_online(self, rng: np.random.Generator, n: int) -> None:
         # Online pods together average ~35 % of the CPU and ~40 % of the memory, peaking mid-afternoon UTC.
@@ -87,25 +95,31 @@ class SimulatedNode:
         self._on_mem = mem_weights / max(mem_weights.sum(), 1e-9) * 0.40 * self.memory_bytes
         self._on_amp = rng.uniform(0.3, 0.6, n)
         self._on_peak = (14 + rng.normal(0, 1.5, n)) * 3600.0
-        self._on_refs = [self._online_ref(rng, i) for i in range(n)]
+        self._on_pods = [self._online_pod(rng, i) for i in range(n)]
 
-    def _online_ref(self, rng: np.random.Generator, i: int) -> PodRef:
+    def _online_pod(self, rng: np.random.Generator, i: int) -> NodePod:
         app = _ONLINE_APPS[int(rng.integers(len(_ONLINE_APPS)))]
         template = _hash_hex(self.name, app, length=10)
         guaranteed = bool(rng.random() < 0.4)
-        qos = vocab.QOS_LSR if guaranteed else vocab.QOS_LS
-        return PodRef(
+        cpu = f"{max(round(float(self._on_cpu[i]) * 1000), 1)}m"
+        memory = str(int(self._on_mem[i]))
+        resources = kube.ResourceRequirements(
+            requests={"cpu": cpu, "memory": memory}, limits={"cpu": cpu, "memory": memory} if guaranteed else None
+        )
+        return _node_pod(
             uid=_uid(self.name, self.seed, "online", i),
-            kube_qos=vocab.KUBE_QOS_GUARANTEED if guaranteed else vocab.KUBE_QOS_BURSTABLE,
             namespace=_ONLINE_NAMESPACES[i % len(_ONLINE_NAMESPACES)],
             name=f"{app}-{template}-{_hash_hex(self.name, i, length=5)}",
-            priority=vocab.PRIORITY_RANGES[vocab.PRIORITY_PROD][2],
+            node=self.name,
             labels={
                 "app": app,
                 "pod-template-hash": template,
                 vocab.PRIORITY_CLASS_LABEL: vocab.PRIORITY_PROD,
-                vocab.QOS_CLASS_LABEL: qos,
+                vocab.QOS_CLASS_LABEL: vocab.QOS_LSR if guaranteed else vocab.QOS_LS,
             },
+            priority_class=vocab.PRIORITY_PROD,
+            container=kube.Container(name=app, resources=resources),
+            qos=vocab.KUBE_QOS_GUARANTEED if guaranteed else vocab.KUBE_QOS_BURSTABLE,
         )
 
     def _init_batch(self, rng: np.random.Generator, n: int) -> None:
@@ -123,55 +137,131 @@ class SimulatedNode:
         self._b_cpu = cpu_weights / max(cpu_weights.sum(), 1e-9) * 0.7 * self.cpu_cores
         self._b_mem = mem_weights / max(mem_weights.sum(), 1e-9) * 0.4 * self.memory_bytes
 
-    def _batch_ref(self, slot: int, incarnation: int) -> PodRef:
-        ref = self._batch_refs.get((slot, incarnation))
-        if ref is None:
-            if len(self._batch_refs) > 8 * max(len(self._b_cpu), 1):
-                self._batch_refs.clear()  # old incarnations are never asked for again in a forward-running sim
+    def batch_request(self, slot: int) -> tuple[float, int]:
+        """(cores, bytes) an executor of `slot` requests as batch-cpu and batch-memory: the most it ever uses."""
+        return float(self._b_cpu[slot]) * _BATCH_CPU_PEAK, int(self._b_mem[slot])
+
+    def _batch_pod(self, slot: int, incarnation: int) -> NodePod:
+        pod = self._batch_pods.get((slot, incarnation))
+        if pod is None:
+            if len(self._batch_pods) > 8 * max(len(self._b_cpu), 1):
+                self._batch_pods.clear()  # old incarnations are never asked for again in a forward-running sim
             job = _BATCH_JOBS[int(self._b_job[slot]) % len(_BATCH_JOBS)]
-            ref = PodRef(
+            cpu, memory = self.batch_request(slot)
+            amounts: dict[str, str | int | float] = {
+                vocab.BATCH_CPU: str(math.ceil(cpu * 1000)),
+                vocab.BATCH_MEMORY: str(memory),
+            }
+            pod = self._batch_pods[(slot, incarnation)] = _node_pod(
                 uid=_uid(self.name, self.seed, "batch", slot, incarnation),
-                kube_qos=vocab.KUBE_QOS_BESTEFFORT,
                 namespace="batch",
                 name=f"{job}-{incarnation % 100_000}-exec-{slot}",
-                priority=vocab.PRIORITY_RANGES[vocab.PRIORITY_BATCH][2],
+                node=self.name,
                 labels={
                     "job": job,
                     vocab.PRIORITY_CLASS_LABEL: vocab.PRIORITY_BATCH,
                     vocab.QOS_CLASS_LABEL: vocab.QOS_BE,
                 },
+                priority_class=vocab.PRIORITY_BATCH,
+                container=kube.Container(
+                    name="executor", resources=kube.ResourceRequirements(requests=amounts, limits=amounts)
+                ),
+                qos=vocab.KUBE_QOS_BESTEFFORT,
             )
-            self._batch_refs[(slot, incarnation)] = ref
-        return ref
+        return pod
+
+    @property
+    def batch_allocatable(self) -> tuple[float, int] | None:
+        """(cores, bytes) batch pods run within; None while the loop is open (they run as they come)."""
+        return self._batch_allocatable
+
+    def set_batch_allocatable(self, cpu_cores: float, memory_bytes: int) -> None:
+        """Close the loop: from the next window batch pods run only within this batch allocatable."""
+        self._batch_allocatable = (max(cpu_cores, 0.0), max(memory_bytes, 0))
 
     def batch(self, window_start: float, window_end: float) -> NodeMetricsReported:
-        """The 1 s samples at whole seconds in [window_start, window_end), as the node's agent would report them."""
+        """The batch the node's agent would publish for [window_start, window_end) (samples at whole seconds)."""
+        return self.agent_batch(window_start, window_end)[0]
+
+    def agent_batch(self, window_start: float, window_end: float) -> tuple[NodeMetricsReported, list[NodePod]]:
+        """The batch, and the kubelet's pod list it was joined with: the agent's builder over synthetic ticks."""
+        builder = BatchBuilder(self.name, interval=window_end - window_start)
+        ticks, listed = self.ticks(window_start, window_end)
+        for tick in ticks:
+            if builder.add(msgspec.structs.replace(tick, pods=attribute_pods(tick.pods, listed))) is not None:
+                raise ValueError(f"window [{window_start}, {window_end}) is not aligned to a multiple of its length")
+        batch = builder.close(sent_at=window_end)
+        if batch is None:
+            raise ValueError(f"window [{window_start}, {window_end}) holds no whole second")
+        return batch, listed
+
+    def ticks(self, window_start: float, window_end: float) -> tuple[list[Tick], list[NodePod]]:
+        """What the real collector and sampler give each second of the window (pods by UID and cgroup QoS only),
+        and the kubelet's pod list: the pods running on the node in the window."""
         t = np.arange(math.ceil(window_start), math.ceil(window_end), dtype=np.float64)
         rng = np.random.default_rng([self.seed, max(int(window_start), 0)])
         on_cpu, on_mem = self._online_usage(t, rng)
         b_cpu, b_mem, active, incarnation = self._batch_usage(t, rng)
+        if self._batch_allocatable is not None:
+            admitted = self._admit(active, incarnation)
+            active &= admitted
+            b_cpu, b_mem = b_cpu * admitted, b_mem * admitted
         sys_cpu = np.clip(self._sys_cpu * (1 + 0.1 * rng.standard_normal(t.size)), 0.05, None)
         sys_mem = np.full(t.size, self._sys_mem)
         b_cpu, on_cpu = self._fit(b_cpu, on_cpu, self.cpu_cores - sys_cpu)
         b_mem, on_mem = self._fit(b_mem, on_mem, self.memory_bytes - sys_mem)
-        node_cpu = on_cpu.sum(axis=0) + b_cpu.sum(axis=0) + sys_cpu
-        node_mem = on_mem.sum(axis=0) + b_mem.sum(axis=0) + sys_mem
-        times = t.tolist()
-        runs = self._online_runs() + self._batch_runs(active, incarnation)
-        runs.sort(key=lambda run: run.pod.uid)
-        pod_samples = _columns(runs, t, np.vstack((on_cpu, b_cpu)), np.vstack((on_mem, b_mem)))
-        with_cache = np.minimum(node_mem + self._page_cache, self.memory_bytes).astype(np.int64).tolist()
-        return NodeMetricsReported(
-            node=self.name,
-            window_start=window_start,
-            window_end=window_end,
-            sent_at=window_end,
-            node_samples=_samples(times, node_cpu, node_mem),
-            memory_with_page_cache=list(zip(times, with_cache, strict=True)),
-            system_samples=_samples(times, sys_cpu, sys_mem),
-            pods=[run.pod for run in runs],
-            pod_samples=pod_samples,
-        )
+        node_cpu = (on_cpu.sum(axis=0) + b_cpu.sum(axis=0) + sys_cpu).tolist()
+        node_mem = (on_mem.sum(axis=0) + b_mem.sum(axis=0) + sys_mem).astype(np.int64).tolist()
+        with_cache = np.minimum(np.array(node_mem) + self._page_cache, self.memory_bytes).astype(np.int64).tolist()
+        sys_cpu_l, sys_mem_l = sys_cpu.tolist(), sys_mem.astype(np.int64).tolist()
+        cpu, mem = np.vstack((on_cpu, b_cpu)).T.tolist(), np.vstack((on_mem, b_mem)).astype(np.int64).T.tolist()
+        online = [_measured(p) for p in self._on_pods]
+        offset = len(online)
+        listed = {p.uid: p for p in self._on_pods}
+        ticks: list[Tick] = []
+        for k, at in enumerate(t.tolist()):
+            cpu_k, mem_k = cpu[k], mem[k]
+            pods = [_sample(ref, at, cpu_k[row], mem_k[row]) for row, ref in enumerate(online)]
+            for slot in np.flatnonzero(active[:, k]).tolist():
+                node_pod = self._batch_pod(slot, int(incarnation[slot, k]))
+                listed[node_pod.uid] = node_pod
+                row = offset + slot
+                pods.append(_sample(_measured(node_pod), at, cpu_k[row], mem_k[row]))
+            ticks.append(
+                Tick(
+                    at=at,
+                    node=(at, node_cpu[k], node_mem[k]),
+                    node_memory_with_page_cache=with_cache[k],
+                    system=(at, sys_cpu_l[k], sys_mem_l[k]),
+                    pods=tuple(pods),
+                )
+            )
+        return ticks, list(listed.values())
+
+    def _admit(self, active: npt.NDArray[np.bool_], incarnation: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Which (slot, second) cells run, deciding once at the window's start: executors wanting to run in it are
+        placed within the batch allocatable, running ones that no longer fit are evicted (for good)."""
+        assert self._batch_allocatable is not None
+        wanted: dict[tuple[int, int], None] = {}
+        for k in range(active.shape[1]):
+            for slot in np.flatnonzero(active[:, k]).tolist():
+                wanted[(slot, int(incarnation[slot, k]))] = None
+        uid_of = {key: self._batch_pod(*key).uid for key in wanted}
+        key_of = {uid: key for key, uid in uid_of.items()}
+
+        def demand(key: tuple[int, int]) -> BatchDemand:
+            cpu, memory = self.batch_request(key[0])
+            return BatchDemand(uid=uid_of[key], cpu=cpu, memory=memory)
+
+        running = [demand(key) for key in self._running if key in wanted]
+        candidates = [demand(key) for key in wanted if key not in self._running and key not in self._evicted]
+        placement = place_batch_pods(self._batch_allocatable, running=running, candidates=candidates)
+        self._running = {key_of[uid]: None for uid in (*placement.kept, *placement.placed)}
+        self._evicted = {key for key in self._evicted if key in wanted} | {key_of[uid] for uid in placement.evicted}
+        admitted = np.zeros(active.shape, dtype=bool)
+        for slot, inc in self._running:
+            admitted[slot] |= incarnation[slot] == inc
+        return admitted
 
     def _online_usage(self, t: FloatArray, rng: np.random.Generator) -> tuple[FloatArray, FloatArray]:
         n = self._on_cpu.size
@@ -187,7 +277,8 @@ class SimulatedNode:
         phase = t[None, :] + self._b_offset[:, None]
         incarnation = np.floor(phase / self._b_period[:, None]).astype(np.int64)
         active = (phase - incarnation * self._b_period[:, None]) < self._b_duty[:, None] * self._b_period[:, None]
-        cpu = self._b_cpu[:, None] * np.clip(0.8 + 0.2 * rng.standard_normal((n, t.size)), 0.1, 1.2) * active
+        noise = np.clip(0.8 + 0.2 * rng.standard_normal((n, t.size)), 0.1, _BATCH_CPU_PEAK)
+        cpu = self._b_cpu[:, None] * noise * active
         # Memory ramps up over the first minutes of a burst, as executors fill their caches.
         age = phase - incarnation * self._b_period[:, None]
         mem = self._b_mem[:, None] * np.clip(age / 300.0, 0.1, 1.0) * active
@@ -203,51 +294,83 @@ class SimulatedNode:
         b_scale = np.minimum(1.0, b_room / np.maximum(batch.sum(axis=0), 1e-9))
         return batch * b_scale * 0.999, online * 0.999
 
-    def _online_runs(self) -> list[_Run]:
-        return [_Run(ref, row) for row, ref in enumerate(self._on_refs)]
 
-    def _batch_runs(self, active: npt.NDArray[np.bool_], incarnation: npt.NDArray[np.int64]) -> list[_Run]:
-        """One run per executor incarnation with samples in the window; rows follow the online rows."""
-        runs: list[_Run] = []
-        if not active.shape[1]:
-            return runs
-        offset = len(self._on_refs)
-        steady = active.all(axis=1) & (incarnation.min(axis=1) == incarnation.max(axis=1))
-        for slot in np.flatnonzero(active.any(axis=1)).tolist():
-            if steady[slot]:  # the common case: one executor running through the whole window
-                runs.append(_Run(self._batch_ref(slot, int(incarnation[slot, 0])), offset + slot))
-                continue
-            for inc in np.unique(incarnation[slot][active[slot]]).tolist():
-                mask = active[slot] & (incarnation[slot] == inc)
-                runs.append(_Run(self._batch_ref(slot, inc), offset + slot, mask))
-        return runs
+_BATCH_CPU_PEAK = 1.2
+"""An executor uses at most this many times its mean CPU; it requests that much batch-cpu."""
 
 
-class _Run:
-    """The samples of one pod in a window: a row of the usage matrices, all of it or the columns in `mask`."""
+class BatchDemand(NamedTuple):
+    """A batch pod's request: cores of batch-cpu and bytes of batch-memory."""
 
-    __slots__ = ("mask", "pod", "row")
+    uid: str
+    cpu: float
+    memory: int
 
-    def __init__(self, pod: PodRef, row: int, mask: npt.NDArray[np.bool_] | None = None) -> None:
-        self.pod, self.row, self.mask = pod, row, mask
+
+class BatchPlacement(NamedTuple):
+    kept: tuple[str, ...]
+    """Running pods that still fit, in their order."""
+    placed: tuple[str, ...]
+    """Candidates that fit after them, in their order (the others stay pending)."""
+    evicted: tuple[str, ...]
+    """Running pods that no longer fit."""
 
 
-def _columns(runs: list[_Run], t: FloatArray, cpu: FloatArray, mem: FloatArray) -> PodSampleColumns:
-    """Pod sample columns in `runs` order, gathered from the (pods × seconds) matrices with one fancy index."""
-    if not runs or not t.size:
-        return PodSampleColumns()
-    full = np.ones(t.size, dtype=bool)
-    masks = np.stack([full if run.mask is None else run.mask for run in runs])
-    pod_index, second = np.nonzero(masks)  # row-major: runs in order, seconds ascending within a run
-    rows = np.array([run.row for run in runs], dtype=np.int64)[pod_index]
-    # packed from the arrays directly (the columns' little-endian types), far faster than through Python lists
-    return PodSampleColumns(
-        pod=pod_index.astype(INDEX_DTYPE).tobytes(),
-        t=t[second].astype(TIME_DTYPE).tobytes(),
-        cpu=cpu[rows, second].astype(CPU_DTYPE).tobytes(),
-        memory=mem[rows, second].astype(MEMORY_DTYPE).tobytes(),
+def place_batch_pods(
+    allocatable: tuple[float, int], *, running: Sequence[BatchDemand], candidates: Sequence[BatchDemand]
+) -> BatchPlacement:
+    """Which batch pods run within `allocatable` (cores, bytes): running pods are kept oldest first while their
+    requests fit (the rest are evicted, as koordlet evicts batch pods past the node's batch resources), then
+    candidates are placed in order while they fit (as koord-scheduler places pods requesting batch resources)."""
+    cpu_left, memory_left = allocatable
+    kept: list[str] = []
+    evicted: list[str] = []
+    placed: list[str] = []
+    for pod in running:
+        if pod.cpu <= cpu_left and pod.memory <= memory_left:
+            kept.append(pod.uid)
+            cpu_left, memory_left = cpu_left - pod.cpu, memory_left - pod.memory
+        else:
+            evicted.append(pod.uid)
+    for pod in candidates:
+        if pod.cpu <= cpu_left and pod.memory <= memory_left:
+            placed.append(pod.uid)
+            cpu_left, memory_left = cpu_left - pod.cpu, memory_left - pod.memory
+    return BatchPlacement(kept=tuple(kept), placed=tuple(placed), evicted=tuple(evicted))
+
+
+def _node_pod(
+    *,
+    uid: str,
+    namespace: str,
+    name: str,
+    node: str,
+    labels: dict[str, str],
+    priority_class: str,
+    container: kube.Container,
+    qos: str,
+) -> NodePod:
+    """A running pod as the kubelet's /pods lists it."""
+    return NodePod(
+        pod=kube.Pod(
+            metadata=kube.ObjectMeta(name=name, namespace=namespace, uid=uid, labels=labels),
+            spec=kube.PodSpec(
+                node_name=node,
+                scheduler_name="koord-scheduler",
+                priority=vocab.PRIORITY_RANGES[priority_class][2],
+                priority_class_name=priority_class,
+                containers=[container],
+            ),
+            status=kube.PodStatus(phase=kube.PHASE_RUNNING, qos_class=qos),
+        )
     )
 
 
-def _samples(times: list[float], cpu: FloatArray, mem: FloatArray) -> list[Sample]:
-    return list(zip(times, cpu.tolist(), mem.astype(np.int64).tolist(), strict=True))
+def _measured(pod: NodePod) -> PodRef:
+    """What the cgroup path tells of a pod: its UID and kube QoS."""
+    return PodRef(uid=pod.uid, kube_qos=pod.pod.status.qos_class)
+
+
+def _sample(ref: PodRef, at: float, cpu: float, memory: int) -> PodSample:
+    # no page cache is modelled per pod: memory with page cache is the memory
+    return PodSample(pod=ref, sample=(at, cpu, memory), memory_with_page_cache=memory)

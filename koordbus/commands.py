@@ -463,10 +463,17 @@ async def run_up(args: argparse.Namespace) -> int:
             runtime.background(stack, agent.run(), name="agent")
         if args.simulate_nodes:
             nodes = simulation.make_nodes(args.simulate_nodes, pods_per_node=args.simulate_pods)
+            # Without a real cluster the simulation publishes its nodes, so the noderesource service decides their
+            # batch resources and the simulated batch pods follow them (with a real cluster it never would).
+            simulated_cluster = cluster.recorded_writes is not None
             runtime.background(
                 stack,
                 simulation.run_simulation(
-                    bus, nodes, backfill_seconds=args.simulate_backfill, cluster=cluster.recorded_writes is not None
+                    bus,
+                    nodes,
+                    backfill_seconds=args.simulate_backfill,
+                    cluster=simulated_cluster,
+                    close_loop=simulated_cluster,
                 ),
                 name="simulation",
             )

@@ -3,11 +3,18 @@
 Every publish interval (aligned to wall-clock multiples, like a real agent) each simulated node
 publishes one NodeMetricsReported batch, after one NodeStateReported with its capacity at start;
 `backfill_seconds` of history are published first so windows, percentiles and charts have data right away.
+
+With `close_loop` the simulation follows the noderesource service's decisions (NodeResourceComputed on the bus) and
+gives each simulated node its current batch allocatable: its batch pods are then placed only within it and evicted
+when it shrinks (agent.simulate.place_batch_pods), so batch used / allocatable stays at or under 100 % except for a
+while after a shrink (the NodeMetric's average still holds what the evicted pods used). Until a node's first decision
+it has no batch resources, like a node koord-manager has not written yet, and runs no batch pods.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -19,11 +26,13 @@ import msgspec
 from agent.batch import PodListThinner
 from agent.settings import AgentSettings
 from agent.simulate import SimulatedNode, simulated_node_names
-from bus import subjects
-from bus.api import Bus, msg_id
-from schemas import kube
+from bus import streams, subjects
+from bus.api import Bus, FollowFrom, msg_id
+from bus.errors import BusError
+from schemas import kube, vocab
 from schemas.cluster import ConfigMapObserved, NodeObserved
 from schemas.node import NodeStateReported, encode_node_event
+from schemas.noderesource import NODERESOURCE_COMPUTED_DECODER, NodeResourceComputed
 from services.noderesource import config as colocation
 
 log = logging.getLogger(__name__)
@@ -114,6 +123,42 @@ async def publish_cluster(bus: Bus, nodes: list[SimulatedNode], *, at: float) ->
     await bus.publish_many(messages)
 
 
+def batch_allocatable(computed: NodeResourceComputed) -> tuple[float, int]:
+    """(cores, bytes) of batch-cpu (millicores) and batch-memory a decision gives its node; 0 for a removed one."""
+    cpu = computed.resources.get(vocab.BATCH_CPU)
+    memory = computed.resources.get(vocab.BATCH_MEMORY)
+    return (cpu or 0) / 1000, memory or 0
+
+
+FOLLOW_RETRY_SECONDS: Final = 2.0
+
+
+async def follow_batch_allocatable(bus: Bus, nodes: list[SimulatedNode], *, since: float) -> None:
+    """Give each node the batch allocatable of every decision on it stored from `since` on, until cancelled."""
+    by_name = {node.name: node for node in nodes}
+    while True:
+        try:
+            follower = await bus.follow(
+                streams.KOORD_NODERESOURCE, [subjects.NODERESOURCE_COMPUTED_ALL], FollowFrom(time=since)
+            )
+            break
+        except BusError as e:  # the stream is created by the noderesource service as it starts
+            log.info("simulation: cannot follow batch resources yet: %s", e)
+            await asyncio.sleep(FOLLOW_RETRY_SECONDS)
+    try:
+        while True:
+            for delivery in await follower.next():
+                try:
+                    computed = NODERESOURCE_COMPUTED_DECODER.decode(delivery.data)
+                except msgspec.MsgspecError:
+                    continue
+                node = by_name.get(computed.node)
+                if node is not None:
+                    node.set_batch_allocatable(*batch_allocatable(computed))
+    finally:
+        await follower.close()
+
+
 async def run_simulation(
     bus: Bus,
     nodes: list[SimulatedNode],
@@ -121,10 +166,37 @@ async def run_simulation(
     interval: float = 10.0,
     backfill_seconds: float = 0.0,
     cluster: bool = False,
+    close_loop: bool = False,
     clock: Callable[[], float] = time.time,
 ) -> None:
     """Backfill, then publish every `interval` forever (until cancelled). `cluster`: also publish the nodes as the
-    Kubernetes bridge would (only where no real cluster is connected)."""
+    Kubernetes bridge would (only where no real cluster is connected). `close_loop`: place batch pods within each
+    node's batch allocatable as the noderesource service decides it."""
+    now = clock()
+    if close_loop:
+        for node in nodes:
+            node.set_batch_allocatable(0.0, 0)
+        follow = asyncio.create_task(follow_batch_allocatable(bus, nodes, since=now), name="simulation-allocatable")
+    try:
+        await _publish_forever(
+            bus, nodes, interval=interval, backfill_seconds=backfill_seconds, cluster=cluster, clock=clock
+        )
+    finally:
+        if close_loop:
+            follow.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follow
+
+
+async def _publish_forever(
+    bus: Bus,
+    nodes: list[SimulatedNode],
+    *,
+    interval: float,
+    backfill_seconds: float,
+    cluster: bool,
+    clock: Callable[[], float],
+) -> None:
     now = clock()
     current = (now // interval) * interval
     start = current - (backfill_seconds // interval) * interval
