@@ -4,6 +4,7 @@ allocatable as the noderesource service decides it, so the dashboard's batch use
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -14,8 +15,10 @@ import pytest
 
 from tests.e2e.test_up import free_port, get_json
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 NODES = 5
+REPORT_INTERVAL = 30
+"""NodeMetric's shortest report interval, so the test waits half what up's default (60 s) would make it."""
 
 
 def test_simulated_batch_usage_stays_within_the_batch_allocatable(tmp_path: Path) -> None:
@@ -24,7 +27,8 @@ def test_simulated_batch_usage_stays_within_the_batch_allocatable(tmp_path: Path
         sys.executable, "-m", "koordbus.cli", "up", "--data-dir", str(tmp_path / "data"), "--port", str(port),
         "--no-agent", "--simulate-nodes", str(NODES), "--simulate-backfill", "600",
     ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {**os.environ, "KOORDBUS_REPORT_INTERVAL_SECONDS": str(REPORT_INTERVAL)}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 240
@@ -42,7 +46,7 @@ def test_simulated_batch_usage_stays_within_the_batch_allocatable(tmp_path: Path
             with_allocatable = [r for r in rows if r["batchCpu"] is not None and r["reportTime"] is not None]
             if len(with_allocatable) == NODES:
                 decided_at = decided_at or max(float(r["reportTime"]) for r in rows)  # type: ignore[arg-type]
-                if all(float(r["reportTime"]) > decided_at + 60 for r in rows):  # type: ignore[arg-type]
+                if all(float(r["reportTime"]) > decided_at + REPORT_INTERVAL for r in rows):  # type: ignore[arg-type]
                     break
             time.sleep(1.0)
         else:
