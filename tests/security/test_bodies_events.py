@@ -15,37 +15,17 @@ import pytest
 import pytest_asyncio
 import websockets
 
-from bus import streams
 from bus.jetstream import JetStreamBus
-from koordbus import runtime
 from services.api import auth
-from services.api.app import ApiContext, create_app
-from services.api.event_hub import EventHub
-from services.api.settings import ApiSettings
-from services.common.metrics import new_registry
-from services.slo.reader import SloReader
-from tests.integration.test_quota_cli import free_port
-from tests.support import api_auth
+from tests.support import api_auth, live_api
 
 BAD_SINCE = ["inf", "-inf", "nan", "1e12", "-1", "1e400", "9999-12-31T23:59:59-14:00"]
 
 
 @pytest_asyncio.fixture
 async def base(koordbus_bus: JetStreamBus) -> AsyncIterator[str]:
-    await koordbus_bus.ensure_streams(streams.all_streams())
-    hub = EventHub(koordbus_bus, max_subscriptions=4, max_per_caller=3, queue_size=50)
-    context = ApiContext(
-        settings=ApiSettings(),
-        registry=new_registry(),
-        tokens=api_auth.token_store(),
-        event_hub=hub,
-        slo_reader=SloReader(koordbus_bus),
-    )
     async with contextlib.AsyncExitStack() as stack:
-        stack.push_async_callback(hub.close)
-        port = free_port()
-        await runtime.serve_http(stack, create_app(context), host="127.0.0.1", port=port)
-        yield f"http://127.0.0.1:{port}"
+        yield await live_api.serve_events_api(stack, koordbus_bus)
 
 
 @pytest_asyncio.fixture

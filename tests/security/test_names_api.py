@@ -18,17 +18,10 @@ import pytest
 import pytest_asyncio
 import websockets
 
-from bus import streams, subjects
+from bus import subjects
 from bus.jetstream import JetStreamBus
-from koordbus import runtime
 from services.api import auth
-from services.api.app import ApiContext, create_app
-from services.api.event_hub import EventHub
-from services.api.settings import ApiSettings
-from services.common.metrics import new_registry
-from services.slo.reader import SloReader
-from tests.integration.test_quota_cli import free_port
-from tests.support import api_auth
+from tests.support import api_auth, live_api
 
 LONG = "x" * 5000
 
@@ -43,22 +36,11 @@ class Api:
 @pytest_asyncio.fixture
 async def api(koordbus_bus: JetStreamBus) -> AsyncIterator[Api]:
     bus = koordbus_bus
-    await bus.ensure_streams(streams.all_streams())
-    hub = EventHub(bus, max_subscriptions=4, max_per_caller=3, queue_size=50)
-    context = ApiContext(
-        settings=ApiSettings(),
-        registry=new_registry(),
-        tokens=api_auth.token_store(),
-        event_hub=hub,
-        slo_reader=SloReader(bus),
-    )
     async with contextlib.AsyncExitStack() as stack:
-        stack.push_async_callback(hub.close)
-        port = free_port()
-        await runtime.serve_http(stack, create_app(context), host="127.0.0.1", port=port)
+        base = await live_api.serve_events_api(stack, bus)
         headers = api_auth.headers(auth.VIEWER)
         client = await stack.enter_async_context(httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(20)))
-        yield Api(base=f"http://127.0.0.1:{port}/api/v1", bus=bus, client=client)
+        yield Api(base=f"{base}/api/v1", bus=bus, client=client)
 
 
 async def decided(bus: JetStreamBus, node: str) -> None:

@@ -99,3 +99,22 @@ def live_api(tmp: Path) -> Iterator[str]:
     finally:
         loop.call_soon_threadsafe(stop.set)
         thread.join(30)
+
+
+async def serve_events_api(stack: contextlib.AsyncExitStack, bus: JetStreamBus) -> str:
+    """The API with only the event hub and the NodeSLO reader, served on the caller's loop until `stack` closes (small
+    hub caps so capacity is reachable); returns its base URL. Used by tests/security/test_names_api.py and
+    test_bodies_events.py."""
+    await bus.ensure_streams(streams.all_streams())
+    hub = EventHub(bus, max_subscriptions=4, max_per_caller=3, queue_size=50)
+    context = ApiContext(
+        settings=ApiSettings(),
+        registry=new_registry(),
+        tokens=api_auth.token_store(),
+        event_hub=hub,
+        slo_reader=SloReader(bus),
+    )
+    stack.push_async_callback(hub.close)
+    port = free_port()
+    await runtime.serve_http(stack, create_app(context), host="127.0.0.1", port=port)
+    return f"http://127.0.0.1:{port}"
