@@ -107,7 +107,10 @@ def parse(text: str) -> Any:
     except ValueError as err:
         raise GoJsonError(f"not JSON: {err}") from None
     if _SURROGATE.search(text) or _SURROGATE_ESCAPE.search(text):
-        document = _replace_surrogates(document)
+        try:
+            document = _replace_surrogates(document)
+        except RecursionError:
+            raise GoJsonError("not JSON Go would read: nested too deeply") from None
     return document
 
 

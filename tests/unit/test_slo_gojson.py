@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -160,3 +161,7 @@ def test_parse_keeps_duplicates_and_literals_and_replaces_lone_surrogates() -> N
     assert document == [("a", "1.50"), ("a", "\ufffdx"), ("b", 10)]
     with pytest.raises(gojson.GoJsonError, match="nested too deeply"):
         gojson.parse("[" * 100_000 + "]" * 100_000)
+    for depth in (100, 500, 900, 990, 5000):  # around the interpreter's limit: a GoJsonError at worst, never a crash
+        deep = "[" * depth + '"\\ud800"' + "]" * depth  # the surrogate walk recurses as deep as the parser did
+        with contextlib.suppress(gojson.GoJsonError):
+            gojson.parse(deep)
