@@ -170,6 +170,8 @@ def render_table(result: slo_preview.Preview, *, source: str, cluster: bool) -> 
     else:
         lines.append(f"ConfigMap {source}: no key in error")
     lines += [f"  WARNING {warning}" for warning in result.warnings]
+    if source != f"{CONFIGMAP_NAMESPACE}/{CONFIGMAP_NAME}":
+        lines.append(f"  NOTE the slo service reads {CONFIGMAP_NAMESPACE}/{CONFIGMAP_NAME} unless configured otherwise")
     if cluster:
         count = sum(len(outcome.nodes) for outcome in result.outcomes)
         lines += ["", f"{count} node(s), {len(result.outcomes)} distinct outcome(s)"]

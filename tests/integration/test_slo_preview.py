@@ -306,3 +306,7 @@ def test_without_a_cluster_each_key_is_shown_per_node_selector_group(
         '  resource-threshold-config nodeStrategies[0] (batch) nodeSelector {"matchLabels": {"pool": "batch"}}' in table
     )
     assert "  WARNING host-application-config nodeConfigs[0] (edge): no nodeSelector" in table
+    assert "NOTE" not in table
+    elsewhere = _write(tmp_path / "other.yaml", data, meta={"name": "slo-controller-config", "namespace": "system"})
+    assert cli.main(["slo", "preview", "-f", str(elsewhere)]) == 0
+    assert "  NOTE the slo service reads koordinator-system/slo-controller-config" in capsys.readouterr().out
