@@ -89,15 +89,19 @@ class Run:
     def database_url(self, database: str) -> str:
         return f"sqlite:///{self.tmp_path / database}.db"
 
-    async def caught_up(self, process: KoordbusProcess) -> None:
-        """Until the process's consumers have everything acked and its decision streams stop changing."""
-        durables = self.case.durables
+    async def consumed(self, process: KoordbusProcess) -> None:
+        """Until the process's consumers have everything acked (the process may have been killed and started again
+        meanwhile: its consumers are the ones made since its latest start)."""
 
         async def idle() -> bool:
             process.assert_alive()
-            return await consumers_caught_up(self.nats_url, durables, since=process.started_at)
+            return await consumers_caught_up(self.nats_url, self.case.durables, since=process.started_at)
 
         await wait_for(idle, timeout=CATCH_UP_TIMEOUT_SECONDS, what=f"{self.context()}: consumers caught up")
+
+    async def caught_up(self, process: KoordbusProcess) -> None:
+        """Until the process's consumers have everything acked and its decision streams stop changing."""
+        await self.consumed(process)
         last = await self.decision_heads()
         steady_since = time.monotonic()
         while time.monotonic() - steady_since < SETTLED_FOR_SECONDS:
@@ -106,7 +110,7 @@ class Run:
             now = await self.decision_heads()
             if now != last:
                 last, steady_since = now, time.monotonic()
-        await wait_for(idle, timeout=CATCH_UP_TIMEOUT_SECONDS, what=f"{self.context()}: consumers caught up")
+        await self.consumed(process)
 
     async def decision_heads(self) -> tuple[int, ...]:
         return tuple([(await self.bus.stream_info(stream))[1] for stream in self.case.decision_streams])
@@ -121,10 +125,16 @@ class Run:
             await engine.dispose()
 
 
-async def _drive_load(run: Run, load: Callable[[int], Awaitable[None]], *, steps: int, interval: float) -> None:
+async def _drive_load(
+    run: Run, process: KoordbusProcess, load: Callable[[int], Awaitable[None]], *, steps: int, interval: float
+) -> None:
+    """Each step once the process has consumed the previous one and `interval` has passed: each step is decided on
+    its own, so how many decisions the load makes does not depend on this machine's speed (unpaced, a loaded machine
+    piled the steps into a few coalesced batches: 8 decisions where the case needs 10), and the kill, drawn within
+    the load's span, lands on work in flight as often as on a pause."""
     for step in range(steps):
         await load(step)
-        await asyncio.sleep(interval)
+        await asyncio.gather(run.consumed(process), asyncio.sleep(interval))
 
 
 @pytest.mark.parametrize("service", cases.SERVICES)
@@ -141,7 +151,7 @@ async def test_a_killed_service_restarts_into_the_clean_replay(
         killed = run.process("killed")
         killed.start()
         load = asyncio.create_task(
-            _drive_load(run, lambda step: case.load(bus, step), steps=case.steps, interval=case.step_seconds)
+            _drive_load(run, killed, lambda step: case.load(bus, step), steps=case.steps, interval=case.step_seconds)
         )
         await wait_for(
             lambda: consumers_exist(nats_url, case.durables, since=killed.started_at),
