@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from koordbus import calc_migration, calc_qos
+from koordbus import calc_loadaware, calc_migration, calc_qos
 from koordbus.calc_errors import InputError
 from schemas import koordinator, kube, nodemetric_json, quantity
 from schemas import quota as quota_schema
@@ -334,6 +334,24 @@ CALCULATORS: Mapping[str, Calculator] = {
         calc_qos.be_cgroup_math,
         "MilliCPUToShares / MilliCPUToQuota / cgroup v2 weight conversions (spec §5.7)",
         '{"op": "milliCPUToShares", "value": 1000}',
+    ),
+    "loadaware": Calculator(
+        calc_loadaware.NodeStateInput,
+        calc_loadaware.loadaware,
+        "the load-aware extender's filter, 0-100 score, estimates and assigned-pod cache for a pod on a node (spec §6)",
+        '{"now": "2026-01-01T12:00:00Z", "args": {},\n'
+        '     "node": {"metadata": {"name": "n1"}, "status": {"allocatable": {"cpu": "32", "memory": "128Gi"}}},\n'
+        '     "nodeMetric": {"status": {"updateTime": "2026-01-01T11:59:30Z",\n'
+        '       "nodeMetric": {"nodeUsage": {"resources": {"cpu": "12", "memory": "64Gi"}}}}},\n'
+        '     "assignedPods": [], "pod": {"spec": {"containers": [{"name": "c",\n'
+        '       "resources": {"requests": {"cpu": "4", "memory": "8Gi"}}}]}}}',
+    ),
+    "loadaware-estimate": Calculator(
+        calc_loadaware.EstimateInput,
+        calc_loadaware.loadaware_estimate,
+        "the load-aware scheduler's DefaultEstimator: a pod's estimated usage, a node's allocatable (spec §6.3)",
+        '{"args": {}, "pod": {"spec": {"containers": [{"name": "c",\n'
+        '     "resources": {"requests": {"cpu": "4", "memory": "8Gi"}}}]}}}',
     ),
     "quota-runtime": Calculator(
         QuotaRuntimeInput,
