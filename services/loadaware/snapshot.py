@@ -71,7 +71,7 @@ def unix_seconds(moment: dt.datetime) -> float:
 
 def format_time(seconds: float) -> str:
     """RFC 3339 in UTC with `Z`, the fraction (to the microsecond) only when not zero, trailing zeros trimmed."""
-    micros = round(seconds * 1_000_000)
+    micros = round(seconds * 1_000_000)  # as state.to_microsecond
     moment = _EPOCH + dt.timedelta(microseconds=micros)
     text = moment.replace(tzinfo=None, microsecond=0).isoformat()  # four-digit years, 0001 too
     if moment.microsecond:

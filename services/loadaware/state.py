@@ -26,11 +26,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Final
 
-import msgspec
-
 from schemas import koordinator, kube, resources, vocab
 from schemas.node import NodeMetricComputed
-from services.loadaware import estimator
+from services.loadaware import estimator, source
 from services.loadaware.args import LoadAwareArgs
 from services.slo import watermarks
 
@@ -99,6 +97,12 @@ def pod_usages(entries: Iterable[tuple[str, ResourceList, str]]) -> tuple[dict[s
     return usages, frozenset(prod)
 
 
+def to_microsecond(seconds: float) -> float:
+    """A time as the state keeps it: to the microsecond, as an RFC 3339 text carries it (so that a state written
+    out and read back, services.loadaware.snapshot, holds the very same floats)."""
+    return round(seconds * 1_000_000) / 1_000_000
+
+
 def metric_view(event: NodeMetricComputed) -> MetricView:
     """Our NodeMetricComputed as the extender reads it. An empty node usage is "no data" (our ResourceMap's
     convention, a deliberate difference from Koordinator, which reads it as zeros): the estimate then starts from
@@ -108,7 +112,7 @@ def metric_view(event: NodeMetricComputed) -> MetricView:
         (f"{p.namespace}/{p.name}", p.pod_usage.resources, p.priority) for p in event.status.pods_metric
     )
     return MetricView(
-        update_time=event.status.update_time,
+        update_time=to_microsecond(event.status.update_time),
         report_interval=float(event.spec.report_interval_seconds or DEFAULT_REPORT_INTERVAL),
         node_usage=dict(info.node_usage.resources) or None,
         system_usage=dict(info.system_usage.resources),
@@ -136,53 +140,7 @@ class AssignedPod:
     deadline_after: int | None = None
     """Seconds after `timestamp` the deadline is, when it derives from it (the after-PodScheduled window)."""
     source: bytes = b""
-    """The pod as the extender reads it (`reduced_pod`, JSON): what the state export shows."""
-
-
-RESERVE_POD_ANNOTATION: Final = "scheduling.koordinator.sh/reserve-pod"
-_READ_LABELS: Final = (vocab.PRIORITY_CLASS_LABEL, vocab.QOS_CLASS_LABEL)
-_READ_ANNOTATIONS: Final = (
-    estimator.ANNOTATION_SCALING_FACTORS,
-    estimator.ANNOTATION_AFTER_SCHEDULED,
-    estimator.ANNOTATION_AFTER_INITIALIZED,
-)
-_READ_CONDITIONS: Final = ("PodScheduled", "Initialized")
-
-
-def is_reserve_pod(pod: kube.Pod) -> bool:
-    """A Reservation's placeholder pod, which Koordinator's cache does not count."""
-    return pod.metadata.annotations.get(RESERVE_POD_ANNOTATION) == "true"
-
-
-def reduced_pod(pod: kube.Pod) -> kube.Pod:
-    """The pod with only what the estimate, class and dating of an assigned pod read: identity, the Koordinator
-    labels and estimation annotations, spec.nodeName/priority/resources, phase, QoS and the PodScheduled and
-    Initialized conditions. Replaying it gives the same cache entry (services.loadaware.snapshot)."""
-    meta = pod.metadata
-    return kube.Pod(
-        metadata=kube.ObjectMeta(
-            name=meta.name,
-            namespace=meta.namespace,
-            uid=meta.uid,
-            labels={k: v for k, v in meta.labels.items() if k in _READ_LABELS},
-            annotations={k: v for k, v in meta.annotations.items() if k in _READ_ANNOTATIONS},
-        ),
-        spec=kube.PodSpec(
-            node_name=pod.spec.node_name,
-            priority=pod.spec.priority,
-            containers=[kube.Container(name=c.name, resources=c.resources) for c in pod.spec.containers or ()]
-            if pod.spec.containers is not None
-            else None,
-            init_containers=pod.spec.init_containers,
-            overhead=pod.spec.overhead,
-            resources=pod.spec.resources,
-        ),
-        status=kube.PodStatus(
-            phase=pod.status.phase,
-            qos_class=pod.status.qos_class,
-            conditions=[c for c in pod.status.conditions or () if c.type in _READ_CONDITIONS] or None,
-        ),
-    )
+    """The pod as the extender reads it (services.loadaware.source): what the state export shows."""
 
 
 def _condition_time(pod: kube.Pod, kind: str) -> float | None:
@@ -197,7 +155,7 @@ def assigned_pod(pod: kube.Pod, *, seen_at: float, args: LoadAwareArgs) -> Assig
     `seen_at`) as its timestamp, and the deadline of its estimation window — after Initialized when that window is
     set and the condition is True, else after the timestamp."""
     scheduled = _condition_time(pod, "PodScheduled")
-    timestamp = seen_at if scheduled is None else scheduled
+    timestamp = to_microsecond(seen_at) if scheduled is None else scheduled
     after_scheduled, after_initialized = estimator.estimation_windows(pod, args)
     deadline: float | None = None
     deadline_after: int | None = None
@@ -214,7 +172,7 @@ def assigned_pod(pod: kube.Pod, *, seen_at: float, args: LoadAwareArgs) -> Assig
         prod=kube.pod_priority_class(pod) == vocab.PRIORITY_PROD,
         dated_by_condition=scheduled is not None,
         deadline_after=deadline_after,
-        source=msgspec.json.encode(reduced_pod(pod)),
+        source=source.encode(pod),
     )
 
 
@@ -478,7 +436,7 @@ class LoadState:
         key = uid or (kube.pod_key(pod) if pod is not None else "")
         if not key:
             return
-        if pod is None or pod.status.phase in (kube.PHASE_SUCCEEDED, kube.PHASE_FAILED) or is_reserve_pod(pod):
+        if pod is None or pod.status.phase in (kube.PHASE_SUCCEEDED, kube.PHASE_FAILED) or source.is_reserve_pod(pod):
             self.forget_pod(key)
             return
         if not node:

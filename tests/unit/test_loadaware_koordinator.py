@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from schemas.node import ResourceMap
-from services.loadaware import core, estimator, fast, state
+from services.loadaware import core, estimator, fast, source, state
 from services.loadaware.args import ArgsError, load_args, with_defaults
 from services.loadaware.args import LoadAwareArgs as Args
 from services.loadaware.state import LoadState
@@ -61,7 +61,7 @@ def test_reserve_pods_are_not_counted() -> None:
     load = LoadState(with_defaults(Args()))
     load.apply_node("n", node("n"))
     load.apply_metric(report("n", at=NOW, cpu=0, memory=0))
-    reserve = pod("r", cpu="4", node_name="n", annotations={state.RESERVE_POD_ANNOTATION: "true"})
+    reserve = pod("r", cpu="4", node_name="n", annotations={source.RESERVE_POD_ANNOTATION: "true"})
     load.apply_pod("default/r", reserve, node="n", seen_at=NOW)
     assert load.nodes["n"].pods == {}
 
