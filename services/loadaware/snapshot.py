@@ -13,14 +13,15 @@ Two koordbus extensions, which Koordinator's objects never carry: `nodeQoS` (`{"
 "avoidEvictionLoops"}`, the node QoS strategy the extender applies to the node, whose eviction caps then apply as in
 the service; without it nothing is capped), and the NodeMetric annotation `koordbus.io/node-usage-missing: "true"`
 (our report had no node usage, which the extender reads as "no data", services.loadaware.state.metric_view).
-Times are RFC 3339, kept to the microsecond. Used by koordbus.calc_loadaware, koordbus.scheduler and the loadaware
-service.
+Times are RFC 3339, read and written to the nanosecond, as exactly as float64 seconds hold them. Used by
+koordbus.calc_loadaware, koordbus.scheduler and the loadaware service.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any, Final
@@ -44,8 +45,8 @@ class SnapshotError(ValueError):
 
 class AssignedPodInput(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     pod: kube.Pod
-    assigned_at: dt.datetime | None = None
-    """When the scheduler assigned it (used when the pod has no PodScheduled condition); default `now`."""
+    assigned_at: str | None = None
+    """When the scheduler assigned it, RFC 3339 (used when the pod has no PodScheduled condition); default `now`."""
 
 
 class NodeQoSInput(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -54,7 +55,8 @@ class NodeQoSInput(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 
 
 class NodeStateInput(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    now: dt.datetime
+    now: str
+    """RFC 3339, read to the nanosecond (`parse_time`)."""
     node: kube.Node
     args: dict[str, Any] | None = None
     node_metric: dict[str, Any] | None = None
@@ -64,19 +66,40 @@ class NodeStateInput(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     node_qos: NodeQoSInput | None = msgspec.field(default=None, name="nodeQoS")
 
 
-def unix_seconds(moment: dt.datetime) -> float:
-    """A time without an offset is UTC."""
-    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)).timestamp()
+_RFC3339: Final = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)?")
+
+
+def parse_time(text: str, where: str) -> float:
+    """An RFC 3339 time (nanoseconds at most; no offset is UTC) as the float nearest to its exact value."""
+    match = _RFC3339.fullmatch(text)
+    try:
+        if match is None:
+            raise ValueError
+        whole = dt.datetime.fromisoformat(match[1] + ("+00:00" if match[3] in (None, "Z") else match[3]))
+    except ValueError:
+        raise SnapshotError(f"{where}: {text!r} is not an RFC 3339 time") from None
+    fraction = Fraction(int(match[2]), 10 ** len(match[2])) if match[2] else Fraction(0)
+    return float(int(whole.timestamp()) + fraction)
+
+
+def _written(seconds: Fraction, digits: int) -> str:
+    scaled = round(seconds * 10**digits)
+    whole, fraction = divmod(scaled, 10**digits)
+    text = (_EPOCH + dt.timedelta(seconds=whole)).replace(tzinfo=None).isoformat()  # four-digit years, 0001 too
+    if fraction:
+        text += f".{fraction:0{digits}d}".rstrip("0")
+    return text + "Z"
 
 
 def format_time(seconds: float) -> str:
-    """RFC 3339 in UTC with `Z`, the fraction (to the microsecond) only when not zero, trailing zeros trimmed."""
-    micros = round(seconds * 1_000_000)  # as state.to_microsecond
-    moment = _EPOCH + dt.timedelta(microseconds=micros)
-    text = moment.replace(tzinfo=None, microsecond=0).isoformat()  # four-digit years, 0001 too
-    if moment.microsecond:
-        text += f".{moment.microsecond:06d}".rstrip("0")
-    return text + "Z"
+    """RFC 3339 in UTC with `Z` and the fewest fractional digits (none when whole) that `parse_time` reads back as
+    the same float: the text a document gave, and an exact copy of a time the extender holds."""
+    exact = Fraction(seconds)
+    for digits in range(10):
+        text = _written(exact, digits)
+        if parse_time(text, "$") == seconds:
+            return text
+    return _written(exact, 9)
 
 
 def _seconds_text(seconds: Fraction | float) -> str:
@@ -149,7 +172,7 @@ def nodemetric_object(document: dict[str, Any], *, path: str = "$.nodeMetric") -
         raise SnapshotError(f"{path}{where[1:]}: {message}") from None
 
 
-def metric_view_of(obj: nodemetric_json.NodeMetricObject) -> state.MetricView:
+def metric_view_of(obj: nodemetric_json.NodeMetricObject, *, update_time: float | None) -> state.MetricView:
     """A NodeMetric object as Koordinator's podAssignCache reads it: a present `status.nodeMetric` gives a node
     usage (an empty one is zeros), podsMetric entries without usage are skipped, no updateTime is Go's zero time."""
     status = obj.status
@@ -175,7 +198,7 @@ def metric_view_of(obj: nodemetric_json.NodeMetricObject) -> state.MetricView:
     interval = policy.report_interval_seconds if policy is not None else None
     missing = obj.metadata.annotations.get(NODE_USAGE_MISSING_ANNOTATION) == "true"
     return state.MetricView(
-        update_time=None if status.update_time is None else unix_seconds(status.update_time),
+        update_time=update_time,
         report_interval=float(state.DEFAULT_REPORT_INTERVAL if interval is None else interval),
         node_usage=None if info is None or missing else kube.resource_amounts(info.node_usage.resources),
         system_usage=kube.resource_amounts(info.system_usage.resources) if info is not None else {},
@@ -209,20 +232,24 @@ def read(document: NodeStateInput) -> tuple[state.LoadState, str, float]:
     """(the state, the node's name, now). ArgsError when Koordinator rejects the args; SnapshotError when the
     document is malformed."""
     args = read_args(document.args)
-    now = unix_seconds(document.now)
+    now = parse_time(document.now, "$.now")
     name = document.node.metadata.name
     load = state.LoadState(args, _config(document.node_qos))
     load.apply_node(name, document.node)
     if document.node_metric is not None:
-        load.set_metric(name, metric_view_of(nodemetric_object(document.node_metric)))
-    latest: dict[str, AssignedPodInput] = {}
-    for entry in document.assigned_pods:
+        obj = nodemetric_object(document.node_metric)
+        status = document.node_metric.get("status")
+        text = status.get("updateTime") if isinstance(status, dict) else None
+        update_time = parse_time(text, "$.nodeMetric.status.updateTime") if isinstance(text, str) else None
+        load.set_metric(name, metric_view_of(obj, update_time=update_time))
+    latest: dict[str, tuple[kube.Pod, float]] = {}
+    for i, entry in enumerate(document.assigned_pods):
+        seen = now if entry.assigned_at is None else parse_time(entry.assigned_at, f"$.assignedPods[{i}].assignedAt")
         latest.pop(_pod_key(entry.pod), None)  # a later entry of the same pod replaces the earlier one
-        latest[_pod_key(entry.pod)] = entry
-    for key, entry in latest.items():
-        if name and entry.pod.spec.node_name == name:
-            seen = now if entry.assigned_at is None else unix_seconds(entry.assigned_at)
-            load.apply_pod(key, entry.pod, node=name, seen_at=seen)
+        latest[_pod_key(entry.pod)] = (entry.pod, seen)
+    for key, (pod, seen) in latest.items():
+        if name and pod.spec.node_name == name:
+            load.apply_pod(key, pod, node=name, seen_at=seen)
     return load, name, now
 
 

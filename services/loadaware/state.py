@@ -97,12 +97,6 @@ def pod_usages(entries: Iterable[tuple[str, ResourceList, str]]) -> tuple[dict[s
     return usages, frozenset(prod)
 
 
-def to_microsecond(seconds: float) -> float:
-    """A time as the state keeps it: to the microsecond, as an RFC 3339 text carries it (so that a state written
-    out and read back, services.loadaware.snapshot, holds the very same floats)."""
-    return round(seconds * 1_000_000) / 1_000_000
-
-
 def metric_view(event: NodeMetricComputed) -> MetricView:
     """Our NodeMetricComputed as the extender reads it. An empty node usage is "no data" (our ResourceMap's
     convention, a deliberate difference from Koordinator, which reads it as zeros): the estimate then starts from
@@ -112,7 +106,7 @@ def metric_view(event: NodeMetricComputed) -> MetricView:
         (f"{p.namespace}/{p.name}", p.pod_usage.resources, p.priority) for p in event.status.pods_metric
     )
     return MetricView(
-        update_time=to_microsecond(event.status.update_time),
+        update_time=event.status.update_time,
         report_interval=float(event.spec.report_interval_seconds or DEFAULT_REPORT_INTERVAL),
         node_usage=dict(info.node_usage.resources) or None,
         system_usage=dict(info.system_usage.resources),
@@ -155,7 +149,7 @@ def assigned_pod(pod: kube.Pod, *, seen_at: float, args: LoadAwareArgs) -> Assig
     `seen_at`) as its timestamp, and the deadline of its estimation window — after Initialized when that window is
     set and the condition is True, else after the timestamp."""
     scheduled = _condition_time(pod, "PodScheduled")
-    timestamp = to_microsecond(seen_at) if scheduled is None else scheduled
+    timestamp = seen_at if scheduled is None else scheduled
     after_scheduled, after_initialized = estimator.estimation_windows(pod, args)
     deadline: float | None = None
     deadline_after: int | None = None

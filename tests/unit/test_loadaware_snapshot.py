@@ -188,10 +188,17 @@ def test_rejected_args_and_malformed_documents() -> None:
         decide(bad)
 
 
-def test_times_keep_the_microsecond() -> None:
-    assert snapshot.format_time(T) == NOW
-    assert snapshot.format_time(T + 0.123456) == "2026-06-01T12:00:00.123456Z"
+def test_times_are_read_to_the_nanosecond_and_written_as_given() -> None:
+    assert snapshot.parse_time(NOW, "$") == T and snapshot.format_time(T) == NOW
+    for text in ("2026-06-01T12:00:00.5Z", "2026-06-01T12:00:00.123456Z", "2026-06-01T11:59:59.000001Z"):
+        assert snapshot.format_time(snapshot.parse_time(text, "$")) == text
+    assert snapshot.parse_time("2026-06-01T14:00:00.25+02:00", "$") == T + 0.25
     assert snapshot.format_time(-62135596800.0) == snapshot.GO_ZERO_TIME
+    # a clock's float (time.time()) is written with the digits that read back to the very same float
+    clock = 1_795_717_567.1823108
+    assert snapshot.parse_time(snapshot.format_time(clock), "$") == clock
+    with pytest.raises(snapshot.SnapshotError, match=r"\$\.now: 'noon' is not an RFC 3339 time"):
+        snapshot.parse_time("noon", "$.now")
 
 
 # --- export → read
