@@ -4,8 +4,10 @@ The extender derives an entry per assigned pod (services.loadaware.state.assigne
 its state back out as a document that replays to the same entries (services.loadaware.snapshot), each entry keeps
 `encode(pod)`: identity, the Koordinator labels and estimation annotations, spec.nodeName/priority/resources, phase,
 QoS and the PodScheduled and Initialized conditions — what the estimate, the class and the dating read — in
-Kubernetes' field names with empty fields left out (about 350 bytes for a one-container pod, half of the whole
-schemas.kube.Pod's encoding), so 100,000 assigned pods cost some 35 MB. It decodes as a schemas.kube.Pod.
+Kubernetes' field names with empty fields left out. For the one-container pod kube-scheduler sends in
+tests/integration/test_loadaware_http.py (scheduler_pod, with a nodeName and a PodScheduled condition) that is 368
+bytes against 656 for the whole schemas.kube.Pod's encoding: some 37 MB for 100,000 assigned pods. It decodes as a
+schemas.kube.Pod.
 """
 
 from __future__ import annotations

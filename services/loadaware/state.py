@@ -189,7 +189,8 @@ def node_load(
     metric: MetricView, pods: Iterable[AssignedPod], *, include_sys: bool, vector: Collection[str] | None = None
 ) -> NodeLoad:
     """addPod for each pod. A pod whose estimate is zero on every resource of `vector` (every resource when None)
-    has no estimate: only its usage counts, toward prod usage."""
+    has no estimate: only its usage counts, toward prod usage. Sums accumulate in place: this runs for every pod of
+    a node whenever the node's NodeMetric or pods change."""
     node_delta: ResourceList = {}
     node_estimated: ResourceList = {}
     prod_usage: ResourceList = dict(metric.system_usage) if include_sys else {}
@@ -204,28 +205,22 @@ def node_load(
         usage = metric.pod_usages.get(pod.key)
         active_prod = pod.prod and pod.key in metric.prod_pods
         if active_prod and usage is not None:
-            prod_usage = resources.add(prod_usage, usage)
+            _add(prod_usage, usage)
         estimated = pod.estimated
         if names is not None and not estimated.keys() <= names:
             estimated = {name: amount for name, amount in estimated.items() if name in names and amount}
         if not estimated:
             continue
         should = usage is None or pod.timestamp > since or (pod.deadline is not None and pod.deadline > update_time)
-        if should:
-            delta = _above(estimated, usage)
-            node_delta = resources.add(node_delta, delta)
-            if any(amount > 0 for amount in delta.values()):
-                node_delta_pods.append(pod.key)
-        node_estimated = resources.add(node_estimated, estimated)
+        if should and _add_above(node_delta, estimated, usage):
+            node_delta_pods.append(pod.key)
+        _add(node_estimated, estimated)
         node_estimated_pods.append(pod.key)
         if pod.prod:
             if not active_prod and usage is not None:
                 usage, should = None, True
-            if should:
-                delta = _above(estimated, usage)
-                prod_delta = resources.add(prod_delta, delta)
-                if any(amount > 0 for amount in delta.values()):
-                    prod_delta_pods.append(pod.key)
+            if should and _add_above(prod_delta, estimated, usage):
+                prod_delta_pods.append(pod.key)
     return NodeLoad(
         node_delta=node_delta,
         node_estimated=node_estimated,
@@ -237,11 +232,23 @@ def node_load(
     )
 
 
-def _above(estimated: ResourceList, usage: ResourceList | None) -> ResourceList:
-    """max(estimated − usage, 0) per resource of the estimate (all of it without usage)."""
-    if usage is None:
-        return {name: max(amount, 0) for name, amount in estimated.items()}
-    return {name: max(amount - usage.get(name, 0), 0) for name, amount in estimated.items()}
+def _add(total: ResourceList, amounts: Mapping[str, int]) -> None:
+    for name, amount in amounts.items():
+        total[name] = total.get(name, 0) + amount
+
+
+def _add_above(total: ResourceList, estimated: Mapping[str, int], usage: Mapping[str, int] | None) -> bool:
+    """total += max(estimated − usage, 0) per resource of the estimate (all of it without usage); whether some
+    resource grew (Koordinator's AddDelta)."""
+    grew = False
+    for name, amount in estimated.items():
+        delta = amount if usage is None else amount - usage.get(name, 0)
+        if delta > 0:
+            total[name] = total.get(name, 0) + delta
+            grew = True
+        else:
+            total.setdefault(name, 0)
+    return grew
 
 
 @dataclass(frozen=True, slots=True)
