@@ -383,6 +383,17 @@ def _path_message(err: msgspec.ValidationError) -> str:
     return f"{where}: {message}"
 
 
+class _YamlLoader(yaml.SafeLoader):
+    """YAML without its implicit timestamps: an unquoted `2026-01-01T12:00:00Z` stays the text JSON would carry
+    (each kind reads its times itself, some to the nanosecond), instead of a datetime cut to the microsecond."""
+
+
+_YamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
 def decode_input(text: str, input_type: type[Any]) -> Any:
     """A JSON or YAML document as `input_type`; raises InputError naming the bad field."""
     try:
@@ -392,7 +403,7 @@ def decode_input(text: str, input_type: type[Any]) -> Any:
     except msgspec.DecodeError:
         pass  # not JSON: try YAML, which also covers JSON with comments or trailing text
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=_YamlLoader)  # a SafeLoader, less the timestamps
     except yaml.YAMLError as err:
         reason = " ".join(str(err).split())
         raise InputError(f"$: input is neither JSON nor YAML ({reason})") from None

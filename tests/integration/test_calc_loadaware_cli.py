@@ -5,9 +5,11 @@ of both kinds run in tests/integration/test_calc_cli.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.integration.test_calc_cli import _calc, _json_calc
 
@@ -58,6 +60,24 @@ def test_the_worked_example_of_the_spec() -> None:
 def test_a_node_over_its_threshold_is_unschedulable_with_koordinators_reason() -> None:
     out = _json_calc("loadaware", _worked_example(args={"usageThresholds": {"cpu": 40}}))
     assert out["filter"] == {"status": "Unschedulable", "reason": "node(s) cpu usage exceed threshold"}
+
+
+def test_yaml_input_keeps_its_times_to_the_nanosecond(tmp_path: Path) -> None:
+    document = _worked_example(
+        assignedPods=[
+            {
+                "pod": {**_worked_example()["pod"], "spec": {**_worked_example()["pod"]["spec"], "nodeName": "n1"}},
+                "assignedAt": "2026-01-01T11:59:59.123456789Z",
+            }
+        ]
+    )
+    text = yaml.safe_dump(document).replace("'2026-01-01T11:59:59.123456789Z'", "2026-01-01T11:59:59.123456789Z")
+    assert "assignedAt: 2026-01-01T11:59:59.123456789Z" in text  # unquoted: YAML would read a timestamp
+    (tmp_path / "state.yaml").write_text(text)
+    result = _calc("loadaware", "", "--input", str(tmp_path / "state.yaml"))
+    assert result.returncode == 0, result.stderr
+    (pod,) = json.loads(result.stdout)["cache"]["pods"]
+    assert pod["timestamp"].startswith("2026-01-01T11:59:59.1234567")  # past the microsecond (float64 holds ~0.2 µs)
 
 
 def test_the_help_example_runs() -> None:
