@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from koordbus import calc_loadaware, calc_migration, calc_qos
+from koordbus import calc_loadaware, calc_migration, calc_qos, calc_slo
 from koordbus.calc_errors import InputError
 from schemas import koordinator, kube, nodemetric_json, quantity
 from schemas import quota as quota_schema
@@ -352,6 +352,14 @@ CALCULATORS: Mapping[str, Calculator] = {
         "the load-aware scheduler's DefaultEstimator: a pod's estimated usage, a node's allocatable (spec §6.3)",
         '{"args": {}, "pod": {"spec": {"containers": [{"name": "c",\n'
         '     "resources": {"requests": {"cpu": "4", "memory": "8Gi"}}}]}}}',
+    ),
+    "nodeslo": Calculator(
+        calc_slo.NodeSloInput,
+        calc_slo.nodeslo,
+        "a node's NodeSLO spec from the slo-controller-config data, as koord-manager renders it (spec §7.1)",
+        '{"configMap": {"resource-threshold-config":\n'
+        '       "{\\"clusterStrategy\\": {\\"enable\\": true, \\"cpuSuppressThresholdPercent\\": 60}}"},\n'
+        '     "previousConfigMap": null, "node": {"metadata": {"labels": {"pool": "batch"}}}}',
     ),
     "quota-runtime": Calculator(
         QuotaRuntimeInput,

@@ -1,5 +1,5 @@
 """The `koordbus` command line (composition root): `up`, `agent`, `service`, `api`, `quota`, `migration`, `events`,
-`calc`, `crds`, `scheduler`.
+`calc`, `crds`, `scheduler`, `slo`.
 
 Each subcommand builds its settings at the edge, wires the bus, stores and services, and
 runs until interrupted. Nothing below `koordbus` knows which subcommand started it.
@@ -24,7 +24,7 @@ def build_parser(*, command: str | None = None) -> argparse.ArgumentParser:
 
     commands.add_parsers(sub)
     if command != "agent":
-        from koordbus import calc, crds, events, migration, quota, scheduler
+        from koordbus import calc, crds, events, migration, quota, scheduler, slo
 
         quota.add_parser(sub)
         migration.add_parser(sub)
@@ -32,6 +32,7 @@ def build_parser(*, command: str | None = None) -> argparse.ArgumentParser:
         calc.add_parser(sub)
         crds.add_parser(sub)
         scheduler.add_parser(sub)
+        slo.add_parser(sub)
     return parser
 
 

@@ -487,9 +487,13 @@ async def run_up(args: argparse.Namespace) -> int:
             if api_settings.auth_enabled
             else "NONE: authentication disabled"
         )
+        generated = not api_settings.api_tokens_file and api_settings.auth_enabled
+        # the token rides in the URL fragment, which a browser never sends to the server (nor to its logs)
+        sign_in = f"{base}/#token={(data_dir / API_TOKEN_FILE).read_text().strip()}" if generated else f"{base}/"
         print(
             f"koordbus is up.\n"
-            f"  dashboard   {base}/   (events: {base}/api/v1/events/stream)\n"
+            f"  dashboard   {sign_in}\n"
+            f"              (events: {base}/api/v1/events/stream)\n"
             f"  API         {base}/api/v1/nodemetrics   (docs: {base}/docs, metrics: {base}/metrics)\n"
             f"  NATS        {nats_url}   (credentials: {creds or 'none'})\n"
             f"  database    {database_url}\n"

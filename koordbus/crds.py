@@ -26,6 +26,7 @@ import msgspec
 import yaml
 
 from schemas import migration, nodemetric_json, quantity, quota
+from services.slo import gojson
 from services.slo import render as slo_render
 
 Json = dict[str, Any]
@@ -193,9 +194,11 @@ def structural(
 
 
 def _field_schema(kind: slo_render.FieldKind) -> Json:
+    if isinstance(kind, gojson.ValueStruct):
+        kind = kind.fields
     if isinstance(kind, Mapping):
         return {"type": "object", "properties": {name: _field_schema(sub) for name, sub in sorted(kind.items())}}
-    if isinstance(kind, slo_render.ListOf):
+    if isinstance(kind, gojson.ListOf):
         return {"type": "array", "items": _field_schema(kind.item)}
     if isinstance(kind, tuple):
         low, high = kind
@@ -210,23 +213,28 @@ def _field_schema(kind: slo_render.FieldKind) -> Json:
     match kind:
         case "bool":
             return {"type": "boolean"}
-        case "string":
+        case "string" | "string-pointer":
             return {"type": "string"}
         case "quantity":
             return structural(msgspec.json.schema(quantity.RawQuantity), {}, open_defs={})
+        case "int-or-string":
+            return {"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True}
         case "bool-map":
             return {"type": "object", "additionalProperties": {"type": "boolean"}}
-        case "object":
-            return {"type": "object", _PRESERVE: True}  # kept as given by the renderer: open by declaration
+        case "string-map":
+            return {"type": "object", "additionalProperties": {"type": "string"}}
+        case "empty-object":
+            return {"type": "object"}  # a Go struct without fields: whatever is in it is pruned
     raise SchemaError(f"unknown NodeSLO field kind {kind!r}")
 
 
 def nodeslo_schema() -> Json:
     fields: dict[str, slo_render.FieldKind] = {key.spec_field: key.fields for key in slo_render.STRATEGY_KEYS}
-    fields[slo_render.HOST_APPLICATIONS_SPEC_FIELD] = slo_render.ListOf(slo_render.HOST_APPLICATION_FIELDS)
+    fields[slo_render.HOST_APPLICATIONS_SPEC_FIELD] = gojson.ListOf(slo_render.HOST_APPLICATION_FIELDS, pointers=False)
     spec = _field_schema(fields)
-    # Koordinator's NodeSLO spec also has `extensions` (plugin settings, open in its schema too), which koordbus
-    # neither renders nor reads: kept, not pruned.
+    # Koordinator's NodeSLO spec also has `extensions` (plugin settings, open in its schema too): koordbus renders
+    # it empty, as Koordinator does without extenders, and keeps whatever others put there.
+    spec["properties"][slo_render.EXTENSIONS_SPEC_FIELD] = {"type": "object", _PRESERVE: True}
     spec[_PRESERVE] = True
     return {
         "type": "object",

@@ -58,6 +58,7 @@ class LatestWriter(Generic[Intent]):
         self._jitter = jitter
         self._on_action = on_action
         self._clock = clock
+        self._summary = instruments.WriteSummary(f"{what} writer", log, clock=clock)
         self._pending: dict[str, Intent] = {}
         self._not_before: dict[str, float] = {}
         self._failures: dict[str, int] = {}
@@ -125,12 +126,14 @@ class LatestWriter(Generic[Intent]):
         self._failures.pop(key, None)
         self._last_write[key] = self._clock()
         self._on_action(action)
+        self._summary.count(self._what, action)
         if action != "unchanged":
-            log.info("%s: %s %s", self._what, key, action)
+            log.debug("%s: %s %s", self._what, key, action)
 
     def _failed(self, key: str, intent: Intent, reason: str, *, retry: bool) -> None:
         self.health.failed(reason)
         self._on_action("failed")
+        self._summary.count(self._what, "failed")
         if not retry:  # a newer intent, if one came meanwhile, is written as usual
             log.warning("%s: %s: %s (not retried)", self._what, key, reason)
             return

@@ -144,9 +144,9 @@ class ClusterWriter:
         self._specs: dict[str, NodeResourceComputed] = {}
         """Per node, its latest decision carrying a NodeMetric spec (kept while the node is gone, for its return)."""
         self._confirmed_specs: dict[str, MetricCollectPolicy] = {}
+        """Per node, the spec last written or found on its NodeMetric (a decision with the same one writes nothing)."""
         self._zones_written: dict[str, set[str]] = {}
         """Per node, the NUMA zone names last queued for its NodeResourceTopology."""
-        """Per node, the spec last written or found on its NodeMetric (a decision with the same one writes nothing)."""
         self._gone: set[str] = set()
         """Nodes whose last state seen is a tombstone: their NodeMetric is deleted and not written again."""
         self._in_flight = 0
@@ -156,6 +156,7 @@ class ClusterWriter:
         self._task: asyncio.Task[None] | None = None
         self._consumers: dict[str, Consumer] = {}
         self._writes = instruments.kube_writes(registry)
+        self._summary = instruments.WriteSummary("k8s writer", log, clock=clock)
         Gauge(
             "koordbus_k8s_pending_writes",
             "Objects with a write waiting (coalesced, rate-limited or backing off)",
@@ -353,8 +354,9 @@ class ClusterWriter:
             self._in_flight -= 1
         self._health.succeeded()
         self._writes.labels(_object_label(kind), result.action).inc()
+        self._summary.count(_object_label(kind), result.action)
         if result.action != "unchanged":
-            log.info("k8s writer: %s %s: %s", result.action, result.object, "; ".join(result.changes))
+            log.debug("k8s writer: %s %s: %s", result.action, result.object, "; ".join(result.changes))
         if result.action == "created" and kind in (OBJECT_NODEMETRIC, KEY_NODEMETRIC_SPEC) and node in self._gone:
             self._queue((KEY_NODEMETRIC_DELETE, node), NodeLifecycle(name=node, observed_at=0.0, deleted=True), 0.0)
             return  # created while the node's tombstone arrived: delete it again
@@ -396,6 +398,7 @@ class ClusterWriter:
         kind, node = key
         self._health.failed(reason)
         self._writes.labels(_object_label(kind), "failed" if retry else "rejected").inc()
+        self._summary.count(_object_label(kind), "failed" if retry else "rejected")
         failures = waiting.failures + 1
         delay = core.backoff_delay(
             failures,

@@ -1,55 +1,49 @@
-"""NodeSLO rendering (spec §7.1): the `slo-controller-config` keys in, each node's NodeSLO spec out.
+"""NodeSLO rendering (spec §7.1): the `slo-controller-config` keys in, each node's NodeSLO spec out, as Koordinator's
+manager (pkg/slo-controller/nodeslo) renders it.
 
-Pure. For the threshold, QoS, burst and system keys: a missing key gives the manager's default; the key's JSON is
-`{clusterStrategy, nodeStrategies: [{name, nodeSelector, <fields>}]}`; the cluster strategy is the default overlaid
-with `clusterStrategy`, each node strategy the cluster strategy overlaid with the entry's fields, and a node takes
-the first entry whose selector matches its labels. `host-application-config` is `{applications, nodeConfigs}`
-with no merging: a matching node entry replaces the list. The node annotation `node.koordinator.sh/network-bandwidth`
-overrides `systemStrategy.totalNetworkBandwidth`.
+Pure. For the threshold, QoS, burst and system keys: a missing key (or no ConfigMap) gives the manager's default;
+the key's JSON is `{clusterStrategy, nodeStrategies: [{name, nodeSelector, <fields>}]}`; the cluster strategy is
+the default MergeCfg'd with `clusterStrategy`, each node strategy the cluster strategy MergeCfg'd with the entry's
+fields (an entry with none is a copy), and a node takes the first entry whose selector matches its labels (an
+entry without a selector matches no node, `{}` every node, an invalid one is skipped). `host-application-config` is
+`{applications, nodeConfigs}` with no merging: a matching node entry replaces the list. The node annotation
+`node.koordinator.sh/network-bandwidth` overrides `systemStrategy.totalNetworkBandwidth`; when it is not a quantity
+the spec has no `systemStrategy`. `extensions` is always `{}` (no NodeSLO extender is registered).
 
-A key that does not parse, has a wrong type or an out-of-range value keeps its last good value (the default when
-there is none) and its error is reported in `SloConfig.errors`: Koordinator keeps the previous value on a parse
-error and leaves ranges to its webhook; we also refuse out-of-range values here, so no NodeSLO we write can fail the
-CRD's bounds. Decoding follows Go's encoding/json as Koordinator uses it: unknown fields are dropped, field names
-match case-insensitively, `null` means absent. Overlay follows Koordinator's MergeCfg: objects merge by key, other
-values replace, an empty list is dropped (so the base keeps its list).
+Decoding, re-encoding and MergeCfg are Go's encoding/json (services.slo.gojson): unknown fields dropped, names
+matched case-insensitively, `null` and Go's zero values absent, a non-pointer Quantity always present (so a system
+overlay without `totalNetworkBandwidth` sets it to 0, as in Koordinator), quantities output as their integer
+Value(). A key that fails to decode (not JSON, "", a wrong type) keeps its last good value (`previous`; the
+default when there is none) and its problems are reported in `SloConfig.errors`, as Koordinator keeps its previous
+value on an unmarshal error. One deliberate difference: Koordinator leaves ranges to its webhook, we also refuse
+an out-of-range value (or a null list item) here, the same way, so no NodeSLO we write can fail the CRD's bounds.
 """
 
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Mapping
 from typing import Any, Final
 
 import msgspec
 
-from schemas.jsonmerge import overlay
-from schemas.selectors import LabelSelector, selector_matches, selector_problems
+from schemas import quantity
+from schemas.selectors import LabelSelector, selector_matches
+from services.slo import gojson
+from services.slo.gojson import INLINE, UNSET, Inline, ListOf, ValueStruct
 
 ANNOTATION_NETWORK_BANDWIDTH: Final = "node.koordinator.sh/network-bandwidth"
 HOST_APPLICATION_KEY: Final = "host-application-config"
 HOST_APPLICATIONS_SPEC_FIELD: Final = "hostApplications"
+EXTENSIONS_SPEC_FIELD: Final = "extensions"
 
 _INT64: Final = (-(2**63), 2**63 - 1)
 _INT32: Final = (-(2**31), 2**31 - 1)
 _PERCENT: Final = (0, 100)
-_QUANTITY: Final = re.compile(
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
-)
 
-FieldKind = Any
-"""What a field may hold: an integer range `(low, high)` (inclusive); "bool", "string", "quantity" (an integer or a
-Kubernetes quantity string), "bool-map" or "object" (any JSON object, kept as given); a mapping of field names to
-kinds (a nested object whose other fields are dropped); or ListOf such a mapping. Ranges are the NodeSLO CRD's
-bounds, plus the spec's where the CRD has none (groupIdentity, schedIdle, watermarkScaleFactor)."""
-
-
-class ListOf(msgspec.Struct, frozen=True):
-    """A list of objects with these fields."""
-
-    item: Mapping[str, FieldKind]
-
+FieldKind = gojson.Kind
+"""A field's Go type (services.slo.gojson.Kind). Integer ranges are the NodeSLO CRD's bounds, plus the spec's where
+the CRD has none (groupIdentity, schedIdle, watermarkScaleFactor); tables list fields in Go's declaration order."""
 
 _CPU_QOS: Final[Mapping[str, FieldKind]] = {
     "enable": "bool",
@@ -99,20 +93,20 @@ _IO_CFG: Final[Mapping[str, FieldKind]] = {
 }
 _BLKIO_QOS: Final[Mapping[str, FieldKind]] = {
     "enable": "bool",
-    "blocks": ListOf({"name": "string", "type": "string", "ioCfg": _IO_CFG}),
+    "blocks": ListOf({"name": "string", "type": "string", "ioCfg": ValueStruct(_IO_CFG)}),
 }
 _NETWORK_QOS: Final[Mapping[str, FieldKind]] = {
     "enable": "bool",
-    "ingressRequest": "quantity",
-    "ingressLimit": "quantity",
-    "egressRequest": "quantity",
-    "egressLimit": "quantity",
+    "ingressRequest": "int-or-string",
+    "ingressLimit": "int-or-string",
+    "egressRequest": "int-or-string",
+    "egressLimit": "int-or-string",
 }
 _RESOURCE_QOS: Final[Mapping[str, FieldKind]] = {
     "cpuQOS": _CPU_QOS,
     "memoryQOS": _MEMORY_QOS,
-    "resctrlQOS": _RESCTRL_QOS,
     "blkioQOS": _BLKIO_QOS,
+    "resctrlQOS": _RESCTRL_QOS,
     "networkQOS": _NETWORK_QOS,
 }
 
@@ -144,19 +138,19 @@ STRATEGY_KEYS: Final = (
             "cpuSuppressPolicy": "string",
             "memoryEvictThresholdPercent": _PERCENT,
             "memoryEvictLowerPercent": _PERCENT,
-            "cpuEvictThresholdPercent": _PERCENT,
-            "cpuEvictLowerPercent": _PERCENT,
-            "cpuEvictPolicy": "string",
-            "cpuEvictBESatisfactionLowerPercent": _INT64,
-            "cpuEvictBESatisfactionUpperPercent": _INT64,
-            "cpuEvictBEUsageThresholdPercent": _INT64,
-            "cpuEvictTimeWindowSeconds": _INT64,
-            "cpuAllocatableEvictThresholdPercent": (0, _INT64[1]),
-            "cpuAllocatableEvictLowerPercent": (0, _INT64[1]),
             "memoryAllocatableEvictThresholdPercent": (0, _INT64[1]),
             "memoryAllocatableEvictLowerPercent": (0, _INT64[1]),
-            "allocatableEvictPriorityThreshold": _INT32,
+            "cpuEvictBESatisfactionUpperPercent": _INT64,
+            "cpuEvictBESatisfactionLowerPercent": _INT64,
+            "cpuEvictBEUsageThresholdPercent": _INT64,
+            "cpuEvictTimeWindowSeconds": _INT64,
+            "cpuEvictThresholdPercent": _PERCENT,
+            "cpuEvictLowerPercent": _PERCENT,
+            "cpuAllocatableEvictThresholdPercent": (0, _INT64[1]),
+            "cpuAllocatableEvictLowerPercent": (0, _INT64[1]),
+            "cpuEvictPolicy": "string",
             "evictEnabledPriorityThreshold": _INT32,
+            "allocatableEvictPriorityThreshold": _INT32,
         },
     ),
     SloKey(
@@ -164,12 +158,12 @@ STRATEGY_KEYS: Final = (
         spec_field="resourceQOSStrategy",
         default={},
         fields={
-            "policies": {"cpuPolicy": "string", "netQOSPolicy": "string"},
+            "policies": {"cpuPolicy": "string-pointer", "netQOSPolicy": "string-pointer"},
             "lsrClass": _RESOURCE_QOS,
             "lsClass": _RESOURCE_QOS,
             "beClass": _RESOURCE_QOS,
             "systemClass": _RESOURCE_QOS,
-            "cgroupRoot": {"blkioQOS": _BLKIO_QOS},
+            "cgroupRoot": _RESOURCE_QOS,
         },
     ),
     SloKey(
@@ -210,24 +204,53 @@ HOST_APPLICATION_FIELDS: Final[Mapping[str, FieldKind]] = {
     "name": "string",
     "priority": "string",
     "qos": "string",
-    "strategy": "object",
     "cgroupPath": {"base": "string", "parentDir": "string", "relativePath": "string"},
+    "strategy": "empty-object",
 }
 """The fields of one `hostApplications` entry (also the NodeSLO CRD's, generated by koordbus.crds)."""
 
+_SELECTOR: Final[Mapping[str, FieldKind]] = {
+    "matchLabels": "string-map",
+    "matchExpressions": ListOf(
+        {"key": "string", "operator": "string", "values": ListOf("string", pointers=False)}, pointers=False
+    ),
+}
+_NODE_PROFILE: Final[Mapping[str, FieldKind]] = {"name": "string", "nodeSelector": _SELECTOR}
+"""Koordinator's NodeCfgProfile, inlined in every nodeStrategies / nodeConfigs entry."""
+_HOST_APPLICATION_DOCUMENT: Final = ValueStruct(
+    {
+        "applications": ListOf(HOST_APPLICATION_FIELDS, pointers=False),
+        "nodeConfigs": ListOf(
+            {**_NODE_PROFILE, "applications": ListOf(HOST_APPLICATION_FIELDS, pointers=False)}, pointers=False
+        ),
+    }
+)
+
+
+def _strategy_document(key: SloKey) -> ValueStruct:
+    """The Go type a strategy key decodes into: `{clusterStrategy *T, nodeStrategies []{NodeCfgProfile, *T}}`."""
+    return ValueStruct(
+        {"clusterStrategy": key.fields, "nodeStrategies": ListOf(Inline(_NODE_PROFILE, key.fields), pointers=False)}
+    )
+
 
 class SloConfigError(ValueError):
-    """A ConfigMap key that cannot be used; the message names the JSON path."""
+    """A ConfigMap key that cannot be used: each problem names its JSON path within the key's JSON."""
+
+    def __init__(self, problems: list[gojson.Problem]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("; ".join(str(problem) for problem in self.problems))
 
 
 class NodeStrategy(msgspec.Struct, frozen=True, kw_only=True):
     name: str = ""
-    node_selector: LabelSelector
+    node_selector: LabelSelector | None
+    """None: the entry has no selector and matches no node."""
     strategy: Mapping[str, Any]
 
 
 class StrategyConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """One key parsed: the cluster strategy and the node strategies, each already merged."""
+    """One key parsed: the cluster strategy and the node strategies, each already merged (as Go encodes them)."""
 
     cluster: Mapping[str, Any]
     nodes: tuple[NodeStrategy, ...] = ()
@@ -235,7 +258,7 @@ class StrategyConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 class HostApplicationNodeConfig(msgspec.Struct, frozen=True, kw_only=True):
     name: str = ""
-    node_selector: LabelSelector
+    node_selector: LabelSelector | None
     applications: tuple[Mapping[str, Any], ...]
 
 
@@ -250,189 +273,117 @@ class SloConfig(msgspec.Struct, frozen=True, kw_only=True):
     strategies: Mapping[str, StrategyConfig]
     host_applications: HostApplicationConfig = msgspec.field(default_factory=HostApplicationConfig)
     errors: Mapping[str, str] = msgspec.field(default_factory=dict)
+    problems: Mapping[str, tuple[gojson.Problem, ...]] = msgspec.field(default_factory=dict)
+    """Key → each problem found in it (JSON path and reason); `errors` joins them."""
 
 
 def default_config() -> SloConfig:
     return SloConfig(strategies={key.config_key: StrategyConfig(cluster=dict(key.default)) for key in STRATEGY_KEYS})
 
 
-def parse_slo_config(data: Mapping[str, str], previous: SloConfig | None = None) -> SloConfig:
-    """The ConfigMap's data; a key in error keeps its value from `previous` (the default when None)."""
+def parse_slo_config(data: Mapping[str, str] | None, previous: SloConfig | None = None) -> SloConfig:
+    """The ConfigMap's data (None: no ConfigMap); a key in error keeps its value from `previous` (the default when
+    None), as Koordinator keeps the config it had processed before."""
     base = previous or default_config()
+    data = data or {}
     strategies: dict[str, StrategyConfig] = {}
-    errors: dict[str, str] = {}
+    problems: dict[str, tuple[gojson.Problem, ...]] = {}
     for key in STRATEGY_KEYS:
-        text = data.get(key.config_key)
         try:
-            strategies[key.config_key] = parse_strategy(key, text)
+            strategies[key.config_key] = parse_strategy(key, data.get(key.config_key))
         except SloConfigError as err:
-            errors[key.config_key] = str(err)
+            problems[key.config_key] = err.problems
             strategies[key.config_key] = base.strategies[key.config_key]
     try:
         host_applications = parse_host_applications(data.get(HOST_APPLICATION_KEY))
     except SloConfigError as err:
-        errors[HOST_APPLICATION_KEY] = str(err)
+        problems[HOST_APPLICATION_KEY] = err.problems
         host_applications = base.host_applications
-    return SloConfig(strategies=strategies, host_applications=host_applications, errors=errors)
+    errors = {key: "; ".join(str(p) for p in found) for key, found in problems.items()}
+    return SloConfig(strategies=strategies, host_applications=host_applications, errors=errors, problems=problems)
+
+
+def _decode(text: str, kind: FieldKind) -> dict[str, Any]:
+    """The key's text decoded into its Go type; SloConfigError with every problem found."""
+    try:
+        document = gojson.parse(text)
+    except gojson.GoJsonError as err:
+        raise SloConfigError([gojson.Problem("$", str(err))]) from None
+    problems: list[gojson.Problem] = []
+    decoded = gojson.decode_onto(UNSET, document, kind, "$", problems)
+    if problems:
+        raise SloConfigError(problems)
+    return {} if decoded is UNSET else dict(decoded)
 
 
 def parse_strategy(key: SloKey, text: str | None) -> StrategyConfig:
-    """One strategy key's JSON text; None or "" gives the default."""
-    document = _document(text)
-    cluster = overlay(key.default, _fields(document.get("clusterStrategy"), key.fields, "$.clusterStrategy"))
+    """One strategy key's JSON text; None (the key is absent) gives the default, "" does not parse."""
+    if text is None:
+        return StrategyConfig(cluster=dict(key.default))
+    document = _decode(text, _strategy_document(key))
+    given = document.get("clusterStrategy", UNSET)
+    cluster = dict(key.default) if given is UNSET else gojson.merge(key.default, given, key.fields)
     nodes = []
-    for index, entry in enumerate(_entries(document, "nodeStrategies")):
-        path = f"$.nodeStrategies[{index}]"
-        selector = _selector(entry, path)
-        patch = _fields(entry, key.fields, path)
-        nodes.append(NodeStrategy(name=_name(entry, path), node_selector=selector, strategy=overlay(cluster, patch)))
+    for entry in document.get("nodeStrategies", ()):
+        fields = entry.get(INLINE, UNSET)
+        strategy = copy.deepcopy(cluster) if fields is UNSET else gojson.merge(cluster, fields, key.fields)
+        nodes.append(NodeStrategy(name=entry.get("name", ""), node_selector=_selector(entry), strategy=strategy))
     return StrategyConfig(cluster=cluster, nodes=tuple(nodes))
 
 
 def parse_host_applications(text: str | None) -> HostApplicationConfig:
-    document = _document(text)
-    applications = _applications(document.get("applications"), "$.applications")
-    nodes = []
-    for index, entry in enumerate(_entries(document, "nodeConfigs")):
-        path = f"$.nodeConfigs[{index}]"
-        listed = _folded(entry, ("applications",)).get("applications")
-        nodes.append(
-            HostApplicationNodeConfig(
-                name=_name(entry, path),
-                node_selector=_selector(entry, path),
-                applications=_applications(listed, f"{path}.applications"),
-            )
+    """The `host-application-config` key's JSON text; None (the key is absent) gives no applications."""
+    if text is None:
+        return HostApplicationConfig()
+    document = _decode(text, _HOST_APPLICATION_DOCUMENT)
+    nodes = tuple(
+        HostApplicationNodeConfig(
+            name=entry.get("name", ""), node_selector=_selector(entry), applications=_apps(entry.get("applications"))
         )
-    return HostApplicationConfig(applications=applications, nodes=tuple(nodes))
+        for entry in document.get("nodeConfigs", ())
+    )
+    return HostApplicationConfig(applications=_apps(document.get("applications")), nodes=nodes)
+
+
+def _apps(listed: Any) -> tuple[Mapping[str, Any], ...]:
+    return tuple(gojson.encode(app, HOST_APPLICATION_FIELDS) for app in listed or ())
+
+
+def _selector(entry: Mapping[str, Any]) -> LabelSelector | None:
+    raw = entry.get("nodeSelector", UNSET)
+    return None if raw is UNSET else msgspec.convert(raw, LabelSelector)
 
 
 def render_node_slo(config: SloConfig, labels: Mapping[str, str], annotations: Mapping[str, str]) -> dict[str, Any]:
     """The NodeSLO spec for a node with these labels and annotations (a fresh copy the caller may change)."""
     spec: dict[str, Any] = {}
     for key in STRATEGY_KEYS:
-        parsed = config.strategies[key.config_key]
-        chosen = next(
-            (node.strategy for node in parsed.nodes if selector_matches(node.node_selector, labels)), parsed.cluster
-        )
-        spec[key.spec_field] = copy.deepcopy(dict(chosen))
+        spec[key.spec_field] = copy.deepcopy(dict(select_strategy(config.strategies[key.config_key], labels)))
     bandwidth = annotations.get(ANNOTATION_NETWORK_BANDWIDTH)
-    if bandwidth is not None and _QUANTITY.match(bandwidth):
-        spec["systemStrategy"]["totalNetworkBandwidth"] = bandwidth
-    hosts = config.host_applications
-    applications = next(
-        (node.applications for node in hosts.nodes if selector_matches(node.node_selector, labels)), hosts.applications
-    )
+    if bandwidth is not None:
+        try:
+            spec["systemStrategy"]["totalNetworkBandwidth"] = quantity.int_value(quantity.parse_quantity(bandwidth))
+        except quantity.QuantityError:
+            del spec["systemStrategy"]  # Koordinator: getSystemConfigSpec fails, the spec goes without it
+    spec[EXTENSIONS_SPEC_FIELD] = {}
+    applications = select_host_applications(config.host_applications, labels)
     if applications:
         spec[HOST_APPLICATIONS_SPEC_FIELD] = copy.deepcopy([dict(app) for app in applications])
     return spec
 
 
-# --- decoding
+def select_strategy(parsed: StrategyConfig, labels: Mapping[str, str]) -> Mapping[str, Any]:
+    """The first node strategy whose selector matches the labels, else the cluster strategy (shared: do not change)."""
+    index = first_match([node.node_selector for node in parsed.nodes], labels)
+    return parsed.cluster if index is None else parsed.nodes[index].strategy
 
 
-def _document(text: str | None) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        decoded = msgspec.json.decode(text)
-    except msgspec.DecodeError as err:
-        raise SloConfigError(f"$: not JSON: {err}") from None
-    if decoded is None:
-        return {}
-    if not isinstance(decoded, dict):
-        raise SloConfigError(f"$: expected a JSON object, got {type(decoded).__name__}")
-    return _folded(decoded, ("clusterStrategy", "nodeStrategies", "applications", "nodeConfigs"))
+def select_host_applications(config: HostApplicationConfig, labels: Mapping[str, str]) -> tuple[Mapping[str, Any], ...]:
+    """The first matching nodeConfigs entry's applications, else the top-level list (shared: do not change)."""
+    index = first_match([node.node_selector for node in config.nodes], labels)
+    return config.applications if index is None else config.nodes[index].applications
 
 
-def _folded(obj: Mapping[str, Any], names: Any) -> dict[str, Any]:
-    """Keep the known keys, matched case-insensitively as Go does (exact name first, else the last other-case one)."""
-    by_lower = {name.lower(): name for name in names}
-    folded: dict[str, Any] = {}
-    exact: set[str] = set()
-    for key, value in obj.items():
-        name = by_lower.get(key.lower())
-        if name is None or (name in exact and key != name):
-            continue
-        if key == name:
-            exact.add(name)
-        folded[name] = value
-    return folded
-
-
-def _entries(document: Mapping[str, Any], name: str) -> list[dict[str, Any]]:
-    value = document.get(name)
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(isinstance(entry, dict) for entry in value):
-        raise SloConfigError(f"$.{name}: expected a list of objects")
-    return value
-
-
-def _name(entry: Mapping[str, Any], path: str) -> str:
-    name = _folded(entry, ("name",)).get("name")
-    if name is None:
-        return ""
-    if not isinstance(name, str):
-        raise SloConfigError(f"{path}.name: expected a string")
-    return name
-
-
-def _selector(entry: Mapping[str, Any], path: str) -> LabelSelector:
-    raw = _folded(entry, ("nodeSelector",)).get("nodeSelector")
-    if not raw:
-        raise SloConfigError(f"{path}.nodeSelector: required and must not be empty")
-    try:
-        selector = msgspec.convert(raw, LabelSelector)
-    except msgspec.ValidationError as err:
-        raise SloConfigError(f"{path}.nodeSelector: {err}") from None
-    problems = selector_problems(selector)
-    if problems:
-        raise SloConfigError(f"{path}.nodeSelector: {'; '.join(problems)}")
-    return selector
-
-
-def _applications(value: Any, path: str) -> tuple[Mapping[str, Any], ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise SloConfigError(f"{path}: expected a list")
-    return tuple(_fields(app, HOST_APPLICATION_FIELDS, f"{path}[{index}]") for index, app in enumerate(value))
-
-
-def _fields(value: Any, fields: Mapping[str, FieldKind], path: str) -> dict[str, Any]:
-    """A strategy object: known fields only (case-insensitively), each checked against its kind; nulls dropped."""
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise SloConfigError(f"{path}: expected a JSON object")
-    checked: dict[str, Any] = {}
-    for name, field_value in _folded(value, fields).items():
-        if field_value is not None:
-            checked[name] = _checked(field_value, fields[name], f"{path}.{name}")
-    return checked
-
-
-def _checked(value: Any, kind: FieldKind, path: str) -> Any:
-    if isinstance(kind, Mapping):
-        return _fields(value, kind, path)
-    if isinstance(kind, ListOf):
-        if not isinstance(value, list):
-            raise SloConfigError(f"{path}: expected a list, got {value!r}")
-        return [_fields(item, kind.item, f"{path}[{index}]") for index, item in enumerate(value)]
-    if isinstance(kind, tuple):
-        if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
-            raise SloConfigError(f"{path}: expected an integer, got {value!r}")
-        if not kind[0] <= value <= kind[1]:
-            raise SloConfigError(f"{path}: {value} is out of range [{kind[0]}, {kind[1]}]")
-        return int(value)
-    expected: dict[str, bool] = {
-        "bool": isinstance(value, bool),
-        "string": isinstance(value, str),
-        "object": isinstance(value, Mapping),
-        "bool-map": isinstance(value, Mapping) and all(isinstance(v, bool) for v in value.values()),
-        "quantity": (isinstance(value, int) and not isinstance(value, bool))
-        or (isinstance(value, str) and bool(_QUANTITY.match(value))),
-    }
-    if not expected[kind]:
-        raise SloConfigError(f"{path}: expected {kind}, got {value!r}")
-    return value
+def first_match(selectors: list[LabelSelector | None], labels: Mapping[str, str]) -> int | None:
+    """The index of the first selector that matches the labels (absent or invalid ones never do); None: none."""
+    return next((index for index, selector in enumerate(selectors) if selector_matches(selector, labels)), None)

@@ -55,6 +55,28 @@ def test_sign_in_refuses_a_wrong_token_and_keeps_the_right_one_for_the_tab(brows
         tab.page.context.close()
 
 
+def test_a_sign_in_link_signs_the_tab_in_and_leaves_no_token_in_the_address_or_history(
+    browser: Any, koordbus_up: Koordbus
+) -> None:
+    tab = open_tab(browser, token=None)
+    try:
+        tab.page.goto(f"{koordbus_up.base}/#token=not-a-token")
+        tab.page.wait_for_function("document.querySelector('#login-error').textContent.includes('refused')")
+        assert "not-a-token" not in tab.page.url
+        assert tab.page.evaluate("sessionStorage.getItem('koordbus.token')") is None
+        tab.page.goto(f"{koordbus_up.base}/#token={koordbus_up.token}")
+        wait_loaded(tab, "overviewPage")
+        assert koordbus_up.token not in tab.page.url and tab.page.url.endswith("/#/"), tab.page.url
+        assert tab.page.evaluate("sessionStorage.getItem('koordbus.token')") == koordbus_up.token
+        tab.page.reload()  # the link's entry was replaced: a reload finds no token in the address, only the tab's own
+        wait_loaded(tab, "overviewPage")
+        assert koordbus_up.token not in tab.page.url
+        assert "#token=" in koordbus_up.log.read_text(), "koordbus up printed no sign-in link"
+        assert not [e for e in tab.errors if "401" not in e], tab.errors  # the refused link's probe is a 401
+    finally:
+        tab.page.context.close()
+
+
 def test_overview_shows_every_node_with_totals_histogram_and_table(tab: Page, koordbus_up: Koordbus) -> None:
     tab.page.goto(koordbus_up.base + "/")
     wait_loaded(tab, "overviewPage")

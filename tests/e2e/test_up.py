@@ -121,7 +121,8 @@ def test_up_serves_nodemetrics_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         output, _ = process.communicate(timeout=30)
     assert process.returncode == 0, output
     assert "koordbus is up." in output and "shutting down" in output
-    assert "  dashboard   http://127.0.0.1:" in output
+    sign_in = re.search(r"  dashboard   (http://127\.0\.0\.1:\d+/)#token=(\S+)\n", output)
+    assert sign_in and sign_in.group(2) == (tmp_path / "data" / "api-token").read_text().strip(), output
     assert "Traceback" not in output
     nats_url = re.search(r"NATS\s+nats://127\.0\.0\.1:(\d+)", output)
     assert nats_url, output

@@ -27,6 +27,7 @@ VECTOR_KINDS = (
     "be-cgroup-math",
     "loadaware",
     "loadaware-estimate",
+    "nodeslo",
 )
 
 
@@ -76,7 +77,7 @@ def test_vector(path: Path, check_vectors: ModuleType) -> None:
     vector = json.loads(path.read_text())
     result = _calc(vector["kind"], json.dumps(vector["input"]))
     assert result.returncode == 0, result.stderr
-    rel = float(vector.get("relTol", 1e-9))  # the vector's own tolerance, as check_vectors.py applies it
+    rel = float(vector.get("relTol", 1e-9))  # a vector's own tolerance, as check_vectors.py applies it
     assert check_vectors.same(vector["expected"], json.loads(result.stdout), rel=rel) is None
 
 
@@ -286,6 +287,16 @@ def test_default_aggregations_and_last() -> None:
         ),
         ("batch-resource", '{"now": 1, "node": {}, "colocationConfig": [true]}', "$.colocationConfig: Expected"),
         ("nodemetric-aggregate", "[1, 2]", "$: Expected `object`"),
+        ("nodeslo", '{"configMap": {}}', "missing required field `node`"),
+        (
+            "nodeslo",
+            '{"configMap": {"system-config": {"clusterStrategy": {}}}, "node": {}}',
+            "$.configMap.system-config",
+        ),
+        ("nodeslo", '{"configMap": ["resource-qos-config"], "node": {}}', "$.configMap: Expected `object | null`"),
+        ("nodeslo", '{"configMap": null, "node": []}', "$.node: Expected `object`"),
+        ("nodeslo", '{"configMap": null, "node": {"metadata": {"labels": {"a": 1}}}}', "$.node.metadata.labels.a"),
+        ("nodeslo", '{"configMap": null, "previousConfigMap": {"a": 1}, "node": {}}', "$.previousConfigMap.a"),
     ],
 )
 def test_malformed_input_exits_2_with_one_line(kind: str, document: str, message: str) -> None:
@@ -457,3 +468,44 @@ def test_be_cgroup_through_the_cli() -> None:
     assert _json_calc("be-cgroup-math", {"op": "sharesToWeight", "value": 1})["error"]
     bad = _calc("be-cgroup", json.dumps({"cgroupVersion": 3, "pod": pod}))
     assert bad.returncode == 2 and "$.cgroupVersion" in bad.stderr
+
+
+def test_nodeslo_explains_the_entry_taken_and_the_problems_of_a_key_in_error() -> None:
+    threshold = {
+        "clusterStrategy": {"enable": True},
+        "nodeStrategies": [{"name": "gpu", "nodeSelector": {"matchLabels": {"pool": "gpu"}}, "enable": False}],
+    }
+    document = {
+        "configMap": {
+            "resource-threshold-config": json.dumps(threshold),
+            "cpu-burst-config": '{"clusterStrategy": {"cpuBurstPercent": 20000, "policy": 1}}',
+        },
+        "previousConfigMap": {"cpu-burst-config": '{"clusterStrategy": {"policy": "auto"}}'},
+        "node": {"metadata": {"labels": {"pool": "gpu"}}},
+    }
+    out = _json_calc("nodeslo", document)
+    assert out["spec"]["resourceUsedThresholdWithBE"]["enable"] is False
+    assert out["spec"]["cpuBurstStrategy"]["policy"] == "auto"  # the key in error keeps the previous value
+    keys = out["explain"]["keys"]
+    assert keys["resource-threshold-config"] == {"selected": "nodeStrategies[0]", "name": "gpu"}
+    assert keys["cpu-burst-config"]["inUse"] == "previous"
+    assert keys["cpu-burst-config"]["problems"] == [
+        {"path": "$.clusterStrategy.cpuBurstPercent", "reason": "20000 is out of range [0, 10000]"},
+        {"path": "$.clusterStrategy.policy", "reason": "expected a string, got the number 1"},
+    ]
+
+
+def test_nodeslo_reads_yaml_with_the_configmap_as_kubectl_shows_it(tmp_path: Path) -> None:
+    path = tmp_path / "input.yaml"
+    path.write_text(
+        "configMap:\n"
+        "  resource-threshold-config: |\n"
+        '    {"clusterStrategy": {"enable": true}}\n'
+        "node:\n"
+        "  metadata: {name: n1, labels: {zone: a}, annotations: {node.koordinator.sh/network-bandwidth: 10G}}\n"
+    )
+    result = _calc("nodeslo", "", "--input", str(path))
+    assert result.returncode == 0, result.stderr
+    spec = json.loads(result.stdout)["spec"]
+    assert spec["resourceUsedThresholdWithBE"]["enable"] is True
+    assert spec["systemStrategy"] == {"totalNetworkBandwidth": 10_000_000_000}

@@ -9,7 +9,7 @@ import pytest
 
 from koordbus import crds
 from schemas import migration, quantity
-from services.slo import render as slo_render
+from services.slo import gojson
 
 BOOL = {"type": "boolean"}
 QUANTITY = {
@@ -107,9 +107,12 @@ def test_any_is_any_json_value_kept_whole() -> None:
         ((1, 2**63 - 1), {"type": "integer", "format": "int64", "minimum": 1}),
         ("quantity", QUANTITY),
         ("bool-map", {"type": "object", "additionalProperties": {"type": "boolean"}}),
-        ("object", {"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+        ("empty-object", {"type": "object"}),
+        ("string-pointer", {"type": "string"}),
+        ("int-or-string", {"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True}),
+        (gojson.ValueStruct({"on": "bool"}), {"type": "object", "properties": {"on": BOOL}}),
         (
-            slo_render.ListOf({"name": "string"}),
+            gojson.ListOf({"name": "string"}),
             {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}}}},
         ),
     ],
@@ -122,6 +125,7 @@ def test_the_nodeslo_spec_bounds_are_the_renderers() -> None:
     spec = crds.nodeslo_schema()["properties"]["spec"]
     burst = spec["properties"]["cpuBurstStrategy"]["properties"]["cpuBurstPercent"]
     assert (burst["minimum"], burst["maximum"]) == (0, 10000)
-    assert spec["x-kubernetes-preserve-unknown-fields"] is True  # Koordinator's `extensions`
+    assert spec["x-kubernetes-preserve-unknown-fields"] is True
+    assert spec["properties"]["extensions"]["x-kubernetes-preserve-unknown-fields"] is True  # plugin settings
     threshold = spec["properties"]["resourceUsedThresholdWithBE"]
     assert "x-kubernetes-preserve-unknown-fields" not in threshold  # fully modelled: unknown fields are pruned

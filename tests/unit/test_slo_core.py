@@ -62,7 +62,7 @@ def test_a_node_relabel_or_annotation_only_re_renders_that_node() -> None:
     state.apply(_node("b"))
     assert list(state.apply(_node("a", {"pool": "batch"}))) == ["a"]
     changed = state.apply(_node("b", annotations={ANNOTATION_NETWORK_BANDWIDTH: "10G"}))
-    assert changed["b"] is not None and changed["b"]["systemStrategy"]["totalNetworkBandwidth"] == "10G"
+    assert changed["b"] is not None and changed["b"]["systemStrategy"]["totalNetworkBandwidth"] == 10**10
 
 
 def test_a_deleted_node_is_returned_once_as_none() -> None:

@@ -1,4 +1,7 @@
-"""services.slo.render: defaults, cluster/node overlay, first match, bad keys keeping the last good value, CRD."""
+"""services.slo.render: defaults, cluster/node overlay, first match, bad keys keeping the last good value, CRD.
+
+Go's decoding rules themselves (types, nulls, duplicates, quantities) are in test_slo_gojson.py; the cases taken from
+Koordinator's own nodeslo tests are in test_slo_render_koordinator.py."""
 
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ def test_no_keys_render_the_manager_defaults() -> None:
             "sharePoolThresholdPercent": 50,
         },
         "systemStrategy": {"totalNetworkBandwidth": 0},
+        "extensions": {},
     }
     assert not crd_errors(crd_validator("slo.koordinator.sh_nodeslos.yaml"), _nodeslo(spec))
 
@@ -80,15 +84,14 @@ def test_keys_match_case_insensitively_and_null_means_absent() -> None:
 @pytest.mark.parametrize(
     ("text", "reason"),
     [
-        ("{not json", "not JSON"),
-        ('["a"]', "expected a JSON object"),
+        ("{not json", "$: not JSON"),
+        ("", "$: not JSON"),
+        ('["a"]', "$: expected an object, got an array"),
         ('{"clusterStrategy": {"cpuSuppressThresholdPercent": 150}}', "out of range [0, 100]"),
-        ('{"clusterStrategy": {"enable": "yes"}}', "expected bool"),
-        ('{"nodeStrategies": [{"name": "x", "cpuSuppressThresholdPercent": 50}]}', "nodeSelector: required"),
-        (
-            '{"nodeStrategies": [{"nodeSelector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}}]}',
-            "operator",
-        ),
+        ('{"clusterStrategy": {"cpuSuppressThresholdPercent": 60.0}}', "expected an integer, got the number 60.0"),
+        ('{"clusterStrategy": {"enable": "yes"}}', "$.clusterStrategy.enable: expected true or false, got the string"),
+        ('{"nodeStrategies": {"nodeSelector": {}}}', "$.nodeStrategies: expected an array, got an object"),
+        ('{"nodeStrategies": [{"nodeSelector": {"matchLabels": {"a": 1}}}]}', "nodeSelector.matchLabels.a: expected"),
     ],
 )
 def test_a_bad_key_keeps_its_last_good_value_and_reports_why(text: str, reason: str) -> None:
@@ -109,16 +112,39 @@ def test_a_removed_key_goes_back_to_the_default() -> None:
     assert render_node_slo(again, {}, {})["resourceUsedThresholdWithBE"]["enable"] is False
 
 
+def test_node_entries_without_a_usable_selector_are_skipped_not_errors() -> None:
+    text = json.dumps(
+        {
+            "clusterStrategy": {"cpuSuppressThresholdPercent": 60},
+            "nodeStrategies": [
+                {"name": "no-selector", "cpuSuppressThresholdPercent": 10},
+                {"nodeSelector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}, "enable": True},
+                {"nodeSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}, "enable": True},
+                {"nodeSelector": {"matchLabels": {"bad key!": "x"}}, "enable": True},
+                {"nodeSelector": {"matchLabels": {"pool": "gpu"}}, "cpuSuppressThresholdPercent": 40},
+                {"nodeSelector": {}, "cpuSuppressThresholdPercent": 50},
+            ],
+        }
+    )
+    config = parse_slo_config({"resource-threshold-config": text})
+    assert not config.errors  # Koordinator logs each bad selector and goes on with the next entry
+    for labels, expected in (({}, 50), ({"a": "x", "bad key!": "x"}, 50), ({"pool": "gpu"}, 40)):
+        threshold = render_node_slo(config, labels, {})["resourceUsedThresholdWithBE"]
+        assert threshold["cpuSuppressThresholdPercent"] == expected and threshold["enable"] is False
+
+
 def test_network_bandwidth_annotation_overrides_the_system_strategy() -> None:
     config = parse_slo_config({"system-config": json.dumps({"clusterStrategy": {"totalNetworkBandwidth": "1G"}})})
-    assert render_node_slo(config, {}, {})["systemStrategy"]["totalNetworkBandwidth"] == "1G"
-    spec = render_node_slo(config, {}, {ANNOTATION_NETWORK_BANDWIDTH: "10G"})
-    assert spec["systemStrategy"]["totalNetworkBandwidth"] == "10G"
-    # An unparsable annotation is ignored rather than written into the NodeSLO.
-    assert (
-        render_node_slo(config, {}, {ANNOTATION_NETWORK_BANDWIDTH: "fast"})["systemStrategy"]["totalNetworkBandwidth"]
-        == "1G"
-    )
+    assert render_node_slo(config, {}, {})["systemStrategy"]["totalNetworkBandwidth"] == 10**9  # Value()
+    spec = render_node_slo(config, {}, {ANNOTATION_NETWORK_BANDWIDTH: "10Gi"})
+    assert spec["systemStrategy"]["totalNetworkBandwidth"] == 10 * 2**30
+    assert render_node_slo(config, {}, {ANNOTATION_NETWORK_BANDWIDTH: "1.5"})["systemStrategy"] == {
+        "totalNetworkBandwidth": 2  # rounded up
+    }
+    # Koordinator fails getSystemConfigSpec on an unparsable annotation: the spec goes without a systemStrategy.
+    for bad in ("fast", " 10G", ""):
+        spec = render_node_slo(config, {}, {ANNOTATION_NETWORK_BANDWIDTH: bad})
+        assert "systemStrategy" not in spec and spec["resourceUsedThresholdWithBE"]["enable"] is False
 
 
 def test_host_applications_node_entry_replaces_the_list() -> None:
@@ -134,8 +160,28 @@ def test_host_applications_node_entry_replaces_the_list() -> None:
     assert [a["name"] for a in render_node_slo(config, {}, {})["hostApplications"]] == ["nginx", "agent"]
     assert render_node_slo(config, {"edge": "true"}, {})["hostApplications"] == [{"name": "x"}]
     broken = parse_slo_config({"host-application-config": '{"applications": [{"qos": 3}]}'}, previous=config)
-    assert "expected string" in broken.errors["host-application-config"]
+    assert broken.errors["host-application-config"] == "$.applications[0].qos: expected a string, got the number 3"
     assert broken.host_applications == config.host_applications
+    assert "hostApplications" not in render_node_slo(parse_slo_config({}, previous=config), {}, {})
+
+
+def test_host_applications_are_decoded_as_go_types() -> None:
+    text = json.dumps(
+        {
+            "applications": [
+                {"name": "a", "qos": "", "strategy": {"anything": 1}, "cgroupPath": {"base": "", "parentDir": "p"}},
+                None,
+            ],
+            "nodeConfigs": [{"nodeSelector": {"matchLabels": {"edge": "true"}}}, {"applications": [{"name": "z"}]}],
+        }
+    )
+    config = parse_slo_config({"host-application-config": text})
+    assert render_node_slo(config, {}, {})["hostApplications"] == [
+        {"name": "a", "cgroupPath": {"parentDir": "p"}, "strategy": {}},
+        {},  # a null item is Go's zero HostApplicationSpec
+    ]
+    # The matching entry has no applications: the node gets none (its list replaces the top-level one).
+    assert "hostApplications" not in render_node_slo(config, {"edge": "true"}, {})
 
 
 def test_overlay_merges_objects_replaces_lists_and_drops_empty_lists() -> None:
@@ -161,6 +207,12 @@ def test_rendered_specs_from_a_full_config_validate_against_the_crd() -> None:
         spec = render_node_slo(config, labels, {ANNOTATION_NETWORK_BANDWIDTH: "25Gi"})
         assert not crd_errors(validator, _nodeslo(spec)), spec
     assert spec["resourceQOSStrategy"]["beClass"]["resctrlQOS"]["catRangeEndPercent"] == 30
+
+
+def test_int_or_string_fields_keep_their_form() -> None:
+    strategy = {"beClass": {"networkQOS": {"ingressLimit": 80, "egressLimit": "50M", "egressRequest": "any text"}}}
+    config = parse_slo_config({"resource-qos-config": json.dumps({"clusterStrategy": strategy})})
+    assert render_node_slo(config, {}, {})["resourceQOSStrategy"] == strategy  # Go's IntOrString takes any string
 
 
 def test_resource_qos_is_checked_and_pruned_field_by_field() -> None:
@@ -202,9 +254,11 @@ def test_resource_qos_is_checked_and_pruned_field_by_field() -> None:
         ({"lsClass": {"cpuQOS": {"groupIdentity": 3}}}, "lsClass.cpuQOS.groupIdentity: 3 is out of range [-1, 2]"),
         ({"beClass": {"resctrlQOS": {"mbaPercent": 101}}}, "mbaPercent: 101 is out of range"),
         ({"beClass": {"memoryQOS": {"wmarkMinAdj": -26}}}, "wmarkMinAdj: -26 is out of range"),
-        ({"beClass": {"blkioQOS": {"blocks": {"name": "sda"}}}}, "blocks: expected a list"),
-        ({"beClass": {"networkQOS": {"egressLimit": "lots"}}}, "expected quantity"),
-        ({"beClass": "on"}, "beClass: expected a JSON object"),
+        ({"beClass": {"blkioQOS": {"blocks": {"name": "sda"}}}}, "blocks: expected an array, got an object"),
+        ({"beClass": {"blkioQOS": {"blocks": [None]}}}, "blocks[0]: expected an object, got null"),
+        ({"beClass": {"networkQOS": {"egressLimit": 1.5}}}, "egressLimit: expected an int32 or a string"),
+        ({"beClass": {"networkQOS": {"egressLimit": 2**31}}}, "egressLimit: expected an int32 or a string"),
+        ({"beClass": "on"}, "beClass: expected an object, got the string"),
     ],
 )
 def test_resource_qos_errors_name_the_field(strategy: dict[str, Any], reason: str) -> None:

@@ -1,6 +1,6 @@
-// The dashboard's shell: the login form (a bearer token, or none when the server runs --no-auth), the hash
-// router (#/, #/node/<name>, #/quotas[/<tree>], #/migrations[/<job>], #/watermarks) and the event stream's status
-// in the header.
+// The dashboard's shell: the login form (a bearer token, or none when the server runs --no-auth) or a sign-in link
+// (#token=<token>), the hash router (#/, #/node/<name>, #/quotas[/<tree>], #/migrations[/<job>], #/watermarks) and
+// the event stream's status in the header.
 // Each page gets an AbortSignal that ends its requests, its event stream and its timers when the user leaves it.
 
 import {probe, setToken, streamState, token, whenUnauthorized} from "./api.js";
@@ -97,9 +97,36 @@ whenUnauthorized(() => {
   showLogin("the server no longer accepts this token");
 });
 
-(async () => {
+// A sign-in link (`koordbus up` prints one) carries the token in the URL fragment, which the browser never sends to
+// the server: take it, and drop it from the address bar and the history at once.
+function tokenFromLink() {
+  const match = /^#token=([^&]*)$/.exec(location.hash);
+  if (!match) return null;
+  history.replaceState(null, "", `${location.pathname}${location.search}#/`);
+  return decodeURIComponent(match[1]);
+}
+
+async function open() {
+  const linked = tokenFromLink();
+  if (linked !== null) {
+    const answer = await probe(linked);
+    if (!answer.ok) {
+      showLogin(`the sign-in link's token was refused: ${answer.message}`);
+      return;
+    }
+    setToken(linked);
+  }
   // a stored token, or no token at all (a server with --no-auth)
   const answer = await probe(token());
   if (answer.ok) start();
   else showLogin(token() ? answer.message : "");
-})();
+}
+
+// a sign-in link opened in a tab that shows the dashboard already changes only the fragment: no new page load
+window.addEventListener("hashchange", (event) => {
+  if (location.hash.startsWith("#token=")) {
+    event.stopImmediatePropagation();
+    open();
+  }
+});
+open();
