@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from schemas import kube, quantity, resources, vocab
 from services.loadaware.args import LoadAwareArgs
+from services.slo import gojson
 
 DEFAULT_MILLI_CPU_REQUEST: Final = 250
 DEFAULT_MEMORY_REQUEST: Final = 200 * 1024 * 1024
@@ -48,23 +49,17 @@ def go_round(x: float) -> float:
     return whole + math.copysign(1.0, x) if abs(x - whole) >= 0.5 else whole
 
 
-def _go_int64_map(raw: str) -> dict[str, int] | None:
-    """A JSON object of int64 values as Go's json.Unmarshal reads it into map[string]int64; None when it fails.
-    `null` is an empty map."""
+def _custom_factors(raw: str) -> dict[str, int] | None:
+    """The annotation as Go's json.Unmarshal into map[ResourceName]int64 reads it (services.slo.gojson); None when
+    that fails. `null` is an empty map."""
+    problems: list[gojson.Problem] = []
     try:
-        decoded = json.loads(raw)
-    except ValueError:
+        decoded = gojson.decode_onto(gojson.UNSET, gojson.parse(raw), "int64-map", "$", problems)
+    except gojson.GoJsonError:
         return None
-    if decoded is None:
-        return {}
-    if not isinstance(decoded, dict):
+    if problems:
         return None
-    out: dict[str, int] = {}
-    for key, value in decoded.items():
-        if isinstance(value, bool) or not isinstance(value, int) or not INT64_MIN <= value <= INT64_MAX:
-            return None
-        out[key] = value
-    return out
+    return {} if decoded is gojson.UNSET else dict(decoded)
 
 
 def scaling_factors(pod: kube.Pod, args: LoadAwareArgs) -> Mapping[str, int]:
@@ -73,7 +68,7 @@ def scaling_factors(pod: kube.Pod, args: LoadAwareArgs) -> Mapping[str, int]:
     if not args.allow_customize_estimation:
         return args.estimated_scaling_factors
     raw = pod.metadata.annotations.get(ANNOTATION_SCALING_FACTORS, "")
-    custom = _go_int64_map(raw) if raw else None
+    custom = _custom_factors(raw) if raw else None
     if not custom:
         return args.estimated_scaling_factors
     return {**args.estimated_scaling_factors, **custom}

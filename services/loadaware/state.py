@@ -19,18 +19,17 @@ verb): a pod the scheduler assumed but never bound, or a placement a caller inve
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Final
+from typing import Final
 
 from schemas import koordinator, kube, resources, vocab
 from schemas.node import NodeMetricComputed
 from services.loadaware import estimator, source
 from services.loadaware.args import LoadAwareArgs
-from services.slo import watermarks
+from services.slo import gojson, watermarks
 
 ANNOTATION_USAGE_THRESHOLDS: Final = "scheduling.koordinator.sh/usage-thresholds"
 DEFAULT_REPORT_INTERVAL: Final = 60.0
@@ -264,73 +263,49 @@ class Overrides:
     """0 when the section gives no duration: the longest one (not the plugin's duration)."""
 
 
-class _AnnotationError(ValueError):
-    pass
-
-
-def _go_fields(document: Any, names: tuple[str, ...], where: str) -> dict[str, Any]:
-    """A JSON object decoded into a Go struct with these fields: keys match case-insensitively, a later key wins,
-    unknown keys are ignored, `null` leaves the field unset."""
-    if not isinstance(document, dict):
-        raise _AnnotationError(f"{where}: expected an object")
-    out: dict[str, Any] = {}
-    for key, value in document.items():
-        name = next((n for n in names if n == key), None) or next((n for n in names if n.lower() == key.lower()), None)
-        if name is not None and value is not None:
-            out[name] = value
-    return out
-
-
-def _is_int64(value: Any) -> bool:
-    in_range = isinstance(value, int) and estimator.INT64_MIN <= value <= estimator.INT64_MAX
-    return in_range and not isinstance(value, bool)
-
-
-def _go_thresholds(value: Any, where: str) -> dict[str, int]:
-    if not isinstance(value, dict):
-        raise _AnnotationError(f"{where}: expected an object of integers")
-    for name, amount in value.items():
-        if not _is_int64(amount):
-            raise _AnnotationError(f"{where}.{name}: {amount!r} is not an integer")
-    return dict(value)
+_CUSTOM_USAGE_THRESHOLDS: Final = {
+    "usageThresholds": "int64-map",
+    "prodUsageThresholds": "int64-map",
+    "aggregatedUsage": {
+        "usageThresholds": "int64-map",
+        "usageAggregationType": "string",
+        "usageAggregatedDuration": "string-pointer",
+    },
+}
+"""Koordinator's CustomUsageThresholds (apis/extension/load_aware.go) as services.slo.gojson decodes it; the duration
+is a metav1.Duration, parsed below."""
 
 
 def parse_overrides(raw: str | None) -> tuple[Overrides | None, str]:
-    """The annotation as Koordinator's GetCustomUsageThresholds reads it, or None and why not (empty reason: no
-    annotation, or `null`). A value of the wrong type or a duration that does not parse makes the whole annotation
-    ignored; an aggregated section without thresholds or type is dropped (sections left empty change nothing)."""
+    """The annotation as Koordinator's GetCustomUsageThresholds reads it (Go's encoding/json, services.slo.gojson),
+    or None and why not (empty reason: no annotation, or `null`). A value of the wrong type or a duration that does
+    not parse makes the whole annotation ignored; an aggregated section without thresholds or type is dropped
+    (sections left empty change nothing)."""
     if raw is None:
         return None, ""
+    problems: list[gojson.Problem] = []
     try:
-        document = json.loads(raw)
-    except ValueError as err:
-        return None, f"{ANNOTATION_USAGE_THRESHOLDS}: not JSON: {err}"
-    if document is None:
+        decoded = gojson.decode_onto(gojson.UNSET, gojson.parse(raw), _CUSTOM_USAGE_THRESHOLDS, "$", problems)
+    except gojson.GoJsonError as err:
+        return None, f"{ANNOTATION_USAGE_THRESHOLDS}: {err}"
+    if problems:
+        return None, f"{ANNOTATION_USAGE_THRESHOLDS}: {problems[0]}"
+    if decoded is gojson.UNSET:
         return None, ""
-    try:
-        top = _go_fields(document, ("usageThresholds", "prodUsageThresholds", "aggregatedUsage"), "$")
-        usage = _go_thresholds(top.get("usageThresholds", {}), "$.usageThresholds")
-        prod = _go_thresholds(top.get("prodUsageThresholds", {}), "$.prodUsageThresholds")
-        agg_fields = ("usageThresholds", "usageAggregationType", "usageAggregatedDuration")
-        agg = _go_fields(top.get("aggregatedUsage", {}), agg_fields, "$.aggregatedUsage")
-        thresholds = _go_thresholds(agg.get("usageThresholds", {}), "$.aggregatedUsage.usageThresholds")
-        kind = agg.get("usageAggregationType", "")
-        if not isinstance(kind, str):
-            raise _AnnotationError("$.aggregatedUsage.usageAggregationType: expected a string")
-        duration = agg.get("usageAggregatedDuration", "0")
-        if not isinstance(duration, str):
-            raise _AnnotationError("$.aggregatedUsage.usageAggregatedDuration: expected a duration string")
+    agg = decoded.get("aggregatedUsage", gojson.UNSET)
+    agg = {} if agg is gojson.UNSET else agg
+    thresholds, kind = agg.get("usageThresholds", {}), agg.get("usageAggregationType", "")
+    seconds = Fraction(0)
+    if (duration := agg.get("usageAggregatedDuration", gojson.UNSET)) is not gojson.UNSET:
         try:
             seconds = koordinator.parse_go_duration(duration)
         except ValueError as err:
-            raise _AnnotationError(f"$.aggregatedUsage.usageAggregatedDuration: {err}") from None
-    except _AnnotationError as err:
-        return None, f"{ANNOTATION_USAGE_THRESHOLDS}: {err}"
+            return None, f"{ANNOTATION_USAGE_THRESHOLDS}: $.aggregatedUsage.usageAggregatedDuration: {err}"
     if not thresholds or not kind:
         thresholds, kind, seconds = {}, "", Fraction(0)
     return Overrides(
-        usage_thresholds=usage,
-        prod_usage_thresholds=prod,
+        usage_thresholds=decoded.get("usageThresholds", {}),
+        prod_usage_thresholds=decoded.get("prodUsageThresholds", {}),
         aggregated_thresholds=thresholds,
         aggregation_type=kind,
         aggregated_seconds=seconds,

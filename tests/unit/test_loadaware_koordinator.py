@@ -160,3 +160,8 @@ def test_a_pod_scheduled_transition_dates_the_pod_and_a_kept_first_sighting_move
     load.apply_pod("default/x", pod("x", cpu="1", node_name="n", conditions=scheduled), node="n", seen_at=NOW + 5)
     dated = load.nodes["n"].pods["default/x"]
     assert (dated.timestamp, dated.deadline, dated.dated_by_condition) == (NOW, NOW + 120, True)
+
+
+def test_a_usage_thresholds_key_given_twice_merges_as_in_go() -> None:
+    overrides, error = state.parse_overrides('{"usageThresholds": {"cpu": 40}, "UsageThresholds": {"memory": 60}}')
+    assert error == "" and overrides is not None and overrides.usage_thresholds == {"cpu": 40, "memory": 60}
