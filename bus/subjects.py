@@ -228,6 +228,11 @@ QUOTA_RPC_WHAT_IF = f"{PREFIX}.rpc.quota.what-if"
 K8S_RPC_BIND = f"{PREFIX}.rpc.k8s.bind"
 """Bind a pod to a node (schemas.extender.PodBindRequest → PodBindReply): the load-aware extender's bind verb."""
 
+# --- the load-aware extender's requests (no stream)
+
+LOADAWARE_RPC_STATE = f"{PREFIX}.rpc.loadaware.state"
+"""One node's extender state (schemas.extender.NodeStateRequest → NodeStateReply), for the API's state export."""
+
 
 def quota_events(tree: str) -> str:
     """The event log of one quota tree: commands on a tree append here with optimistic concurrency."""

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from koordbus import calc_migration, calc_qos, calc_slo
+from koordbus import calc_loadaware, calc_migration, calc_qos, calc_slo
 from koordbus.calc_errors import InputError
 from schemas import koordinator, kube, nodemetric_json, quantity
 from schemas import quota as quota_schema
@@ -335,6 +335,24 @@ CALCULATORS: Mapping[str, Calculator] = {
         "MilliCPUToShares / MilliCPUToQuota / cgroup v2 weight conversions (spec §5.7)",
         '{"op": "milliCPUToShares", "value": 1000}',
     ),
+    "loadaware": Calculator(
+        calc_loadaware.NodeStateInput,
+        calc_loadaware.loadaware,
+        "the load-aware extender's filter, 0-100 score, estimates and assigned-pod cache for a pod on a node (spec §6)",
+        '{"now": "2026-01-01T12:00:00Z", "args": {},\n'
+        '     "node": {"metadata": {"name": "n1"}, "status": {"allocatable": {"cpu": "32", "memory": "128Gi"}}},\n'
+        '     "nodeMetric": {"status": {"updateTime": "2026-01-01T11:59:30Z",\n'
+        '       "nodeMetric": {"nodeUsage": {"resources": {"cpu": "12", "memory": "64Gi"}}}}},\n'
+        '     "assignedPods": [], "pod": {"spec": {"containers": [{"name": "c",\n'
+        '       "resources": {"requests": {"cpu": "4", "memory": "8Gi"}}}]}}}',
+    ),
+    "loadaware-estimate": Calculator(
+        calc_loadaware.EstimateInput,
+        calc_loadaware.loadaware_estimate,
+        "the load-aware scheduler's DefaultEstimator: a pod's estimated usage, a node's allocatable (spec §6.3)",
+        '{"args": {}, "pod": {"spec": {"containers": [{"name": "c",\n'
+        '     "resources": {"requests": {"cpu": "4", "memory": "8Gi"}}}]}}}',
+    ),
     "nodeslo": Calculator(
         calc_slo.NodeSloInput,
         calc_slo.nodeslo,
@@ -373,6 +391,17 @@ def _path_message(err: msgspec.ValidationError) -> str:
     return f"{where}: {message}"
 
 
+class _YamlLoader(yaml.SafeLoader):
+    """YAML without its implicit timestamps: an unquoted `2026-01-01T12:00:00Z` stays the text JSON would carry
+    (each kind reads its times itself, some to the nanosecond), instead of a datetime cut to the microsecond."""
+
+
+_YamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
 def decode_input(text: str, input_type: type[Any]) -> Any:
     """A JSON or YAML document as `input_type`; raises InputError naming the bad field."""
     try:
@@ -382,7 +411,7 @@ def decode_input(text: str, input_type: type[Any]) -> Any:
     except msgspec.DecodeError:
         pass  # not JSON: try YAML, which also covers JSON with comments or trailing text
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=_YamlLoader)  # a SafeLoader, less the timestamps
     except yaml.YAMLError as err:
         reason = " ".join(str(err).split())
         raise InputError(f"$: input is neither JSON nor YAML ({reason})") from None

@@ -380,6 +380,7 @@ async def run_up(args: argparse.Namespace) -> int:
     from services.api.settings import ApiSettings
     from services.common import observe
     from services.common.metrics import new_registry
+    from services.loadaware.client import LoadAwareClient
     from services.migration.client import MigrationClient
     from services.nodemetric.service import NodeMetricService
     from services.nodemetric.settings import NodeMetricSettings
@@ -441,6 +442,7 @@ async def run_up(args: argparse.Namespace) -> int:
                 noderesource_store=nr_store,
                 quota_store=quota_store,
                 quota_client=QuotaClient(bus),
+                loadaware_client=LoadAwareClient(bus),
                 migration_store=migration_service.store,
                 migration_client=MigrationClient(bus),
                 slo_reader=SloReader(bus),
@@ -1120,6 +1122,7 @@ async def run_api(args: argparse.Namespace) -> int:
     from services.api.settings import ApiSettings
     from services.common import observe
     from services.common.metrics import new_registry
+    from services.loadaware.client import LoadAwareClient
     from services.migration.client import MigrationClient
     from services.migration.store import MigrationStore
     from services.nodemetric.store import NodeMetricStore
@@ -1157,6 +1160,7 @@ async def run_api(args: argparse.Namespace) -> int:
                 noderesource_store=NodeResourceStore(engine),
                 quota_store=QuotaStore(engine),
                 quota_client=QuotaClient(bus),
+                loadaware_client=LoadAwareClient(bus),
                 migration_store=MigrationStore(engine),
                 migration_client=MigrationClient(bus),
                 slo_reader=SloReader(bus),

@@ -25,7 +25,7 @@ from typing import Any, Final, Literal
 import msgspec
 import yaml
 
-from schemas import koordinator, migration, nodemetric_json, quantity, quota
+from schemas import migration, nodemetric_json, quantity, quota
 from services.slo import gojson
 from services.slo import render as slo_render
 
@@ -35,23 +35,13 @@ Json = dict[str, Any]
 # (schemas.koordinator.nodemetric_status_to_json) puts in.
 
 
-class NodeMetricSpec(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """NodeMetricSpec: the collect policy koordlet (or koordbus' agent) applies."""
-
-    metric_collect_policy: koordinator.MetricCollectPolicyJSON | None = None
-
-
-class AggregatedUsage(msgspec.Struct, frozen=True, kw_only=True):
-    """Usage percentiles over one window: `usage` maps an aggregation (avg, p50, p90, p95, p99) to a ResourceMap."""
-
-    usage: dict[str, nodemetric_json.ResourceMapJSON] | None = None
-    duration: str = ""
+NodeMetricSpec = nodemetric_json.NodeMetricSpec
+AggregatedUsage = nodemetric_json.AggregatedUsage
 
 
 class NodeMetricInfo(nodemetric_json.NodeMetricInfoJSON, frozen=True, kw_only=True, rename="camel"):
     """The node's and the system's usage, latest and aggregated."""
 
-    aggregated_node_usages: list[AggregatedUsage] | None = None
     aggregated_system_usages: list[AggregatedUsage] | None = None
 
 
@@ -59,6 +49,8 @@ class NodeMetricStatus(nodemetric_json.NodeMetricStatusJSON, frozen=True, kw_onl
     """NodeMetricStatus: what koordlet (or koordbus' nodemetric service through the bridge) last reported."""
 
     node_metric: NodeMetricInfo | None = None
+    # Readers skip a `null` entry (Go's nil); the object's schema admits none.
+    pods_metric: list[nodemetric_json.PodMetricJSON] | None = None  # type: ignore[assignment]
 
 
 class NodeMetric(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,10 +1,15 @@
 """`koordbus scheduler explain POD NODE`: the load-aware extender's filter verdict and score of a pod on a node, with
-the arithmetic behind both, asked of a running extender (`koordbus service loadaware`, its /explain route).
+the arithmetic behind both, asked of a running extender (`koordbus service loadaware`, its /explain route), or with
+`--offline -f STATE` replayed from a node's saved state (`koordbus scheduler state NODE`, the API's
+/api/v1/scheduler/nodes/NODE/state, or any `koordbus calc loadaware` input) through the same code.
+`koordbus scheduler state NODE`: that state now, from the koordbus API (role viewer), to save and replay later.
 `koordbus scheduler watermarks`: the API's /api/v1/config/watermarks as a table — what the scheduler, the descheduler
 and each node QoS strategy do at which load, and the findings (loops that make pods cycle).
 
-POD is a file holding the Pod (JSON or YAML, as `kubectl get pod -o yaml` prints it) or `-` for standard input.
-The answer reads the extender's live state: the node's last NodeMetric, the pods assigned since, its thresholds.
+POD is a file holding the Pod (JSON or YAML, as `kubectl get pod -o yaml` prints it) or `-` for standard input; with
+--offline it may be left out when the state holds a `pod`, and NODE when given must be the state's node. The live
+answer reads the extender's state now: the node's last NodeMetric, the pods assigned since, its thresholds; the
+offline one reads the state as it was when saved, at its `now`.
 """
 
 from __future__ import annotations
@@ -17,9 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import yaml
 
-from koordbus import apiclient
+from koordbus import apiclient, calc
+from koordbus.calc_errors import InputError
+from schemas import kube, names
+from services.loadaware import core, snapshot
+from services.loadaware.args import ArgsError
 
 DEFAULT_URL = "http://127.0.0.1:9090"
 
@@ -33,8 +43,12 @@ def add_parser(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    explain.add_argument("pod", metavar="POD", help="a file with the Pod (JSON or YAML), or - for stdin")
-    explain.add_argument("node", metavar="NODE", help="the node's name")
+    explain.add_argument("pod", metavar="POD", nargs="?", help="a file with the Pod (JSON or YAML), or - for stdin")
+    explain.add_argument("node", metavar="NODE", nargs="?", help="the node's name")
+    explain.add_argument(
+        "--offline", action="store_true", help="replay a saved node state (-f) instead of asking the extender"
+    )
+    explain.add_argument("-f", "--file", metavar="STATE", help="the saved state (JSON or YAML) for --offline")
     explain.add_argument(
         "--url",
         default=os.environ.get("KOORDBUS_LOADAWARE_URL", DEFAULT_URL),
@@ -42,6 +56,16 @@ def add_parser(sub: Any) -> None:
     )
     explain.add_argument("--json", action="store_true", help="print the extender's answer as JSON")
     explain.set_defaults(run=run_explain)
+    state = verbs.add_parser(
+        "state",
+        help="a node's load-aware extender state now, to replay with `explain --offline -f`",
+        description="Reads GET /api/v1/scheduler/nodes/NODE/state of the koordbus API (role viewer): the extender's "
+        "args, the node's allocatable, its NodeMetric and the pods counted on it, as `koordbus calc loadaware` reads.",
+    )
+    state.add_argument("node", metavar="NODE", help="the node's name")
+    apiclient.add_connection_options(state)
+    apiclient.add_output_option(state, default="json")
+    state.set_defaults(run=lambda args: apiclient.run_verb(args, command="scheduler"), verb_run=cmd_state)
     marks = verbs.add_parser(
         "watermarks",
         help="the load thresholds of scheduling, descheduling and node QoS side by side, with what does not agree",
@@ -109,6 +133,16 @@ def cmd_watermarks(api: apiclient.Api, args: argparse.Namespace) -> int:
     return 1 if any(f["severity"] == "warning" for f in view["findings"]) else 0
 
 
+def cmd_state(api: apiclient.Api, args: argparse.Namespace) -> int:
+    try:
+        names.node_name(args.node, "NODE")
+    except names.InvalidName as err:
+        raise apiclient.CliError(str(err)) from None
+    document = api.json("GET", f"/api/v1/scheduler/nodes/{args.node}/state")
+    sys.stdout.write(apiclient.dump(document, "yaml" if args.output == "yaml" else "json"))
+    return 0
+
+
 def _read_pod(path: str) -> Any:
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
@@ -143,7 +177,38 @@ def render(answer: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _explain_offline(args: argparse.Namespace) -> dict[str, Any]:
+    """core.explain on the state saved in args.file (services.loadaware.snapshot), as the extender answered then."""
+    if not args.file:
+        raise SystemExit("koordbus scheduler explain: --offline needs -f STATE (a node state saved as JSON or YAML)")
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise SystemExit(f"koordbus: {args.file}: {getattr(err, 'strerror', None) or err}") from None
+    try:
+        document = calc.decode_input(text, snapshot.NodeStateInput)
+        load, node, now = snapshot.read(document)
+        pod = document.pod
+        if args.pod is not None:
+            pod = msgspec.convert(_read_pod(args.pod), kube.Pod, strict=False)
+    except (InputError, snapshot.SnapshotError, ArgsError) as err:
+        raise SystemExit(f"koordbus: {args.file}: {' '.join(str(err).split())}") from None
+    except msgspec.ValidationError as err:
+        raise SystemExit(f"koordbus: {args.pod}: not a Pod: {err}") from None
+    if pod is None:
+        raise SystemExit(f"koordbus: {args.file} holds no pod: give POD")
+    if args.node is not None and args.node != node:
+        raise SystemExit(f"koordbus: {args.file} is the state of node {node!r}, not {args.node!r}")
+    return core.explain(load, pod, node, now=now)
+
+
 def run_explain(args: argparse.Namespace) -> int:
+    if args.offline:
+        answer = _explain_offline(args)
+        print(json.dumps(answer, indent=2) if args.json else render(answer))
+        return 0
+    if args.pod is None or args.node is None:
+        raise SystemExit("koordbus scheduler explain: POD and NODE are required (or --offline -f STATE)")
     pod = _read_pod(args.pod)
     try:
         response = httpx.post(f"{args.url.rstrip('/')}/explain", json={"pod": pod, "node": args.node}, timeout=10)

@@ -8,13 +8,18 @@ services.loadaware's HTTP routes and `koordbus scheduler explain`.
 
 `PodBindRequest` / `PodBindReply` carry the bind verb from the extender to the Kubernetes bridge, which alone holds
 cluster credentials (core NATS request/reply on `koord.v1.rpc.k8s.bind`, answered by services.k8s.binder).
+`NodeStateRequest` / `NodeStateReply` ask the extender for one node's state document (`koord.v1.rpc.loadaware.state`,
+answered by services.loadaware.service for the API's `GET /api/v1/scheduler/nodes/{node}/state`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from schemas import kube
+from schemas.node import NodeName
 
 
 class NodeList(msgspec.Struct, kw_only=True):
@@ -73,6 +78,20 @@ class PodBindReply(msgspec.Struct, frozen=True, kw_only=True):
     error: str = ""
 
 
+class NodeStateRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Ask the extender for one node's state as `koordbus calc loadaware` reads it (services.loadaware.snapshot)."""
+
+    node: NodeName
+
+
+class NodeStateReply(msgspec.Struct, frozen=True, kw_only=True):
+    """`state` the node's document, absent when the extender does not know the node; `error` why the request could
+    not be answered."""
+
+    state: dict[str, Any] | None = None
+    error: str = ""
+
+
 class _NodeName(msgspec.Struct):
     metadata: kube.ObjectMeta
 
@@ -90,3 +109,5 @@ HOST_PRIORITY_LIST = msgspec.json.Decoder(list[HostPriority])
 FILTER_RESULT = msgspec.json.Decoder(ExtenderFilterResult)
 BIND_REQUEST = msgspec.json.Decoder(PodBindRequest)
 BIND_REPLY = msgspec.json.Decoder(PodBindReply)
+NODE_STATE_REQUEST = msgspec.json.Decoder(NodeStateRequest)
+NODE_STATE_REPLY = msgspec.json.Decoder(NodeStateReply)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from schemas import kube, quantity, resources
+from schemas import koordinator, kube, quantity, resources
 from schemas.node import NodeMetricComputed, ResourceMap
 
 _CPU_AND_MEMORY = (resources.CPU, resources.MEMORY)
@@ -51,23 +51,39 @@ class ProdReclaimableMetricJSON(msgspec.Struct, frozen=True, kw_only=True):
     resource: ResourceMapJSON = ResourceMapJSON()
 
 
+class AggregatedUsage(msgspec.Struct, frozen=True, kw_only=True):
+    """Usage percentiles over one window: `usage` maps an aggregation (avg, p50, p90, p95, p99) to a ResourceMap."""
+
+    usage: dict[str, ResourceMapJSON] | None = None
+    duration: str = ""
+
+
+class NodeMetricSpec(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """NodeMetricSpec: the collect policy koordlet (or koordbus' agent) applies."""
+
+    metric_collect_policy: koordinator.MetricCollectPolicyJSON | None = None
+
+
 class NodeMetricInfoJSON(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """`status.nodeMetric`; the aggregated usages and NUMA usages are not read here."""
+    """`status.nodeMetric`; the NUMA usages are not read here."""
 
     node_usage: ResourceMapJSON = ResourceMapJSON()
     system_usage: ResourceMapJSON = ResourceMapJSON()
+    aggregated_node_usages: list[AggregatedUsage] | None = None
 
 
 class NodeMetricStatusJSON(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     update_time: dt.datetime | None = None
     node_metric: NodeMetricInfoJSON | None = None
-    pods_metric: list[PodMetricJSON] | None = None
+    pods_metric: list[PodMetricJSON | None] | None = None
+    """Go writes a nil entry as `null`; readers skip those."""
     host_application_metric: list[HostApplicationMetricJSON] | None = None
     prod_reclaimable_metric: ProdReclaimableMetricJSON | None = None
 
 
 class NodeMetricObject(msgspec.Struct, frozen=True, kw_only=True):
     metadata: kube.ObjectMeta = kube.ObjectMeta()
+    spec: NodeMetricSpec = NodeMetricSpec()
     status: NodeMetricStatusJSON = NodeMetricStatusJSON()
 
 
@@ -141,6 +157,7 @@ def usage_snapshot(obj: NodeMetricObject) -> NodeUsageSnapshot:
                 qos=pod.qos,
             )
             for pod in status.pods_metric or ()
+            if pod is not None
         ),
         host_applications=tuple(
             HostApplicationUsage(

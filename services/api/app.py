@@ -43,6 +43,7 @@ from services.api import (
     nodeslo,
     quotas,
     recorded,
+    scheduler,
     watermarks,
 )
 from services.api.event_hub import EventHub
@@ -50,6 +51,7 @@ from services.api.settings import ApiSettings
 from services.common import bodies
 from services.common.metrics import CONTENT_TYPE_LATEST, CollectorRegistry, render
 from services.common.observe import ReadinessCheck
+from services.loadaware.client import LoadAwareClient
 from services.migration.client import MigrationClient
 from services.migration.store import MigrationStore
 from services.nodemetric.store import NodeMetricStore
@@ -100,6 +102,8 @@ class ApiContext:
     """Node QoS reads (NodeSLO, actuations) from the bus; None: those routes answer 503."""
     event_hub: EventHub | None = None
     """Event subscriptions and history (services.api.events); None: those routes answer 503."""
+    loadaware_client: LoadAwareClient | None = None
+    """Asks the load-aware extender for a node's state (services.api.scheduler); None: that route answers 503."""
     tokens: auth.TokenStore = field(default_factory=auth.TokenStore)
     reviewed_tokens: auth.ReviewedTokens | None = None
     """Tokens not in `tokens` are asked about with a Kubernetes TokenReview (and mapped to roles); None: not."""
@@ -227,6 +231,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(migrations.router, responses=responses, dependencies=viewer)
     app.include_router(nodeslo.router, responses=responses, dependencies=viewer)
     app.include_router(watermarks.router, responses=responses, dependencies=viewer)
+    app.include_router(scheduler.router, responses=responses, dependencies=viewer)
     app.include_router(events.router, responses=responses, dependencies=viewer)
     app.include_router(events.socket_router)
     app.include_router(dashboard.router, responses=responses, dependencies=viewer)

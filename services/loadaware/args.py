@@ -1,17 +1,22 @@
-"""LoadAwareSchedulingArgs (spec §6.2) with Koordinator's defaults, read from JSON or YAML. Pure.
+"""LoadAwareSchedulingArgs (spec §6.2) with Koordinator's defaults and validation, read from JSON or YAML. Pure.
 
-The struct decodes Koordinator's names (`usageThresholds`, `estimatedScalingFactors`, …), so the args block of a
-koord-scheduler profile can be reused as is. `with_defaults` applies the defaulting of Koordinator's
-`SetDefaults_LoadAwareSchedulingArgs`: weights only when no weight and no dominant weight is given, thresholds only when
-none is given, scaling factors completed key by key. `apply_watermarks` lets the slo-controller-config's
-load-watermarks-config set the thresholds and staleness fields it shares with the descheduler. Used by
-services.loadaware.core/estimator/state, the loadaware service and `koordbus scheduler explain`.
+The struct decodes Koordinator's v1 names (`usageThresholds`, `estimatedScalingFactors`, …), so the args block of a
+koord-scheduler profile can be reused as is. `convert_args` reads a decoded document as Go does (a `null` field is
+the field left out; a value of the wrong type is an `ArgsFormatError`), `with_defaults` applies Koordinator's
+`SetDefaults_LoadAwareSchedulingArgs` (weights only when no weight and no dominant weight is given, thresholds only
+when none is given, scaling factors completed key by key), and `check_args` is its `ValidateLoadAwareSchedulingArgs`
+on the defaulted args (an `ArgsError`). `load_args` does all three for the service's args file; `koordbus calc
+loadaware` reports a rejected `ArgsError` as Koordinator's calculation error and an `ArgsFormatError` as bad input.
+`to_json` writes the args back in Koordinator's names (the extender's state export). `apply_watermarks` lets the
+slo-controller-config's load-watermarks-config set the thresholds and staleness fields it shares with the
+descheduler. Used by services.loadaware.core/estimator/state/snapshot, the loadaware service and `koordbus calc`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from fractions import Fraction
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 import yaml
@@ -25,13 +30,18 @@ DEFAULT_WEIGHTS: Final = {resources.CPU: 1, resources.MEMORY: 1}
 DEFAULT_THRESHOLDS: Final = {resources.CPU: 65, resources.MEMORY: 95}
 DEFAULT_SCALING_FACTORS: Final = {resources.CPU: 85, resources.MEMORY: 70}
 DEFAULT_EXPIRATION_SECONDS: Final = 180
+MAX_PERCENT: Final = 100
 
 
 class ArgsError(ValueError):
-    """Args that cannot be used; the message names the source and the field."""
+    """Args Koordinator's validation rejects (or that cannot be read at all); the message names the field."""
 
 
-class AggregatedArgs(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class ArgsFormatError(ArgsError):
+    """Args that are not LoadAwareSchedulingArgs at all: a wrong type, a duration that does not parse."""
+
+
+class AggregatedArgs(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
     """Thresholds on aggregated usage (a percentile over a duration) instead of the latest usage."""
 
     usage_thresholds: dict[str, int] = {}
@@ -53,6 +63,7 @@ class LoadAwareArgs(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     prod_usage_include_sys: bool = False
     score_according_prod_usage: bool = False
     estimator: str = "default"
+    """Any name selects Koordinator's DefaultEstimator (the only one it registers)."""
     estimated_scaling_factors: dict[str, int] = {}
     estimated_seconds_after_pod_scheduled: int | None = None
     estimated_seconds_after_initialized: int | None = None
@@ -88,68 +99,100 @@ def with_defaults(args: LoadAwareArgs) -> LoadAwareArgs:
 
 
 def check_args(args: LoadAwareArgs) -> None:
-    """Koordinator's ValidateLoadAwareSchedulingArgs, plus the aggregation names and durations."""
+    """Koordinator's ValidateLoadAwareSchedulingArgs of the defaulted args; the first problem as an ArgsError.
+
+    Like Koordinator: prodUsageThresholds and the estimator's name are not checked, a weight or scaling factor must
+    be in 1..100 and a threshold in 0..100, every weighted resource needs a scaling factor, and an aggregated duration
+    may be anything but negative (one no NodeMetric reports simply finds no aggregated usage)."""
     if args.node_metric_expiration_seconds <= 0:
-        raise ArgsError("nodeMetricExpirationSeconds: must be positive")
-    if args.dominant_resource_weight < 0:
-        raise ArgsError("dominantResourceWeight: must not be negative")
-    for field, mapping, high in (
-        ("resourceWeights", args.resource_weights, None),
-        ("usageThresholds", args.usage_thresholds, 100),
-        ("prodUsageThresholds", args.prod_usage_thresholds, 100),
-        ("estimatedScalingFactors", args.estimated_scaling_factors, 100),
+        raise ArgsError(f"nodeMetricExpirationSeconds: {args.node_metric_expiration_seconds} must be positive")
+    if not 0 <= args.dominant_resource_weight <= MAX_PERCENT:
+        raise ArgsError(f"dominantResourceWeight: {args.dominant_resource_weight} is outside 0..{MAX_PERCENT}")
+    for field, mapping, low in (
+        ("resourceWeights", args.resource_weights, 1),
+        ("usageThresholds", args.usage_thresholds, 0),
+        ("estimatedScalingFactors", args.estimated_scaling_factors, 1),
+        ("aggregated.usageThresholds", args.aggregated.usage_thresholds if args.aggregated else {}, 0),
     ):
-        for name, value in mapping.items():
-            if value < 0 or (high is not None and value > high):
-                bound = f"0..{high}" if high is not None else "≥ 0"
-                raise ArgsError(f"{field}.{name}: {value} is outside {bound}")
-    if args.estimator != "default":
-        raise ArgsError(f"estimator: only 'default' is offered, not {args.estimator!r}")
+        for name, value in sorted(mapping.items()):
+            if not low <= value <= MAX_PERCENT:
+                raise ArgsError(f"{field}.{name}: {value} is outside {low}..{MAX_PERCENT}")
+    for name in sorted(args.resource_weights):
+        if name not in args.estimated_scaling_factors:
+            raise ArgsError(f"estimatedScalingFactors.{name}: missing for the weighted resource {name}")
     if (agg := args.aggregated) is not None:
-        for name, value in agg.usage_thresholds.items():
-            if not 0 <= value <= 100:
-                raise ArgsError(f"aggregated.usageThresholds.{name}: {value} is outside 0..100")
-        for field, kind in (
-            ("usageAggregationType", agg.usage_aggregation_type),
-            ("scoreAggregationType", agg.score_aggregation_type),
+        for field, kind, duration in (
+            ("usage", agg.usage_aggregation_type, agg.usage_aggregated_duration),
+            ("score", agg.score_aggregation_type, agg.score_aggregated_duration),
         ):
             if kind and kind not in AGGREGATION_TYPES:
-                raise ArgsError(f"aggregated.{field}: {kind!r} is not one of {sorted(AGGREGATION_TYPES)}")
-        for field, text in (
-            ("usageAggregatedDuration", agg.usage_aggregated_duration),
-            ("scoreAggregatedDuration", agg.score_aggregated_duration),
-        ):
-            duration_seconds(text, field=f"aggregated.{field}")
+                known = sorted(AGGREGATION_TYPES)
+                raise ArgsError(f"aggregated.{field}AggregationType: {kind!r} is not one of {known}")
+            if duration_seconds(duration, field=f"aggregated.{field}AggregatedDuration") < 0:
+                raise ArgsError(f"aggregated.{field}AggregatedDuration: {duration!r} must not be negative")
 
 
-def duration_seconds(text: str, *, field: str = "duration") -> int:
-    """A Go duration of whole seconds ("5m", "1h30m", "300s") in seconds (schemas.koordinator.parse_go_duration);
-    "" or "0" is 0 (the longest one)."""
-    if text in ("", "0"):
-        return 0
+def duration_seconds(text: str, *, field: str = "duration") -> Fraction:
+    """A Go duration ("5m", "1h30m", "300s", "1.5s", "-1m") in seconds (schemas.koordinator.parse_go_duration);
+    "" is 0 (the longest one). ArgsFormatError when it does not parse."""
+    if text == "":
+        return Fraction(0)
     try:
-        seconds = koordinator.parse_go_duration(text)
+        return koordinator.parse_go_duration(text)
     except ValueError:
-        seconds = Fraction(-1)
-    if seconds < 0 or seconds.denominator != 1:
-        raise ArgsError(f"{field}: {text!r} is not a duration of whole seconds like '5m' or '300s'")
-    return int(seconds)
+        raise ArgsFormatError(f"{field}: {text!r} is not a duration like '5m' or '300s'") from None
+
+
+def _without_nulls(document: Mapping[str, Any]) -> dict[str, Any]:
+    """Go decodes a `null` field as the field left out (a nil pointer or map, a zero number): drop them."""
+    out = {key: value for key, value in document.items() if value is not None}
+    if isinstance(aggregated := out.get("aggregated"), Mapping):
+        out["aggregated"] = {key: value for key, value in aggregated.items() if value is not None}
+    return out
+
+
+def convert_args(document: Any, *, source: str = "args", strict: bool = True) -> LoadAwareArgs:
+    """A decoded LoadAwareSchedulingArgs document (neither defaulted nor checked); ArgsFormatError naming the field
+    when it is not one. `strict=False` for YAML, where `8e9` without a dot reads as a string."""
+    if document is None:
+        document = {}
+    if not isinstance(document, Mapping):
+        raise ArgsFormatError(f"{source}: expected an object of LoadAwareSchedulingArgs")
+    try:
+        args = msgspec.convert(_without_nulls(document), LoadAwareArgs, strict=strict)
+    except msgspec.ValidationError as err:
+        raise ArgsFormatError(f"{source}: {err}") from None
+    if (agg := args.aggregated) is not None:
+        duration_seconds(agg.usage_aggregated_duration, field=f"{source}: aggregated.usageAggregatedDuration")
+        duration_seconds(agg.score_aggregated_duration, field=f"{source}: aggregated.scoreAggregatedDuration")
+    return args
 
 
 def load_args(text: str, *, source: str = "args") -> LoadAwareArgs:
-    """LoadAwareSchedulingArgs from a JSON or YAML document, checked and defaulted; ArgsError names what is wrong."""
+    """LoadAwareSchedulingArgs from a JSON or YAML document, defaulted and checked; ArgsError names what is wrong."""
     try:
         document = yaml.safe_load(text) if text.strip() else {}
     except yaml.YAMLError as err:
-        raise ArgsError(f"{source}: not JSON or YAML: {' '.join(str(err).split())}") from None
-    if not isinstance(document, dict):
-        raise ArgsError(f"{source}: expected an object of LoadAwareSchedulingArgs")
+        raise ArgsFormatError(f"{source}: not JSON or YAML: {' '.join(str(err).split())}") from None
+    args = with_defaults(convert_args(document, source=source, strict=False))
     try:
-        args = msgspec.convert(document, LoadAwareArgs, strict=False)
-    except msgspec.ValidationError as err:
+        check_args(args)
+    except ArgsFormatError:
+        raise
+    except ArgsError as err:
         raise ArgsError(f"{source}: {err}") from None
-    check_args(args)
-    return with_defaults(args)
+    return args
+
+
+def to_json(args: LoadAwareArgs) -> dict[str, Any]:
+    """The args in Koordinator's v1 names, every field written (what `convert_args` reads back to equal args)."""
+    out: dict[str, Any] = msgspec.to_builtins(args)
+    if out.get("aggregated") is None:
+        out.pop("aggregated", None)
+    for field in ("estimatedSecondsAfterPodScheduled", "estimatedSecondsAfterInitialized"):
+        if out.get(field) is None:
+            out.pop(field, None)
+    return out
 
 
 def apply_watermarks(args: LoadAwareArgs, marks: Watermarks) -> LoadAwareArgs:

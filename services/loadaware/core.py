@@ -2,28 +2,33 @@
 
 `incoming` reads what the calculations need of the pod being scheduled once per request (its estimate, whether it
 is koord-prod, whether a DaemonSet owns it). `filter_node` returns a `Verdict` with Koordinator's reason on a
-failure; `score_node` a 0–100 `Score`, and `extender_score` scales it to the extender API's 0–10. With
-`explain=True` both carry their arithmetic (`cpu 48% = (usage 12000 + assigned 0 + pod 3400) / 32000 ≤ 65`).
+failure; `score_node` a 0–100 `Score`, and `extender_score` scales it to the extender API's 0–10. Both carry the
+estimated usage they compared (existing pods plus the incoming one, on the resource vector), and with
+`explain=True` their arithmetic (`cpu 48% = (usage 12000 + assigned 0 + pod 3400) / 32000 ≤ 65`). Every
+calculation reads only the resources of the vector (LoadAwareArgs.vector), as Koordinator's does; the percentages
+are Go's float64 `math.Round(est / allocatable × 100)`.
 
 Where this deliberately differs from Koordinator (each covered by a test):
 * A node the extender knows nothing about (no Node, no NodeMetric) passes with score 0 and the reason "unknown
   node", instead of being treated like a node without NodeMetric silently: kube-scheduler may ask about nodes the
   bridge has not reported yet, and the operator should see why such a node was not ranked.
-* An empty node usage in a NodeMetric is "no data" (our ResourceMap's convention): the estimate then starts from
-  the sum of the assigned pods' estimates, as Koordinator does for a nil usage, rather than from zero, which would
-  make a node whose agent reported nothing look idle and attract every pod of a burst.
-Used by the loadaware service's HTTP routes and `koordbus scheduler explain`.
+* An empty node usage in our NodeMetric report is "no data" (services.loadaware.state.metric_view).
+* With node QoS strategies (the slo-controller-config's resource-threshold-config), a pod the node's agent could
+  evict has its threshold capped under the agent's eviction threshold (services.slo.watermarks); without them,
+  as in `koordbus calc loadaware`, nothing is capped.
+Used by the loadaware service's verbs, services.loadaware.snapshot (`koordbus calc loadaware`, `koordbus scheduler
+explain --offline`) and services.loadaware.fast, which must answer the same.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from schemas import kube, resources, vocab
 from services.loadaware import estimator
 from services.loadaware.args import LoadAwareArgs, duration_seconds
-from services.loadaware.state import LoadState, MetricView, NodeEntry, NodeLoad, Overrides
+from services.loadaware.state import AggregationKey, LoadState, MetricView, NodeEntry, NodeLoad, Overrides
 from services.slo import watermarks
 
 ResourceList = resources.ResourceList
@@ -32,6 +37,7 @@ MAX_EXTENDER_PRIORITY = 10
 
 REASON_EXPIRED = "node(s) nodeMetric expired"
 REASON_UNKNOWN = "unknown node"
+REASON_NO_NODE_METRIC_STATUS = "the NodeMetric has no status.nodeMetric"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +73,8 @@ class Verdict:
     reason: str = ""
     """Koordinator's reason when it fails; why the node was not checked when it passes unchecked."""
     detail: str = ""
+    estimated: ResourceList | None = None
+    """The estimated usage compared with the thresholds (on the vector); None when nothing was compared."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,21 +83,28 @@ class Score:
     """0..MAX_NODE_SCORE."""
     reason: str = ""
     detail: str = ""
+    estimated: ResourceList | None = None
+    """The estimated usage scored (on the vector); None when the score returned before (0)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Profile:
     thresholds: Mapping[str, int]
-    aggregation: tuple[str, int] | None
+    aggregation: AggregationKey | None
     """(type, seconds; 0 = the longest) when the thresholds are on aggregated usage."""
     prod: bool
 
 
-def filter_profile(args: LoadAwareArgs, overrides: Overrides | None, *, prod: bool) -> Profile:
-    """Which thresholds apply (§6.5 step 2), each non-empty section of the node's annotation replacing the args'."""
+def filter_profile(
+    args: LoadAwareArgs, overrides: Overrides | None, *, prod: bool, vector: Collection[str] | None = None
+) -> Profile:
+    """Which thresholds apply (§6.5 step 2), each non-empty section of the node's annotation replacing the args'.
+    A prod pod takes the prod thresholds when they check some resource of the vector; else the aggregated profile
+    (the annotation's, else the args' when it has thresholds and a type); else the usage thresholds."""
+    names = args.vector() if vector is None else vector
     usage = (overrides.usage_thresholds if overrides else {}) or args.usage_thresholds
     prod_thresholds = (overrides.prod_usage_thresholds if overrides else {}) or args.prod_usage_thresholds
-    if prod and prod_thresholds:
+    if prod and any(prod_thresholds.get(name) for name in names):
         return Profile(thresholds=prod_thresholds, aggregation=None, prod=True)
     if overrides is not None and overrides.aggregation_type:
         aggregation = (overrides.aggregation_type, overrides.aggregated_seconds)
@@ -101,8 +116,22 @@ def filter_profile(args: LoadAwareArgs, overrides: Overrides | None, *, prod: bo
     return Profile(thresholds=usage, aggregation=None, prod=False)
 
 
+def score_aggregation(args: LoadAwareArgs) -> AggregationKey | None:
+    """The aggregated usage the score reads for a pod not scored on prod usage; None: the node usage."""
+    agg = args.aggregated
+    if agg is None or not agg.score_aggregation_type:
+        return None
+    return (agg.score_aggregation_type, duration_seconds(agg.score_aggregated_duration))
+
+
 def expired(metric: MetricView, args: LoadAwareArgs, *, now: float) -> bool:
-    return now - metric.update_time >= args.node_metric_expiration_seconds
+    """No updateTime, or at least nodeMetricExpirationSeconds old."""
+    return metric.update_time is None or now - metric.update_time >= args.node_metric_expiration_seconds
+
+
+def on_vector(amounts: Mapping[str, int], vector: Iterable[str]) -> ResourceList:
+    """Every resource of the vector (0 where `amounts` has none), nothing else."""
+    return {name: amounts.get(name, 0) for name in vector}
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +143,7 @@ class Estimate:
 
 
 def estimate(
-    metric: MetricView, load: NodeLoad, pod: IncomingPod, *, prod: bool, aggregation: tuple[str, int] | None
+    metric: MetricView, load: NodeLoad, pod: IncomingPod, *, prod: bool, aggregation: AggregationKey | None
 ) -> Estimate:
     """§6.5 step 6: what the node would use with the pod on it, and where the figure started from."""
     if prod:
@@ -124,7 +153,7 @@ def estimate(
         name = "usage"
         if aggregation is not None:
             kind, seconds = aggregation
-            name = f"{kind} usage over {seconds or 'the longest'}{'s' if seconds else ''}"
+            name = f"{kind} usage over {f'{float(seconds):g}s' if seconds else 'the longest'}"
             usage = metric.aggregated.get(aggregation)
             if usage is None and seconds == 0:
                 usage, name = metric.node_usage, "usage"
@@ -137,9 +166,9 @@ def estimate(
     )
 
 
-def _round_percent(used: int, total: int) -> int:
-    """Go's math.Round(used / total × 100) for non-negative amounts."""
-    return (200 * used + total) // (2 * total)
+def percent(used: int, total: int) -> int:
+    """Koordinator's `int64(math.Round(float64(used) / float64(total) * 100))`, in float64 as Go computes it."""
+    return int(estimator.go_round(float(used) / float(total) * 100))
 
 
 def filter_node(
@@ -152,16 +181,16 @@ def filter_node(
     explain: bool = False,
 ) -> Verdict:
     """§6.5. `allocatable` is the request's own Node object when kube-scheduler sent one (nodeCacheCapable false)."""
-    args = state.args
+    args, vector = state.args, state.vector
     if pod.daemonset:
         return Verdict(passed=True, reason="DaemonSet pods always pass")
     entry = state.nodes.get(node)
     if entry is None and allocatable is None:
         return Verdict(passed=True, reason=REASON_UNKNOWN)
-    profile = filter_profile(args, entry.overrides if entry else None, prod=pod.prod)
+    profile = filter_profile(args, entry.overrides if entry else None, prod=pod.prod, vector=vector)
     caps = eviction_caps(state, pod, entry)
     thresholds = watermarks.capped(profile.thresholds, caps)
-    if not any(thresholds.values()):
+    if not any(thresholds.get(name) for name in vector):
         return Verdict(passed=True, reason="no thresholds")
     metric = entry.metric if entry else None
     load = state.load_of(node)
@@ -170,29 +199,38 @@ def filter_node(
     if args.filter_expired_node_metrics and expired(metric, args, now=now):
         if args.enable_schedule_when_node_metrics_expired:
             return Verdict(passed=True, reason="nodeMetric expired, scheduling allowed")
-        age = now - metric.update_time
-        detail = f"updated {age:.0f} s ago ≥ {args.node_metric_expiration_seconds} s" if explain else ""
+        detail = ""
+        if explain:
+            updated = "no updateTime" if metric.update_time is None else f"updated {now - metric.update_time:.0f} s ago"
+            detail = f"{updated} ≥ {args.node_metric_expiration_seconds} s"
         return Verdict(passed=False, reason=REASON_EXPIRED, detail=detail)
+    if not metric.has_node_metric:
+        return Verdict(passed=True, reason=REASON_NO_NODE_METRIC_STATUS)
     capacity = allocatable if allocatable is not None else (entry.allocatable if entry else None) or {}
     est = estimate(metric, load, pod, prod=profile.prod, aggregation=profile.aggregation)
+    compared = on_vector(est.total, vector)
     lines: list[str] = []
-    for name in sorted(thresholds):
-        threshold, total = thresholds[name], capacity.get(name, 0)
+    for name in vector:
+        threshold, total = thresholds.get(name, 0), capacity.get(name, 0)
         if threshold == 0 or total == 0:
             continue
-        used = est.total.get(name, 0)
-        percent = _round_percent(used, total)
+        used = compared[name]
+        usage = percent(used, total)
         if explain:
             why = f" (capped: node QoS evicts this pod at {caps[name] + 1}%)" if threshold == caps.get(name) else ""
             lines.append(
-                f"{name} {percent}% = ({est.base_name} {est.base.get(name, 0)} + assigned {est.assigned.get(name, 0)}"
-                f" + pod {pod.estimated.get(name, 0)}) / {total} {'>' if percent > threshold else '≤'} {threshold}"
-                + why
+                f"{name} {usage}% = ({est.base_name} {est.base.get(name, 0)} + assigned {est.assigned.get(name, 0)}"
+                f" + pod {pod.estimated.get(name, 0)}) / {total} {'>' if usage > threshold else '≤'} {threshold}" + why
             )
-        if percent > threshold:
+        if usage > threshold:
             kind = "aggregated usage" if profile.aggregation is not None else "usage"
-            return Verdict(passed=False, reason=f"node(s) {name} {kind} exceed threshold", detail="; ".join(lines))
-    return Verdict(passed=True, detail="; ".join(lines))
+            return Verdict(
+                passed=False,
+                reason=f"node(s) {name} {kind} exceed threshold",
+                detail="; ".join(lines),
+                estimated=compared,
+            )
+    return Verdict(passed=True, detail="; ".join(lines), estimated=compared)
 
 
 def score_node(
@@ -205,9 +243,10 @@ def score_node(
     explain: bool = False,
 ) -> Score:
     """§6.6: the weighted mean of per-resource free shares, plus the dominant (smallest) share if weighted."""
-    args = state.args
-    weights, dominant = args.resource_weights, args.dominant_resource_weight
-    if not weights and dominant == 0:
+    args, vector = state.args, state.vector
+    weights = on_vector(args.resource_weights, vector)
+    dominant = args.dominant_resource_weight
+    if not any(weights.values()) and dominant == 0:
         return Score(score=0, reason="no score weights")
     entry = state.nodes.get(node)
     if entry is None and allocatable is None:
@@ -218,29 +257,51 @@ def score_node(
         return Score(score=0, reason="no NodeMetric")
     if expired(metric, args, now=now):
         return Score(score=0, reason=REASON_EXPIRED)
+    if not metric.has_node_metric:
+        return Score(score=0, reason=REASON_NO_NODE_METRIC_STATUS)
     prod = args.score_according_prod_usage and pod.prod
-    aggregation = None
-    if not prod and args.aggregated is not None and args.aggregated.score_aggregation_type:
-        agg = args.aggregated
-        aggregation = (agg.score_aggregation_type, duration_seconds(agg.score_aggregated_duration))
-    est = estimate(metric, load, pod, prod=prod, aggregation=aggregation)
+    est = estimate(metric, load, pod, prod=prod, aggregation=None if prod else score_aggregation(args))
+    compared = on_vector(est.total, vector)
     capacity = allocatable if allocatable is not None else (entry.allocatable if entry else None) or {}
     shares = {}
-    for name in state.vector:
-        total, used = capacity.get(name, 0), est.total.get(name, 0)
+    for name in vector:
+        total, used = capacity.get(name, 0), compared[name]
         shares[name] = (total - used) * MAX_NODE_SCORE // total if total > 0 and used <= total else 0
-    weighted = sum(shares[name] * weight for name, weight in weights.items() if name in shares)
-    smallest = min(shares.values()) if shares else 0
+    weighted = sum(shares[name] * weights[name] for name in vector)
+    smallest = min(shares.values())  # every share is 0..100; Koordinator's min starts at 100
     denominator = sum(weights.values()) + dominant
     score = (weighted + dominant * smallest) // denominator if denominator > 0 else 0
     detail = ""
     if explain:
-        parts = [f"{name} {shares[name]}×{weights.get(name, 0)}" for name in state.vector]
+        parts = [f"{name} {shares[name]}×{weights[name]}" for name in vector]
         detail = f"score {score} = ({' + '.join(parts)} + dominant {dominant}×{smallest}) / {denominator}"
-        detail += "; " + ", ".join(f"{n} {est.total.get(n, 0)}/{capacity.get(n, 0)}" for n in state.vector)
-    return Score(score=score, detail=detail)
+        detail += "; " + ", ".join(f"{n} {compared[n]}/{capacity.get(n, 0)}" for n in vector)
+    return Score(score=score, detail=detail, estimated=compared)
 
 
 def extender_score(score: int) -> int:
     """0..100 → the extender API's 0..10, rounded half up (kube-scheduler multiplies it back by 10 × weight)."""
     return (score * MAX_EXTENDER_PRIORITY + MAX_NODE_SCORE // 2) // MAX_NODE_SCORE
+
+
+def explain(state: LoadState, pod: kube.Pod, node: str, *, now: float) -> dict[str, object]:
+    """The filter verdict and score of `pod` on `node` with their arithmetic: what `koordbus scheduler explain`
+    prints, asked of a running extender or replayed from a saved state (services.loadaware.snapshot)."""
+    incoming_pod = incoming(pod, state.args)
+    verdict = filter_node(state, incoming_pod, node, now=now, explain=True)
+    score = score_node(state, incoming_pod, node, now=now, explain=True)
+    entry = state.nodes.get(node)
+    return {
+        "pod": incoming_pod.key,
+        "node": node,
+        "assigned_pods": len(entry.pods) if entry else 0,
+        "nodemetric_update_time": entry.metric.update_time if entry and entry.metric else None,
+        "estimate": incoming_pod.estimated,
+        "filter": {"passed": verdict.passed, "reason": verdict.reason, "detail": verdict.detail},
+        "score": {
+            "score": score.score,
+            "extender_score": extender_score(score.score),
+            "reason": score.reason,
+            "detail": score.detail,
+        },
+    }

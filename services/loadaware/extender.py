@@ -185,21 +185,4 @@ class Extender:
 
     def explain(self, pod: kube.Pod, node: str, *, now: float) -> dict[str, object]:
         """The filter verdict and score of `pod` on `node` with their arithmetic (koordbus scheduler explain)."""
-        incoming = core.incoming(pod, self.state.args)
-        verdict = core.filter_node(self.state, incoming, node, now=now, explain=True)
-        score = core.score_node(self.state, incoming, node, now=now, explain=True)
-        entry = self.state.nodes.get(node)
-        return {
-            "pod": incoming.key,
-            "node": node,
-            "assigned_pods": len(entry.pods) if entry else 0,
-            "nodemetric_update_time": entry.metric.update_time if entry and entry.metric else None,
-            "estimate": incoming.estimated,
-            "filter": {"passed": verdict.passed, "reason": verdict.reason, "detail": verdict.detail},
-            "score": {
-                "score": score.score,
-                "extender_score": core.extender_score(score.score),
-                "reason": score.reason,
-                "detail": score.detail,
-            },
-        }
+        return core.explain(self.state, pod, node, now=now)

@@ -20,7 +20,6 @@ import numpy as np
 import numpy.typing as npt
 
 from services.loadaware import core
-from services.loadaware.args import duration_seconds
 from services.loadaware.state import LoadState
 from services.slo import watermarks
 
@@ -45,18 +44,14 @@ class Matrix:
         self.prod_base: Int = np.zeros((0, width), np.int64)
         self.update_time = np.zeros(0, np.float64)
         self.has_metric = np.zeros(0, bool)
+        self.has_status = np.zeros(0, bool)
         self.known = np.zeros(0, bool)
         self.special = np.zeros(0, bool)
         self.qos_strategy = np.zeros(0, np.int64)
         args = state.args
-        self.filter_profile = core.filter_profile(args, None, prod=False)
-        self.prod_profile = core.filter_profile(args, None, prod=True)
-        agg = args.aggregated
-        self.score_aggregation = (
-            (agg.score_aggregation_type, duration_seconds(agg.score_aggregated_duration))
-            if agg is not None and agg.score_aggregation_type
-            else None
-        )
+        self.filter_profile = core.filter_profile(args, None, prod=False, vector=self.vector)
+        self.prod_profile = core.filter_profile(args, None, prod=True, vector=self.vector)
+        self.score_aggregation = core.score_aggregation(args)
         self.weights = np.array([args.resource_weights.get(r, 0) for r in self.vector], np.int64)
 
     def _row(self, name: str) -> int:
@@ -73,7 +68,7 @@ class Matrix:
                 setattr(self, attr, np.concatenate([old, np.zeros((grow, old.shape[1]), np.int64)]))
             self.update_time = np.concatenate([self.update_time, np.zeros(grow, np.float64)])
             self.qos_strategy = np.concatenate([self.qos_strategy, np.zeros(grow, np.int64)])
-            for attr in ("has_metric", "known", "special"):
+            for attr in ("has_metric", "has_status", "known", "special"):
                 setattr(self, attr, np.concatenate([getattr(self, attr), np.zeros(grow, bool)]))
         return row
 
@@ -90,9 +85,10 @@ class Matrix:
             load = state.load_of(name)
             metric = entry.metric if entry else None
             self.has_metric[row] = metric is not None and load is not None
+            self.has_status[row] = metric is not None and metric.has_node_metric
             if metric is None or load is None:
                 continue
-            self.update_time[row] = metric.update_time
+            self.update_time[row] = -np.inf if metric.update_time is None else metric.update_time
             profile = self.filter_profile
             self.filter_base[row] = self._vec(
                 core.estimate(metric, load, _EMPTY, prod=False, aggregation=profile.aggregation).total
@@ -137,13 +133,13 @@ class Matrix:
                     for i in np.flatnonzero(stale).tolist():
                         failed[names[i]] = core.REASON_EXPIRED
                 check &= ~stale
+            check &= self.has_status[safe]
             base = self.prod_base if profile.prod else self.filter_base
             idx = safe[check]
             alloc = self.alloc[idx]
             est = base[idx] + self._vec(pod.estimated)
             checked = (limits[check] > 0) & (alloc > 0)
-            percent = (200 * est + alloc) // np.where(alloc > 0, 2 * alloc, 1)
-            over = checked & (percent > limits[check])
+            over = checked & (_go_percent(est, alloc) > limits[check])
             bad = over.any(axis=1)
             kind = "aggregated usage" if profile.aggregation is not None else "usage"
             positions = np.flatnonzero(check)[bad].tolist()
@@ -177,7 +173,7 @@ class Matrix:
             return [0] * len(names)
         found = rows >= 0
         safe = np.where(found, rows, 0)
-        use = found & self.known[safe] & self.has_metric[safe]
+        use = found & self.known[safe] & self.has_metric[safe] & self.has_status[safe]
         use &= now - self.update_time[safe] < args.node_metric_expiration_seconds
         idx = safe[use]
         base = self.prod_base if args.score_according_prod_usage and pod.prod else self.score_base
@@ -188,3 +184,11 @@ class Matrix:
         smallest = shares.min(axis=1) if shares.shape[1] else np.zeros(len(idx), np.int64)
         out[use] = (shares @ self.weights + args.dominant_resource_weight * smallest) // denominator
         return [int(v) for v in out.tolist()]
+
+
+def _go_percent(est: Int, alloc: Int) -> Int:
+    """core.percent of each cell: Go's math.Round(float64(est) / float64(alloc) * 100) (0 where alloc is 0)."""
+    ratio = est.astype(np.float64) / np.where(alloc > 0, alloc, 1).astype(np.float64) * 100
+    whole = np.trunc(ratio)
+    rounded = whole + np.where(np.abs(ratio - whole) >= 0.5, np.copysign(1.0, ratio), 0.0)
+    return rounded.astype(np.int64)

@@ -10,7 +10,9 @@ services.migration):
     a key in error keeps its last good value and is logged.
   * nodemetric (KOORD_NODEMETRIC, every partition, last value per subject, then new reports).
 The HTTP routes (services.loadaware.http) call `filter`, `prioritize`, `assume` and `explain` on the event loop
-between deliveries, so every answer reads one consistent state. `bind` records the placement at once, then asks
+between deliveries, so every answer reads one consistent state; so does `node_state`, which answers the API's state
+export (request/reply on koord.v1.rpc.loadaware.state, the queue group of every replica: each holds the whole state)
+with services.loadaware.snapshot's document. `bind` records the placement at once, then asks
 the Kubernetes bridge to create the Binding (request/reply on koord.v1.rpc.k8s.bind, services.k8s.binder) and takes
 the placement back when that fails or no answer comes within `bind_timeout_seconds`. Called by `koordbus service
 loadaware` and tests.
@@ -28,7 +30,7 @@ import msgspec
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from bus import streams, subjects
-from bus.api import Bus, Consumer, ConsumerSpec, Delivery
+from bus.api import Bus, Consumer, ConsumerSpec, Delivery, Responder
 from bus.errors import BusError
 from schemas import extender as wire
 from schemas import kube
@@ -38,8 +40,9 @@ from schemas.qos import WatermarksInEffect
 from services.common import observe
 from services.common.metrics import once_per_registry
 from services.common.startup import wait_replayed
+from services.loadaware import snapshot
 from services.loadaware.args import DEFAULT_ARGS, LoadAwareArgs, apply_watermarks, stated_watermarks
-from services.loadaware.extender import Extender
+from services.loadaware.extender import DECODE_ERRORS, Extender
 from services.loadaware.fast import Matrix
 from services.loadaware.state import ASSUMED_TTL_SECONDS, LoadState
 from services.slo import watermarks
@@ -53,6 +56,7 @@ CLUSTER_CONSUMER = "loadaware-cluster"
 NODEMETRIC_CONSUMER = "loadaware-nodemetric"
 _NODEMETRIC_DECODER: Final = msgspec.json.Decoder(NodeMetricComputed)
 UNKNOWN_LOGGED_MAX = 10_000
+RPC_QUEUE = "loadaware"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,6 +171,7 @@ class LoadAwareService:
         self._registry = registry
         self._metrics = once_per_registry(registry, "loadaware-instruments", _Instruments)
         self._consumers: dict[str, Consumer] = {}
+        self._responder: Responder | None = None
         self._unknown_logged: set[str] = set()
         self._stated: WatermarksInEffect | None = None
         self.replayed = False
@@ -185,6 +190,7 @@ class LoadAwareService:
                 log.warning("loadaware: %s replay stalled for %.0f s; serving with what was read", name, timeout)
         self.ready_to_serve()
         await self.state_watermarks()
+        self._responder = await self.bus.serve(subjects.LOADAWARE_RPC_STATE, self.node_state, queue=RPC_QUEUE)
         log.info("loadaware: serving with %d nodes", len(self.state.nodes))
 
     def ready_to_serve(self) -> None:
@@ -195,6 +201,9 @@ class LoadAwareService:
         self.replayed = True
 
     async def stop(self) -> None:
+        if self._responder is not None:
+            await self._responder.stop()
+            self._responder = None
         for consumer in self._consumers.values():
             await consumer.stop()
         if self._consumers:
@@ -334,6 +343,16 @@ class LoadAwareService:
 
     def explain(self, pod: kube.Pod, node: str) -> dict[str, object]:
         return self.extender.explain(pod, node, now=time.time())
+
+    async def node_state(self, data: bytes) -> bytes:
+        """A NodeStateRequest answered with the node's state document (no `state`: the node is unknown)."""
+        try:
+            request = wire.NODE_STATE_REQUEST.decode(data)
+        except DECODE_ERRORS as err:
+            return msgspec.json.encode(wire.NodeStateReply(error=f"not a NodeStateRequest: {err}"))
+        now = time.time()
+        self.state.expire_assumed(now)
+        return msgspec.json.encode(wire.NodeStateReply(state=snapshot.export(self.state, request.node, now=now)))
 
     def bad_request(self, verb: str) -> None:
         self._metrics.requests.labels(verb=verb, outcome="bad_request").inc()

@@ -19,16 +19,17 @@ verb): a pod the scheduler assumed but never bound, or a placement a caller inve
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Final
 
-from schemas import kube, resources, vocab
+from schemas import koordinator, kube, resources, vocab
 from schemas.node import NodeMetricComputed
-from services.loadaware import estimator
-from services.loadaware.args import AGGREGATION_TYPES, LoadAwareArgs, duration_seconds
-from services.slo import watermarks
+from services.loadaware import estimator, source
+from services.loadaware.args import LoadAwareArgs
+from services.slo import gojson, watermarks
 
 ANNOTATION_USAGE_THRESHOLDS: Final = "scheduling.koordinator.sh/usage-thresholds"
 DEFAULT_REPORT_INTERVAL: Final = 60.0
@@ -39,41 +40,80 @@ bound pod within seconds)."""
 ResourceList = resources.ResourceList
 
 
+AggregationKey = tuple[str, Fraction]
+"""(aggregation type, duration in seconds); duration 0 is the longest one the NodeMetric reports for the type."""
+
+
 @dataclass(frozen=True, slots=True)
 class MetricView:
     """What the extender reads of one NodeMetric: amounts by resource, aggregated usages by (type, seconds) with
-    (type, 0) the longest duration of that type, pod usages by namespace/name, the pods reported as prod."""
+    (type, 0) the longest duration of that type, pod usages by namespace/name, the pods reported as prod.
 
-    update_time: float
+    `node_usage` None: there is no usage to start from (`status.nodeMetric` absent, or our report's empty usage;
+    see `metric_view`). `update_time` None: the status carries none (the NodeMetric counts as expired)."""
+
+    update_time: float | None
     report_interval: float
     node_usage: ResourceList | None
     system_usage: ResourceList
-    aggregated: Mapping[tuple[str, int], ResourceList]
+    aggregated: Mapping[AggregationKey, ResourceList]
     pod_usages: Mapping[str, ResourceList]
     prod_pods: frozenset[str]
+    has_node_metric: bool = True
+    """`status.nodeMetric` is present (Koordinator's filter and score skip a NodeMetric without it)."""
+
+
+def aggregated_usages(
+    entries: Iterable[tuple[Fraction, Mapping[str, ResourceList]]],
+) -> dict[AggregationKey, ResourceList]:
+    """Koordinator's aggUsages: every non-empty (type, duration) usage, later entries replacing earlier ones, then
+    (type, 0) = the usage of the longest positive duration of each type."""
+    aggregated: dict[AggregationKey, ResourceList] = {}
+    longest: dict[str, Fraction] = {}
+    for duration, usages in entries:
+        for kind, amounts in usages.items():
+            if not amounts:
+                continue  # an empty ResourceMap is "no data"
+            aggregated[(kind, duration)] = dict(amounts)
+            if duration > longest.get(kind, 0):
+                longest[kind] = duration
+    for kind, duration in longest.items():
+        aggregated[(kind, Fraction(0))] = aggregated[(kind, duration)]
+    return aggregated
+
+
+def pod_usages(entries: Iterable[tuple[str, ResourceList, str]]) -> tuple[dict[str, ResourceList], frozenset[str]]:
+    """(usage by namespace/name, the keys reported as koord-prod) from podsMetric entries (key, usage, priority);
+    an entry without usage is skipped, as Koordinator does."""
+    usages: dict[str, ResourceList] = {}
+    prod: set[str] = set()
+    for key, usage, priority in entries:
+        if not usage:
+            continue
+        usages[key] = dict(usage)
+        if priority == vocab.PRIORITY_PROD:
+            prod.add(key)
+    return usages, frozenset(prod)
 
 
 def metric_view(event: NodeMetricComputed) -> MetricView:
+    """Our NodeMetricComputed as the extender reads it. An empty node usage is "no data" (our ResourceMap's
+    convention, a deliberate difference from Koordinator, which reads it as zeros): the estimate then starts from
+    the assigned pods' estimates, so a node whose agent reported nothing does not look idle."""
     info = event.status.node_metric
-    aggregated: dict[tuple[str, int], ResourceList] = {}
-    longest: dict[str, int] = {}
-    for usage in info.aggregated_node_usages:
-        for kind, amounts in usage.usage.items():
-            if not amounts.resources:
-                continue  # an empty ResourceMap is "no data"
-            aggregated[(kind, usage.duration_seconds)] = dict(amounts.resources)
-            if usage.duration_seconds >= longest.get(kind, -1):
-                longest[kind] = usage.duration_seconds
-                aggregated[(kind, 0)] = dict(amounts.resources)
-    pods = {f"{p.namespace}/{p.name}": dict(p.pod_usage.resources) for p in event.status.pods_metric}
-    prod = frozenset(f"{p.namespace}/{p.name}" for p in event.status.pods_metric if p.priority == vocab.PRIORITY_PROD)
+    usages, prod = pod_usages(
+        (f"{p.namespace}/{p.name}", p.pod_usage.resources, p.priority) for p in event.status.pods_metric
+    )
     return MetricView(
         update_time=event.status.update_time,
         report_interval=float(event.spec.report_interval_seconds or DEFAULT_REPORT_INTERVAL),
-        node_usage=dict(info.node_usage.resources) or None,  # empty: no data, like a nil map
+        node_usage=dict(info.node_usage.resources) or None,
         system_usage=dict(info.system_usage.resources),
-        aggregated=aggregated,
-        pod_usages=pods,
+        aggregated=aggregated_usages(
+            (Fraction(u.duration_seconds), {k: rm.resources for k, rm in u.usage.items()})
+            for u in info.aggregated_node_usages
+        ),
+        pod_usages=usages,
         prod_pods=prod,
     )
 
@@ -88,6 +128,12 @@ class AssignedPod:
     deadline: float | None
     """Until when the estimate counts even if NodeMetric already reports the pod; None: no such window."""
     prod: bool
+    dated_by_condition: bool = False
+    """`timestamp` is the PodScheduled transition (not when the assignment was seen)."""
+    deadline_after: int | None = None
+    """Seconds after `timestamp` the deadline is, when it derives from it (the after-PodScheduled window)."""
+    source: bytes = b""
+    """The pod as the extender reads it (services.loadaware.source): what the state export shows."""
 
 
 def _condition_time(pod: kube.Pod, kind: str) -> float | None:
@@ -98,27 +144,34 @@ def _condition_time(pod: kube.Pod, kind: str) -> float | None:
 
 
 def assigned_pod(pod: kube.Pod, *, seen_at: float, args: LoadAwareArgs) -> AssignedPod:
-    """The cache entry of a pod with a nodeName (spec §6.4)."""
-    timestamp = _condition_time(pod, "PodScheduled") or seen_at
+    """The cache entry of a pod with a nodeName (spec §6.4): its estimate, the PodScheduled transition (else
+    `seen_at`) as its timestamp, and the deadline of its estimation window — after Initialized when that window is
+    set and the condition is True, else after the timestamp."""
+    scheduled = _condition_time(pod, "PodScheduled")
+    timestamp = seen_at if scheduled is None else scheduled
     after_scheduled, after_initialized = estimator.estimation_windows(pod, args)
     deadline: float | None = None
+    deadline_after: int | None = None
     initialized = _condition_time(pod, "Initialized")
-    if after_initialized and after_initialized > 0 and initialized is not None:
+    if after_initialized > 0 and initialized is not None:
         deadline = initialized + after_initialized
-    elif after_scheduled and after_scheduled > 0:
-        deadline = timestamp + after_scheduled
+    elif after_scheduled > 0:
+        deadline, deadline_after = timestamp + after_scheduled, after_scheduled
     return AssignedPod(
         key=kube.pod_key(pod),
         estimated=estimator.estimate_pod(pod, args),
         timestamp=timestamp,
         deadline=deadline,
         prod=kube.pod_priority_class(pod) == vocab.PRIORITY_PROD,
+        dated_by_condition=scheduled is not None,
+        deadline_after=deadline_after,
+        source=source.encode(pod),
     )
 
 
 @dataclass(frozen=True, slots=True)
 class NodeLoad:
-    """Koordinator's addPod sums over a node's assigned pods against its NodeMetric."""
+    """Koordinator's addPod sums over a node's assigned pods against its NodeMetric, and the pods in each."""
 
     node_delta: ResourceList
     """Estimates of pods the NodeMetric does not show yet (or shows for less than their estimate)."""
@@ -126,37 +179,75 @@ class NodeLoad:
     """Estimates of every assigned pod (the fallback when the NodeMetric has no usage to start from)."""
     prod_usage: ResourceList
     prod_delta: ResourceList
+    node_delta_pods: tuple[str, ...] = ()
+    prod_delta_pods: tuple[str, ...] = ()
+    node_estimated_pods: tuple[str, ...] = ()
 
 
-def node_load(metric: MetricView, pods: Iterable[AssignedPod], *, include_sys: bool) -> NodeLoad:
+def node_load(
+    metric: MetricView, pods: Iterable[AssignedPod], *, include_sys: bool, vector: Collection[str] | None = None
+) -> NodeLoad:
+    """addPod for each pod. A pod whose estimate is zero on every resource of `vector` (every resource when None)
+    has no estimate: only its usage counts, toward prod usage. Sums accumulate in place: this runs for every pod of
+    a node whenever the node's NodeMetric or pods change."""
     node_delta: ResourceList = {}
     node_estimated: ResourceList = {}
     prod_usage: ResourceList = dict(metric.system_usage) if include_sys else {}
     prod_delta: ResourceList = {}
-    since = metric.update_time - metric.report_interval
+    node_delta_pods: list[str] = []
+    prod_delta_pods: list[str] = []
+    node_estimated_pods: list[str] = []
+    names = None if vector is None else frozenset(vector)
+    update_time = -math.inf if metric.update_time is None else metric.update_time
+    since = update_time - metric.report_interval
     for pod in pods:
         usage = metric.pod_usages.get(pod.key)
         active_prod = pod.prod and pod.key in metric.prod_pods
         if active_prod and usage is not None:
-            prod_usage = resources.add(prod_usage, usage)
-        should = (
-            usage is None or pod.timestamp > since or (pod.deadline is not None and pod.deadline > metric.update_time)
-        )
-        if should:
-            node_delta = resources.add(node_delta, _above(pod.estimated, usage))
-        node_estimated = resources.add(node_estimated, pod.estimated)
+            _add(prod_usage, usage)
+        estimated = pod.estimated
+        if names is not None and not estimated.keys() <= names:
+            estimated = {name: amount for name, amount in estimated.items() if name in names and amount}
+        if not estimated:
+            continue
+        should = usage is None or pod.timestamp > since or (pod.deadline is not None and pod.deadline > update_time)
+        if should and _add_above(node_delta, estimated, usage):
+            node_delta_pods.append(pod.key)
+        _add(node_estimated, estimated)
+        node_estimated_pods.append(pod.key)
         if pod.prod:
             if not active_prod and usage is not None:
                 usage, should = None, True
-            if should:
-                prod_delta = resources.add(prod_delta, _above(pod.estimated, usage))
-    return NodeLoad(node_delta=node_delta, node_estimated=node_estimated, prod_usage=prod_usage, prod_delta=prod_delta)
+            if should and _add_above(prod_delta, estimated, usage):
+                prod_delta_pods.append(pod.key)
+    return NodeLoad(
+        node_delta=node_delta,
+        node_estimated=node_estimated,
+        prod_usage=prod_usage,
+        prod_delta=prod_delta,
+        node_delta_pods=tuple(node_delta_pods),
+        prod_delta_pods=tuple(prod_delta_pods),
+        node_estimated_pods=tuple(node_estimated_pods),
+    )
 
 
-def _above(estimated: ResourceList, usage: ResourceList | None) -> ResourceList:
-    if usage is None:
-        return estimated
-    return {name: max(amount - usage.get(name, 0), 0) for name, amount in estimated.items()}
+def _add(total: ResourceList, amounts: Mapping[str, int]) -> None:
+    for name, amount in amounts.items():
+        total[name] = total.get(name, 0) + amount
+
+
+def _add_above(total: ResourceList, estimated: Mapping[str, int], usage: Mapping[str, int] | None) -> bool:
+    """total += max(estimated − usage, 0) per resource of the estimate (all of it without usage); whether some
+    resource grew (Koordinator's AddDelta)."""
+    grew = False
+    for name, amount in estimated.items():
+        delta = amount if usage is None else amount - usage.get(name, 0)
+        if delta > 0:
+            total[name] = total.get(name, 0) + delta
+            grew = True
+        else:
+            total.setdefault(name, 0)
+    return grew
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,33 +258,58 @@ class Overrides:
     prod_usage_thresholds: Mapping[str, int] = field(default_factory=dict)
     aggregated_thresholds: Mapping[str, int] = field(default_factory=dict)
     aggregation_type: str = ""
-    aggregated_seconds: int = 0
+    """Set (with thresholds): the annotation's aggregated section replaces the plugin's; any type is taken."""
+    aggregated_seconds: Fraction = Fraction(0)
+    """0 when the section gives no duration: the longest one (not the plugin's duration)."""
+
+
+_CUSTOM_USAGE_THRESHOLDS: Final = {
+    "usageThresholds": "int64-map",
+    "prodUsageThresholds": "int64-map",
+    "aggregatedUsage": {
+        "usageThresholds": "int64-map",
+        "usageAggregationType": "string",
+        "usageAggregatedDuration": "string-pointer",
+    },
+}
+"""Koordinator's CustomUsageThresholds (apis/extension/load_aware.go) as services.slo.gojson decodes it; the duration
+is a metav1.Duration, parsed below."""
 
 
 def parse_overrides(raw: str | None) -> tuple[Overrides | None, str]:
-    """The annotation parsed, or None and why not (empty reason: no annotation)."""
+    """The annotation as Koordinator's GetCustomUsageThresholds reads it (Go's encoding/json, services.slo.gojson),
+    or None and why not (empty reason: no annotation, or `null`). A value of the wrong type or a duration that does
+    not parse makes the whole annotation ignored; an aggregated section without thresholds or type is dropped
+    (sections left empty change nothing)."""
     if raw is None:
         return None, ""
+    problems: list[gojson.Problem] = []
     try:
-        document = json.loads(raw)
-        if not isinstance(document, dict):
-            raise ValueError("not an object")
-        agg = document.get("aggregatedUsage") or {}
-        thresholds = {str(k): int(v) for k, v in (agg.get("usageThresholds") or {}).items()}
-        kind = str(agg.get("usageAggregationType") or "")
-        if kind and kind not in AGGREGATION_TYPES:
-            raise ValueError(f"unknown aggregation type {kind!r}")
-        if not thresholds or not kind:  # an aggregated section without thresholds or type is ignored
-            thresholds, kind = {}, ""
-        return Overrides(
-            usage_thresholds={str(k): int(v) for k, v in (document.get("usageThresholds") or {}).items()},
-            prod_usage_thresholds={str(k): int(v) for k, v in (document.get("prodUsageThresholds") or {}).items()},
-            aggregated_thresholds=thresholds,
-            aggregation_type=kind,
-            aggregated_seconds=duration_seconds(str(agg.get("usageAggregatedDuration") or "")) if kind else 0,
-        ), ""
-    except (ValueError, TypeError, AttributeError) as err:
+        decoded = gojson.decode_onto(gojson.UNSET, gojson.parse(raw), _CUSTOM_USAGE_THRESHOLDS, "$", problems)
+    except gojson.GoJsonError as err:
         return None, f"{ANNOTATION_USAGE_THRESHOLDS}: {err}"
+    if problems:
+        return None, f"{ANNOTATION_USAGE_THRESHOLDS}: {problems[0]}"
+    if decoded is gojson.UNSET:
+        return None, ""
+    agg = decoded.get("aggregatedUsage", gojson.UNSET)
+    agg = {} if agg is gojson.UNSET else agg
+    thresholds, kind = agg.get("usageThresholds", {}), agg.get("usageAggregationType", "")
+    seconds = Fraction(0)
+    if (duration := agg.get("usageAggregatedDuration", gojson.UNSET)) is not gojson.UNSET:
+        try:
+            seconds = koordinator.parse_go_duration(duration)
+        except ValueError as err:
+            return None, f"{ANNOTATION_USAGE_THRESHOLDS}: $.aggregatedUsage.usageAggregatedDuration: {err}"
+    if not thresholds or not kind:
+        thresholds, kind, seconds = {}, "", Fraction(0)
+    return Overrides(
+        usage_thresholds=decoded.get("usageThresholds", {}),
+        prod_usage_thresholds=decoded.get("prodUsageThresholds", {}),
+        aggregated_thresholds=thresholds,
+        aggregation_type=kind,
+        aggregated_seconds=seconds,
+    ), ""
 
 
 @dataclass(slots=True)
@@ -246,7 +362,7 @@ class LoadState:
 
     def apply_config(self, args: LoadAwareArgs, config: watermarks.WatermarkConfig) -> None:
         """New args (the service's own with the watermarks applied) and node QoS thresholds: every node is redone."""
-        loads_change = args.prod_usage_include_sys != self.args.prod_usage_include_sys
+        loads_change = args.prod_usage_include_sys != self.args.prod_usage_include_sys or args.vector() != self.vector
         self.args, self.vector, self.config = args, args.vector(), config
         self.qos_strategies = config.strategies()
         for name, entry in self.nodes.items():
@@ -279,10 +395,16 @@ class LoadState:
             self.annotation_errors.pop(name, None)
 
     def apply_metric(self, event: NodeMetricComputed) -> None:
-        entry = self._entry(event.node)
-        if entry.metric is not None and entry.metric.update_time > event.status.update_time:
+        entry = self.nodes.get(event.node)
+        current = entry.metric if entry is not None else None
+        if current is not None and current.update_time is not None and current.update_time > event.status.update_time:
             return  # an older report replayed after a newer one
-        entry.metric = metric_view(event)
+        self.set_metric(event.node, metric_view(event))
+
+    def set_metric(self, node: str, view: MetricView) -> None:
+        """The node's NodeMetric as the extender reads it (apply_metric's, or one read from a NodeMetric object)."""
+        entry = self._entry(node)
+        entry.metric = view
         entry.load = None
 
     def apply_pod(self, uid: str, pod: kube.Pod | None, *, node: str, seen_at: float) -> None:
@@ -290,7 +412,7 @@ class LoadState:
         key = uid or (kube.pod_key(pod) if pod is not None else "")
         if not key:
             return
-        if pod is None or pod.status.phase in (kube.PHASE_SUCCEEDED, kube.PHASE_FAILED):
+        if pod is None or pod.status.phase in (kube.PHASE_SUCCEEDED, kube.PHASE_FAILED) or source.is_reserve_pod(pod):
             self.forget_pod(key)
             return
         if not node:
@@ -319,8 +441,15 @@ class LoadState:
             self.forget_pod(uid)
         entry = self._entry(node)
         old = entry.pods.get(uid)
-        if old is not None and old.timestamp < pod.timestamp and old.estimated == pod.estimated:
-            pod = dataclasses.replace(pod, timestamp=old.timestamp)  # the first sighting is the assign time
+        if (
+            old is not None
+            and not pod.dated_by_condition
+            and old.timestamp < pod.timestamp
+            and old.estimated == pod.estimated
+        ):
+            # the first sighting is the assign time (a PodScheduled transition, when the pod has one, dates it)
+            deadline = pod.deadline if pod.deadline_after is None else old.timestamp + pod.deadline_after
+            pod = dataclasses.replace(pod, timestamp=old.timestamp, deadline=deadline)
         entry.pods[uid] = pod
         entry.load = None
         self._pod_node[uid] = node
@@ -371,7 +500,9 @@ class LoadState:
         if entry is None or entry.metric is None:
             return None
         if entry.load is None:
-            entry.load = node_load(entry.metric, entry.pods.values(), include_sys=self.args.prod_usage_include_sys)
+            entry.load = node_load(
+                entry.metric, entry.pods.values(), include_sys=self.args.prod_usage_include_sys, vector=self.vector
+            )
         return entry.load
 
     def _drop_if_empty(self, node: str) -> None:

@@ -39,6 +39,8 @@ UNSET: Final[Any] = msgspec.UNSET
 INLINE: Final = "\x00inline"
 """The key under which an `Inline` kind holds its embedded pointer struct (never a JSON field name)."""
 _INT_LITERAL_DIGITS: Final = 25
+_INT64: Final = (-(2**63), 2**63 - 1)
+_MAPS: Final = ("bool-map", "string-map", "int64-map")
 
 
 class ListOf(msgspec.Struct, frozen=True):
@@ -65,7 +67,8 @@ class Inline(msgspec.Struct, frozen=True):
 Kind = Any
 """An integer range `(low, high)` (an `*int64`/`*int32`); "bool" (`*bool`); "string" (a Go `string`: "" is unset);
 "string-pointer" (`*string`: "" is a value); "quantity" (a non-pointer resource.Quantity); "int-or-string"
-(`*intstr.IntOrString`); "bool-map" / "string-map" (`map[string]bool` / `map[string]string`); "empty-object" (a
+(`*intstr.IntOrString`); "bool-map" / "string-map" / "int64-map" (`map[string]bool` / `map[string]string` /
+`map[string]int64`, as the load-aware scheduler's annotations hold resource percents); "empty-object" (a
 pointer to a struct without fields); a mapping of field names to kinds (a pointer struct); ValueStruct; ListOf;
 Inline."""
 
@@ -157,7 +160,7 @@ def decode_onto(current: Any, value: Any, kind: Kind, path: str, problems: list[
     if isinstance(decoded, Problem):
         problems.append(Problem(path + decoded.path, decoded.reason))
         return current
-    if kind in ("bool-map", "string-map"):
+    if kind in _MAPS:
         return {**(current if current is not UNSET else {}), **decoded}
     return decoded
 
@@ -258,6 +261,9 @@ _SCALARS: Final[Mapping[str, Any]] = {
     "int-or-string": _int_or_string,
     "bool-map": _map_of("true or false", lambda v: isinstance(v, bool), False),
     "string-map": _map_of("a string", _plain_string, ""),
+    "int64-map": _map_of(
+        "an integer", lambda v: isinstance(v, int) and not isinstance(v, bool) and _INT64[0] <= v <= _INT64[1], 0
+    ),
     "empty-object": _empty_object,
 }
 
@@ -356,13 +362,13 @@ def encode(value: Any, kind: Kind) -> Any:
                 elif sub == "quantity":
                     out[name] = 0
                 continue
-            if (isinstance(sub, ListOf) or sub in ("bool-map", "string-map")) and not field:
+            if (isinstance(sub, ListOf) or sub in _MAPS) and not field:
                 continue
             out[name] = encode(field, sub)
         return out
     if isinstance(kind, ListOf):
         return [encode(item, kind.item) for item in value]
-    if kind in ("bool-map", "string-map", "empty-object"):
+    if kind in (*_MAPS, "empty-object"):
         return dict(value)
     return value
 

@@ -25,6 +25,8 @@ VECTOR_KINDS = (
     "arbitrate-math",
     "resctrl",
     "be-cgroup-math",
+    "loadaware",
+    "loadaware-estimate",
     "nodeslo",
 )
 

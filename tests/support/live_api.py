@@ -1,6 +1,7 @@
 """The whole REST API served over HTTP from a thread of its own, for tests that call it blocking (schemathesis,
 hypothesis): a nats-server with koordbus's streams, SQLite migrated to head, the quota service with its projections,
-the event hub, the NodeSLO reader and the migration, nodemetric and noderesource stores, as `koordbus up` wires them
+the event hub, the NodeSLO reader and the migration, nodemetric and noderesource stores, as `koordbus up` wires them,
+plus the load-aware extender, which answers the scheduler state export
 (tests/security/test_schemathesis_api.py, test_bodies_fuzz_api.py)."""
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from services.api.event_hub import EventHub
 from services.api.settings import ApiSettings
 from services.common import db
 from services.common.metrics import new_registry
+from services.loadaware.client import LoadAwareClient
+from services.loadaware.service import LoadAwareService, LoadAwareSettings
 from services.migration.client import MigrationClient
 from services.migration.store import MigrationStore
 from services.nodemetric.store import NodeMetricStore
@@ -50,6 +53,9 @@ async def _serve(tmp: Path, port: int, ready: threading.Event, stop: asyncio.Eve
         await service.start()
         stack.push_async_callback(service.stop)
         await observe(bus, node("n1", "40", "40Gi"))
+        extender = LoadAwareService(bus, LoadAwareSettings(startup_timeout_seconds=5), registry=new_registry())
+        await extender.start()  # answers the scheduler state export
+        stack.push_async_callback(extender.stop)
         hub = EventHub(bus)
         stack.push_async_callback(hub.close)
         context = ApiContext(
@@ -60,6 +66,7 @@ async def _serve(tmp: Path, port: int, ready: threading.Event, stop: asyncio.Eve
             noderesource_store=NodeResourceStore(engine),
             quota_store=quota_store,
             quota_client=QuotaClient(bus, timeout=5),
+            loadaware_client=LoadAwareClient(bus, timeout=5),
             migration_store=MigrationStore(engine),
             migration_client=MigrationClient(bus),
             slo_reader=SloReader(bus),

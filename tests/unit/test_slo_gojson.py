@@ -165,3 +165,16 @@ def test_parse_keeps_duplicates_and_literals_and_replaces_lone_surrogates() -> N
         deep = "[" * depth + '"\\ud800"' + "]" * depth  # the surrogate walk recurses as deep as the parser did
         with contextlib.suppress(gojson.GoJsonError):
             gojson.parse(deep)
+
+
+def test_int64_maps_take_integers_in_range_and_merge_a_repeated_key() -> None:
+    problems: list[gojson.Problem] = []
+    kind = {"factors": "int64-map"}
+    decoded = gojson.decode_onto(
+        gojson.UNSET, gojson.parse('{"factors": {"cpu": 150}, "factors": {"memory": -1}}'), kind, "$", problems
+    )
+    assert (decoded, problems) == ({"factors": {"cpu": 150, "memory": -1}}, [])
+    for bad in ('{"factors": {"cpu": 1.5}}', '{"factors": {"cpu": "2"}}', '{"factors": {"cpu": 9223372036854775808}}'):
+        problems = []
+        gojson.decode_onto(gojson.UNSET, gojson.parse(bad), kind, "$", problems)
+        assert [p.path for p in problems] == ["$.factors.cpu"], bad
