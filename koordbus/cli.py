@@ -12,20 +12,27 @@ import sys
 
 
 def build_parser(*, command: str | None = None) -> argparse.ArgumentParser:
-    """The whole command line; for `command` "agent" only the subcommands of koordbus.commands, so the node agent's
-    process never loads the calculators' control-plane modules (numpy among them: 16 MB on every node)."""
+    """The whole command line; for `command` "agent" only the agent's subcommand (koordbus.agent), so the node agent's
+    process never loads the control-plane modules (the calculators' numpy among them: 16 MB on every node)."""
     parser = argparse.ArgumentParser(
         prog="koordbus",
         description="Co-location control plane for Kubernetes over NATS JetStream.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    from koordbus import commands
+    from koordbus import agent
 
-    commands.add_parsers(sub)
-    if command != "agent":
-        from koordbus import calc, crds, events, migration, quota, scheduler, slo
+    if command == "agent":  # the node agent's process loads only its own subcommand's module
+        agent.add_parser(sub)
+    else:
+        from koordbus import api, calc, commands, crds, creds, db, events, migration, quota, scheduler, slo, up
 
+        up.add_parser(sub)
+        agent.add_parser(sub)
+        commands.add_parser(sub)
+        creds.add_parser(sub)
+        db.add_parser(sub)
+        api.add_parser(sub)
         quota.add_parser(sub)
         migration.add_parser(sub)
         events.add_parser(sub)

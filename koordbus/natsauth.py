@@ -12,6 +12,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+from koordbus.common import common_settings, open_cluster_bus, serve_service_port
 from services.common import settings as settings_loader
 
 SERVICE_USERS = ("natsauth", "nodemetric", "noderesource", "slo", "quota", "migration", "k8s", "api")
@@ -32,14 +33,14 @@ async def _kube_client(stack: AsyncExitStack, kubeconfig: str | None, command: s
 
 async def run_natsauth(args: argparse.Namespace) -> int:
     from bus import nkeys
-    from koordbus import commands, runtime
+    from koordbus import runtime
     from services.common import observe
     from services.common.metrics import new_registry
     from services.k8s.token_review import KubeTokenReviewer
     from services.natsauth.service import NatsAuthService
     from services.natsauth.settings import NatsAuthSettings
 
-    common = commands.common_settings(args)
+    common = common_settings(args)
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     settings = settings_loader.load(NatsAuthSettings)
     if not settings.agent_service_account:
@@ -52,7 +53,7 @@ async def run_natsauth(args: argparse.Namespace) -> int:
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals(stack)
         # the callout's user lives in the AUTH account: no streams there
-        bus = await commands.open_cluster_bus(stack, common, name="natsauth", ensure_streams=False)
+        bus = await open_cluster_bus(stack, common, name="natsauth", ensure_streams=False)
         client = await _kube_client(stack, args.kubeconfig, "service natsauth")
         audiences = [settings.token_audience] if settings.token_audience else None
         service = NatsAuthService(
@@ -60,7 +61,7 @@ async def run_natsauth(args: argparse.Namespace) -> int:
         )
         await service.start()
         stack.push_async_callback(service.stop)
-        await commands.serve_service_port(stack, args.port, registry, readiness=(("bus", observe.bus_ready(bus)),))
+        await serve_service_port(stack, args.port, registry, readiness=(("bus", observe.bus_ready(bus)),))
         await stop.wait()
     return 0
 

@@ -21,7 +21,7 @@ import pytest_asyncio
 from fastapi import Depends
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from koordbus import commands
+from koordbus import api as api_command
 from services.api import auth
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
@@ -207,28 +207,28 @@ def test_token_file_comments_and_default_names() -> None:
 def test_up_generates_a_private_admin_token_once_and_reuses_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger=commands.__name__)
-    first = commands.api_tokens(ApiSettings(), command="up", data_dir=tmp_path)
-    path = tmp_path / commands.API_TOKEN_FILE
+    caplog.set_level(logging.INFO, logger=api_command.__name__)
+    first = api_command.api_tokens(ApiSettings(), command="up", data_dir=tmp_path)
+    path = tmp_path / api_command.API_TOKEN_FILE
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     token = path.read_text().strip()
     assert len(token) >= 32
     assert first.lookup(token) == auth.Identity(name="koordbus-up", role=auth.ADMIN)
     assert f"written to {path}" in caplog.text and token not in caplog.text
-    second = commands.api_tokens(ApiSettings(), command="up", data_dir=tmp_path)
+    second = api_command.api_tokens(ApiSettings(), command="up", data_dir=tmp_path)
     assert path.read_text().strip() == token and second.lookup(token) is not None
     assert f"read from {path}" in caplog.text
 
 
 def test_up_prefers_a_configured_token_file(tmp_path: Path) -> None:
     tokens = api_auth.write_token_file(tmp_path / "tokens")
-    store = commands.api_tokens(ApiSettings(api_tokens_file=str(tokens)), command="up", data_dir=tmp_path)
+    store = api_command.api_tokens(ApiSettings(api_tokens_file=str(tokens)), command="up", data_dir=tmp_path)
     assert store.lookup(api_auth.TOKENS[auth.VIEWER]) is not None
-    assert not (tmp_path / commands.API_TOKEN_FILE).exists()
+    assert not (tmp_path / api_command.API_TOKEN_FILE).exists()
 
 
 def test_no_auth_is_logged_loudly(caplog: pytest.LogCaptureFixture) -> None:
-    store = commands.api_tokens(ApiSettings(auth_enabled=False), command="api")
+    store = api_command.api_tokens(ApiSettings(auth_enabled=False), command="api")
     assert not store.enabled
     assert any(r.levelno == logging.WARNING and "AUTHENTICATION IS DISABLED" in r.getMessage() for r in caplog.records)
 

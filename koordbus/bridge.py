@@ -1,0 +1,152 @@
+"""What `koordbus up` and `koordbus service k8s` run of services.k8s: with a cluster, the observer, writer,
+mirrors and executors; without one (`up`), recording sinks whose writes the API shows."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+from koordbus.parts import migration_settings
+from services.common import settings as settings_loader
+
+
+@dataclass
+class Bridge:
+    """What `koordbus up` runs of services.k8s: a banner line, readiness checks, and in record-only mode the
+    recording sink's export for the API."""
+
+    banner: str
+    readiness: list[tuple[str, Any]]
+    recorded_writes: Any = None
+
+
+async def bridge_cluster(
+    stack: AsyncExitStack,
+    bus: Any,
+    registry: Any,
+    *,
+    kubeconfig: str | None,
+    record_only_without_config: bool,
+    dry_run: bool = False,
+) -> Bridge:
+    """With a kubeconfig (or, for `service k8s`, in a pod): watch that cluster and write results back. Without
+    one, `koordbus up` records what would be written; `service k8s` refuses to start."""
+    from services.k8s.binder import BindResponder, KubeBinder
+    from services.k8s.client import KubeConfigError, api_client
+    from services.k8s.eviction_executor import EvictionExecutor, KubeEvictor
+    from services.k8s.migration_executor import MigrationExecutor
+    from services.k8s.nodeslo_mirror import KubeNodeSloSink, NodeSloMirror
+    from services.k8s.observer import ClusterObserver
+    from services.k8s.quota_mirror import KubeQuotaSink, QuotaMirror
+    from services.k8s.settings import K8sSettings
+    from services.k8s.sinks import KubeSink, RecordingSink
+    from services.k8s.writer import ClusterWriter
+
+    settings = settings_loader.load(K8sSettings, {"kubeconfig": kubeconfig})
+    in_cluster = not record_only_without_config and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    if not settings.kubeconfig and not in_cluster:
+        if not record_only_without_config:
+            raise SystemExit("koordbus: no cluster: pass --kubeconfig (or KOORDBUS_KUBECONFIG), or run in a pod")
+        recorder = RecordingSink(keep=settings.recorded_writes_kept)
+        writer = ClusterWriter(bus, recorder, settings=settings, registry=registry)
+        await writer.start()
+        stack.push_async_callback(writer.stop)
+        return Bridge(
+            banner="none: record-only, see /api/v1/k8s/recorded-writes (--kubeconfig watches and writes a cluster)",
+            readiness=[],
+            recorded_writes=await record_quotas(stack, bus, registry, settings, recorder.export),
+        )
+    try:
+        api = await api_client(settings)
+    except KubeConfigError as e:
+        raise SystemExit(f"koordbus: {e}") from None
+    stack.push_async_callback(api.close)
+    observer = ClusterObserver(bus, api, settings, registry=registry)
+    await observer.start()
+    stack.push_async_callback(observer.stop)
+    source = settings.kubeconfig or "the in-cluster service account"
+    if dry_run:  # watch the real cluster, decide, but only record what would be written
+        recorder = RecordingSink(keep=settings.recorded_writes_kept)
+        writer = ClusterWriter(bus, recorder, settings=settings, registry=registry)
+        await writer.start()
+        stack.push_async_callback(writer.stop)
+        return Bridge(
+            banner=f"watching via {source}, dry run: see /api/v1/k8s/recorded-writes",
+            readiness=[],
+            recorded_writes=await record_quotas(stack, bus, registry, settings, recorder.export),
+        )
+    sink = KubeSink(
+        api, conflict_retries=settings.write_conflict_retries, request_timeout=settings.write_timeout_seconds
+    )
+    writer = ClusterWriter(bus, sink, settings=settings, registry=registry)
+    await writer.start()
+    stack.push_async_callback(writer.stop)
+    readiness: list[tuple[str, Any]] = [("kubernetes", writer.readiness)]
+    nodeslo_mirror = NodeSloMirror(
+        bus,
+        KubeNodeSloSink(
+            api, conflict_retries=settings.write_conflict_retries, request_timeout=settings.write_timeout_seconds
+        ),
+        settings=settings,
+        registry=registry,
+    )
+    await nodeslo_mirror.start()
+    stack.push_async_callback(nodeslo_mirror.stop)
+    readiness.append(("kubernetes-nodeslos", nodeslo_mirror.readiness))
+    evictions = EvictionExecutor(
+        bus, KubeEvictor(api, request_timeout=settings.write_timeout_seconds), registry=registry
+    )
+    await evictions.start()
+    stack.push_async_callback(evictions.stop)
+    if settings.bind_pods:
+        binder = BindResponder(bus, KubeBinder(api, request_timeout=settings.write_timeout_seconds), registry=registry)
+        await binder.start()
+        stack.push_async_callback(binder.stop)
+    executor = MigrationExecutor(
+        bus, api, migration_settings(os.environ.get("KOORDBUS_MIGRATION_ARGS_FILE")).args, registry=registry
+    )
+    await executor.start()
+    stack.push_async_callback(executor.stop)
+    if settings.mirror_quotas:
+        quota_sink = KubeQuotaSink(
+            api, conflict_retries=settings.write_conflict_retries, request_timeout=settings.write_timeout_seconds
+        )
+        mirror = QuotaMirror(bus, quota_sink, settings=settings, registry=registry)
+        await mirror.start()
+        stack.push_async_callback(mirror.stop)
+        readiness.append(("kubernetes-quotas", mirror.readiness))
+    return Bridge(banner=f"watching and writing via {source}", readiness=readiness)
+
+
+async def record_quotas(
+    stack: AsyncExitStack, bus: Any, registry: Any, settings: Any, nodes_export: Any
+) -> Callable[[], Any]:
+    """Record-only mode for the quota and NodeSLO mirrors and the agents' evictions too: what the recorded-writes
+    route shows, ElasticQuotas, NodeSLOs and evictions included."""
+    from services.k8s.eviction_executor import EvictionExecutor, RecordingEvictor
+    from services.k8s.nodeslo_mirror import NodeSloMirror, RecordingNodeSloSink
+    from services.k8s.quota_mirror import QuotaMirror, RecordingQuotaSink
+
+    evictor = RecordingEvictor(keep=settings.recorded_writes_kept)
+    executor = EvictionExecutor(bus, evictor, registry=registry)
+    await executor.start()
+    stack.push_async_callback(executor.stop)
+    nodeslo_sink = RecordingNodeSloSink(keep=settings.recorded_writes_kept)
+    nodeslo_mirror = NodeSloMirror(bus, nodeslo_sink, settings=settings, registry=registry)
+    await nodeslo_mirror.start()
+    stack.push_async_callback(nodeslo_mirror.stop)
+    quota_sink = None
+    if settings.mirror_quotas:
+        quota_sink = RecordingQuotaSink(keep=settings.recorded_writes_kept)
+        mirror = QuotaMirror(bus, quota_sink, settings=settings, registry=registry)
+        await mirror.start()
+        stack.push_async_callback(mirror.stop)
+
+    def export() -> Any:
+        quotas = {"quotas": quota_sink.export()} if quota_sink is not None else {}
+        return {**nodes_export(), **quotas, "nodeslos": nodeslo_sink.export(), "evictions": evictor.export()}
+
+    return export

@@ -1,0 +1,106 @@
+"""What the long-running subcommands (`up`, `agent`, `service <name>`, `api`, `db`) share: the common flags and
+settings, the bus of a process joining an existing NATS, and a service process's HTTP port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import socket
+from contextlib import AsyncExitStack
+from typing import Any
+
+from koordbus.settings import CommonSettings
+from services.common import settings as settings_loader
+
+# The heavy parts (nats, sqlalchemy, fastapi, numpy) are imported by the subcommand that runs, so `koordbus calc`
+# and `--help` start fast.
+
+
+def local_node_name() -> str:
+    """This host's name as a DNS-1123 node name."""
+    name = re.sub(r"[^a-z0-9.-]", "-", socket.gethostname().lower()).strip("-.") or "localhost"
+    return name[:253]
+
+
+def common_settings(args: argparse.Namespace) -> CommonSettings:
+    return settings_loader.load(
+        CommonSettings,
+        {
+            "nats_url": args.nats_url,
+            "database_url": args.database_url,
+            "data_dir": getattr(args, "data_dir", None),
+            "nats_creds": getattr(args, "nats_creds", None),
+            "nats_token_file": getattr(args, "nats_token_file", None),
+        },
+    )
+
+
+def add_common(p: argparse.ArgumentParser, *, embedded: bool) -> None:
+    where = " (default: start an embedded one)" if embedded else " (required, or KOORDBUS_NATS_URL)"
+    p.add_argument("--nats-url", help="NATS server URL" + where)
+    p.add_argument(
+        "--database-url",
+        help="sqlite:///path or postgresql://user@host/db"
+        + (" (default: SQLite in the data dir)" if embedded else " (or KOORDBUS_DATABASE_URL)"),
+    )
+    p.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING …")
+    p.add_argument(
+        "--log-format",
+        default=None,
+        choices=("text", "json"),
+        help="text (default) or json: one JSON object per line, with the event id and node while an event is "
+        "handled (or KOORDBUS_LOG_FORMAT)",
+    )
+    if not embedded:
+        p.add_argument(
+            "--nats-creds",
+            default=None,
+            help="NATS credentials file from `koordbus creds` (or KOORDBUS_NATS_CREDS; default: anonymous)",
+        )
+        p.add_argument(
+            "--nats-token-file",
+            default=None,
+            help="connect to NATS with the token in this file, read again at every reconnect: an agent's projected "
+            "ServiceAccount token for the NATS auth callout (or KOORDBUS_NATS_TOKEN_FILE)",
+        )
+
+
+async def open_cluster_bus(
+    stack: AsyncExitStack, common: CommonSettings, *, name: str, ensure_streams: bool = True
+) -> Any:
+    """The bus of a process joining an existing NATS (KOORDBUS_NATS_URL) as the user of KOORDBUS_NATS_CREDS, its
+    streams at KOORDBUS_STREAM_REPLICAS."""
+    from koordbus import runtime
+
+    url = require(common.nats_url, "--nats-url")
+    return await runtime.open_bus(
+        stack,
+        url,
+        name=name,
+        replicas=common.stream_replicas,
+        creds=common.nats_creds,
+        token_file=common.nats_token_file,
+        ensure_streams=ensure_streams,
+    )
+
+
+def require(value: str, what: str) -> str:
+    if not value:
+        raise SystemExit(f"koordbus: {what} is required (flag or environment variable)")
+    return value
+
+
+async def serve_service_port(stack: AsyncExitStack, port: int, registry: Any, **context: Any) -> None:
+    """A service process's HTTP port (0 = none): /healthz, /readyz, /metrics and the read routes of what it holds."""
+    from koordbus import runtime
+    from services.api import auth
+    from services.api.app import ApiContext, create_app
+    from services.api.settings import ApiSettings
+
+    if port:
+        settings = settings_loader.load(ApiSettings, {"port": port})
+        # without a token file the read routes accept no token (health and metrics stay open)
+        tokens = auth.load_token_file(settings.api_tokens_file) if settings.api_tokens_file else auth.TokenStore()
+        app = create_app(ApiContext(settings=settings, registry=registry, tokens=tokens, **context))
+        await runtime.serve_http(stack, app, host="0.0.0.0", port=port)

@@ -1,0 +1,227 @@
+"""`koordbus up`: everything in one process (embedded NATS, SQLite, the services, a local agent, the API).
+
+It parses its flags into typed settings at the edge, builds the parts with koordbus.runtime,
+and runs until Ctrl-C / SIGTERM, then shuts down in reverse order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from koordbus.api import API_TOKEN_FILE, api_tokens, event_hub
+from koordbus.bridge import bridge_cluster
+from koordbus.common import add_common, common_settings, local_node_name
+from koordbus.parts import migration_settings, start_migration, start_quota
+from services.common import settings as settings_loader
+
+# The heavy parts (nats, sqlalchemy, fastapi, numpy) are imported by the subcommand that runs, so `koordbus calc`
+# and `--help` start fast.
+
+log = logging.getLogger(__name__)
+
+
+NATS_CREDS_FILE = "nats-creds.json"
+"""`koordbus up` with its embedded nats-server: the credentials of the one NATS user it lets in, which every
+in-process client connects as (generated on first start, mode 0600; pass it as --nats-creds to join another
+process)."""
+
+
+def add_parser(sub: Any) -> None:
+    up = sub.add_parser(
+        "up",
+        help="run everything on this machine: embedded NATS, SQLite, services, a local agent and the API",
+        description="Start the embedded default: nats-server from the wheel (JetStream, data in --data-dir), SQLite "
+        "in the same directory, the nodemetric service, an agent for this host and the API. Ctrl-C stops it.",
+    )
+    add_common(up, embedded=True)
+    up.add_argument("--data-dir", help="where the NATS store, logs and SQLite live (default .koordbus)")
+    up.add_argument("--host", default="127.0.0.1", help="API bind address (default 127.0.0.1)")
+    up.add_argument("--port", type=int, default=8080, help="API port (default 8080)")
+    up.add_argument(
+        "--api-tokens-file",
+        default=None,
+        help="API token file ('token role [name]' per line; default: an admin token generated in the data dir)",
+    )
+    up.add_argument("--simulate-nodes", type=int, default=0, metavar="N", help="also run N synthetic nodes")
+    up.add_argument("--simulate-pods", type=int, default=20, metavar="P", help="pods per synthetic node (default 20)")
+    up.add_argument(
+        "--simulate-backfill",
+        type=float,
+        default=1800.0,
+        metavar="SECONDS",
+        help="history the synthetic nodes publish at start, so percentiles show at once (default 1800)",
+    )
+    up.add_argument("--no-agent", action="store_true", help="do not run an agent for this host")
+    up.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="watch this cluster's Nodes, Pods and colocation ConfigMap (default: no cluster; or KOORDBUS_KUBECONFIG)",
+    )
+    up.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with --kubeconfig: decide but write nothing to the cluster (see /api/v1/k8s/recorded-writes)",
+    )
+    up.set_defaults(run=lambda a: asyncio.run(run_up(a)))
+
+
+def prepare_data_dir(path: str) -> Path:
+    """The data dir, readable by this user only: mode 0700, and no group or other bits on anything inside (a data
+    dir from an older version included). The caller sets umask 077 so what is written later is private too."""
+    data_dir = Path(path).resolve()
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    data_dir.chmod(0o700)
+    for root, dirs, files in os.walk(data_dir):
+        for name in (*dirs, *files):
+            entry = Path(root) / name
+            try:
+                if not entry.is_symlink():
+                    entry.chmod(entry.stat().st_mode & 0o7700)
+            except OSError as e:  # another user's file: say so, the start goes on
+                log.warning("cannot make %s private: %s", entry, e)
+    return data_dir
+
+
+async def run_up(args: argparse.Namespace) -> int:
+    from agent.service import AgentService
+    from agent.settings import AgentSettings
+    from koordbus import runtime, simulation
+    from services.api.app import ApiContext, create_app
+    from services.api.settings import ApiSettings
+    from services.common import observe
+    from services.common.metrics import new_registry
+    from services.loadaware.client import LoadAwareClient
+    from services.migration.client import MigrationClient
+    from services.nodemetric.service import NodeMetricService
+    from services.nodemetric.settings import NodeMetricSettings
+    from services.nodemetric.store import NodeMetricStore
+    from services.noderesource.service import NodeResourceService
+    from services.noderesource.settings import NodeResourceSettings
+    from services.noderesource.store import NodeResourceStore
+    from services.quota.client import QuotaClient
+    from services.slo.reader import SloReader
+    from services.slo.service import SloService
+
+    common = common_settings(args)
+    runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
+    os.umask(0o077)  # the database, its -wal/-shm, the NATS store and logs: this user's only
+    data_dir = prepare_data_dir(common.data_dir)
+    if not runtime.port_is_free(args.host, args.port):
+        raise SystemExit(f"koordbus up: port {args.port} on {args.host} is in use; pass --port")
+    api_settings = settings_loader.load(
+        ApiSettings, {"host": args.host, "port": args.port, "api_tokens_file": args.api_tokens_file}
+    )
+    tokens = api_tokens(api_settings, command="up", data_dir=data_dir)
+    nm_settings = settings_loader.load(NodeMetricSettings)
+    registry = new_registry()
+    async with AsyncExitStack() as stack:
+        stop = runtime.stop_event_on_signals(stack)
+        creds = common.nats_creds
+        if common.nats_url:
+            nats_url = common.nats_url
+        else:  # no anonymous access, even on loopback: other local users must not read or write the streams
+            creds = str(data_dir / NATS_CREDS_FILE)
+            user = runtime.ensure_nats_user(Path(creds), service="up")
+            nats_url = await runtime.open_embedded_nats(stack, data_dir, user=user)
+        database_url = common.database_url or f"sqlite:///{data_dir / 'koordbus.db'}"
+        bus = await runtime.open_bus(stack, nats_url, name="koordbus-up", creds=creds)
+        engine = await runtime.open_database(stack, database_url, migrate=True)
+        store = NodeMetricStore(engine)
+        nodemetric = NodeMetricService(bus, store, nm_settings, registry=registry)
+        await nodemetric.start()
+        stack.push_async_callback(nodemetric.stop)
+        nr_settings = settings_loader.load(NodeResourceSettings)
+        nr_store = NodeResourceStore(engine, history_limit=nr_settings.history_limit)
+        noderesource = NodeResourceService(bus, nr_settings, registry=registry, store=nr_store)
+        await noderesource.start()
+        stack.push_async_callback(noderesource.stop)
+        slo = SloService(bus, registry=registry)
+        await slo.start()
+        stack.push_async_callback(slo.stop)
+        _, quota_store = await start_quota(stack, bus, engine, registry)
+        migration_service = await start_migration(
+            stack, bus, registry, migration_settings(os.environ.get("KOORDBUS_MIGRATION_ARGS_FILE")), engine=engine
+        )
+        cluster = await bridge_cluster(
+            stack, bus, registry, kubeconfig=args.kubeconfig, record_only_without_config=True, dry_run=args.dry_run
+        )
+        app = create_app(
+            ApiContext(
+                settings=api_settings,
+                nodemetric_store=store,
+                noderesource_store=nr_store,
+                quota_store=quota_store,
+                quota_client=QuotaClient(bus),
+                loadaware_client=LoadAwareClient(bus),
+                migration_store=migration_service.store,
+                migration_client=MigrationClient(bus),
+                slo_reader=SloReader(bus),
+                event_hub=await event_hub(stack, bus, api_settings),
+                recorded_writes=cluster.recorded_writes,
+                registry=registry,
+                tokens=tokens,
+                readiness=(
+                    ("database", observe.database_ready(engine)),
+                    ("bus", observe.bus_ready(bus)),
+                    *cluster.readiness,
+                ),
+                liveness=(("bus", runtime.bus_liveness(bus)),),
+                before_metrics=(nodemetric.refresh_gauges,),
+            )
+        )
+        await runtime.serve_http(stack, app, host=api_settings.host, port=api_settings.port)
+        if not args.no_agent:
+            agent = AgentService(settings_loader.load(AgentSettings, {"node_name": local_node_name()}), bus)
+            runtime.background(stack, agent.run(), name="agent")
+        if args.simulate_nodes:
+            nodes = simulation.make_nodes(args.simulate_nodes, pods_per_node=args.simulate_pods)
+            # Without a real cluster the simulation publishes its nodes, so the noderesource service decides their
+            # batch resources and the simulated batch pods follow them (with a real cluster it never would).
+            simulated_cluster = cluster.recorded_writes is not None
+            runtime.background(
+                stack,
+                simulation.run_simulation(
+                    bus,
+                    nodes,
+                    backfill_seconds=args.simulate_backfill,
+                    cluster=simulated_cluster,
+                    close_loop=simulated_cluster,
+                ),
+                name="simulation",
+            )
+        base = f"http://{api_settings.host}:{api_settings.port}"
+        tokens_where = (
+            api_settings.api_tokens_file
+            if api_settings.api_tokens_file
+            else f"{data_dir / API_TOKEN_FILE} (role admin)"
+            if api_settings.auth_enabled
+            else "NONE: authentication disabled"
+        )
+        generated = not api_settings.api_tokens_file and api_settings.auth_enabled
+        # the token rides in the URL fragment, which a browser never sends to the server (nor to its logs)
+        sign_in = f"{base}/#token={(data_dir / API_TOKEN_FILE).read_text().strip()}" if generated else f"{base}/"
+        print(
+            f"koordbus is up.\n"
+            f"  dashboard   {sign_in}\n"
+            f"              (events: {base}/api/v1/events/stream)\n"
+            f"  API         {base}/api/v1/nodemetrics   (docs: {base}/docs, metrics: {base}/metrics)\n"
+            f"  NATS        {nats_url}   (credentials: {creds or 'none'})\n"
+            f"  database    {database_url}\n"
+            f"  data dir    {data_dir}\n"
+            f"  API token   {tokens_where}\n"
+            f"  agent       {'off' if args.no_agent else local_node_name()}"
+            f"   simulated nodes: {args.simulate_nodes}\n"
+            f"  cluster     {cluster.banner}\n"
+            f"NodeMetrics appear after the first report interval ({nm_settings.report_interval_seconds} s of samples)."
+            f" Ctrl-C stops.",
+            flush=True,
+        )
+        await stop.wait()
+        print("koordbus: shutting down …", flush=True)
+    return 0
