@@ -146,7 +146,7 @@ def serve(port: int, nodes: int, pods_per_node: int, seed: int, cpu: int | None,
 
     service.extender = Extender(service.state)
     service.ready_to_serve()
-    gc.freeze()  # as koordbus.commands does after the replay
+    gc.freeze()  # as koordbus.service does after the replay
     print(f"server: {nodes} nodes ready in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     uvicorn.run(create_app(service, registry), host="127.0.0.1", port=port, log_level="warning", access_log=False)
 

@@ -25,11 +25,11 @@ def build_parser(*, command: str | None = None) -> argparse.ArgumentParser:
     if command == "agent":  # the node agent's process loads only its own subcommand's module
         agent.add_parser(sub)
     else:
-        from koordbus import api, calc, commands, crds, creds, db, events, migration, quota, scheduler, slo, up
+        from koordbus import api, calc, crds, creds, db, events, migration, quota, scheduler, service, slo, up
 
         up.add_parser(sub)
         agent.add_parser(sub)
-        commands.add_parser(sub)
+        service.add_parser(sub)
         creds.add_parser(sub)
         db.add_parser(sub)
         api.add_parser(sub)

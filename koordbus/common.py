@@ -7,8 +7,10 @@ from __future__ import annotations
 import argparse
 import re
 import socket
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from koordbus.settings import CommonSettings
 from services.common import settings as settings_loader
@@ -104,3 +106,37 @@ async def serve_service_port(stack: AsyncExitStack, port: int, registry: Any, **
         tokens = auth.load_token_file(settings.api_tokens_file) if settings.api_tokens_file else auth.TokenStore()
         app = create_app(ApiContext(settings=settings, registry=registry, tokens=tokens, **context))
         await runtime.serve_http(stack, app, host="0.0.0.0", port=port)
+
+
+@dataclass(frozen=True)
+class ServiceProcess:
+    """What `koordbus service <name>` holds open when it builds its service (koordbus.service.run_service)."""
+
+    args: argparse.Namespace
+    stack: AsyncExitStack
+    bus: Any
+    registry: Any
+    engine: Any
+    """The database's engine, None without one."""
+    prepared: Any
+    """What the service's `prepare` read before anything connected (None without a `prepare`)."""
+
+
+@dataclass(frozen=True)
+class ServiceRunner:
+    """How `koordbus service <name>` runs one service: every service process parses the common settings, configures
+    logging, reads what must be good before anything connects (`prepare`), opens the bus (and database), builds the
+    service (`build`) and serves its HTTP port until Ctrl-C / SIGTERM."""
+
+    build: Callable[[ServiceProcess], Awaitable[dict[str, Any] | None]]
+    """Starts the service (closing it with the stack) and returns the context of its port (serve_service_port)
+    beyond the defaults, or None when it serves a port of its own. Readiness checks it returns follow the default
+    ones (the database when required, the bus)."""
+    prepare: Callable[[argparse.Namespace], Any] | None = None
+    """Settings read at the edge: a bad one stops the process here, before anything connects."""
+    database: Literal["none", "required", "optional"] = "none"
+    """"required": --database-url or KOORDBUS_DATABASE_URL must be given; "optional": used when given."""
+    ensure_streams: bool = True
+    """False where the process's NATS user may not create streams (natsauth's user is in the AUTH account)."""
+    liveness: bool = True
+    """/healthz fails when the bus is lost past a bound (koordbus.runtime.bus_liveness)."""

@@ -6,13 +6,12 @@ and the service users' passwords, made by the Helm chart's hook Job).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import secrets
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from koordbus.common import common_settings, open_cluster_bus, serve_service_port
+from koordbus.common import ServiceProcess
 from services.common import settings as settings_loader
 
 SERVICE_USERS = ("natsauth", "nodemetric", "noderesource", "slo", "quota", "migration", "k8s", "api")
@@ -31,39 +30,39 @@ async def _kube_client(stack: AsyncExitStack, kubeconfig: str | None, command: s
     return client
 
 
-async def run_natsauth(args: argparse.Namespace) -> int:
+def natsauth_settings(args: argparse.Namespace) -> tuple[Any, Any]:
+    """`service natsauth`'s settings and the issuer's key pair, read before anything connects."""
     from bus import nkeys
-    from koordbus import runtime
-    from services.common import observe
-    from services.common.metrics import new_registry
-    from services.k8s.token_review import KubeTokenReviewer
-    from services.natsauth.service import NatsAuthService
     from services.natsauth.settings import NatsAuthSettings
 
-    common = common_settings(args)
-    runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     settings = settings_loader.load(NatsAuthSettings)
     if not settings.agent_service_account:
         raise SystemExit("koordbus service natsauth: KOORDBUS_AGENT_SERVICE_ACCOUNT (namespace:name) is required")
     try:
-        issuer = nkeys.from_seed(await asyncio.to_thread(Path(settings.issuer_seed_file).read_text))
+        issuer = nkeys.from_seed(Path(settings.issuer_seed_file).read_text())
     except (OSError, ValueError) as e:
         raise SystemExit(f"koordbus service natsauth: the issuer seed (KOORDBUS_ISSUER_SEED_FILE): {e}") from None
-    registry = new_registry()
-    async with AsyncExitStack() as stack:
-        stop = runtime.stop_event_on_signals(stack)
-        # the callout's user lives in the AUTH account: no streams there
-        bus = await open_cluster_bus(stack, common, name="natsauth", ensure_streams=False)
-        client = await _kube_client(stack, args.kubeconfig, "service natsauth")
-        audiences = [settings.token_audience] if settings.token_audience else None
-        service = NatsAuthService(
-            bus, KubeTokenReviewer(client, audiences=audiences), issuer=issuer, settings=settings, registry=registry
-        )
-        await service.start()
-        stack.push_async_callback(service.stop)
-        await serve_service_port(stack, args.port, registry, readiness=(("bus", observe.bus_ready(bus)),))
-        await stop.wait()
-    return 0
+    return settings, issuer
+
+
+async def build_natsauth(process: ServiceProcess) -> dict[str, Any]:
+    """The callout on the bus of the AUTH account's user (koordbus.service runs it: no streams there)."""
+    from services.k8s.token_review import KubeTokenReviewer
+    from services.natsauth.service import NatsAuthService
+
+    settings, issuer = process.prepared
+    client = await _kube_client(process.stack, process.args.kubeconfig, "service natsauth")
+    audiences = [settings.token_audience] if settings.token_audience else None
+    service = NatsAuthService(
+        process.bus,
+        KubeTokenReviewer(client, audiences=audiences),
+        issuer=issuer,
+        settings=settings,
+        registry=process.registry,
+    )
+    await service.start()
+    process.stack.push_async_callback(service.stop)
+    return {}
 
 
 async def run_ensure_cluster_secret(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """Bearer-token authentication with roles for the REST API: viewer < quota-admin < admin.
 
-services.api.app applies `require(role)` to the routers; the composition root (koordbus.commands) builds the
+services.api.app applies `require(role)` to the routers; the composition root (koordbus.api, koordbus.up) builds the
 TokenStore from the token file (`token role [name]` per line, `#` comments) or from the token `koordbus up`
 generates. Only SHA-256 digests of tokens are kept in memory and compared with hmac.compare_digest, so neither
 the token nor its timing leaks. Errors use the API's JSON shape `{"error": ...}`: 401 with

@@ -195,7 +195,7 @@ class LoadAwareService:
 
     def ready_to_serve(self) -> None:
         """After the replay: build every node's rows (the first request should not pay for them). The process that
-        owns the service then calls gc.freeze() (koordbus.commands, bench/loadaware.py): with 100,000 pods replayed a
+        owns the service then calls gc.freeze() (koordbus.service, bench/loadaware.py): with 100,000 pods replayed a
         full collection inside a request took 90–150 ms."""
         self.extender.matrix.refresh()
         self.replayed = True
