@@ -143,8 +143,9 @@ class SimulatedNode:
         self._b_mem = mem_weights / max(mem_weights.sum(), 1e-9) * 0.4 * self.memory_bytes
 
     def batch_request(self, slot: int) -> tuple[float, int]:
-        """(cores, bytes) an executor of `slot` requests as batch-cpu and batch-memory: the most it ever uses."""
-        return float(self._b_cpu[slot]) * _BATCH_CPU_PEAK, int(self._b_mem[slot])
+        """(cores, bytes) an executor of `slot` requests as batch-cpu and batch-memory: the most it ever uses, in
+        whole millicores as its pod declares it."""
+        return math.ceil(float(self._b_cpu[slot]) * _BATCH_CPU_PEAK * 1000) / 1000, int(self._b_mem[slot])
 
     def _batch_pod(self, slot: int, incarnation: int) -> NodePod:
         pod = self._batch_pods.get((slot, incarnation))
@@ -154,7 +155,7 @@ class SimulatedNode:
             job = _BATCH_JOBS[int(self._b_job[slot]) % len(_BATCH_JOBS)]
             cpu, memory = self.batch_request(slot)
             amounts: dict[str, str | int | float] = {
-                vocab.BATCH_CPU: str(math.ceil(cpu * 1000)),
+                vocab.BATCH_CPU: str(round(cpu * 1000)),
                 vocab.BATCH_MEMORY: str(memory),
             }
             pod = self._batch_pods[(slot, incarnation)] = _node_pod(
@@ -346,18 +347,20 @@ def place_batch_pods(
     requests fit (the rest are evicted, as koordlet's CPUAllocatableEvict / MemoryAllocatableEvict evict batch pods
     past the node's batch resources; the reason names the numbers), then candidates are placed in order while they
     fit (as koord-scheduler places pods requesting batch resources)."""
-    cpu_left, memory_left = allocatable
+    milli = round(allocatable[0] * 1000)  # in whole millicores, as batch-cpu is declared: no float drift
+    cpu_left, memory_left = milli, allocatable[1]
     kept: list[str] = []
     evicted: list[BatchEviction] = []
     placed: list[str] = []
     for pod in running:
-        if pod.cpu <= cpu_left and pod.memory <= memory_left:
+        cpu = round(pod.cpu * 1000)
+        if cpu <= cpu_left and pod.memory <= memory_left:
             kept.append(pod.uid)
-            cpu_left, memory_left = cpu_left - pod.cpu, memory_left - pod.memory
-        elif pod.cpu > cpu_left:
+            cpu_left, memory_left = cpu_left - cpu, memory_left - pod.memory
+        elif cpu > cpu_left:
             reason = (
-                f"batch-cpu request {pod.cpu:.3f} > {cpu_left:.3f} left = batch allocatable {allocatable[0]:.3f} "
-                f"− {allocatable[0] - cpu_left:.3f} requested by the older pods kept (cores)"
+                f"batch-cpu request {cpu}m > {cpu_left}m left = batch allocatable {milli}m − {milli - cpu_left}m "
+                f"requested by the older pods kept"
             )
             evicted.append(BatchEviction(uid=pod.uid, feature=evict.CPU_ALLOCATABLE, reason=reason))
         else:
@@ -367,9 +370,10 @@ def place_batch_pods(
             )
             evicted.append(BatchEviction(uid=pod.uid, feature=evict.MEMORY_ALLOCATABLE, reason=reason))
     for pod in candidates:
-        if pod.cpu <= cpu_left and pod.memory <= memory_left:
+        cpu = round(pod.cpu * 1000)
+        if cpu <= cpu_left and pod.memory <= memory_left:
             placed.append(pod.uid)
-            cpu_left, memory_left = cpu_left - pod.cpu, memory_left - pod.memory
+            cpu_left, memory_left = cpu_left - cpu, memory_left - pod.memory
     return BatchPlacement(kept=tuple(kept), placed=tuple(placed), evicted=tuple(evicted))
 
 

@@ -35,8 +35,8 @@ def test_running_pods_are_kept_oldest_first_and_the_rest_evicted_when_allocatabl
             BatchEviction(
                 uid="mid",
                 feature="CPUAllocatableEvict",
-                reason="batch-cpu request 2.000 > 1.000 left = batch allocatable 3.000 − 2.000 requested by the older "
-                "pods kept (cores)",
+                reason="batch-cpu request 2000m > 1000m left = batch allocatable 3000m − 2000m requested by the older "
+                "pods kept",
             ),
         ),
     )
