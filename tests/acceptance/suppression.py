@@ -33,6 +33,10 @@ READ_DELAY = 0.05
 then reads /proc/stat, /proc/meminfo and four pods' cgroup files (a few milliseconds; 50 ms leaves room for the
 agent being descheduled in between on a loaded machine)."""
 
+LIST_DELAY = 5.0
+"""Seconds the agent's QoS round may spend reading the kubelet's pod list (its timeout) between taking its time and
+taking the latest collection: a write may state the terms of a collection newer than itself."""
+
 _REASON = re.compile(
     r"BE may use (?P<capacity>\d+)m × (?P<threshold>[\d.]+)% − non-BE pods (?P<non_be>-?\d+)m − system "
     r"(?P<system>-?\d+)m = (?P<allowed>-?\d+)m(?:, raised to cpuSuppressMinPercent (?P<min>[\d.]+)% = (?P<floor>\d+)m)?"
@@ -201,12 +205,20 @@ class Ticks:
     def last(self) -> float:
         return self.ticks[-1].at if self.ticks else 0.0
 
+    def near(self, at: float, *, be_uids: set[str], max_age: float) -> list[tuple[float, int, int, int]]:
+        """(time, non-BE, system, pods sampled) of the collections a write at `at` may have used, for a failure
+        message."""
+        return [(round(t.at, 2), *t.terms(be_uids), len(t.pods)) for t in self._around(at, max_age)]
+
     def stated_by(self, write: QuotaWrite, *, be_uids: set[str], max_age: float) -> Tick | None:
-        """The latest collection at most `max_age` s before the write whose terms are the ones the write states."""
-        for tick in reversed(self.ticks):
-            if write.at - max_age <= tick.at <= write.at and tick.terms(be_uids) == (write.non_be, write.system):
-                return tick
-        return None
+        """The collection whose terms are the ones the write states, of those it may have used: at most `max_age`
+        s older than the write, or newer by up to LIST_DELAY (the agent's round takes its time before it reads the
+        kubelet's pod list, and the latest collection after); the nearest in time when several match."""
+        matches = [t for t in self._around(write.at, max_age) if t.terms(be_uids) == (write.non_be, write.system)]
+        return min(matches, key=lambda t: abs(t.at - write.at), default=None)
+
+    def _around(self, at: float, max_age: float) -> list[Tick]:
+        return [t for t in self.ticks if at - max_age <= t.at <= at + LIST_DELAY]
 
 
 def spec_problems(

@@ -443,7 +443,9 @@ async def test_raising_the_ls_load_narrows_the_besteffort_quota_and_lowering_it_
     quota write is spec §5.5.1 of the terms it states; the non-BE term is what the LS and prod pods used over the
     very window the agent measured, extra LS load included while it runs and gone once it stops; and while it runs
     the quota is narrower than the same round would give without it. The test provokes writes by setting the
-    quota to -1 itself ("probes"): the agent writes it again at its next round, stating its terms.
+    quota to -1 itself ("probes"): the agent writes it again at its next round, stating its terms. A write's
+    collection is found by its terms among those the round may have used (`Ticks.stated_by`: the round takes its time
+    before it reads the kubelet's pod list and the latest collection after, so that may be a few ms newer).
 
     The tolerance on the non-BE term is what the test cannot pin down, no more: it reads the prod pod's, the LS
     container's and the extra load's cgroups every 10 ms, the agent reads its counters within READ_DELAY (50 ms)
@@ -495,6 +497,7 @@ async def test_raising_the_ls_load_narrows_the_besteffort_quota_and_lowering_it_
         await asyncio.sleep(0.2)  # the test's reads after the last window: brackets need one on each side
     finally:
         sampler.cancel()
+        sampled_until = time.time()
     burned = burner.used_milli(started, stopped)
     if burned < MEANINGFUL_MILLI:
         pytest.skip(
@@ -504,7 +507,7 @@ async def test_raising_the_ls_load_narrows_the_besteffort_quota_and_lowering_it_
 
     events, batches = await suppression.agent_account(node.nats_url, NODE)
     writes = suppression.quota_writes(events, path_suffix=f"{node.hierarchy.parent}/{BESTEFFORT_QUOTA}")
-    covered = ended + 1
+    covered = ended + suppression.LIST_DELAY  # the newest collection a write up to `ended` may have used
     if Ticks(batches).last < covered:  # the batch holding the last collection is published at its window's end
 
         async def published() -> bool:
@@ -534,10 +537,12 @@ async def test_raising_the_ls_load_narrows_the_besteffort_quota_and_lowering_it_
             continue
         tick = ticks.stated_by(write, be_uids={BE_A.uid, BE_B.uid}, max_age=USAGE_MAX_AGE)
         if tick is None:
-            wrong.append(f"no collection of the agent has the terms of {write.line()}")
+            near = ticks.near(write.at, be_uids={BE_A.uid, BE_B.uid}, max_age=USAGE_MAX_AGE)
+            wrong.append(f"no collection of the agent has the terms of {write.line()}; (time, non-BE, system, pods) "
+                         f"of its collections then: {near}")  # fmt: skip
             continue
-        if tick.previous < sampled_from:
-            continue  # measured before the test read the cgroups
+        if tick.previous < sampled_from or tick.at + suppression.READ_DELAY > sampled_until:
+            continue  # measured before or after the test read the cgroups
         measured = suppression.measure(write, tick, own=(prod, ls_main), extra=burner)
         if measured is None:
             wrong.append(f"the test did not read the cgroups around [{tick.previous:.2f}, {tick.at:.2f}]")
