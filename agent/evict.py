@@ -31,11 +31,17 @@ from typing import Final
 from agent import qos
 from agent.actuate import NodePod
 from schemas import vocab
+from schemas.qos import PodEvictionRequested
 
 BE_MEMORY: Final = "BEMemoryEvict"
 MEMORY: Final = "MemoryEvict"
 BE_CPU: Final = "BECPUEvict"
 FEATURES: Final = frozenset({BE_MEMORY, MEMORY, BE_CPU})
+"""The features the agent's loops evict by (the --evict setting names some of them)."""
+CPU_ALLOCATABLE: Final = "CPUAllocatableEvict"
+MEMORY_ALLOCATABLE: Final = "MemoryAllocatableEvict"
+"""Koordinator's features for batch pods past the node's batch resources: the agent has no loop for them; a
+simulated node evicts by them when its batch allocatable shrinks (agent.simulate)."""
 EVICTION_POLICY: Final = "koordinator.sh/eviction-policy"
 EVICTION_ENABLED: Final = "koordinator.sh/eviction-enabled"
 EVICTION_PRIORITY: Final = "koordinator.sh/eviction-priority"
@@ -50,6 +56,15 @@ class Victim:
     released: int
     """Bytes (memory) or millicores (CPU) its eviction is counted to give back."""
     reason: str
+
+
+def eviction_request(*, node: str, at: float, pod: NodePod, feature: str, reason: str) -> PodEvictionRequested:
+    """What a node asks the bridge for to evict `pod` (by name, with its uid as the precondition): built here for
+    the agent's loops (agent.loops.eviction) and a simulated node's evictions (agent.simulate) alike."""
+    meta = pod.pod.metadata
+    return PodEvictionRequested(
+        node=node, at=at, namespace=meta.namespace, name=meta.name, uid=meta.uid, feature=feature, reason=reason
+    )
 
 
 def allowed(node_pod: NodePod, feature: str) -> bool:

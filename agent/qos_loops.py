@@ -30,11 +30,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-import msgspec
-
 from agent import actuate, collect
 from agent.core import Tick
-from agent.loops.base import Actuator, LoopResult, QosStats, Round
+from agent.loops.base import Actuator, LoopResult, QosStats, Round, actuation_message
 from agent.loops.bursting import CpuBurst
 from agent.loops.cgroups import Failsafe, be_cgroups
 from agent.loops.eviction import Evictions
@@ -44,7 +42,6 @@ from agent.pods import PodSource
 from agent.settings import AgentSettings, QosSettings
 from agent.slo import effective_slo
 from agent.slo_watch import KeyReader, SloSource
-from bus import api, subjects
 from schemas.qos import ActuationApplied, ActuationLoop, Problem
 
 log = logging.getLogger(__name__)
@@ -300,12 +297,9 @@ class QosLoops:
         return await self._bus.publish(subject, data, msg_id=msg_id)
 
     async def _publish(self, event: ActuationApplied) -> bool:
+        subject, payload, msg_id = actuation_message(event)
         try:
-            await self._bus.publish(
-                subjects.node_actuation(self.node),
-                msgspec.json.encode(event),
-                msg_id=api.msg_id(self.node, "actuation", event.loop, event.at),
-            )
+            await self._bus.publish(subject, payload, msg_id=msg_id)
         except Exception as e:  # the record is lost, the actuation is not: logged above
             self.stats.publish_failures += 1
             log.warning("node %s: cannot publish the %s actuation: %s", self.node, event.loop, e)

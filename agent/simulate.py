@@ -12,7 +12,8 @@ bursts, so pods appear and disappear with new UIDs each burst; node usage is Σ 
 exceeds capacity (batch is squeezed first, as BE suppression would). With the loop closed
 (`set_batch_allocatable`, fed by koordbus.simulation from NodeResourceComputed) batch pods are placed only within
 the node's batch allocatable and evicted when it shrinks (`place_batch_pods`, pure), as koord-scheduler and
-koordlet would do.
+koordlet would do; each eviction is the PodEvictionRequested a real agent would publish for it
+(`last_evictions`, built by agent.evict.eviction_request and published by koordbus.simulation as the agent does).
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from agent import evict
 from agent.actuate import NodePod
 from agent.batch import BatchBuilder, attribute_pods
 from agent.core import PodSample, Tick
 from schemas import kube, vocab
 from schemas.node import NodeMetricsReported, PodRef
+from schemas.qos import PodEvictionRequested
 
 GiB = 1024**3
 DAY = 86_400.0
@@ -86,6 +89,8 @@ class SimulatedNode:
         self._running: dict[tuple[int, int], None] = {}
         """Batch pods placed (with the loop closed), oldest first: the order they are kept in when room shrinks."""
         self._evicted: set[tuple[int, int]] = set()
+        self.last_evictions: tuple[PodEvictionRequested, ...] = ()
+        """The eviction requests of the batch pods the latest window's placement evicted (with the loop closed)."""
 
     def _init_online(self, rng: np.random.Generator, n: int) -> None:
         # Online pods together average ~35 % of the CPU and ~40 % of the memory, peaking mid-afternoon UTC.
@@ -138,8 +143,9 @@ class SimulatedNode:
         self._b_mem = mem_weights / max(mem_weights.sum(), 1e-9) * 0.4 * self.memory_bytes
 
     def batch_request(self, slot: int) -> tuple[float, int]:
-        """(cores, bytes) an executor of `slot` requests as batch-cpu and batch-memory: the most it ever uses."""
-        return float(self._b_cpu[slot]) * _BATCH_CPU_PEAK, int(self._b_mem[slot])
+        """(cores, bytes) an executor of `slot` requests as batch-cpu and batch-memory: the most it ever uses, in
+        whole millicores as its pod declares it."""
+        return math.ceil(float(self._b_cpu[slot]) * _BATCH_CPU_PEAK * 1000) / 1000, int(self._b_mem[slot])
 
     def _batch_pod(self, slot: int, incarnation: int) -> NodePod:
         pod = self._batch_pods.get((slot, incarnation))
@@ -149,7 +155,7 @@ class SimulatedNode:
             job = _BATCH_JOBS[int(self._b_job[slot]) % len(_BATCH_JOBS)]
             cpu, memory = self.batch_request(slot)
             amounts: dict[str, str | int | float] = {
-                vocab.BATCH_CPU: str(math.ceil(cpu * 1000)),
+                vocab.BATCH_CPU: str(round(cpu * 1000)),
                 vocab.BATCH_MEMORY: str(memory),
             }
             pod = self._batch_pods[(slot, incarnation)] = _node_pod(
@@ -203,7 +209,7 @@ class SimulatedNode:
         on_cpu, on_mem = self._online_usage(t, rng)
         b_cpu, b_mem, active, incarnation = self._batch_usage(t, rng)
         if self._batch_allocatable is not None:
-            admitted = self._admit(active, incarnation)
+            admitted = self._admit(active, incarnation, at=window_start)
             active &= admitted
             b_cpu, b_mem = b_cpu * admitted, b_mem * admitted
         sys_cpu = np.clip(self._sys_cpu * (1 + 0.1 * rng.standard_normal(t.size)), 0.05, None)
@@ -238,9 +244,12 @@ class SimulatedNode:
             )
         return ticks, list(listed.values())
 
-    def _admit(self, active: npt.NDArray[np.bool_], incarnation: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
-        """Which (slot, second) cells run, deciding once at the window's start: executors wanting to run in it are
-        placed within the batch allocatable, running ones that no longer fit are evicted (for good)."""
+    def _admit(
+        self, active: npt.NDArray[np.bool_], incarnation: npt.NDArray[np.int64], *, at: float
+    ) -> npt.NDArray[np.bool_]:
+        """Which (slot, second) cells run, deciding once at the window's start (`at`): executors wanting to run in it
+        are placed within the batch allocatable, running ones that no longer fit are evicted (for good), each with
+        its eviction request in `last_evictions`."""
         assert self._batch_allocatable is not None
         wanted: dict[tuple[int, int], None] = {}
         for k in range(active.shape[1]):
@@ -257,7 +266,14 @@ class SimulatedNode:
         candidates = [demand(key) for key in wanted if key not in self._running and key not in self._evicted]
         placement = place_batch_pods(self._batch_allocatable, running=running, candidates=candidates)
         self._running = {key_of[uid]: None for uid in (*placement.kept, *placement.placed)}
-        self._evicted = {key for key in self._evicted if key in wanted} | {key_of[uid] for uid in placement.evicted}
+        evicted = {key_of[e.uid] for e in placement.evicted}
+        self._evicted = {key for key in self._evicted if key in wanted} | evicted
+        self.last_evictions = tuple(
+            evict.eviction_request(
+                node=self.name, at=at, pod=self._batch_pod(*key_of[e.uid]), feature=e.feature, reason=e.reason
+            )
+            for e in placement.evicted
+        )
         admitted = np.zeros(active.shape, dtype=bool)
         for slot, inc in self._running:
             admitted[slot] |= incarnation[slot] == inc
@@ -307,12 +323,20 @@ class BatchDemand(NamedTuple):
     memory: int
 
 
+class BatchEviction(NamedTuple):
+    """A running batch pod that no longer fits: by which of Koordinator's allocatable-eviction features, and why."""
+
+    uid: str
+    feature: str
+    reason: str
+
+
 class BatchPlacement(NamedTuple):
     kept: tuple[str, ...]
     """Running pods that still fit, in their order."""
     placed: tuple[str, ...]
     """Candidates that fit after them, in their order (the others stay pending)."""
-    evicted: tuple[str, ...]
+    evicted: tuple[BatchEviction, ...]
     """Running pods that no longer fit."""
 
 
@@ -320,22 +344,36 @@ def place_batch_pods(
     allocatable: tuple[float, int], *, running: Sequence[BatchDemand], candidates: Sequence[BatchDemand]
 ) -> BatchPlacement:
     """Which batch pods run within `allocatable` (cores, bytes): running pods are kept oldest first while their
-    requests fit (the rest are evicted, as koordlet evicts batch pods past the node's batch resources), then
-    candidates are placed in order while they fit (as koord-scheduler places pods requesting batch resources)."""
-    cpu_left, memory_left = allocatable
+    requests fit (the rest are evicted, as koordlet's CPUAllocatableEvict / MemoryAllocatableEvict evict batch pods
+    past the node's batch resources; the reason names the numbers), then candidates are placed in order while they
+    fit (as koord-scheduler places pods requesting batch resources)."""
+    milli = round(allocatable[0] * 1000)  # in whole millicores, as batch-cpu is declared: no float drift
+    cpu_left, memory_left = milli, allocatable[1]
     kept: list[str] = []
-    evicted: list[str] = []
+    evicted: list[BatchEviction] = []
     placed: list[str] = []
     for pod in running:
-        if pod.cpu <= cpu_left and pod.memory <= memory_left:
+        cpu = round(pod.cpu * 1000)
+        if cpu <= cpu_left and pod.memory <= memory_left:
             kept.append(pod.uid)
-            cpu_left, memory_left = cpu_left - pod.cpu, memory_left - pod.memory
+            cpu_left, memory_left = cpu_left - cpu, memory_left - pod.memory
+        elif cpu > cpu_left:
+            reason = (
+                f"batch-cpu request {cpu}m > {cpu_left}m left = batch allocatable {milli}m − {milli - cpu_left}m "
+                f"requested by the older pods kept"
+            )
+            evicted.append(BatchEviction(uid=pod.uid, feature=evict.CPU_ALLOCATABLE, reason=reason))
         else:
-            evicted.append(pod.uid)
+            reason = (
+                f"batch-memory request {pod.memory} > {memory_left} left = batch allocatable {allocatable[1]} "
+                f"− {allocatable[1] - memory_left} requested by the older pods kept (bytes)"
+            )
+            evicted.append(BatchEviction(uid=pod.uid, feature=evict.MEMORY_ALLOCATABLE, reason=reason))
     for pod in candidates:
-        if pod.cpu <= cpu_left and pod.memory <= memory_left:
+        cpu = round(pod.cpu * 1000)
+        if cpu <= cpu_left and pod.memory <= memory_left:
             placed.append(pod.uid)
-            cpu_left, memory_left = cpu_left - pod.cpu, memory_left - pod.memory
+            cpu_left, memory_left = cpu_left - cpu, memory_left - pod.memory
     return BatchPlacement(kept=tuple(kept), placed=tuple(placed), evicted=tuple(evicted))
 
 

@@ -6,9 +6,11 @@ publishes one NodeMetricsReported batch, after one NodeStateReported with its ca
 
 With `close_loop` the simulation follows the noderesource service's decisions (NodeResourceComputed on the bus) and
 gives each simulated node its current batch allocatable: its batch pods are then placed only within it and evicted
-when it shrinks (agent.simulate.place_batch_pods), so batch used / allocatable stays at or under 100 % except for a
-while after a shrink (the NodeMetric's average still holds what the evicted pods used). Until a node's first decision
-it has no batch resources, like a node koord-manager has not written yet, and runs no batch pods.
+when it shrinks (agent.simulate.place_batch_pods; each eviction is published as the agent publishes its own, a
+PodEvictionRequested for the bridge and an ActuationApplied of the eviction loop, which the events API and the
+dashboard's node page show like a real one), so batch used / allocatable stays at or under 100 % except for a while
+after a shrink (the NodeMetric's average still holds what the evicted pods used). Until a node's first decision it
+has no batch resources, like a node koord-manager has not written yet, and runs no batch pods.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import Final
 import msgspec
 
 from agent.batch import PodListThinner
+from agent.loops import eviction
+from agent.loops.base import actuation_message
 from agent.settings import AgentSettings
 from agent.simulate import SimulatedNode, simulated_node_names
 from bus import streams, subjects
@@ -53,20 +57,25 @@ async def publish_window(
     *,
     thinners: dict[str, PodListThinner] | None = None,
 ) -> int:
-    """Publish one batch per node for [window_start, window_end); returns how many were new (not duplicates).
+    """Publish one batch per node for [window_start, window_end), and what an agent publishes for the batch pods the
+    node's placement evicted at the window's start (each PodEvictionRequested, and the eviction loops' ActuationApplied
+    naming them); returns how many batches were new (not duplicates).
 
     With `thinners` (one per node, kept across windows) unchanged pod lists are left out like a real agent does.
     """
-    messages = []
+    batches: list[tuple[str, bytes, str]] = []
+    evictions: list[tuple[str, bytes, str]] = []
     for node in nodes:
         batch = node.batch(window_start, window_end)
         if thinners is not None:
             batch = thinners.setdefault(node.name, PodListThinner(POD_LIST_RESEND_BATCHES)).thin(batch)
-        messages.append(
+        batches.append(
             (subjects.node_metrics(node.name), encode_node_event(batch), msg_id(node.name, "metrics", window_start))
         )
-    acks = await bus.publish_many(messages)
-    return sum(1 for a in acks if not a.duplicate)
+        evictions.extend(eviction.eviction_message(request) for request in node.last_evictions)
+        evictions.extend(actuation_message(event) for event in eviction.requested_actuations(node.last_evictions))
+    acks = await bus.publish_many([*batches, *evictions])
+    return sum(1 for a in acks[: len(batches)] if not a.duplicate)
 
 
 async def publish_states(bus: Bus, nodes: list[SimulatedNode], *, at: float) -> None:

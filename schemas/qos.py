@@ -101,7 +101,8 @@ class PodEvictionRequested(msgspec.Struct, frozen=True, kw_only=True, tag="node.
     name: str
     uid: str
     feature: str
-    """BEMemoryEvict, MemoryEvict or BECPUEvict."""
+    """BEMemoryEvict, MemoryEvict or BECPUEvict from an agent; CPUAllocatableEvict or MemoryAllocatableEvict from a
+    simulated node (agent.simulate: batch pods past the node's batch allocatable)."""
     reason: str
 
 

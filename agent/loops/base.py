@@ -1,6 +1,7 @@
 """What every QoS loop shares: one round's inputs (`Round`), its outcome (`LoopResult`), and the `Actuator` that
 reads and writes the cgroup and resctrl files (confined to their roots by agent.files.RootedFiles), honours dry-run,
-counts writes and failures, and caches what only changes on static passes (the CPU topology)."""
+counts writes and failures, and caches what only changes on static passes (the CPU topology); and the wire form of
+a round's ActuationApplied (`actuation_message`)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from agent import actuate, evict, suppress
 from agent.collect import descriptor_budget
 from agent.core import Tick
 from agent.cpus import read_cpus
 from agent.files import PathRejected, RootedFiles
-from schemas.qos import Change, Problem
+from bus import api, subjects
+from schemas.qos import ActuationApplied, Change, Problem
+
+
+def actuation_message(event: ActuationApplied) -> tuple[str, bytes, str]:
+    """(subject, payload, message id) an ActuationApplied is published as (agent.qos_loops; simulated nodes'
+    evictions, koordbus.simulation): one per node, loop and round."""
+    return (
+        subjects.node_actuation(event.node),
+        msgspec.json.encode(event),
+        api.msg_id(event.node, "actuation", event.loop, event.at),
+    )
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The memory-evict and cpu-evict loops (spec §5.5.2–5.5.3): which pods to evict now (agent.evict), with the
 cool-downs and the pods already asked for; `request` publishes each victim's PodEvictionRequested (the bridge calls
-the Eviction API) or, when the bus is away and local kills are on, kills the pod's containers on the node."""
+the Eviction API; `eviction_message` is its wire form, simulated nodes' evictions included) or, when the bus is away
+and local kills are on, kills the pod's containers on the node."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import collections
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final
 
 import msgspec
 
@@ -21,7 +22,7 @@ from agent.loops.suppression import be_real_limit
 from agent.settings import QosSettings
 from bus import api, subjects
 from schemas import vocab
-from schemas.qos import ActuationLoop, Change, PodEvictionRequested, Problem
+from schemas.qos import ActuationApplied, ActuationLoop, Change, PodEvictionRequested, Problem
 
 log = logging.getLogger(__name__)
 
@@ -134,24 +135,14 @@ class Evictions:
         for victim in result.victims:
             meta = victim.pod.pod.metadata
             target = f"pods/{meta.namespace}/{meta.name}"
+            request = evict.eviction_request(
+                node=node, at=now, pod=victim.pod, feature=victim.feature, reason=victim.reason
+            )
             if act.dry_run:
                 outcome = "eviction would be requested"
             else:
-                request = PodEvictionRequested(
-                    node=node,
-                    at=now,
-                    namespace=meta.namespace,
-                    name=meta.name,
-                    uid=meta.uid,
-                    feature=victim.feature,
-                    reason=victim.reason,
-                )
                 try:
-                    await publish(
-                        subjects.node_eviction(node),
-                        msgspec.json.encode(request),
-                        api.msg_id(node, "eviction", meta.uid, now),
-                    )
+                    await publish(*eviction_message(request))
                     outcome = "eviction requested"
                     act.stats.evictions_requested += 1
                 except Exception as e:
@@ -162,7 +153,52 @@ class Evictions:
                     outcome = f"killed locally ({killed} processes; the bus is away: {e})"
                     act.stats.evictions_killed_locally += 1
                 self.pending[meta.uid] = now
-            result.changes.append(Change(path=target, before="running", after=outcome, reason=victim.reason))
+            result.changes.append(eviction_change(request, outcome))
+
+
+FEATURE_LOOPS: Final[dict[str, ActuationLoop]] = {
+    evict.BE_MEMORY: "memory-evict",
+    evict.MEMORY: "memory-evict",
+    evict.MEMORY_ALLOCATABLE: "memory-evict",
+    evict.BE_CPU: "cpu-evict",
+    evict.CPU_ALLOCATABLE: "cpu-evict",
+}
+"""The loop each eviction feature belongs to (spec §5.5.2 memory, §5.5.3 CPU)."""
+
+
+def eviction_change(request: PodEvictionRequested, outcome: str) -> Change:
+    """The Change an eviction loop's ActuationApplied reports for a pod it asked to evict, with what happened."""
+    return Change(
+        path=f"pods/{request.namespace}/{request.name}", before="running", after=outcome, reason=request.reason
+    )
+
+
+def requested_actuations(requests: Sequence[PodEvictionRequested]) -> list[ActuationApplied]:
+    """What an agent's round reports of `requests` once published, one ActuationApplied per eviction loop (what the
+    dashboard's node page lists): for simulated nodes (koordbus.simulation), whose requests are all published."""
+    by_loop: dict[ActuationLoop, list[PodEvictionRequested]] = {}
+    for request in requests:
+        by_loop.setdefault(FEATURE_LOOPS[request.feature], []).append(request)
+    return [
+        ActuationApplied(
+            node=group[0].node,
+            loop=loop,
+            at=group[0].at,
+            dry_run=False,
+            changes=[eviction_change(r, "eviction requested") for r in group],
+        )
+        for loop, group in by_loop.items()
+    ]
+
+
+def eviction_message(request: PodEvictionRequested) -> tuple[str, bytes, str]:
+    """(subject, payload, message id) a PodEvictionRequested is published as, by the agent (`Evictions.request`) and
+    by simulated nodes (koordbus.simulation): one request per pod and moment, so a repeat is deduplicated."""
+    return (
+        subjects.node_eviction(request.node),
+        msgspec.json.encode(request),
+        api.msg_id(request.node, "eviction", request.uid, request.at),
+    )
 
 
 def kill_locally(act: Actuator, layout: actuate.Layout, node_pod: actuate.NodePod) -> int:

@@ -2,10 +2,11 @@
 that burn a known share of a CPU and hold a known amount of memory, and a kubelet-shaped `/pods` endpoint.
 
 `Hierarchy` makes `/sys/fs/cgroup/<controller>/koordbus-acceptance-<pid>-<hex>/kubepods/...` in the cpu, cpuacct,
-cpuset and memory hierarchies (cgroup v1, the kubelet's cgroupfs layout), starts `Burner` processes that move
-themselves into a container's cgroups before they burn, and on `close()` kills every process it started (and any
-other task left in its cgroups) and removes its directories leaf first — also when the test failed. `leftovers()`
-says what of it is still there, for the test that teardown leaves nothing behind. `Kubelet` serves the fake API
+cpuset and memory hierarchies (cgroup v1, the kubelet's cgroupfs layout; the tree weighs CPUs × 1024 shares against
+the machine's other tasks, as the kubelet's kubepods does), starts `Burner` processes that move themselves into a
+container's cgroups before they burn, and on `close()` kills every process it started (and any other task left in
+its cgroups) and removes its directories leaf first — also when the test failed. `leftovers()` says what of it is
+still there, for the test that teardown leaves nothing behind. `Kubelet` serves the fake API
 server's pods of the node as the kubelet's `/pods` does. Used by tests/acceptance/test_node_acceptance.py.
 """
 
@@ -131,6 +132,9 @@ class Hierarchy:
         self.made: list[Path] = []
         for qos_dir in QOS_DIRS.values():
             self._mkdirs(qos_dir)
+        # the weight the kubelet gives kubepods against the rest of the machine: its CPUs × 1024 shares (our kubepods
+        # sits one directory lower, so the directory competing with the machine's other tasks gets it)
+        self.path("cpu").joinpath("cpu.shares").write_text(str((os.cpu_count() or 1) * 1024))
 
     def path(self, controller: str, rel: str = "") -> Path:
         return CGROUP_ROOT / controller / self.parent / rel if rel else CGROUP_ROOT / controller / self.parent
@@ -151,9 +155,15 @@ class Hierarchy:
     def add_pod(self, pod: PodSpec) -> None:
         self._mkdirs(f"{pod.rel}/{pod.container_id}")
 
-    def start(self, pod: PodSpec, *, share: float, mib: int) -> Burner:
-        """A process in `pod`'s container burning `share` of a CPU and holding `mib` MiB."""
-        procs = [self.path(c, f"{pod.rel}/{pod.container_id}") / "cgroup.procs" for c in CONTROLLERS]
+    def add_container(self, pod: PodSpec, container_id: str) -> None:
+        """One more container cgroup in `pod` (the kubelet's pod list does not name it)."""
+        self._mkdirs(f"{pod.rel}/{container_id}")
+
+    def start(self, pod: PodSpec, *, share: float, mib: int, container_id: str = "") -> Burner:
+        """A process in `pod`'s container (its own unless `container_id` names one added with add_container)
+        burning `share` of a CPU and holding `mib` MiB."""
+        rel = f"{pod.rel}/{container_id or pod.container_id}"
+        procs = [self.path(c, rel) / "cgroup.procs" for c in CONTROLLERS]
         burner = Burner(procs, share=share, mib=mib)
         self.burners.append(burner)
         return burner

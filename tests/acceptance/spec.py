@@ -1,5 +1,6 @@
 """Koordinator's arithmetic as the acceptance suite recomputes it from what the API server holds: quantities, the
-podsMetric by namespace/name, priority classes (spec §0) and the batch resources of a node (spec §2.4). Used by
+podsMetric by namespace/name, priority classes (spec §0), the batch resources of a node (spec §2.4) and the BE CFS
+quota of CPU suppress (spec §5.5.1). Used by
 tests/acceptance/test_node_acceptance.py; the code under test computes the same numbers its own way.
 """
 
@@ -86,3 +87,29 @@ def spec_batch(node_obj: dict[str, Any], metric: dict[str, Any], pods: list[dict
         f"- hp used {used[0]}; memory {out[1]} = {cap[1]} - {margin[1]} - max({system[1]}, {reserved[1]}) - {used[1]}"
     )
     return out[0], out[1], formula
+
+
+QUOTA_PERIOD_US = 100_000
+MIN_QUOTA_US = 2000
+
+
+def spec_suppress(
+    *, capacity_milli: int, threshold_percent: float, min_percent: float | None, non_be: int, system: int
+) -> int:
+    """Spec §5.5.1: the CPU BE pods may use, millicores, from the terms an agent states."""
+    allowed = int(capacity_milli * threshold_percent / 100) - non_be - system
+    if min_percent is not None:
+        allowed = max(allowed, int(capacity_milli * min_percent / 100))
+    return allowed
+
+
+def spec_cfs_quota(allowed_milli: int, *, current: int, cpus: int) -> int | None:
+    """Spec §5.5.1's cfsQuota policy: the besteffort cpu.cfs_quota_us to write when it holds `current` (-1:
+    unlimited), or None when the move is skipped (under 1 % of the node's quota, unless it is the minimum)."""
+    quota = max(allowed_milli * QUOTA_PERIOD_US // 1000, MIN_QUOTA_US)
+    node_quota = cpus * QUOTA_PERIOD_US
+    if current != -1:
+        quota = min(quota, current + node_quota // 10)  # growth per round limited to 10 % of the node
+        if abs(quota - current) < node_quota // 100 and quota != MIN_QUOTA_US:
+            return None
+    return quota

@@ -15,8 +15,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from agent.settings import QosSettings
 from bus import auth, server
+from koordbus import cli
 from services.common import observe
+from services.common import settings as settings_loader
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "koordbus"
@@ -97,6 +100,70 @@ def test_the_agent_mounts_only_what_it_needs_read_only_unless_it_applies() -> No
         assert mounts["proc"] is True and mounts["cgroup"] is (not writable)
         args = agent["containers"][0]["args"]
         assert ("--apply" if writable else "--dry-run") in args
+
+
+def _agent_container(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The agent DaemonSet's pod spec and container as `values` render them."""
+    spec = by_kind(render(values), "DaemonSet")["prod-koordbus-agent"]["spec"]["template"]["spec"]
+    return spec, spec["containers"][0]
+
+
+def _kubelet_settings(container: dict[str, Any]) -> QosSettings:
+    """What `koordbus agent` makes of the container's arguments and literal environment (as run_agent does)."""
+    args = cli.build_parser().parse_args(container["args"])
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    overrides = {
+        "kubelet_pods_url": args.kubelet_pods_url,
+        "kubelet_token_file": args.kubelet_token_file,
+        "kubelet_ca_file": args.kubelet_ca_file,
+        "kubelet_insecure": args.kubelet_insecure,
+    }
+    return settings_loader.load(QosSettings, overrides, env=env)
+
+
+SA = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def test_the_agent_reads_its_kubelet_with_the_token_and_tls_the_values_give() -> None:
+    """Each case: agent values → (token file, CA file, insecure) the agent ends up with; objects valid."""
+    cases: list[tuple[dict[str, Any], tuple[str, str, bool]]] = [
+        ({}, (f"{SA}/token", "", True)),  # the defaults: kubelets serve a self-signed certificate
+        ({"kubeletInsecure": False, "kubeletCaFile": f"{SA}/ca.crt"}, (f"{SA}/token", f"{SA}/ca.crt", False)),
+        (
+            {"kubeletInsecure": False, "kubeletCaConfigMap": "kubelet-ca"},
+            (f"{SA}/token", "/etc/koordbus/kubelet-ca/ca.crt", False),
+        ),
+        (
+            {"kubeletPodsUrl": "http://$(NODE_IP):10255/pods", "kubeletTokenFile": "", "kubeletInsecure": False},
+            ("", "", False),
+        ),  # the read-only port: no token, no TLS
+    ]
+    for agent, expected in cases:
+        values = {**DEFAULTS, "agent": agent}
+        for obj in render(values):
+            kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+        spec, container = _agent_container(values)
+        assert not [e for e in container["env"] if e["name"].startswith("KOORDBUS_KUBELET_")], agent
+        settings = _kubelet_settings(container)
+        got = (settings.kubelet_token_file, settings.kubelet_ca_file, settings.kubelet_insecure)
+        assert got == expected, (agent, container["args"])
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        if agent.get("kubeletCaConfigMap"):
+            mount = {"name": "kubelet-ca", "mountPath": "/etc/koordbus/kubelet-ca", "readOnly": True}
+            assert mounts["kubelet-ca"] == mount
+            assert volumes["kubelet-ca"]["configMap"] == {
+                "name": "kubelet-ca",
+                "items": [{"key": "ca.crt", "path": "ca.crt"}],
+            }
+        else:
+            assert "kubelet-ca" not in mounts and "kubelet-ca" not in volumes
+
+
+def test_a_kubelet_ca_with_kubelet_insecure_is_refused_with_a_clear_message() -> None:
+    for agent in ({"kubeletCaFile": f"{SA}/ca.crt"}, {"kubeletCaConfigMap": "kubelet-ca"}):
+        with pytest.raises(Exception, match=r"agent.kubeletCaFile \(.+\) and agent.kubeletInsecure exclude each other"):
+            render({**DEFAULTS, "agent": agent})
 
 
 def test_production_values_use_the_external_nats_and_database() -> None:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from agent.simulate import BatchDemand, BatchPlacement, GiB, SimulatedNode, place_batch_pods
+from agent.simulate import BatchDemand, BatchEviction, BatchPlacement, GiB, SimulatedNode, place_batch_pods
 from schemas import vocab
 from tests.support import batches as wire
 
@@ -27,23 +27,38 @@ def test_running_pods_are_kept_oldest_first_and_the_rest_evicted_when_allocatabl
     assert place_batch_pods((10.0, 10 * GiB), running=running, candidates=[pod("x", 1, 1)]) == BatchPlacement(
         kept=("old", "mid", "new"), placed=("x",), evicted=()
     )
-    assert place_batch_pods((3.0, 10 * GiB), running=running, candidates=[pod("x", 1, 1)]) == BatchPlacement(
-        kept=("old", "new"), placed=(), evicted=("mid",)
+    shrunk = place_batch_pods((3.0, 10 * GiB), running=running, candidates=[pod("x", 1, 1)])
+    assert shrunk == BatchPlacement(
+        kept=("old", "new"),
+        placed=(),
+        evicted=(
+            BatchEviction(
+                uid="mid",
+                feature="CPUAllocatableEvict",
+                reason="batch-cpu request 2000m > 1000m left = batch allocatable 3000m − 2000m requested by the older "
+                "pods kept",
+            ),
+        ),
     )
-    assert place_batch_pods((0.0, 0), running=running, candidates=[pod("x", 1, 1)]) == BatchPlacement(
-        kept=(), placed=(), evicted=("old", "mid", "new")
+    memory = place_batch_pods((10.0, 3 * GiB), running=running, candidates=[])
+    assert [(e.uid, e.feature) for e in memory.evicted] == [("mid", "MemoryAllocatableEvict")]
+    assert memory.evicted[0].reason == (
+        f"batch-memory request {2 * GiB} > {GiB} left = batch allocatable {3 * GiB} − {2 * GiB} requested by the "
+        "older pods kept (bytes)"
     )
+    gone = place_batch_pods((0.0, 0), running=running, candidates=[pod("x", 1, 1)])
+    assert (gone.kept, gone.placed, [e.uid for e in gone.evicted]) == ((), (), ["old", "mid", "new"])
 
 
-def batch_usage(node: SimulatedNode, start: float) -> tuple[float, int, set[str]]:
-    """The most CPU and memory the node's batch pods used at one second of a window, and their UIDs."""
+def batch_usage(node: SimulatedNode, start: float) -> tuple[float, int, dict[str, str]]:
+    """The most CPU and memory the node's batch pods used at one second of a window, and their names by UID."""
     batch = node.batch(start, start + 10)
     per_second: dict[float, tuple[float, int]] = {}
-    uids: set[str] = set()
+    uids: dict[str, str] = {}
     for ref, samples in wire.samples_by_pod(batch):
         if ref.labels.get(vocab.PRIORITY_CLASS_LABEL) != vocab.PRIORITY_BATCH:
             continue
-        uids.add(ref.uid)
+        uids[ref.uid] = f"{ref.namespace}/{ref.name}"
         for t, cpu, memory in samples:
             c, m = per_second.get(t, (0.0, 0))
             per_second[t] = (c + cpu, m + memory)
@@ -65,14 +80,22 @@ def test_a_node_with_the_loop_closed_keeps_batch_usage_within_its_allocatable_an
     for k in range(24):
         cpu, memory, uids = batch_usage(node, T0 + 600 * k)
         assert cpu <= 4.0 and memory <= 16 * GiB
-        seen |= uids
+        seen |= set(uids)
     assert seen  # batch pods still run, within the allocatable
     start = T0 + 600 * 24
-    running = batch_usage(node, start)[2]
+    names = batch_usage(node, start)[2]
+    running = set(names)
     assert running
+    assert node.last_evictions == ()
     node.set_batch_allocatable(0.5, 1 * GiB)  # the node's batch allocatable shrinks
-    cpu, memory, uids = batch_usage(node, start + 10)
+    cpu, memory, after = batch_usage(node, start + 10)
+    uids = set(after)
     assert cpu <= 0.5 and memory <= 1 * GiB
     assert running - uids  # running pods left (evicted)
+    # each one with the request a real agent publishes for a pod it evicts: this node, the window's start, the pod
+    requests = node.last_evictions
+    assert {r.uid: f"{r.namespace}/{r.name}" for r in requests} == {uid: names[uid] for uid in running - uids}
+    assert {(r.node, r.at) for r in requests} == {("sim-node-0001", start + 10)}
+    assert all(r.feature in ("CPUAllocatableEvict", "MemoryAllocatableEvict") and " > " in r.reason for r in requests)
     node.set_batch_allocatable(4.0, 16 * GiB)  # evicted pods do not come back; pods of later bursts are placed again
-    assert not (running - uids) & batch_usage(node, start + 20)[2]
+    assert not (running - uids) & set(batch_usage(node, start + 20)[2])
