@@ -1,5 +1,6 @@
-"""Every operation of the API refuses a query key it does not take with a 400 naming the key (services.api.query_keys);
-the keys it does take still work, and a caller without a token is told that first (401). The whole API over real
+"""Every operation of the API refuses a query key it does not take with a 400 naming the key (services.api.query_keys),
+and a key that takes one value given twice; the keys it does take still work, and a caller without a token is told
+that first (401). The whole API over real
 components (tests.support.live_api), called over HTTP, for every operation of its OpenAPI document."""
 
 from __future__ import annotations
@@ -56,6 +57,17 @@ def test_a_refusal_names_the_unknown_keys_and_the_known_ones(client: httpx.Clien
     assert client.get("/readyz", params={"x": ""}).json()["error"] == (
         "unknown query parameter(s) 'x'; this route takes none"
     )
+
+
+def test_a_key_that_takes_one_value_given_twice_is_a_400_and_a_list_key_may_repeat(client: httpx.Client) -> None:
+    # found by schemathesis: `parents=ù&…&parents=false` was read as its last value, false, and answered 200
+    answer = client.post(
+        "/api/v1/quotas/check?parents=%C3%B9&parents=false", content=b"pods: []", headers=api_auth.headers(auth.ADMIN)
+    )
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"] == "query parameter 'parents' is given 2 times; it takes one value"
+    types = [("type", "quota.event"), ("type", "quota.status")]
+    assert client.get("/api/v1/events", params=types, headers=api_auth.headers(auth.VIEWER)).is_success
 
 
 def test_without_a_token_the_answer_is_401_whatever_the_keys(client: httpx.Client) -> None:
