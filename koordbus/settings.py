@@ -41,8 +41,9 @@ MIB = 2**20
 class EmbeddedStreamSettings:
     """The byte caps `koordbus up` puts on the streams that grow with the number of nodes: its nats-server stores in
     the data dir, on a machine nobody sized for it. Sized for `--simulate-nodes 1000` (bench/soak.py, the most `up`
-    is run with here); a single real node stays far below them. A process joining a cluster's NATS sets no cap (the
-    operator sizes that server); each stream keeps its max age either way. -1: no cap."""
+    is run with here); a single real node stays far below them. `up --nats-url` puts them on that server too; the
+    other subcommands, which join a cluster's NATS, set none (its operator sizes that server). Each stream keeps its
+    max age either way. -1: no cap."""
 
     node_stream_max_bytes: int = 1536 * MIB
     """KOORD_NODE (KOORDBUS_NODE_STREAM_MAX_BYTES): at least the longest NodeMetric window (30 min) plus the

@@ -30,7 +30,7 @@ from koordbus import cli, natsauth
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = Path(os.environ.get("KOORDBUS_COMPOSE_SCHEMA", ROOT / ".venv" / "compose-spec.json"))
 SERVICES = {"nodemetric", "noderesource", "slo", "quota", "migration", "k8s", "api"}
-NATS_CREDS = "/etc/koordbus/nats-creds.json"
+NATS_CREDS = "/etc/koordbus/nats/creds.json"
 NODE = "compose-node"
 
 
