@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 
 COMPOSE_SCHEMA := $(VENV)/compose-spec.json
 
-.PHONY: venv up test test-repeat lint typecheck unit bench clean compose-tokens crds
+.PHONY: venv up test test-repeat lint typecheck unit bench clean compose-tokens compose-creds crds
 
 venv: $(STAMP)
 
@@ -47,6 +47,11 @@ $(COMPOSE_SCHEMA): $(STAMP)
 	$(BIN)/python -m pip download --quiet --no-deps --dest $(VENV)/downloads docker-compose==1.29.2
 	$(BIN)/python -c "import glob, zipfile; w = glob.glob('$(VENV)/downloads/docker_compose-1.29.2-*.whl')[0]; \
 	open('$@', 'wb').write(zipfile.ZipFile(w).read('compose/config/compose_spec.json'))"
+
+# The NATS identities of docker-compose.yml (deploy/compose/nats/, not committed): a user per service and for the
+# agent's node (KOORDBUS_NODE_NAME, default compose-node), and the server's users in auth.conf; kept across runs.
+compose-creds: venv
+	$(BIN)/koordbus creds ensure-compose deploy/compose --node "$${KOORDBUS_NODE_NAME:-compose-node}"
 
 # An admin token for the API of docker-compose.yml (deploy/compose/api-tokens, not committed).
 compose-tokens: venv

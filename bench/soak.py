@@ -90,7 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--keep",
         action="store_true",
-        help="keep the temporary directory: data dir, up.log, samples.json (every sample)",
+        help="keep the temporary directory: data dir, up.log, samples.json (every sample: RSS, lag, the data dir's "
+        "parts)",
     )
     args = p.parse_args(argv)
     if args.nodes < 1 or args.pods < 1 or args.subscribers < 0 or args.websockets < 0:
@@ -366,6 +367,8 @@ class Samples:
     """(seconds, bytes in the data dir) at the start, once a minute and at the end."""
     disk_parts: dict[str, int] = field(default_factory=dict)
     """The last measure's bytes per stream and per database file."""
+    disk_parts_series: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+    """Each measure's bytes per stream and per database file (samples.json)."""
     """(seconds, the largest consumer lag) at each scrape."""
     lag_at_warmup: dict[str, float] | None = None
     """Each consumer's lag at the first sample after the warm-up (to compare with the end: shrinking or growing)."""
@@ -375,6 +378,7 @@ class Samples:
     async def measure_disk(self, data_dir: Path, *, at: float) -> None:
         self.disk_parts = await asyncio.to_thread(disk_usage, data_dir)
         self.disk.append((at, sum(self.disk_parts.values())))
+        self.disk_parts_series.append((at, self.disk_parts))
 
     def name(self, pid: int, root: int) -> str:
         if pid not in self.names:
@@ -566,7 +570,7 @@ def report(
     leftovers: list[int],
     ended: float,
 ) -> dict[str, Any]:
-    series = {"rss_bytes": samples.rss, "max_consumer_lag": samples.lag}
+    series = {"rss_bytes": samples.rss, "max_consumer_lag": samples.lag, "disk_bytes": samples.disk_parts_series}
     (log_path.parent / "samples.json").write_text(json.dumps(series))  # kept with --keep
     lines = figures.classify_log(log_path.read_text(errors="replace").splitlines())
     nats_errors = figures.nats_log_errors(

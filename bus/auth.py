@@ -1,7 +1,8 @@
 """Who may do what on NATS: a user per node agent, allowed to publish only its own node's subjects
 (`koord.v1.node.<node>.>`) and to read only its own NodeSLO key (a direct get of `$KV.KOORD_SLO.<node>`), and users
 for the control-plane services, allowed everything. Pure: it renders the `authorization` block of a nats-server
-config from `NatsUser`s, and reads and writes the credentials files the processes connect with (`koordbus creds`).
+config from `NatsUser`s, reads and writes the credentials files the processes connect with (`koordbus creds`), and
+makes the identities of a cluster's Secret and of docker-compose.yml's NATS.
 
 A credentials file is JSON `{"user": …, "password": …}`; the server config carries the same password (mount both
 as Kubernetes Secrets). Every connection authenticates, `koordbus up`'s to its embedded server included (one
@@ -59,8 +60,12 @@ def issue_node(node: str) -> NatsUser:
     return NatsUser(user=node_user_name(node), password=new_password(), permissions=node_permissions(node))
 
 
+def service_user_name(name: str) -> str:
+    return f"service-{subjects.encode_token(name)}"
+
+
 def issue_service(name: str) -> NatsUser:
-    return NatsUser(user=f"service-{subjects.encode_token(name)}", password=new_password())
+    return NatsUser(user=service_user_name(name), password=new_password())
 
 
 def render_authorization(users: Sequence[NatsUser]) -> str:
@@ -166,3 +171,37 @@ def read_creds(text: str, *, source: str) -> tuple[str, str]:
         return str(document["user"]), str(document["password"])
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f'{source} is not a koordbus NATS credentials file ({{"user", "password"}}): {e}') from e
+
+
+COMPOSE_AUTHORIZATION_FILE = "auth.conf"
+COMPOSE_AGENT = "agent"
+
+
+def compose_creds_file(process: str) -> str:
+    """The name of a docker-compose.yml process's credentials file (a service's name, or COMPOSE_AGENT)."""
+    return f"{process}.creds.json"
+
+
+def compose_identities(existing: Mapping[str, str], *, services: Sequence[str], node: str) -> dict[str, str]:
+    """docker-compose.yml's NATS identities as files (name → text), from the files `existing` there: a credentials
+    file per service (user `service-<name>`, everything allowed) and one for the agent of `node` (user
+    `node-<node>`, its own node's subjects only, as the auth callout grants an agent in a cluster), each kept when
+    it is already there for that user, and the server's `authorization` block (COMPOSE_AUTHORIZATION_FILE) letting
+    in exactly these users. schemas.names.InvalidName (a ValueError) when `node` is not a node name."""
+    names.node_name(node)
+    users = [_kept(existing.get(compose_creds_file(n)), service_user_name(n)) or issue_service(n) for n in services]
+    agent = _kept(existing.get(compose_creds_file(COMPOSE_AGENT)), node_user_name(node)) or issue_node(node)
+    users.append(NatsUser(user=agent.user, password=agent.password, permissions=node_permissions(node)))
+    files = {compose_creds_file(n): creds_json(u) for n, u in zip((*services, COMPOSE_AGENT), users, strict=True)}
+    return files | {COMPOSE_AUTHORIZATION_FILE: render_authorization(users)}
+
+
+def _kept(creds: str | None, user: str) -> NatsUser | None:
+    """The user of a credentials file's text when it is `user`'s; None for none, another user's or an unreadable one."""
+    if creds is None:
+        return None
+    try:
+        name, password = read_creds(creds, source="")
+    except ValueError:
+        return None
+    return NatsUser(user=name, password=password) if name == user else None

@@ -2,9 +2,13 @@
 
 `koordbus up`, the services and the tests call `all_streams()` and `ensure_streams` it; a
 service builds its ConsumerSpec from here so that stream names and filters are stated once.
+Every stream is bounded by its max age (or keeps one message per subject); `koordbus up` also caps the bytes of the
+three that grow with the number of nodes (SizeCaps, from koordbus.settings.EmbeddedStreamSettings).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from bus import subjects
 from bus.api import StreamSpec
@@ -24,6 +28,24 @@ KV_KOORD_SLO = f"KV_{subjects.SLO_BUCKET}"
 DUPLICATE_WINDOW_SECONDS = 300.0
 
 
+@dataclass(frozen=True, kw_only=True)
+class SizeCaps:
+    """The most bytes each high-volume stream keeps (-1: no cap, only its max age). A full stream drops its oldest
+    messages as new ones arrive (JetStream's default discard policy, `old`): a publish is never refused, and what
+    depends on history reads what is left (a consumer asking for older messages starts at the oldest kept; an
+    event cursor older than that gets a warning)."""
+
+    node: int = -1
+    """KOORD_NODE: agent reports, actuations, evictions."""
+    nodemetric: int = -1
+    """KOORD_NODEMETRIC: NodeMetric reports."""
+    noderesource: int = -1
+    """KOORD_NODERESOURCE: batch/mid decisions and the colocation config status."""
+
+
+NO_CAPS = SizeCaps()
+
+
 def node_stream(*, max_age_seconds: float = 2 * 3600, max_bytes: int = -1, replicas: int = 1) -> StreamSpec:
     """Raw agent reports. Kept longer than the longest aggregation window (30 min) so a restarted
     nodemetric replica can rebuild its windows from the stream. Stored with each node's partition appended
@@ -39,13 +61,14 @@ def node_stream(*, max_age_seconds: float = 2 * 3600, max_bytes: int = -1, repli
     )
 
 
-def nodemetric_stream(*, max_age_seconds: float = 24 * 3600, replicas: int = 1) -> StreamSpec:
+def nodemetric_stream(*, max_age_seconds: float = 24 * 3600, max_bytes: int = -1, replicas: int = 1) -> StreamSpec:
     """NodeMetricComputed reports, stored with each node's partition appended (subjects.NODEMETRIC_TRANSFORM) so
     noderesource replicas can each consume a share of the nodes."""
     return StreamSpec(
         name=KOORD_NODEMETRIC,
         subjects=(subjects.NODEMETRIC_ALL,),
         max_age_seconds=max_age_seconds,
+        max_bytes=max_bytes,
         duplicate_window_seconds=DUPLICATE_WINDOW_SECONDS,
         replicas=replicas,
         subject_transform=subjects.NODEMETRIC_TRANSFORM,
@@ -65,13 +88,16 @@ def cluster_stream(*, replicas: int = 1) -> StreamSpec:
     )
 
 
-def noderesource_stream(*, max_age_seconds: float = 7 * 24 * 3600, replicas: int = 1) -> StreamSpec:
+def noderesource_stream(
+    *, max_age_seconds: float = 7 * 24 * 3600, max_bytes: int = -1, replicas: int = 1
+) -> StreamSpec:
     """Every batch/mid decision with its explanation: the replayable history behind `/resources/history`; also
     the colocation config status (a last-value subject, read with last_per_subject)."""
     return StreamSpec(
         name=KOORD_NODERESOURCE,
         subjects=(subjects.NODERESOURCE_ALL,),
         max_age_seconds=max_age_seconds,
+        max_bytes=max_bytes,
         duplicate_window_seconds=DUPLICATE_WINDOW_SECONDS,
         replicas=replicas,
     )
@@ -149,12 +175,12 @@ def members_stream(*, replicas: int = 1) -> StreamSpec:
     )
 
 
-def all_streams(*, replicas: int = 1) -> list[StreamSpec]:
+def all_streams(*, replicas: int = 1, caps: SizeCaps = NO_CAPS) -> list[StreamSpec]:
     return [
-        node_stream(replicas=replicas),
-        nodemetric_stream(replicas=replicas),
+        node_stream(max_bytes=caps.node, replicas=replicas),
+        nodemetric_stream(max_bytes=caps.nodemetric, replicas=replicas),
         cluster_stream(replicas=replicas),
-        noderesource_stream(replicas=replicas),
+        noderesource_stream(max_bytes=caps.noderesource, replicas=replicas),
         quota_stream(replicas=replicas),
         quota_status_stream(replicas=replicas),
         migration_stream(replicas=replicas),

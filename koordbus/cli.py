@@ -47,7 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(command=argv[0] if argv else None)
     args = parser.parse_args(argv)
-    result: int = args.run(args)
+    from services.common.settings import SettingsError
+
+    try:
+        result: int = args.run(args)
+    except SettingsError as e:  # a KOORDBUS_* variable that cannot be used: its name and why, not a traceback
+        raise SystemExit(f"koordbus {args.command}: {e}") from None
     return result
 
 

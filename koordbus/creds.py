@@ -20,10 +20,16 @@ def add_parser(sub: Any) -> None:
         "prints the matching entry for the nats-server `authorization { users = [...] }` block. "
         "ensure-cluster-secret SECRET: create the Secret of a cluster's NATS identities (the auth callout's account "
         "key, a password and credentials file per service) or add what it lacks, changing nothing there (the Helm "
-        "chart's hook Job runs it; needs a cluster).",
+        "chart's hook Job runs it; needs a cluster). ensure-compose DIR: the same for docker-compose.yml, as files in "
+        "DIR/nats (a credentials file per service and for the agent of --node, and the server's users in auth.conf), "
+        "keeping those already there (`make compose-creds` runs it).",
     )
-    creds.add_argument("action", choices=["issue-node", "issue-service", "ensure-cluster-secret"], help="what to issue")
-    creds.add_argument("name", help="the node's Kubernetes name, the service's name, or the Secret's name")
+    actions = ["issue-node", "issue-service", "ensure-cluster-secret", "ensure-compose"]
+    creds.add_argument("action", choices=actions, help="what to issue")
+    creds.add_argument(
+        "name", help="the node's Kubernetes name, the service's name, the Secret's name, or the compose directory"
+    )
+    creds.add_argument("--node", default="compose-node", help="ensure-compose: the agent's node (compose-node)")
     creds.add_argument("--out", default=None, help="credentials file to write (default: <user>.creds.json)")
     creds.add_argument("--namespace", default="default", help="ensure-cluster-secret: the Secret's namespace")
     creds.add_argument(
@@ -38,9 +44,11 @@ def add_parser(sub: Any) -> None:
 def run_creds(args: argparse.Namespace) -> int:
     from bus import auth
 
-    if args.action == "ensure-cluster-secret":
+    if args.action in ("ensure-cluster-secret", "ensure-compose"):
         from koordbus import natsauth
 
+        if args.action == "ensure-compose":
+            return natsauth.run_ensure_compose(args)
         return asyncio.run(natsauth.run_ensure_cluster_secret(args))
 
     try:

@@ -1,6 +1,7 @@
 """NATS identities in a cluster: `koordbus service natsauth` (the auth callout: agents' ServiceAccount tokens →
 their node's NATS user) and `koordbus creds ensure-cluster-secret` (the Secret holding the callout's account key
-and the service users' passwords, made by the Helm chart's hook Job).
+and the service users' passwords, made by the Helm chart's hook Job); and in docker-compose.yml: `koordbus creds
+ensure-compose` (the same users as files: `make compose-creds`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ from services.common import settings as settings_loader
 
 SERVICE_USERS = ("natsauth", "nodemetric", "noderesource", "slo", "quota", "migration", "k8s", "api")
 """The control-plane processes of a cluster, each a NATS user of its own (natsauth in the callout's account)."""
+COMPOSE_SERVICE_USERS = tuple(name for name in SERVICE_USERS if name != "natsauth")
+"""docker-compose.yml's control-plane processes: a cluster's, without the callout (its agent has a user of its own)."""
+COMPOSE_NATS_DIR = "nats"
+"""Where in the compose directory the identities go: the directory is this user's only (0700), the files in it
+readable by anyone (0644) because each container reads its own through a bind mount as an unprivileged user."""
 
 
 async def _kube_client(stack: AsyncExitStack, kubeconfig: str | None, command: str) -> Any:
@@ -83,4 +89,32 @@ async def run_ensure_cluster_secret(args: argparse.Namespace) -> int:
         )
     shown = ", ".join(added) if added else "nothing (every key was there)"
     print(f"koordbus creds: Secret {args.namespace}/{args.name}: added {shown}", flush=True)
+    return 0
+
+
+def run_ensure_compose(args: argparse.Namespace) -> int:
+    """Write docker-compose.yml's NATS identities into `<args.name>/nats/` (bus.auth.compose_identities): files
+    already right are left as they are, so passwords stay across runs; a new node gets a new agent user."""
+    from bus import auth
+
+    where = Path(args.name) / COMPOSE_NATS_DIR
+    where.mkdir(mode=0o700, parents=True, exist_ok=True)
+    where.chmod(0o700)
+    existing = {p.name: p.read_text() for p in where.iterdir() if p.is_file()}
+    try:
+        files = auth.compose_identities(existing, services=COMPOSE_SERVICE_USERS, node=args.node)
+    except ValueError as e:
+        raise SystemExit(f"koordbus creds: --node: {e}") from None
+    written = []
+    for name, text in files.items():
+        path = where / name
+        if existing.get(name) != text:
+            staged = path.with_name(f".{name}.new")
+            staged.write_text(text)
+            staged.chmod(0o644)
+            staged.replace(path)
+            written.append(name)
+        path.chmod(0o644)
+    shown = ", ".join(written) if written else "nothing (every file was there)"
+    print(f"koordbus creds: {where}: wrote {shown}", flush=True)
     return 0

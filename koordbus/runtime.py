@@ -170,10 +170,11 @@ async def open_bus(
     creds: str = "",
     token_file: str = "",
     ensure_streams: bool = True,
+    caps: streams.SizeCaps = streams.NO_CAPS,
 ) -> JetStreamBus:
     """Connect (as the user of the `creds` file, or with the token in `token_file`, when given), and create or bring
-    koordbus's streams to their spec with `replicas` replicas each (the control plane's job: agents pass
-    ensure_streams=False and may not)."""
+    koordbus's streams to their spec with `replicas` replicas each and the byte `caps` (the control plane's job:
+    agents pass ensure_streams=False and may not)."""
     if creds and token_file:
         raise SystemExit("koordbus: give NATS credentials (--nats-creds) or a token file (--nats-token-file), not both")
     user = password = None
@@ -196,7 +197,7 @@ async def open_bus(
 
         background(stack, watch(), name="bus-watch")
     if ensure_streams:
-        await bus.ensure_streams(streams.all_streams(replicas=replicas))
+        await bus.ensure_streams(streams.all_streams(replicas=replicas, caps=caps))
     return bus
 
 

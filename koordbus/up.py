@@ -14,10 +14,12 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+from bus import streams
 from koordbus.api import API_TOKEN_FILE, api_tokens, event_hub
 from koordbus.bridge import bridge_cluster
 from koordbus.common import add_common, common_settings, local_node_name
 from koordbus.parts import migration_settings, start_migration, start_quota
+from koordbus.settings import EmbeddedStreamSettings
 from services.common import settings as settings_loader
 
 # The heavy parts (nats, sqlalchemy, fastapi, numpy) are imported by the subcommand that runs, so `koordbus calc`
@@ -109,6 +111,7 @@ async def run_up(args: argparse.Namespace) -> int:
     from services.slo.service import SloService
 
     common = common_settings(args)
+    stream_caps = settings_loader.load(EmbeddedStreamSettings).caps()
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     os.umask(0o077)  # the database, its -wal/-shm, the NATS store and logs: this user's only
     data_dir = prepare_data_dir(common.data_dir)
@@ -130,7 +133,7 @@ async def run_up(args: argparse.Namespace) -> int:
             user = runtime.ensure_nats_user(Path(creds), service="up")
             nats_url = await runtime.open_embedded_nats(stack, data_dir, user=user)
         database_url = common.database_url or f"sqlite:///{data_dir / 'koordbus.db'}"
-        bus = await runtime.open_bus(stack, nats_url, name="koordbus-up", creds=creds)
+        bus = await runtime.open_bus(stack, nats_url, name="koordbus-up", creds=creds, caps=stream_caps)
         engine = await runtime.open_database(stack, database_url, migrate=True)
         store = NodeMetricStore(engine)
         nodemetric = NodeMetricService(bus, store, nm_settings, registry=registry)
@@ -213,7 +216,7 @@ async def run_up(args: argparse.Namespace) -> int:
             f"  API         {base}/api/v1/nodemetrics   (docs: {base}/docs, metrics: {base}/metrics)\n"
             f"  NATS        {nats_url}   (credentials: {creds or 'none'})\n"
             f"  database    {database_url}\n"
-            f"  data dir    {data_dir}\n"
+            f"  data dir    {data_dir}   (streams capped: {_caps_banner(stream_caps)})\n"
             f"  API token   {tokens_where}\n"
             f"  agent       {'off' if args.no_agent else local_node_name()}"
             f"   simulated nodes: {args.simulate_nodes}\n"
@@ -225,3 +228,10 @@ async def run_up(args: argparse.Namespace) -> int:
         await stop.wait()
         print("koordbus: shutting down …", flush=True)
     return 0
+
+
+def _caps_banner(caps: streams.SizeCaps) -> str:
+    """`KOORD_NODE 1536 MiB, …` for the banner (a stream without a cap is left out)."""
+    named = ((streams.KOORD_NODE, caps.node), (streams.KOORD_NODEMETRIC, caps.nodemetric),
+             (streams.KOORD_NODERESOURCE, caps.noderesource))  # fmt: skip
+    return ", ".join(f"{name} {size / 2**20:g} MiB" for name, size in named if size > 0) or "none"

@@ -5,8 +5,9 @@ tests with the store, settings and metrics registry already built; routes reach 
 `request.app.state.context`, so a test builds its own ApiContext (clock included). Every error
 is JSON `{"error": "<one clear sentence>"}`: unknown routes and nodes, bad query parameters,
 wrong methods, failing readiness and unexpected exceptions alike; a stack trace goes to the
-log, never to the client. A name that Kubernetes' rules refuse (schemas.names: nodes, quotas, trees, namespaces …)
-is a 422 naming the parameter before it reaches a store or the bus. Every /api/v1 route needs a bearer token with
+log, never to the client. A query key a route does not declare is a 400 naming it (services.api.query_keys); a name
+that Kubernetes' rules refuse (schemas.names: nodes, quotas, trees, namespaces …) is a 422 naming the parameter
+before it reaches a store or the bus. Every /api/v1 route needs a bearer token with
 role viewer or higher (services.api.auth); quota writes need quota-admin; /healthz, /readyz, /metrics, the docs
 and the dashboard's static files (services.api.dashboard) stay open.
 """
@@ -41,6 +42,7 @@ from services.api import (
     nodemetrics,
     noderesources,
     nodeslo,
+    query_keys,
     quotas,
     recorded,
     scheduler,
@@ -123,8 +125,8 @@ class NotReadyBody(ErrorBody):
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {
         "model": ErrorBody,
-        "description": "The request is malformed (a body that is not UTF-8 JSON/YAML of the expected shape, nested "
-        "too deep, a bad filter or time); the message says what and where",
+        "description": "The request is malformed (a query parameter the route does not take, a body that is not UTF-8 "
+        "JSON/YAML of the expected shape, nested too deep, a bad filter or time); the message says what and where",
     },
     404: {"model": ErrorBody, "description": "No such object"},
     413: {"model": ErrorBody, "description": "The body is over the limit (refused before it is read)"},
@@ -222,7 +224,7 @@ def create_app(context: ApiContext) -> FastAPI:
         redoc_url=None,
     )
     app.state.context = context
-    viewer = [Depends(auth.require(auth.VIEWER))]
+    viewer = [Depends(auth.require(auth.VIEWER)), Depends(query_keys.refuse_unknown)]  # who, then what
     responses = {**ERROR_RESPONSES, **AUTH_RESPONSES}
     app.include_router(nodemetrics.router, responses=responses, dependencies=viewer)
     app.include_router(noderesources.router, responses=responses, dependencies=viewer)
@@ -233,7 +235,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.include_router(watermarks.router, responses=responses, dependencies=viewer)
     app.include_router(scheduler.router, responses=responses, dependencies=viewer)
     app.include_router(events.router, responses=responses, dependencies=viewer)
-    app.include_router(events.socket_router)
+    app.include_router(events.socket_router)  # authenticates and checks its keys itself (events.event_socket)
     app.include_router(dashboard.router, responses=responses, dependencies=viewer)
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(bodies.BodyLimit, limit=quotas.MAX_BODY_BYTES, refuse=_refuse)
@@ -371,11 +373,20 @@ def _add_request_metrics(app: FastAPI, context: ApiContext) -> None:
 
 
 def _add_health_routes(app: FastAPI, context: ApiContext) -> None:
+    no_keys = [Depends(query_keys.refuse_unknown)]
+    unknown_key: dict[int | str, dict[str, Any]] = {
+        400: {"model": ErrorBody, "description": "A query parameter was given: these routes take none"}
+    }
+
     @app.get(
         "/healthz",
+        dependencies=no_keys,
         tags=["health"],
         summary="The process is alive (its bus has not been lost past a bound)",
-        responses={503: {"model": NotReadyBody, "description": "Restart the process; `failures` says why"}},
+        responses={
+            **unknown_key,
+            503: {"model": NotReadyBody, "description": "Restart the process; `failures` says why"},
+        },
     )
     async def healthz() -> JSONResponse:
         failures = {name: reason for name, check in context.liveness if (reason := check()) is not None}
@@ -386,9 +397,13 @@ def _add_health_routes(app: FastAPI, context: ApiContext) -> None:
 
     @app.get(
         "/readyz",
+        dependencies=no_keys,
         tags=["health"],
         summary="Every dependency answers (database, bus)",
-        responses={503: {"model": NotReadyBody, "description": "A dependency is failing; `failures` says which"}},
+        responses={
+            **unknown_key,
+            503: {"model": NotReadyBody, "description": "A dependency is failing; `failures` says which"},
+        },
     )
     async def readyz() -> JSONResponse:
         failures = await run_readiness(context.readiness, timeout=context.readiness_timeout_seconds)
@@ -399,10 +414,14 @@ def _add_health_routes(app: FastAPI, context: ApiContext) -> None:
 
     @app.get(
         "/metrics",
+        dependencies=no_keys,
         tags=["health"],
         summary="Prometheus metrics (text format)",
         response_class=Response,
-        responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text exposition"}},
+        responses={
+            200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text exposition"},
+            **unknown_key,
+        },
     )
     async def metrics() -> Response:
         for refresh in context.before_metrics:

@@ -29,7 +29,7 @@ from typing import Annotated, Any, Final
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import Response, StreamingResponse
 
-from services.api import auth
+from services.api import auth, query_keys
 from services.api import event_catalogue as catalogue
 from services.api.event_hub import CapacityError, EventHub, Message, Start
 
@@ -104,6 +104,10 @@ class EventQuery:
         self.keys = {"node": node, "quota": quota, "tree": tree, "namespace": namespace, "workload": workload}
         self.cursor = cursor
         self.since = since
+
+
+EVENT_QUERY_KEYS: Final = query_keys.keys_of(EventQuery)
+"""What the WebSocket route takes: the same keys as the HTTP routes' EventQuery."""
 
 
 def _parse(
@@ -215,10 +219,8 @@ async def event_socket(websocket: WebSocket) -> None:
     try:
         await auth.identify(websocket, auth.bearer_token(websocket), auth.VIEWER)
         identity: auth.Identity = websocket.state.identity
+        query_keys.check(params, EVENT_QUERY_KEYS)
         keys = {k: params.get(k) for k in catalogue.KEYS}
-        unknown = [k for k in params if k not in (*catalogue.KEYS, "type", "cursor", "since")]
-        if unknown:
-            raise HTTPException(400, f"unknown query parameter(s) {', '.join(unknown)}")
         event_filter, start = _parse(params.getlist("type"), keys, params.get("cursor"), params.get("since"))
         hub = _hub(websocket)
         sub = await hub.subscribe(event_filter, caller=identity.name)

@@ -61,5 +61,5 @@ async def test_a_websocket_refusal_with_a_long_multibyte_reason_closes_cleanly(b
             await asyncio.wait_for(refused.recv(), 10)
     received = closed.value.rcvd
     assert received is not None and received.code == 4400
-    assert received.reason.startswith("unknown query parameter(s) üü") and received.reason.endswith("…")
+    assert received.reason.startswith("unknown query parameter(s) 'üü") and received.reason.endswith("…")
     assert len(received.reason.encode()) <= 123

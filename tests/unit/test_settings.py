@@ -2,6 +2,8 @@
 
 import pytest
 
+from bus import streams
+from koordbus.settings import EmbeddedStreamSettings
 from services.api.settings import ApiSettings
 from services.common.settings import SettingsError, load
 from services.nodemetric.settings import NodeMetricSettings
@@ -30,3 +32,14 @@ def test_bad_values_name_the_variable() -> None:
         load(ApiSettings, env={"KOORDBUS_PORT": "70000"})
     with pytest.raises(SettingsError, match="node_memory_collect_policy"):
         load(NodeMetricSettings, {"node_memory_collect_policy": "everything"})
+
+
+def test_up_caps_its_streams_from_the_environment() -> None:
+    caps = load(EmbeddedStreamSettings, env={"KOORDBUS_NODEMETRIC_STREAM_MAX_BYTES": "-1"}).caps()
+    assert caps == streams.SizeCaps(node=1536 * 2**20, nodemetric=-1, noderesource=256 * 2**20)
+    assert load(EmbeddedStreamSettings, env={"KOORDBUS_NODE_STREAM_MAX_BYTES": "4096"}).caps().node == 4096
+    for bad in ("0", "-2"):
+        with pytest.raises(SettingsError, match="KOORDBUS_NODERESOURCE_STREAM_MAX_BYTES: expected a positive number"):
+            load(EmbeddedStreamSettings, env={"KOORDBUS_NODERESOURCE_STREAM_MAX_BYTES": bad})
+    with pytest.raises(SettingsError, match="KOORDBUS_NODE_STREAM_MAX_BYTES"):
+        load(EmbeddedStreamSettings, env={"KOORDBUS_NODE_STREAM_MAX_BYTES": "1.5GiB"})
