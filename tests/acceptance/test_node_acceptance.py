@@ -451,9 +451,10 @@ async def test_raising_the_ls_load_narrows_the_besteffort_quota_and_lowering_it_
     container's and the extra load's cgroups every 10 ms, the agent reads its counters within READ_DELAY (50 ms)
     of a collection's timestamp, so each counter's change over the agent's window lies between the test's reads
     that surround those instants (`Counter.bracket`), and the agent truncates each pod to whole millicores (≤ 1m a
-    pod). Over the agent's 0.5 s windows that bracket was 60–230m wide in the runs that introduced it (this machine
-    busy with other tests; again with two CPU hogs): it widens with the gaps between the test's reads, not with the
-    machine's other load, which the agent's own window already accounts for."""
+    pod). Over the agent's 0.5 s windows that bracket was 34–728m wide, median 102m, nine in ten under 210m (145
+    windows of 25 runs on this 2-core machine, busy with other tests, five of them beside two or three CPU hogs): it
+    widens with the gaps between the test's own reads when the test process gets little CPU, never with the other
+    load as such, which the agent's window accounts for like the test's."""
     quota_file = node.hierarchy.path("cpu", BESTEFFORT_QUOTA)
 
     def quota() -> int:
