@@ -15,7 +15,7 @@ import pytest
 
 from tests.e2e.test_up import free_port, get_json
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 NODES = 5
 REPORT_INTERVAL = 30
 """NodeMetric's shortest report interval, so the test waits half what up's default (60 s) would make it."""
@@ -51,14 +51,39 @@ def test_simulated_batch_usage_stays_within_the_batch_allocatable(tmp_path: Path
             time.sleep(1.0)
         else:
             raise AssertionError(f"no NodeMetric after the batch resources were decided: {rows}")
-        used = {r["name"]: (r["batchCpuUsed"], r["batchCpu"], r["batchMemoryUsed"], r["batchMemory"]) for r in rows}
-        assert all(
-            cpu_used <= cpu and memory_used <= memory  # type: ignore[operator]
-            for cpu_used, cpu, memory_used, memory in used.values()
-        ), used
+        used = _batch_use(rows)
         assert any(cpu_used for cpu_used, *_ in used.values()), used  # batch pods do run
+        # A report averages a window in which the allocatable may have shrunk: its pods are evicted at the
+        # simulation's next tick, so the overshoot is gone two reports later at the latest (a transient, no more).
+        over = {name: (at, use) for name, use in used.items() if _over(use) for at in [_report_time(rows, name)]}
+        deadline = time.monotonic() + 2 * REPORT_INTERVAL + 30
+        while over and time.monotonic() < deadline:
+            time.sleep(1.0)
+            rows = get_json(f"{base}/api/v1/overview/nodes", token)["items"]  # type: ignore[assignment]
+            now_used = _batch_use(rows)
+            for name, (at, _) in list(over.items()):
+                if _report_time(rows, name) > at + REPORT_INTERVAL and not _over(now_used[name]):
+                    del over[name]
+        assert not over, f"batch used over the allocatable for more than two reports: {over}"
     finally:
         process.send_signal(signal.SIGINT)
         output, _ = process.communicate(timeout=30)
     assert process.returncode == 0, output
     assert "Traceback" not in output
+
+
+def _batch_use(rows: list[dict[str, object]]) -> dict[str, tuple[int, int, int, int]]:
+    """Per node: batch cpu used, batch cpu allocatable, batch memory used, batch memory allocatable."""
+    return {
+        str(r["name"]): (r["batchCpuUsed"], r["batchCpu"], r["batchMemoryUsed"], r["batchMemory"])  # type: ignore[misc]
+        for r in rows
+    }
+
+
+def _over(use: tuple[int, int, int, int]) -> bool:
+    cpu_used, cpu, memory_used, memory = use
+    return cpu_used > cpu or memory_used > memory
+
+
+def _report_time(rows: list[dict[str, object]], name: str) -> float:
+    return next(float(r["reportTime"]) for r in rows if r["name"] == name)  # type: ignore[arg-type]
