@@ -9,6 +9,7 @@ observer (services.k8s.observer) decodes them into schemas.kube and publishes. N
 
 from __future__ import annotations
 
+import json
 from typing import Final
 
 import msgspec
@@ -139,6 +140,17 @@ def parse_watch_line(line: bytes) -> WatchEvent:
     except msgspec.DecodeError as err:
         raise MalformedError(f"watch ERROR event without a Status: {err}") from None
     return WatchEvent(ERROR, raw, error_code=status.code, error_message=status.message or status.reason)
+
+
+def json_object(body: bytes) -> dict[str, object]:
+    """A response body that must be one JSON object; ValueError saying what it is instead."""
+    try:
+        document = json.loads(body)
+    except ValueError as err:
+        raise ValueError(f"the answer is not JSON ({err})") from None
+    if not isinstance(document, dict):
+        raise ValueError("the answer is not a JSON object")
+    return document
 
 
 def error_status(body: bytes) -> str:

@@ -10,7 +10,6 @@ already exists counts as written. `RecordingSink` only records what would be wri
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Protocol
@@ -308,12 +307,9 @@ def parsed(status: int, body: bytes, what: str) -> Json:
         retry = status == HTTP_TOO_MANY_REQUESTS or status >= 500
         raise WriteFailedError(f"{what}: HTTP {status}: {core.error_status(body)}", retry=retry)
     try:
-        document = json.loads(body)
+        return core.json_object(body)
     except ValueError as err:
-        raise WriteFailedError(f"{what}: response is not JSON: {err}") from err
-    if not isinstance(document, dict):
-        raise WriteFailedError(f"{what}: response is not a JSON object")
-    return document
+        raise WriteFailedError(f"{what}: {err}") from None
 
 
 # --- record-only mode

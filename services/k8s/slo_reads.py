@@ -8,13 +8,13 @@ a ReadError whose message says what the cluster answered. Called by the CLI; the
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Sequence
 from typing import Any, Final
 
 import aiohttp
 from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 
+from services.k8s import core
 from services.k8s.client import api_client
 from services.k8s.nodeslo_mirror import GROUP, PLURAL, VERSION
 from services.k8s.settings import K8sSettings
@@ -89,12 +89,9 @@ def _decoded(status: int, body: bytes, what: str) -> Json:
     if status != HTTP_OK:
         raise ReadError(f"reading {what} failed: HTTP {status}: {body[:300].decode(errors='replace')}")
     try:
-        document = json.loads(body)
+        return core.json_object(body)
     except ValueError as err:
-        raise ReadError(f"reading {what} failed: the answer is not JSON ({err})") from None
-    if not isinstance(document, dict):
-        raise ReadError(f"reading {what} failed: the answer is not an object")
-    return document
+        raise ReadError(f"reading {what} failed: {err}") from None
 
 
 async def _get(call: Awaitable[Any], what: str) -> Json | None:
