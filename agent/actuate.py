@@ -1,7 +1,7 @@
 """What the agent's QoS loops want written, and in which order: pure planning over pods, the effective NodeSLO and
 what was read from the files (issue 6).
 
-The shell (agent/qos_loops.py) lists the node's pods, reads the current value of every file a plan names, and
+The shell (agent/loops/runner.py) lists the node's pods, reads the current value of every file a plan names, and
 writes only what `plan` returns. Paths are relative to the cgroup root (`cpu/…`, `memory/…` on v1, no controller
 directory on v2) or the resctrl root, built only from validated names (pod UIDs, container IDs, the kubepods parent),
 so a plan can never name a file outside its root.
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from agent import core, qos
+from agent import core, memory_qos, qos
 from schemas import kube, vocab
 
 UNLIMITED_MEMORY_FLOOR: Final = 1 << 62
@@ -202,6 +202,54 @@ def be_cgroup_wants(
             problems.append(Problem(target=node_pod.key, reason=str(e)))
             continue
         wants += pod_wants + container_wants
+    return wants, problems
+
+
+def memory_qos_wants(
+    pods: Iterable[NodePod], layout: Layout, slo: Mapping[str, Any], *, node_memory: int
+) -> tuple[list[Want], list[Problem]]:
+    """memory.min / memory.low / memory.high of every running container of every active pod of a class with memory
+    QoS (agent.memory_qos; a class with it off gets the "none" values). BE pods' request and limit are their
+    batch-memory, the others' their memory."""
+    strategy = slo.get("resourceQOSStrategy", {})
+    wants: list[Want] = []
+    problems: list[Problem] = []
+    for node_pod in pods:
+        pod = node_pod.pod
+        klass = memory_qos.CLASS_OF_QOS.get(node_pod.koord_qos)
+        if klass is None or not kube.is_running_or_pending(pod) or not node_pod.containers:
+            continue
+        config = strategy.get(klass, {}).get("memoryQOS", {})
+        try:
+            if node_pod.koord_qos == vocab.QOS_BE:
+                amounts = {
+                    name: (requests.get(vocab.BATCH_MEMORY, 0), limits.get(vocab.BATCH_MEMORY))
+                    for name, (requests, limits) in qos.container_batch(pod).items()
+                }
+            else:
+                amounts = {
+                    c.name: (
+                        kube.resource_amounts(c.resources.requests).get("memory", 0),
+                        kube.resource_amounts(c.resources.limits).get("memory"),
+                    )
+                    for c in pod.spec.containers or ()
+                }
+            pod_dir = layout.pod_dir(pod.status.qos_class or kube.pod_kube_qos(pod), node_pod.uid)
+            for container, (runtime, container_id) in sorted(node_pod.containers.items()):
+                request, limit = amounts.get(container, (0, None))
+                values = memory_qos.container_values(int(request), limit, config, node_memory=node_memory)
+                directory = layout.container_dir(pod_dir, runtime, container_id)
+                wants += [
+                    Want(
+                        path=layout.file("memory", directory, name),
+                        value=value,
+                        reason=f"{klass} memory QoS of {node_pod.key}/{container} (request {request}, limit {limit})",
+                        depth=1,
+                    )
+                    for name, value in values.items()
+                ]
+        except (qos.QoSError, core.AgentNameError, ValueError) as e:
+            problems.append(Problem(target=node_pod.key, reason=str(e)))
     return wants, problems
 
 

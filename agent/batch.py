@@ -1,6 +1,6 @@
 """Pure batching for the node agent: the join of measured pods with the kubelet's pod list (`attribute_pods`),
-samples into one NodeMetricsReported per publish window, and the bounded outbox that holds batches while the bus is
-away.
+samples (the node's, its pods' and containers', its NodeSLO host applications') into one NodeMetricsReported per
+publish window, and the bounded outbox that holds batches while the bus is away.
 
 Called by agent/service.py. Windows are aligned to wall-clock multiples of the publish interval, so the
 nodemetric service's reports fall on batch boundaries; the same ticks always build the same batches.
@@ -17,17 +17,23 @@ from typing import Generic, TypeVar
 import msgspec
 
 from agent.actuate import NodePod
-from agent.core import PodSample, Tick
-from schemas import vocab
+from agent.core import HostAppSample, PodSample, Tick
+from schemas import kube, resources, vocab
 from schemas.node import (
+    TRAINING_PERCENTILE,
     ContainerRef,
     ContainerSampleColumns,
+    HostApplicationSamples,
     NodeMetricsReported,
+    NumaSample,
     PodRef,
     PodSampleColumns,
     Sample,
+    TrainingRound,
     pod_list_digest,
 )
+from schemas.percentile import nearest_rank
+from schemas.psi import PodPsiColumns, PsiSample
 
 _KOORD_LABELS = (vocab.PRIORITY_CLASS_LABEL, vocab.QOS_CLASS_LABEL)
 """The labels a pod's Koordinator classes come from (spec §0); the batch carries these and no others."""
@@ -35,12 +41,15 @@ _KOORD_LABELS = (vocab.PRIORITY_CLASS_LABEL, vocab.QOS_CLASS_LABEL)
 
 def identify(uid: str, kube_qos: str, listed: NodePod | None) -> PodRef:
     """The batch's entry for a pod measured under `uid`: by UID and its cgroup's kube QoS alone when the kubelet
-    does not list it (yet), else with the list's namespace, name, priority, priorityClassName, Koordinator labels
-    and status.qosClass (the cgroup's QoS when the list has none yet)."""
+    does not list it (yet), else with the list's namespace, name, priority, priorityClassName, Koordinator labels,
+    status.qosClass (the cgroup's QoS when the list has none yet) and what the prod predictor reads: the effective
+    cpu and memory request, the creation time and whether it is terminating or finished."""
     if listed is None:
         return PodRef(uid=uid, kube_qos=kube_qos)
     pod = listed.pod
     labels = {k: pod.metadata.labels[k] for k in _KOORD_LABELS if k in pod.metadata.labels}
+    request = kube.pod_request(pod)
+    created = pod.metadata.creation_timestamp
     return PodRef(
         uid=uid,
         kube_qos=pod.status.qos_class or kube_qos,
@@ -49,6 +58,11 @@ def identify(uid: str, kube_qos: str, listed: NodePod | None) -> PodRef:
         priority=pod.spec.priority,
         labels=labels,
         priority_class_name=pod.spec.priority_class_name,
+        cpu_request=request.get(resources.CPU, 0),
+        memory_request=request.get(resources.MEMORY, 0),
+        created_at=None if created is None else kube.unix_seconds(created),
+        terminating=pod.metadata.deletion_timestamp is not None
+        or pod.status.phase in (kube.PHASE_SUCCEEDED, kube.PHASE_FAILED),
     )
 
 
@@ -94,6 +108,7 @@ class _PodAccumulator:
     pod: PodRef
     samples: _Series = field(default_factory=_Series)
     containers: dict[str, _Series] = field(default_factory=dict)
+    psi: list[PsiSample] = field(default_factory=list)
 
 
 def _pod_columns(pods: list[_PodAccumulator]) -> PodSampleColumns:
@@ -129,23 +144,114 @@ def _container_columns(pods: list[_PodAccumulator]) -> tuple[list[ContainerRef],
     return refs, ContainerSampleColumns.of(container=index, t=t, cpu=cpu, memory=memory)
 
 
+@dataclass
+class _HostAppAccumulator:
+    """One host application's samples of the window; its classes as the newest tick gave them."""
+
+    newest: HostAppSample
+    samples: list[Sample] = field(default_factory=list)
+    memory_with_page_cache: list[int] = field(default_factory=list)
+
+    def add(self, app: HostAppSample) -> None:
+        self.newest = app
+        self.samples.append(app.sample)
+        self.memory_with_page_cache.append(app.memory_with_page_cache)
+
+    def batch_entry(self) -> HostApplicationSamples:
+        return HostApplicationSamples(
+            name=self.newest.name,
+            priority=self.newest.priority,
+            qos=self.newest.qos,
+            samples=self.samples,
+            memory_with_page_cache=self.memory_with_page_cache,
+        )
+
+
+TRAINING_INTERVAL_SECONDS = 60.0
+"""koordlet trains its prediction models every minute (spec §1.7)."""
+
+
+class TrainingAccumulator:
+    """The node's and each pod's samples of the current training round, [k·interval, (k+1)·interval) of wall-clock
+    time, closed into a TrainingRound by the batch whose window ends the round.
+
+    A tick of another round starts that round afresh (what an agent asleep through a round end, or a simulated node
+    asked for a window out of order, had of the old one is dropped), so a round holds only its own samples and is
+    complete when its batches were built in order."""
+
+    def __init__(self, interval: float = TRAINING_INTERVAL_SECONDS) -> None:
+        if interval <= 0:
+            raise ValueError(f"training interval must be positive, got {interval}")
+        self.interval = interval
+        self._start: float | None = None
+        self._node_cpu: list[float] = []
+        self._node_memory: list[float] = []
+        self._pods: dict[str, tuple[list[float], list[float]]] = {}
+
+    def add(self, tick: Tick) -> None:
+        start = window_start_of(tick.at, self.interval)
+        if start != self._start:
+            self._start, self._node_cpu, self._node_memory, self._pods = start, [], [], {}
+        if tick.node is not None:
+            self._node_cpu.append(tick.node[1])
+            self._node_memory.append(tick.node[2])
+        for ps in tick.pods:
+            cpu, memory = self._pods.setdefault(ps.pod.uid, ([], []))
+            cpu.append(ps.sample[1])
+            memory.append(ps.sample[2])
+
+    def close(self, end: float, pods: Sequence[PodRef]) -> TrainingRound | None:
+        """The round ending at `end` for the pods of the batch ending there (in its list's order); None when `end`
+        ends no round this accumulator holds (it then keeps collecting). After a round it starts the next one empty."""
+        start = self._start
+        if start is None or window_start_of(end, self.interval) != end or end != start + self.interval:
+            return None
+        index: list[int] = []
+        pod_cpu: list[float] = []
+        pod_memory: list[int] = []
+        for i, pod in enumerate(pods):
+            samples = self._pods.get(pod.uid)
+            if samples:
+                index.append(i)
+                pod_cpu.append(nearest_rank(samples[0], TRAINING_PERCENTILE))
+                pod_memory.append(int(nearest_rank(samples[1], TRAINING_PERCENTILE)))
+        node = bool(self._node_cpu)
+        round_ = TrainingRound(
+            start=start,
+            end=end,
+            node_cpu=nearest_rank(self._node_cpu, TRAINING_PERCENTILE) if node else None,
+            node_memory=int(nearest_rank(self._node_memory, TRAINING_PERCENTILE)) if node else None,
+            pods=index,
+            pod_cpu=pod_cpu,
+            pod_memory=pod_memory,
+        )
+        self._start, self._node_cpu, self._node_memory, self._pods = None, [], [], {}
+        return round_
+
+
 class BatchBuilder:
-    """Accumulates ticks of the current window and hands back the finished batch once a tick passes its end.
+    """Accumulates ticks of the current window and hands back the finished batch once a tick passes its end; the
+    batch that ends a training round carries it (`training`: the builder's own accumulator unless one is given,
+    as a simulated node that builds each window with a new builder gives its long-lived one).
 
     Empty windows (agent just started, or asleep through a whole window) produce nothing.
     """
 
-    def __init__(self, node: str, *, interval: float) -> None:
+    def __init__(self, node: str, *, interval: float, training: TrainingAccumulator | None = None) -> None:
         if interval <= 0:
             raise ValueError(f"publish interval must be positive, got {interval}")
         self.node = node
         self.interval = interval
+        self.training = training if training is not None else TrainingAccumulator()
         self._start: float | None = None
         self._node: list[Sample] = []
         self._node_with_cache: list[tuple[float, int]] = []
         self._node_with_hot_page: list[tuple[float, int]] = []
         self._system: list[Sample] = []
+        self._numa: list[NumaSample] = []
         self._pods: dict[str, _PodAccumulator] = {}
+        self._host_apps: dict[str, _HostAppAccumulator] = {}
+        self._node_psi: list[PsiSample] = []
 
     @property
     def window_start(self) -> float | None:
@@ -172,6 +278,7 @@ class BatchBuilder:
             return None
         start = self._start
         pods = [self._pods[uid] for uid in sorted(self._pods)]
+        refs = [acc.pod for acc in pods]
         containers, container_samples = _container_columns(pods)
         batch = NodeMetricsReported(
             node=self.node,
@@ -182,18 +289,26 @@ class BatchBuilder:
             memory_with_page_cache=self._node_with_cache,
             memory_with_hot_page=self._node_with_hot_page,
             system_samples=self._system,
-            pods=[acc.pod for acc in pods],
+            numa_samples=self._numa,
+            pods=refs,
             pod_samples=_pod_columns(pods),
             containers=containers,
             container_samples=container_samples,
             dropped_batches=dropped_batches,
+            training=self.training.close(start + self.interval, refs),
+            host_applications=[self._host_apps[name].batch_entry() for name in sorted(self._host_apps)],
+            node_psi=self._node_psi,
         )
-        empty = not (self._node or self._system or self._pods)
-        self._start, self._node, self._system, self._pods = None, [], [], {}
-        self._node_with_cache, self._node_with_hot_page = [], []
+        pod_psi = [(i, sample) for i, acc in enumerate(pods) for sample in acc.psi]
+        if pod_psi:  # left at the default otherwise, so that nothing goes on the wire
+            batch = msgspec.structs.replace(batch, pod_psi=PodPsiColumns.of(pod_psi))
+        empty = not (self._node or self._system or self._pods or self._host_apps or self._node_psi)
+        self._start, self._node, self._system, self._pods, self._numa = None, [], [], {}, []
+        self._node_with_cache, self._node_with_hot_page, self._host_apps, self._node_psi = [], [], {}, []
         return None if empty else batch
 
     def _append(self, tick: Tick) -> None:
+        self.training.add(tick)
         if tick.node is not None:
             self._node.append(tick.node)
             self._node_with_cache.append((tick.at, tick.node_memory_with_page_cache))
@@ -202,14 +317,24 @@ class BatchBuilder:
                 self._node_with_hot_page.append((tick.at, tick.node_memory_with_hot_page))
         if tick.system is not None:
             self._system.append(tick.system)
+        self._numa.extend((tick.at, n.id, n.cpu, n.memory, n.system_cpu, n.system_memory) for n in tick.numa)
+        if tick.node_psi is not None:
+            self._node_psi.append(tick.node_psi)
         for ps in tick.pods:
             acc = self._pods.get(ps.pod.uid)
             if acc is None:
                 acc = self._pods[ps.pod.uid] = _PodAccumulator(pod=ps.pod)
             acc.pod = ps.pod
             acc.samples.append(ps.sample, ps.memory_with_page_cache)
+            if ps.psi is not None:
+                acc.psi.append(ps.psi)
             for cs in ps.containers:
                 acc.containers.setdefault(cs.container_id, _Series()).append(cs.sample)
+        for app in tick.host_apps:
+            app_acc = self._host_apps.get(app.name)
+            if app_acc is None:
+                app_acc = self._host_apps[app.name] = _HostAppAccumulator(newest=app)
+            app_acc.add(app)
 
 
 class PodListThinner:

@@ -3,9 +3,13 @@
 Called by agent/service.py once per collect interval (through `Collector`) and by the integration tests on
 generated trees. Every directory name that becomes part of a path is checked by agent.core's parsers,
 symlinks are never followed below the kubepods directory, the kubepods directory itself must resolve
-inside the configured cgroup root, and a cgroup that vanishes while it is being read is skipped. On cgroup v1
-kernels with kidled (Alibaba Cloud Linux) the root memory cgroup's `memory.idle_page_stats` adds a cold-page count;
-elsewhere, or when that file cannot be read or parsed, the reading simply has none.
+inside the configured cgroup root, and a cgroup that vanishes while it is being read is skipped. The NodeSLO's host
+applications (agent/hostapps.py checks them) are read like pods, each from a directory that must resolve inside the
+cgroup root too. On cgroup v1 kernels with kidled (Alibaba Cloud Linux) the root memory cgroup's
+`memory.idle_page_stats` adds a cold-page count; elsewhere, or when that file cannot be read or parsed, the reading
+simply has none. PSI (agent/psi.py) comes from `<proc_root>/pressure/{cpu,memory,io}` for the node and from each pod
+cgroup's `{cpu,memory,io}.pressure` (cgroup v2, or v1 where the kernel provides them in the cpuacct hierarchy); where
+those files are absent the collector says so once ("PSI not available: …") and the reading has no PSI, never zeros.
 """
 
 from __future__ import annotations
@@ -15,14 +19,15 @@ import logging
 import os
 import re
 import resource
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from agent import core, kidled
+from agent import core, cpus, hostapps, kidled, numa, psi
 from agent.files import pread_all
 from agent.settings import AgentSettings
 from schemas import vocab
+from schemas.psi import RESOURCES
 
 _V1_CPU_HIERARCHIES = ("cpuacct", "cpu,cpuacct", "cpuacct,cpu")
 _V1_MEMORY_FIELDS = {
@@ -90,23 +95,29 @@ def keyed_ints(text: str) -> Iterator[tuple[str, int]]:
 # --- procfs
 
 
-def read_proc_stat(proc_root: str) -> tuple[core.CpuTicks, int]:
-    """The aggregate `cpu` line of /proc/stat and the number of `cpuN` lines (online CPUs)."""
+def _cpu_ticks(fields: list[str]) -> core.CpuTicks:
+    values = [int(v) for v in fields[:8]]
+    values += [0] * (8 - len(values))
+    user, nice, system, idle, iowait, irq, softirq, steal = values
+    return core.CpuTicks(
+        user=user, nice=nice, system=system, idle=idle, iowait=iowait, irq=irq, softirq=softirq, steal=steal
+    )
+
+
+def read_proc_stat(proc_root: str) -> tuple[core.CpuTicks, int, dict[int, int]]:
+    """The aggregate `cpu` line of /proc/stat, the number of `cpuN` lines (online CPUs) and each CPU's busy
+    ticks (for the NUMA nodes' usage)."""
     ticks: core.CpuTicks | None = None
-    cpus = 0
+    per_cpu: dict[int, int] = {}
     for line in _read_text(os.path.join(proc_root, "stat")).splitlines():
         if line.startswith("cpu "):
-            values = [int(v) for v in line.split()[1:9]]
-            values += [0] * (8 - len(values))
-            user, nice, system, idle, iowait, irq, softirq, steal = values
-            ticks = core.CpuTicks(
-                user=user, nice=nice, system=system, idle=idle, iowait=iowait, irq=irq, softirq=softirq, steal=steal
-            )
+            ticks = _cpu_ticks(line.split()[1:9])
         elif line.startswith("cpu") and line[3:4].isdigit():
-            cpus += 1
+            name, *fields = line.split()
+            per_cpu[int(name[3:])] = _cpu_ticks(fields).busy
     if ticks is None:
         raise ValueError(f"no aggregate cpu line in {proc_root}/stat")
-    return ticks, max(cpus, 1)
+    return ticks, max(len(per_cpu), 1), per_cpu
 
 
 def read_meminfo(proc_root: str) -> core.MemInfo:
@@ -278,6 +289,16 @@ def _read_memory(cgroup_dir: str, version: int, read: Reader) -> core.MemoryStat
     return core.MemoryStat(**{names[key]: int(value) for key, value in _MEMORY_LINE[version].findall(data)})
 
 
+def _read_numa_stat(cgroup_dir: str, version: int, page_size: int, read: Reader) -> dict[int, int]:
+    """A cgroup's memory per NUMA node; empty when the file is missing or unreadable (no NUMA statistics)."""
+    try:
+        return numa.pod_numa_bytes(
+            read(f"{cgroup_dir}/memory.numa_stat").decode("ascii", "replace"), version, page_size
+        )
+    except OSError:
+        return {}
+
+
 def read_cgroup(layout: CgroupLayout, rel: str, read: Reader = _read_bytes) -> core.CgroupReading | None:
     """CPU and memory counters of one cgroup, or None if it vanished (or lost a file) while being read."""
     assert layout.cpu_base is not None and layout.memory_base is not None
@@ -319,10 +340,16 @@ class ContainerListings:
 
 
 def read_pods(
-    layout: CgroupLayout, read: Reader = _read_bytes, listings: ContainerListings | None = None
+    layout: CgroupLayout,
+    read: Reader = _read_bytes,
+    listings: ContainerListings | None = None,
+    *,
+    numa_page_size: int | None = None,
+    pressure: PodPressure | None = None,
 ) -> tuple[core.PodReading, ...]:
     """Every pod cgroup under kubepods with its containers' (`listings`: container directories listed every few
-    collections; None: every time)."""
+    collections; None: every time), with `numa_page_size` each pod's memory per NUMA node (memory.numa_stat), and
+    with `pressure` each pod's PSI counters."""
     if layout.cpu_base is None or layout.driver not in ("cgroupfs", "systemd"):
         return ()
     driver: core.Driver = "systemd" if layout.driver == "systemd" else "cgroupfs"
@@ -346,10 +373,139 @@ def read_pods(
                 containers.append(core.ContainerReading(container_id=cid, cgroup=c_cgroup))
             elif listings is not None:
                 listings.forget(pod_dir)
-        pods.append(core.PodReading(uid=uid, kube_qos=kube_qos, cgroup=pod_cgroup, containers=tuple(containers)))
+        numa_memory: dict[int, int] = {}
+        if numa_page_size is not None and layout.memory_base is not None:
+            numa_memory = _read_numa_stat(f"{layout.memory_base}/{rel}", layout.version, numa_page_size, read)
+        pods.append(
+            core.PodReading(
+                uid=uid,
+                kube_qos=kube_qos,
+                cgroup=pod_cgroup,
+                containers=tuple(containers),
+                numa_memory=numa_memory,
+                psi=None if pressure is None else pressure.read(pod_dir, read),
+            )
+        )
     if listings is not None:
         listings.keep_only(seen)
     return tuple(pods)
+
+
+# --- PSI
+
+
+def read_pressure_files(
+    paths: Sequence[tuple[str, str]], read: Reader = _read_bytes
+) -> tuple[psi.PsiReading | None, str]:
+    """The PSI counters of (resource, path) pressure files, None when not one of them could be read, and what was
+    wrong with those that could not ("" when nothing was)."""
+    totals: dict[str, psi.PsiTotals] = {}
+    problems: list[str] = []
+    for kind, path in paths:
+        try:
+            totals[kind] = psi.parse_pressure(read(path).decode("ascii", "replace"))
+        except FileNotFoundError:
+            problems.append(f"{path} does not exist")
+        except OSError as e:  # EOPNOTSUPP: a kernel built with PSI but booted with psi=0
+            problems.append(f"{path}: {e.strerror or e}")
+        except psi.PsiParseError as e:
+            problems.append(f"{path}: {e}")
+    return (psi.PsiReading(**totals) if totals else None), "; ".join(problems)
+
+
+def read_node_pressure(proc_root: str, read: Reader = _read_bytes) -> tuple[psi.PsiReading | None, str]:
+    """The node's PSI counters from `<proc_root>/pressure/{cpu,memory,io}` (see read_pressure_files)."""
+    return read_pressure_files([(r, os.path.join(proc_root, "pressure", r)) for r in RESOURCES], read)
+
+
+class PressureLog:
+    """Says once that PSI is not available (or only partly) for the node's or the pods' pressure (`scope`), and once
+    when that changes; not every collection."""
+
+    def __init__(self, node_name: str, scope: str) -> None:
+        self._node_name = node_name
+        self._scope = scope
+        self._problem: str | None = None
+
+    def note(self, reading: psi.PsiReading | None, problem: str) -> None:
+        if problem == self._problem:
+            return
+        if reading is None:  # a kernel or cgroup layout without PSI is a fact about the node, not a fault
+            log.info(
+                "node %s: PSI not available: %s; no %s pressure is reported", self._node_name, problem, self._scope
+            )
+        elif problem:
+            log.warning(
+                "node %s: PSI partly available: %s; %s pressure is reported without those files",
+                self._node_name,
+                problem,
+                self._scope,
+            )
+        elif self._problem is not None:
+            log.info("node %s: PSI available again: %s pressure is reported", self._node_name, self._scope)
+        self._problem = problem
+
+
+class PodPressure:
+    """Reads each pod cgroup's pressure files during one collection. When the first pod read has none, no pod has:
+    the others are not tried that collection (no failing open per pod and second) and it is logged once."""
+
+    def __init__(self, node_name: str) -> None:
+        self._log = PressureLog(node_name, "pod")
+        self._skip = False
+        self._first = True
+
+    def begin(self) -> None:
+        self._skip, self._first = False, True
+
+    def read(self, cgroup_dir: str, read: Reader) -> psi.PsiReading | None:
+        if self._skip:
+            return None
+        reading, problem = read_pressure_files([(r, f"{cgroup_dir}/{r}.pressure") for r in RESOURCES], read)
+        if self._first:
+            self._first = False
+            self._skip = reading is None
+            self._log.note(reading, problem.replace(cgroup_dir, "<pod cgroup>"))
+        return reading
+
+
+# --- host applications (spec §1.4)
+
+_MEMORY_USAGE_FILE = {1: "memory.usage_in_bytes", 2: "memory.current"}
+
+
+def read_host_app(
+    app: hostapps.HostApp,
+    *,
+    cgroup_root: str,
+    version: int,
+    driver: str,
+    kubepods_parent: str,
+    read: Reader = _read_bytes,
+) -> core.HostAppReading | str:
+    """One host application's cgroup counters, or why they cannot be read this time (its base is a kubepods
+    directory not found yet, its directory resolves outside the cgroup root, or a file is missing or malformed)."""
+    rel = hostapps.cgroup_dir(app, driver=driver, kubepods_parent=kubepods_parent)
+    if rel is None:
+        return "its base is a kubepods directory and kubepods is not there (yet)"
+    cpu_dir = os.path.join(_hierarchy(cgroup_root, version, "cpu"), rel)
+    memory_dir = os.path.join(_hierarchy(cgroup_root, version, "memory"), rel)
+    if not (_inside(cpu_dir, cgroup_root) and _inside(memory_dir, cgroup_root)):
+        return f"its cgroup {rel} resolves outside the cgroup root {cgroup_root}"
+    try:
+        return core.HostAppReading(
+            name=app.name,
+            priority=app.priority,
+            qos=app.qos,
+            cgroup_dir=rel,
+            cgroup=core.CgroupReading(
+                cpu_usage_ns=_read_cpu_ns(cpu_dir, version, read), memory=_read_memory(memory_dir, version, read)
+            ),
+            memory_usage=int(read(f"{memory_dir}/{_MEMORY_USAGE_FILE[version]}")),
+        )
+    except (OSError, KeyError, ValueError) as e:
+        what = f"no {e} line" if isinstance(e, KeyError) else str(e)
+        return f"its cgroup {rel} cannot be read: {what}"
 
 
 # --- kidled (cgroup v1 only)
@@ -374,18 +530,31 @@ def read_cold_page_bytes(cgroup_root: str, version: int) -> int | None:
 class Collector:
     """One call = one full reading of the node. The layout is re-detected each time (a few stat calls) so an
     agent started before the kubelet picks pods up once kubepods appears. The cgroup files stay open between calls
-    (OpenFiles); `close()` closes them."""
+    (OpenFiles); `close()` closes them.
 
-    def __init__(self, settings: AgentSettings) -> None:
+    `host_applications` gives the `hostApplications` of the NodeSLO in effect (None: none); they are checked again
+    when it changes (agent/hostapps.py), each entry skipped is logged with its reason once, and an application whose
+    cgroup cannot be read is logged when that starts or its reason changes, and when it is readable again."""
+
+    def __init__(self, settings: AgentSettings, *, host_applications: Callable[[], object] | None = None) -> None:
         self.settings = settings
         self._ticks_per_second = clock_ticks_per_second()
         self._kidled_error = ""
         self._files = OpenFiles()
         self._listings = ContainerListings(CONTAINER_RELIST_COLLECTIONS)
+        self._numa = cpus.NumaNodes(settings.sys_root, settings.node_name)
+        self._page_size = os.sysconf("SC_PAGE_SIZE")
+        self._host_applications = host_applications
+        self._host_apps_raw: object = None
+        self._host_apps: tuple[hostapps.HostApp, ...] = ()
+        self._host_app_problems: dict[str, str] = {}
+        self._node_pressure_log = PressureLog(settings.node_name, "node")
+        self._pod_pressure = PodPressure(settings.node_name)
 
     def __call__(self, now: float) -> core.NodeReading:
         layout = detect_layout(self.settings)
-        cpu, cpu_count = read_proc_stat(self.settings.proc_root)
+        cpu, cpu_count, per_cpu_busy = read_proc_stat(self.settings.proc_root)
+        pods, apps = self._read_cgroups(layout)
         return core.NodeReading(
             at=now,
             clock_ticks_per_second=self._ticks_per_second,
@@ -394,16 +563,80 @@ class Collector:
             memory=read_meminfo(self.settings.proc_root),
             cgroup_version=layout.version,
             cgroup_driver=layout.driver,
-            pods=self._read_pods(layout),
+            pods=pods,
             cold_page_bytes=self._cold_page_bytes(layout.version),
+            numa=self._numa.read(per_cpu_busy),
+            host_apps=apps,
+            psi=self._node_pressure(),
         )
 
-    def _read_pods(self, layout: CgroupLayout) -> tuple[core.PodReading, ...]:
+    def _node_pressure(self) -> psi.PsiReading | None:
+        reading, problem = read_node_pressure(self.settings.proc_root)
+        self._node_pressure_log.note(reading, problem)
+        return reading
+
+    def _read_cgroups(
+        self, layout: CgroupLayout
+    ) -> tuple[tuple[core.PodReading, ...], tuple[core.HostAppReading, ...]]:
         self._listings.begin()
+        self._pod_pressure.begin()
         try:
-            return read_pods(layout, self._files.read, self._listings)
+            page_size = self._page_size if self._numa.present else None
+            pods = read_pods(
+                layout, self._files.read, self._listings, numa_page_size=page_size, pressure=self._pod_pressure
+            )
+            return pods, self._read_host_apps(layout)
         finally:
             self._files.sweep()
+
+    @property
+    def host_apps(self) -> tuple[hostapps.HostApp, ...]:
+        """The host applications measured (the NodeSLO's, less the entries skipped)."""
+        return self._host_apps
+
+    def _read_host_apps(self, layout: CgroupLayout) -> tuple[core.HostAppReading, ...]:
+        self._take_host_apps()
+        readings: list[core.HostAppReading] = []
+        problems: dict[str, str] = {}
+        for app in self._host_apps:
+            got = read_host_app(
+                app,
+                cgroup_root=self.settings.cgroup_root,
+                version=layout.version,
+                driver=layout.driver,
+                kubepods_parent=self.settings.kubepods_parent,
+                read=self._files.read,
+            )
+            if isinstance(got, str):
+                problems[app.name] = got
+            else:
+                readings.append(got)
+        node = self.settings.node_name
+        for name, problem in problems.items():
+            if self._host_app_problems.get(name) != problem:
+                log.warning("node %s: host application %s not measured this time: %s", node, name, problem)
+        for name in self._host_app_problems.keys() - problems.keys():
+            if any(app.name == name for app in self._host_apps):
+                log.info("node %s: host application %s is measured again", node, name)
+        self._host_app_problems = problems
+        return tuple(readings)
+
+    def _take_host_apps(self) -> None:
+        """Check the NodeSLO's hostApplications again when they changed (the spec in effect is replaced whole)."""
+        raw = self._host_applications() if self._host_applications is not None else None
+        if raw is self._host_apps_raw or raw == self._host_apps_raw:
+            return
+        self._host_apps_raw = raw
+        self._host_apps, refused = hostapps.parse_host_applications(raw)
+        node = self.settings.node_name
+        for reason in refused:
+            log.warning("node %s: host application skipped: %s", node, reason)
+        log.info(
+            "node %s: measuring %d host application(s)%s",
+            node,
+            len(self._host_apps),
+            f" ({', '.join(app.name for app in self._host_apps)})" if self._host_apps else "",
+        )
 
     def close(self) -> None:
         self._files.close()

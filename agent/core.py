@@ -1,8 +1,8 @@
 """Pure node-agent arithmetic: cgroup name parsing, usage formulas (spec §1.4) and sampling state.
 The kidled cold-page parsing lives in agent/kidled.py, batching and the outbox in agent/batch.py.
 
-Called by agent/collect.py (name parsing and the reading types it fills), agent/service.py (Sampler) and
-agent/settings.py (name validation). Nothing here touches files, clocks or
+Called by agent/collect.py (name parsing and the reading types it fills), agent/service.py (Sampler),
+agent/hostapps.py and agent/settings.py (name validation). Nothing here touches files, clocks or
 the event loop: every reading carries the time it was taken, so the same readings always give the
 same samples and the same batches.
 """
@@ -15,12 +15,16 @@ from typing import Final, Literal
 
 import msgspec
 
-from agent import kidled
+from agent import kidled, numa
+from agent.psi import PsiReading, PsiSampler
 from schemas import names, vocab
 from schemas.node import (
     PodRef,
+    PriorityClassName,
+    QoSClassName,
     Sample,
 )
+from schemas.psi import PsiSample
 
 Driver = Literal["cgroupfs", "systemd"]
 
@@ -160,6 +164,23 @@ class PodReading(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     kube_qos: str
     cgroup: CgroupReading
     containers: tuple[ContainerReading, ...] = ()
+    numa_memory: dict[int, int] = {}
+    """The pod's memory per NUMA node in bytes (memory.numa_stat, agent.numa.pod_numa_bytes); empty if unread."""
+    psi: PsiReading | None = None
+    """The pod cgroup's pressure counters (agent.psi); None where its cgroup has no pressure files."""
+
+
+class HostAppReading(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One NodeSLO host application's cgroup (agent/hostapps.py), as one collection read it."""
+
+    name: str
+    priority: PriorityClassName = ""
+    qos: QoSClassName = ""
+    cgroup_dir: str
+    """Relative to each hierarchy's root; with the name, what its CPU counter is remembered by."""
+    cgroup: CgroupReading
+    memory_usage: int
+    """memory.usage_in_bytes (v2: memory.current): Koordinator's with-page-cache variant for host applications."""
 
 
 class NodeReading(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -175,6 +196,12 @@ class NodeReading(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     pods: tuple[PodReading, ...] = ()
     cold_page_bytes: int | None = None
     """Cold page cache of the root memory cgroup (kidled, cgroup v1); None where the kernel has no kidled."""
+    numa: tuple[numa.NumaReading, ...] = ()
+    """Each NUMA node's busy ticks and used memory; empty on a machine without NUMA nodes in sysfs."""
+    host_apps: tuple[HostAppReading, ...] = ()
+    """The NodeSLO's host applications whose cgroup could be read."""
+    psi: PsiReading | None = None
+    """The node's pressure counters (/proc/pressure, agent.psi); None where the kernel has no PSI."""
 
 
 # --- formulas (spec §1.4)
@@ -214,12 +241,12 @@ def cgroup_memory_with_page_cache(stat: MemoryStat) -> int:
     return cgroup_memory_bytes(stat) + stat.active_file + stat.inactive_file
 
 
-def system_usage(node: tuple[float, int], pods: Iterable[tuple[float, int]]) -> tuple[float, int]:
-    """(cores, bytes) of node − Σ pods, each clamped at 0 (no host applications are known yet)."""
+def system_usage(node: tuple[float, int], parts: Iterable[tuple[float, int]]) -> tuple[float, int]:
+    """(cores, bytes) of node − Σ parts (the pods, the host applications), each clamped at 0 (spec §1.4)."""
     cpu, mem = node
-    for pod_cpu, pod_mem in pods:
-        cpu -= pod_cpu
-        mem -= pod_mem
+    for part_cpu, part_mem in parts:
+        cpu -= part_cpu
+        mem -= part_mem
     return max(cpu, 0.0), max(mem, 0)
 
 
@@ -237,6 +264,17 @@ class PodSample(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     sample: Sample
     memory_with_page_cache: int
     containers: tuple[ContainerSample, ...] = ()
+    psi: PsiSample | None = None
+    """The pod's PSI stall ratios over the interval (agent.psi); None without pressure files or a previous reading."""
+
+
+class HostAppSample(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    name: str
+    priority: PriorityClassName = ""
+    qos: QoSClassName = ""
+    sample: Sample
+    """Memory as a pod's: anonymous + unevictable, page cache excluded."""
+    memory_with_page_cache: int
 
 
 class Tick(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -249,19 +287,30 @@ class Tick(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     pods: tuple[PodSample, ...] = ()
     node_memory_with_hot_page: int | None = None
     """MemTotal − MemFree − cold page cache; None when the reading had no kidled cold-page count."""
+    numa: tuple[numa.NumaSample, ...] = ()
+    """Each NUMA node's usage and system usage (agent.numa); empty on the first reading and without NUMA nodes."""
+    host_apps: tuple[HostAppSample, ...] = ()
+    node_psi: PsiSample | None = None
+    """The node's PSI stall ratios over the interval (agent.psi); None without PSI and on the first reading."""
 
 
 class Sampler:
     """Turns successive readings into samples, keeping the previous counters of every cgroup it saw last time.
 
-    Cgroups missing from a reading are forgotten, so the state never outgrows the node's current pods; a
-    pod or container seen for the first time gives no sample (no previous counter), as in koordlet.
+    Cgroups missing from a reading are forgotten, so the state never outgrows the node's current pods and host
+    applications; a pod, container or host application seen for the first time gives no sample (no previous
+    counter), as in koordlet. System usage is node − pods − host applications (spec §1.4): CPU of those sampled,
+    memory (without page cache, as the node's) of every one read, sampled yet or not.
     """
 
     def __init__(self) -> None:
         self._prev_at: float | None = None
         self._prev_cpu: CpuTicks | None = None
         self._prev_ns: dict[tuple[str, str], int] = {}
+        self._numa = numa.NumaSampler()
+        self._psi = PsiSampler()
+        self._prev_app_ns: dict[tuple[str, str], int] = {}
+        """By (name, cgroup directory): an application moved to another cgroup starts afresh."""
 
     def observe(self, reading: NodeReading) -> Tick:
         wall = reading.at - self._prev_at if self._prev_at is not None else 0.0
@@ -278,12 +327,31 @@ class Sampler:
                 pods.append(sample)
                 sampled_pod_cpu += sample.sample[1]
         self._prev_ns = counters
+        pod_psi = self._psi.observe_pods(((p.uid, p.psi) for p in reading.pods), at=reading.at, wall_seconds=wall)
+        if pod_psi:
+            pods = [
+                msgspec.structs.replace(ps, psi=pod_psi[ps.pod.uid]) if ps.pod.uid in pod_psi else ps for ps in pods
+            ]
+        node_psi = self._psi.observe_node(reading.psi, at=reading.at, wall_seconds=wall)
+        apps, sampled_app_cpu, app_memory = self._host_app_samples(reading, wall)
         self._prev_at = reading.at
         system: Sample | None = None
         if node_sample is not None:
             # Pods without a CPU sample yet still hold memory: subtract every pod's memory, sampled CPU only.
-            cpu, mem = system_usage((node_sample[1], node_sample[2]), [(sampled_pod_cpu, pod_memory)])
+            parts = [(sampled_pod_cpu, pod_memory), (sampled_app_cpu, app_memory)]
+            cpu, mem = system_usage((node_sample[1], node_sample[2]), parts)
             system = (reading.at, cpu, mem)
+        pods_on_numa: dict[int, int] = {}
+        for pod in reading.pods:
+            for node_id, amount in pod.numa_memory.items():
+                pods_on_numa[node_id] = pods_on_numa.get(node_id, 0) + amount
+        numa_samples = self._numa.observe(
+            reading.numa,
+            wall_seconds=wall,
+            ticks_per_second=reading.clock_ticks_per_second,
+            system_cpu=None if system is None else system[1],
+            pods_on_numa=pods_on_numa,
+        )
         return Tick(
             at=reading.at,
             node=node_sample,
@@ -295,7 +363,37 @@ class Sampler:
                 if reading.cold_page_bytes is None
                 else kidled.node_memory_with_hot_page(reading.memory, reading.cold_page_bytes)
             ),
+            numa=numa_samples,
+            host_apps=apps,
+            node_psi=node_psi,
         )
+
+    def _host_app_samples(self, reading: NodeReading, wall: float) -> tuple[tuple[HostAppSample, ...], float, int]:
+        """The host applications' samples, their sampled CPU and the memory of every one read."""
+        counters: dict[tuple[str, str], int] = {}
+        samples: list[HostAppSample] = []
+        cpu, memory = 0.0, 0
+        for app in reading.host_apps:
+            mem = cgroup_memory_bytes(app.cgroup.memory)
+            memory += mem
+            key = (app.name, app.cgroup_dir)
+            counters[key] = app.cgroup.cpu_usage_ns
+            prev = self._prev_app_ns.get(key)
+            cores = None if prev is None else cgroup_cpu_cores(prev, app.cgroup.cpu_usage_ns, wall_seconds=wall)
+            if cores is None:
+                continue
+            cpu += cores
+            samples.append(
+                HostAppSample(
+                    name=app.name,
+                    priority=app.priority,
+                    qos=app.qos,
+                    sample=(reading.at, cores, mem),
+                    memory_with_page_cache=app.memory_usage,
+                )
+            )
+        self._prev_app_ns = counters
+        return tuple(samples), cpu, memory
 
     def _node_sample(self, reading: NodeReading, wall: float) -> Sample | None:
         prev, self._prev_cpu = self._prev_cpu, reading.cpu

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from agent import qos
+from agent import evict_strategy, qos
 from agent.actuate import NodePod
 from schemas import vocab
 from schemas.qos import PodEvictionRequested
@@ -36,12 +36,13 @@ from schemas.qos import PodEvictionRequested
 BE_MEMORY: Final = "BEMemoryEvict"
 MEMORY: Final = "MemoryEvict"
 BE_CPU: Final = "BECPUEvict"
-FEATURES: Final = frozenset({BE_MEMORY, MEMORY, BE_CPU})
-"""The features the agent's loops evict by (the --evict setting names some of them)."""
+CPU: Final = "CPUEvict"
 CPU_ALLOCATABLE: Final = "CPUAllocatableEvict"
 MEMORY_ALLOCATABLE: Final = "MemoryAllocatableEvict"
-"""Koordinator's features for batch pods past the node's batch resources: the agent has no loop for them; a
-simulated node evicts by them when its batch allocatable shrinks (agent.simulate)."""
+"""Koordinator's features for batch/mid pods past the node's batch/mid allocatable (a simulated node also evicts by
+them when its batch allocatable shrinks, agent.simulate)."""
+FEATURES: Final = frozenset({BE_MEMORY, MEMORY, BE_CPU, CPU, MEMORY_ALLOCATABLE, CPU_ALLOCATABLE})
+"""The features the agent's loops evict by (the --evict setting names some of them)."""
 EVICTION_POLICY: Final = "koordinator.sh/eviction-policy"
 EVICTION_ENABLED: Final = "koordinator.sh/eviction-enabled"
 EVICTION_PRIORITY: Final = "koordinator.sh/eviction-priority"
@@ -60,7 +61,7 @@ class Victim:
 
 def eviction_request(*, node: str, at: float, pod: NodePod, feature: str, reason: str) -> PodEvictionRequested:
     """What a node asks the bridge for to evict `pod` (by name, with its uid as the precondition): built here for
-    the agent's loops (agent.loops.eviction) and a simulated node's evictions (agent.simulate) alike."""
+    the agent's loops (agent.loops.evict) and a simulated node's evictions (agent.simulate) alike."""
     meta = pod.pod.metadata
     return PodEvictionRequested(
         node=node, at=at, namespace=meta.namespace, name=meta.name, uid=meta.uid, feature=feature, reason=reason
@@ -153,6 +154,15 @@ def _be_memory_order(pods: Sequence[NodePod], pod_memory: Mapping[str, int]) -> 
 def _memory_order(
     pods: Sequence[NodePod], pod_memory: Mapping[str, int], priority_threshold: int | None
 ) -> list[NodePod]:
+    return _priority_order(pods, pod_memory, priority_threshold)
+
+
+def _priority_order(
+    pods: Sequence[NodePod], pod_usage: Mapping[str, int], priority_threshold: int | None
+) -> list[NodePod]:
+    """MemoryEvict's (and CPUEvict's) candidates and order: active pods labelled eviction-enabled, with a usage
+    sample, at or under the priority threshold; by eviction-priority annotation, spec.priority, the priority label,
+    then the most used first."""
     if priority_threshold is None:
         return []
     candidates = [
@@ -160,7 +170,7 @@ def _memory_order(
         for p in pods
         if _active(p)
         and p.pod.metadata.labels.get(EVICTION_ENABLED) == "true"
-        and p.uid in pod_memory
+        and p.uid in pod_usage
         and (p.pod.spec.priority or 0) <= priority_threshold
     ]
 
@@ -169,10 +179,52 @@ def _memory_order(
             _int(p.pod.metadata.annotations.get(EVICTION_PRIORITY)),
             p.pod.spec.priority or 0,
             _int(p.pod.metadata.labels.get(PRIORITY_LABEL)),
-            -pod_memory.get(p.uid, 0),
+            -pod_usage.get(p.uid, 0),
         )
 
     return sorted(candidates, key=key)
+
+
+def node_cpu_victims(
+    *,
+    capacity_milli: int,
+    window: Sequence[tuple[float, int]],
+    pod_cpu: Mapping[str, int],
+    pods: Sequence[NodePod],
+    threshold_percent: int,
+    lower_percent: int | None,
+    priority_threshold: int | None,
+    taken: Iterable[str] = (),
+) -> tuple[list[Victim], str]:
+    """CPUEvict (§5.5.3): the node's CPU over the window — (time, millicores) samples, averaged — as a percent of
+    its capacity; at or over the threshold, pods in MemoryEvict's order (by CPU used) until what they use covers
+    capacity × (percent − lower) / 100 (lower: threshold − 2 when unset). `taken`: pods already asked for (by an
+    earlier eviction, or BECPUEvict this round): skipped, and not counted."""
+    if capacity_milli <= 0 or not window:
+        return [], "no node CPU samples in the window"
+    average = sum(milli for _, milli in window) / len(window)
+    trigger = evict_strategy.usage_release(
+        capacity=capacity_milli, used=average, threshold=threshold_percent, lower=lower_percent
+    )
+    if not trigger.triggered:
+        return [], f"node CPU {trigger.percent}% < threshold {threshold_percent}%"
+    explanation = (
+        f"node CPU {trigger.percent}% over {len(window)} samples ≥ threshold {threshold_percent}%: release "
+        f"{trigger.release}m (to {trigger.lower}%)"
+    )
+    skip = set(taken)
+    victims: list[Victim] = []
+    released = 0
+    for node_pod in _priority_order(pods, pod_cpu, priority_threshold):
+        if released >= trigger.release:
+            break
+        if node_pod.uid in skip or not allowed(node_pod, CPU):
+            continue
+        used = pod_cpu.get(node_pod.uid, 0)
+        released += used
+        reason = f"{CPU}: {explanation}; this pod uses {used}m"
+        victims.append(Victim(pod=node_pod, feature=CPU, released=used, reason=reason))
+    return victims, explanation
 
 
 def _int(text: str | None) -> int:
@@ -213,12 +265,12 @@ def _release(sample: CpuSample, *, lower: float, upper: float, usage_threshold: 
     usage, request, limit = sample.usage, sample.request, sample.limit
     if limit <= 0 or request <= 0:
         return 0, f"limit {limit}m, request {request}m: nothing to judge"
-    if limit >= 1000 and usage / limit < usage_threshold / 100:
+    if not evict_strategy.be_usage_high(usage, limit, usage_threshold):
         return 0, f"BE uses {usage}m of its {limit}m limit (< {usage_threshold:g}%)"
     satisfaction = limit / request
-    if satisfaction > lower / 100:
-        return 0, f"satisfaction {limit}m / {request}m = {satisfaction:.2f} > {lower:g}%"
-    release = int(request * (upper / 100 - satisfaction))
+    release = evict_strategy.be_satisfaction_gap(request, limit, lower=lower, upper=upper)
+    if release <= 0:
+        return 0, f"satisfaction {limit}m / {request}m = {satisfaction:.2f}: above {lower:g}% or at {upper:g}%"
     return release, (
         f"BE uses {usage}m of {limit}m; satisfaction {limit}m / {request}m = {satisfaction:.2f} ≤ {lower:g}%: "
         f"release {request}m × ({upper:g}% − {satisfaction:.2f}) = {release}m"

@@ -13,7 +13,7 @@ from dataclasses import fields
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from agent.qos_loops import QosLoops
+from agent.loops.runner import QosLoops
 from agent.service import AgentService
 
 PREFIX = "koordbus_agent_"

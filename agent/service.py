@@ -11,6 +11,8 @@ collection's pod samples are joined with the latest list (agent.batch.attribute_
 `pods_poll_interval` seconds: a pod whose cgroup appears before the kubelet lists it is published by UID and named
 by the first batch closed after a list names it, at most pods_poll_interval + publish_interval later (15 s by
 default). A failed read keeps the last good list (it only names cgroups that exist) and is logged once per outage.
+The NodeSLO's host applications are measured when given a source of them (`host_applications`: the composition root
+hands it the NodeSLO the agent reads, agent/slo_watch.py).
 """
 
 from __future__ import annotations
@@ -78,13 +80,16 @@ class AgentService:
         collector: Callable[[float], core.NodeReading] | None = None,
         pods: PodSource | None = None,
         pods_poll_interval: float = 5.0,
+        host_applications: Callable[[], object] | None = None,
     ) -> None:
+        """`host_applications`: the `hostApplications` of the NodeSLO in effect (None: none), measured by the
+        collector built here (a `collector` given instead reads what it reads)."""
         self.settings = settings
         self.stats = AgentStats()
         self._publisher = publisher
         self._clock = clock
         self._sleep = sleep
-        self._collect = collector if collector is not None else Collector(settings)
+        self._collect = collector if collector is not None else Collector(settings, host_applications=host_applications)
         self._sampler = core.Sampler()
         self._builder = BatchBuilder(settings.node_name, interval=settings.publish_interval)
         self._thinner = PodListThinner(settings.pod_list_resend_batches)
@@ -161,7 +166,7 @@ class AgentService:
         return self._listed
 
     async def _read(self, now: float) -> core.NodeReading | None:
-        """One collection, on the event loop's thread (a few milliseconds at 200 pods; see agent.qos_loops on why
+        """One collection, on the event loop's thread (a few milliseconds at 200 pods; see agent.loops.runner on why
         not a worker thread)."""
         try:
             reading = self._collect(now)

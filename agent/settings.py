@@ -6,9 +6,10 @@ message naming the field, so a bad DaemonSet flag stops the agent at start-up in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
-from agent import core
+from agent import core, evict
+from agent.suppress import parse_cpuset
 from schemas import names
 
 CgroupVersion = Literal["auto", 1, 2]
@@ -21,6 +22,9 @@ class AgentSettingsError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class AgentSettings:
+    ENV_PREFIX: ClassVar[str] = "KOORDBUS_AGENT_"
+    """Each field from KOORDBUS_AGENT_<FIELD>, else the shared KOORDBUS_<FIELD> (services.common.settings)."""
+
     node_name: str
     """Kubernetes name of the node this agent runs on (DNS-1123 subdomain); names its subjects and msg ids."""
     proc_root: str = "/proc"
@@ -35,6 +39,8 @@ class AgentSettings:
     """Relative path under each hierarchy where kubepods lives ("" = directly under it); tests use a private subtree."""
     collect_interval: float = 1.0
     """Seconds between two samples of node, pods and containers (koordlet's collect-res-used-interval)."""
+    sys_root: str = "/sys"
+    """Where sysfs is mounted: the NUMA nodes' CPUs and memory (numaUsages). The QoS loops read the same setting."""
     publish_interval: float = 10.0
     """Seconds per published batch; windows are aligned to wall-clock multiples [k·interval, (k+1)·interval)."""
     max_buffered_batches: int = 360
@@ -72,7 +78,7 @@ class AgentSettings:
             raise AgentSettingsError(
                 f"cgroup_driver must be 'auto', 'cgroupfs' or 'systemd', got {self.cgroup_driver!r}"
             )
-        for name in ("proc_root", "cgroup_root"):
+        for name in ("proc_root", "cgroup_root", "sys_root"):
             if not getattr(self, name).startswith("/"):
                 raise AgentSettingsError(f"{name} must be an absolute path, got {getattr(self, name)!r}")
         try:
@@ -87,6 +93,9 @@ QosMode = Literal["off", "dry-run", "apply"]
 @dataclass(frozen=True, kw_only=True)
 class QosSettings:
     """The agent's actuation half (issue 6): NodeSLO-driven QoS loops."""
+
+    ENV_PREFIX: ClassVar[str] = "KOORDBUS_AGENT_"
+    """Each field from KOORDBUS_AGENT_<FIELD>, else the shared KOORDBUS_<FIELD> (services.common.settings)."""
 
     qos_mode: QosMode = "dry-run"
     """off: no QoS loops. dry-run: plan every round, log and publish the plan (ActuationApplied dry_run=true), write
@@ -116,6 +125,12 @@ class QosSettings:
     """Seconds between two reads of the kubelet's pod list (rounds in between use the last list; a new pod's cgroups
     are set at most this much later; 0: every round). Our choice: a 200-pod list every second was a tenth of the
     agent's CPU."""
+    system_config: bool = False
+    """Write the node's memory sysctls from the NodeSLO's systemStrategy (koordlet's SystemConfig, off by default
+    there too); turned off again, the values the agent changed are written back (agent.loops.system)."""
+    apply_at_pod_start: bool = True
+    """Watch the besteffort cgroup directories (inotify) and set a new BE pod's cgroups at once, rather than at the
+    next pod poll (agent.cgroup_watch); off, or where inotify cannot be had, the poll alone does it."""
     max_writes_per_round: int = 256
     """A round writes at most this many files; the rest waits for the next round (bounded movement)."""
     sys_root: str = "/sys"
@@ -123,11 +138,16 @@ class QosSettings:
     reserved_cpu_milli: int = 0
     """CPU the node reserves for the system (the kubelet's kube/system-reserved), in millicores: CPU suppress never
     counts the system as using less."""
+    reserved_cpus: str = ""
+    """CPUs BE pods never get, in the kernel's list format ("0-1"): the kubelet's `--reserved-cpus` /
+    reservedSystemCPUs, or the reservedCPUs of Koordinator's `node.koordinator.sh/reservation` annotation (the agent
+    reads no Node object). They also count as reserved CPU for suppress (at least one core each)."""
     usage_max_age: float = 3.0
     """Seconds after which the latest usage sample is too old for CPU suppress (the loop waits for a fresh one)."""
     evict_features: str = ""
-    """Eviction features on, comma-separated: BEMemoryEvict, MemoryEvict, BECPUEvict (Koordinator's feature gates,
-    all off by default there too); each also needs resourceUsedThresholdWithBE.enable in the NodeSLO."""
+    """Eviction features on, comma-separated: BEMemoryEvict, MemoryEvict, BECPUEvict, CPUEvict (Koordinator's
+    feature gates, all off by default there too); each also needs resourceUsedThresholdWithBE.enable in the
+    NodeSLO."""
     evict_locally: bool = False
     """When an eviction request cannot be published (the bus is away), kill the pod's containers' processes here
     instead (SIGKILL; the kubelet restarts or fails them). Off: the request waits for the next round."""
@@ -136,6 +156,16 @@ class QosSettings:
     failsafe_after: float = 300.0
     """Seconds without a readable NodeSLO after which BE pods are suppressed to the minimum CFS quota and no new
     eviction is started, until the control plane is back."""
+    psi_suppress_threshold: float = 0.0
+    """koordbus's opt-in PSI suppress rule (docs/node-qos.md): when an LS pod's CPU `some` stall ratio over the last
+    collection interval reaches this (0 < t ≤ 1), CPU suppress lowers BE's allowance by `psi_suppress_step_percent`
+    of the node's CPUs. 0: off (the default; Koordinator has no such rule)."""
+    psi_suppress_step_percent: float = 10.0
+    """The step the PSI suppress rule takes off BE's CPU allowance, in percent of the node's CPUs (0 < s ≤ 100)."""
+
+    @property
+    def reserved_cpu_ids(self) -> frozenset[int]:
+        return frozenset(parse_cpuset(self.reserved_cpus)) if self.reserved_cpus.strip() else frozenset()
 
     @property
     def evict_feature_set(self) -> frozenset[str]:
@@ -157,13 +187,27 @@ class QosSettings:
             raise AgentSettingsError(f"pods_poll_interval must be 0 or more seconds, got {self.pods_poll_interval!r}")
         if self.max_writes_per_round < 1:
             raise AgentSettingsError(f"max_writes_per_round must be at least 1, got {self.max_writes_per_round}")
-        unknown = set(self.evict_feature_set) - {"BEMemoryEvict", "MemoryEvict", "BECPUEvict"}
+        unknown = set(self.evict_feature_set) - evict.FEATURES
         if unknown:
             raise AgentSettingsError(
-                f"evict_features: unknown {', '.join(sorted(unknown))} (known: BEMemoryEvict, MemoryEvict, BECPUEvict)"
+                f"evict_features: unknown {', '.join(sorted(unknown))} (known: {', '.join(sorted(evict.FEATURES))})"
             )
         if self.reserved_cpu_milli < 0:
             raise AgentSettingsError(f"reserved_cpu_milli must not be negative, got {self.reserved_cpu_milli}")
+        try:
+            self.reserved_cpu_ids  # noqa: B018 - parsed here so a bad list stops the agent at start
+        except ValueError as e:
+            raise AgentSettingsError(
+                f"reserved_cpus must be a cpu list like '0-1,4', got {self.reserved_cpus!r}: {e}"
+            ) from None
+        if not 0 <= self.psi_suppress_threshold <= 1:
+            raise AgentSettingsError(
+                f"psi_suppress_threshold must be a stall ratio in [0, 1] (0: off), got {self.psi_suppress_threshold!r}"
+            )
+        if not 0 < self.psi_suppress_step_percent <= 100:
+            raise AgentSettingsError(
+                f"psi_suppress_step_percent must be in (0, 100], got {self.psi_suppress_step_percent!r}"
+            )
         if not self.resctrl_root.startswith("/") or not self.sys_root.startswith("/"):
             raise AgentSettingsError(
                 f"resctrl_root and sys_root must be absolute paths, got {self.resctrl_root!r}, {self.sys_root!r}"

@@ -6,7 +6,9 @@ kubelet lists (`kubelet_pods`: Kubernetes Pod objects with metadata, spec and st
 the agent's own BatchBuilder after the agent's own pod-identity join (agent.batch.attribute_pods).
 
 Deterministic: a node's parameters come from its seed, and each window's noise from (seed, window), so with the
-loop open `batch(w)` returns the same samples whatever was asked before and in whatever order. Online (koord-prod,
+loop open `batch(w)` returns the same samples whatever was asked before and in whatever order. The batch that ends a
+minute carries the prod predictor's training round over that minute, complete when the minute's windows were asked
+in order (as a running simulation asks them). Online (koord-prod,
 LS/LSR) pods follow a 24 h sinusoid with noise; batch (koord-batch, BE) pods belong to a few jobs that run in
 bursts, so pods appear and disappear with new UIDs each burst; node usage is Σ pods + system overhead and never
 exceeds capacity (batch is squeezed first, as BE suppression would). With the loop closed
@@ -30,7 +32,7 @@ import numpy.typing as npt
 
 from agent import evict
 from agent.actuate import NodePod
-from agent.batch import BatchBuilder, attribute_pods
+from agent.batch import BatchBuilder, TrainingAccumulator, attribute_pods
 from agent.core import PodSample, Tick
 from schemas import kube, vocab
 from schemas.node import NodeMetricsReported, PodRef
@@ -85,6 +87,8 @@ class SimulatedNode:
         self._sys_mem = float(rng.uniform(2, 4)) * GiB
         self._page_cache = float(rng.uniform(0.05, 0.15)) * memory_bytes
         self._batch_pods: dict[tuple[int, int], NodePod] = {}
+        self._training = TrainingAccumulator()
+        """The agent's training round spans batches: a long-lived accumulator, like the real agent's builder's."""
         self._batch_allocatable: tuple[float, int] | None = None
         self._running: dict[tuple[int, int], None] = {}
         """Batch pods placed (with the loop closed), oldest first: the order they are kept in when room shrinks."""
@@ -106,8 +110,13 @@ class SimulatedNode:
         app = _ONLINE_APPS[int(rng.integers(len(_ONLINE_APPS)))]
         template = _hash_hex(self.name, app, length=10)
         guaranteed = bool(rng.random() < 0.4)
-        cpu = f"{max(round(float(self._on_cpu[i]) * 1000), 1)}m"
-        memory = str(int(self._on_mem[i]))
+        # Online services request for their daily peak with headroom (1.2–2× the peak CPU, 1.1–1.5× the memory),
+        # which is the room the prod predictor finds for mid pods. Drawn from a hash, not `rng`, so the draws that
+        # follow (and so every other number of the node) stay as they were.
+        headroom = int(_hash_hex(self.name, "headroom", i, length=8), 16) / 16**8
+        peak_cpu = float(self._on_cpu[i]) * (1 + float(self._on_amp[i]))
+        cpu = f"{max(round(peak_cpu * (1.2 + 0.8 * headroom) * 1000), 1)}m"
+        memory = str(int(self._on_mem[i] * (1.1 + 0.4 * headroom)))
         resources = kube.ResourceRequirements(
             requests={"cpu": cpu, "memory": memory}, limits={"cpu": cpu, "memory": memory} if guaranteed else None
         )
@@ -191,7 +200,7 @@ class SimulatedNode:
 
     def agent_batch(self, window_start: float, window_end: float) -> tuple[NodeMetricsReported, list[NodePod]]:
         """The batch, and the kubelet's pod list it was joined with: the agent's builder over synthetic ticks."""
-        builder = BatchBuilder(self.name, interval=window_end - window_start)
+        builder = BatchBuilder(self.name, interval=window_end - window_start, training=self._training)
         ticks, listed = self.ticks(window_start, window_end)
         for tick in ticks:
             if builder.add(msgspec.structs.replace(tick, pods=attribute_pods(tick.pods, listed))) is not None:

@@ -116,6 +116,8 @@ _PERCENT_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
         "cpuEvictBESatisfactionLowerPercent",
         "cpuEvictBESatisfactionUpperPercent",
         "cpuEvictBEUsageThresholdPercent",
+        "cpuEvictThresholdPercent",
+        "cpuEvictLowerPercent",
     ),
     "cpuBurstStrategy": ("sharePoolThresholdPercent",),
 }
@@ -152,8 +154,21 @@ def spec_problems(spec: Mapping[str, Any] | None) -> list[str]:
         value = merged[section].get(name)
         if value not in allowed:
             problems.append(f"{section}.{name}: {value!r} is not one of {', '.join(sorted(allowed))}")
-    if not isinstance(merged["resourceUsedThresholdWithBE"].get("enable"), bool):
+    threshold = merged["resourceUsedThresholdWithBE"]
+    if not isinstance(threshold.get("enable"), bool):
         problems.append("resourceUsedThresholdWithBE.enable is not a boolean")
+    for name, low, high in (
+        ("evictEnabledPriorityThreshold", -(2**31), 2**31 - 1),
+        ("allocatableEvictPriorityThreshold", -(2**31), 2**31 - 1),
+        ("cpuEvictTimeWindowSeconds", 0, 86400),
+        ("memoryAllocatableEvictThresholdPercent", 0, 1000),
+        ("memoryAllocatableEvictLowerPercent", 0, 1000),
+        ("cpuAllocatableEvictThresholdPercent", 0, 1000),
+        ("cpuAllocatableEvictLowerPercent", 0, 1000),
+    ):
+        value = threshold.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+            problems.append(f"resourceUsedThresholdWithBE.{name}: {value!r} is not an integer in [{low}, {high}]")
     burst = merged["cpuBurstStrategy"]
     for name, low, high in (("cpuBurstPercent", 0, 10000), ("cfsQuotaBurstPercent", 0, 100000)):
         value = burst.get(name)

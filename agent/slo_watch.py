@@ -6,21 +6,24 @@ is loaded, so an agent restarted while NATS is down applies its last good settin
 does not decode, or holds a spec with a bad type or an out-of-range value, keeps the previous spec whole (no
 partial application) and is counted. A deleted key (the node left the
 cluster, then came back before the slo service re-rendered it) means the defaults. `silent_for(now)` is how long
-the bucket has not been readable: the fail-safe's input.
+the bucket has not been readable: the fail-safe's input. The QoS loops refresh it every round that is due; with the
+loops off, `refresh_forever` keeps it current for the metrics half, which measures its host applications.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
-import tempfile
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import msgspec
 
 from agent.slo import spec_problems
+from agent.state_file import save_json
 from bus import streams, subjects
 from bus.api import Delivery
 from bus.errors import BusError
@@ -100,12 +103,7 @@ class SloSource:
         if not self._cache:
             return
         try:
-            directory = os.path.dirname(self._cache)
-            os.makedirs(directory, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".nodeslo-")
-            with os.fdopen(fd, "w") as f:
-                json.dump({"revision": self.revision, "spec": self.spec}, f)
-            os.replace(tmp, self._cache)
+            save_json(self._cache, {"revision": self.revision, "spec": self.spec}, prefix=".nodeslo-")
         except OSError as e:
             log.warning("node %s: cannot save the NodeSLO to %s: %s", self._node, self._cache, e)
 
@@ -122,3 +120,16 @@ class SloSource:
             log.info("node %s: NodeSLO revision %d loaded from %s", self._node, self.revision, self._cache)
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.warning("node %s: ignoring the saved NodeSLO %s: %s", self._node, self._cache, e)
+
+
+async def refresh_forever(
+    source: SloSource,
+    *,
+    interval: float,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+) -> None:
+    """Read the key every `interval` seconds until cancelled (a failed read is counted by `refresh` and retried)."""
+    while True:
+        await source.refresh(clock())
+        await sleep(interval)

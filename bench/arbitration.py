@@ -5,8 +5,10 @@ It builds W workloads (ReplicaSets of 8–20 replicas, pods Ready, some not) spr
 random pods of them (plus a few already migrating), with Koordinator's default args, then times
 services.migration.arbiter.arbitrate — order, filters, the whole round — over a ClusterView (the indexed pods and
 workloads the service keeps between rounds; its build time is reported apart) on this process (pin it with
-`taskset` for a clean figure). Reports the round's p50/max over --rounds rounds, jobs/s and how
-the jobs came out. Target of the issue: one round < 100 ms on one core at 10,000 jobs, 1,000 workloads, 2,000 nodes.
+`taskset` for a clean figure). Reports the round's p50/p99/max over --rounds rounds, jobs/s and how the jobs came
+out, and the first round apart: it works out each pod's static filters (non-retryable, nodeFit) for the view, which
+later rounds reuse until the view is rebuilt. Target (issue 25): p99 of a round < 100 ms unpinned at 10,000 jobs,
+1,000 workloads, 2,000 nodes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import random
 import shlex
 import statistics
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=10_000, help="waiting jobs (10000)")
     p.add_argument("--workloads", type=int, default=1_000, help="ReplicaSets of 8–20 pods (1000)")
     p.add_argument("--nodes", type=int, default=2_000, help="nodes the pods are spread over (2000)")
-    p.add_argument("--rounds", type=int, default=10, help="rounds timed (10)")
+    p.add_argument("--rounds", type=int, default=100, help="rounds timed (100; p99 is the nearest rank)")
     p.add_argument("--seed", type=int, default=1)
     a = p.parse_args(argv)
     if min(a.jobs, a.workloads, a.nodes, a.rounds) < 1:
@@ -130,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         result = arbiter.arbitrate(jobs, view, args)
         timings.append(time.perf_counter() - started)
     p50 = statistics.median(timings)
-    misses = [] if p50 < ROUND_TARGET_S else [f"round p50 {p50 * 1000:.0f} ms >= {ROUND_TARGET_S * 1000:.0f} ms"]
+    p99 = sorted(timings)[math.ceil(0.99 * len(timings)) - 1]
+    misses = [] if p99 < ROUND_TARGET_S else [f"round p99 {p99 * 1000:.0f} ms >= {ROUND_TARGET_S * 1000:.0f} ms"]
     command = "python bench/arbitration.py " + shlex.join(
         ["--jobs", str(a.jobs), "--workloads", str(a.workloads), "--nodes", str(a.nodes)]
     )
@@ -144,7 +148,10 @@ def main(argv: list[str] | None = None) -> int:
                 "nodes": a.nodes,
                 "view_build_ms": round(view_s * 1000, 2),
                 "round_p50_ms": round(p50 * 1000, 2),
+                "round_p99_ms": round(p99 * 1000, 2),
+                "first_round_ms": round(timings[0] * 1000, 2),
                 "round_max_ms": round(max(timings) * 1000, 2),
+                "rounds": a.rounds,
                 "jobs_per_s": round(len(result.order) / p50),
                 "passed": len(result.names("passed")),
                 "failed": len(result.names("failed")),

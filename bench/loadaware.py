@@ -10,7 +10,7 @@ names to /filter, then the nodes that passed to /prioritize (one keep-alive conn
 together; then it reports the placement to /assume (untimed) so the next pod meets one changed node, as in a
 real burst. With --node-qos the ConfigMap's resource-threshold-config evicts BE pods (memory 70%, 50% on half
 the nodes through a node strategy) and every benchmark pod is BE, so the filter also applies the per-node eviction
-caps (services.slo.watermarks).
+caps (services.common.watermarks).
 
 Exactly one JSON line goes to stdout (with the issue's target: filter + prioritize p99 < 20 ms on one core);
 progress goes to stderr.
@@ -72,9 +72,9 @@ def build_state(nodes: int, pods_per_node: int, seed: int, now: float, node_qos:
         PodMetric,
         ResourceMap,
     )
+    from services.common.watermarks import read_watermarks
     from services.loadaware.args import DEFAULT_ARGS
     from services.loadaware.state import AssignedPod, LoadState
-    from services.slo.watermarks import read_watermarks
 
     rng = random.Random(seed)
     state = LoadState(DEFAULT_ARGS, read_watermarks(NODE_QOS) if node_qos else None)
@@ -136,7 +136,8 @@ def serve(port: int, nodes: int, pods_per_node: int, seed: int, cpu: int | None,
 
     from services.common.metrics import new_registry
     from services.loadaware.http import create_app
-    from services.loadaware.service import LoadAwareService, LoadAwareSettings
+    from services.loadaware.service import LoadAwareService
+    from services.loadaware.settings import LoadAwareSettings
 
     registry = new_registry()
     service = LoadAwareService(None, LoadAwareSettings(), registry=registry)  # type: ignore[arg-type]

@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     import msgspec
 
     from schemas import kube
+    from services.common.watermarks import read_watermarks
     from services.loadaware import core, fast
-    from services.slo.watermarks import read_watermarks
 
     now = time.time()
     state = build_state(a.nodes, 20, 1, now, a.node_qos)

@@ -44,7 +44,7 @@ from schemas import quota as q
 from schemas import quota_events as ev
 from schemas.cluster import CLUSTER_EVENT_DECODER, PodObserved
 from services.quota import admission
-from services.quota.aggregate import DEFAULT_TREE
+from services.quota.core import DEFAULT_TREE
 from services.quota.model import QuotaModel
 from services.quota.pods import QuotaIndex, QuotaLoad, pod_load
 from services.quota.runtime import QuotaTree

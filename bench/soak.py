@@ -54,10 +54,12 @@ from agent.simulate import simulated_node_names
 from bench import measure, processes
 from bench import soak_figures as figures
 from bench.nodemetric_ingest import free_port
+from services.common.tasks import cancel_and_wait
 
 log = logging.getLogger("bench.soak")
 
 READY_TIMEOUT_SECONDS = 300.0
+TREE_READABLE_TIMEOUT_SECONDS = 120.0
 REQUEST_TIMEOUT_SECONDS = 60.0
 RECONNECT_DELAY_SECONDS = 1.0
 NAMESPACE = "soak"
@@ -199,9 +201,20 @@ def _pod(name: str, leaf: str) -> dict[str, Any]:
 
 
 async def create_tree(api: Api) -> None:
+    """The soak's quota tree, created and then read back: reads come from the quota projections, which trail a write
+    by a flush (seconds while the start-up backfill keeps SQLite busy), so the traffic starts once every leaf reads
+    (a 404 before that is not an error of the steady state the soak measures)."""
     await api.call("POST", "/quotas", "/api/v1/quotas", _quota(PARENT, parent=None, cpu=100, is_parent=True))
     for leaf in LEAVES:
         await api.call("POST", "/quotas", "/api/v1/quotas", _quota(leaf, parent=PARENT, cpu=10))
+    deadline = time.monotonic() + TREE_READABLE_TIMEOUT_SECONDS
+    for leaf in LEAVES:
+        while await api.call("GET", "/quotas/{name}", f"/api/v1/quotas/{leaf}", missing_ok=True) is None:
+            if time.monotonic() > deadline:
+                raise SystemExit(
+                    f"soak: quota {leaf} still unreadable {TREE_READABLE_TIMEOUT_SECONDS:.0f} s after its create"
+                )
+            await asyncio.sleep(0.2)
 
 
 async def traffic(api: Api, nodes: list[str], interval: float, counts: Counter[str]) -> None:
@@ -521,9 +534,10 @@ async def drive(
     """The soak proper: the quota tree, then traffic and subscribers running and a sample every --sample-interval
     until --duration has passed since `started`; the subscribers' figures."""
     nodes = simulated_node_names(args.nodes)
-    await create_tree(api)
+    # The subscribers first, as up becomes ready: they see the start-up backfill's reports flow, where one node's live
+    # report comes once a minute (a short run that starts them late may see none)
     subscribers: list[Subscriber] = []
-    tasks = [asyncio.create_task(traffic(api, nodes, args.write_interval, counts))]
+    tasks: list[asyncio.Task[None]] = []
     for i in range(args.subscribers):
         subscribers.append(
             Subscriber("/api/v1/events/stream" + SSE_FILTERS[i % len(SSE_FILTERS)].format(node=nodes[0]))
@@ -533,6 +547,8 @@ async def drive(
         subscribers.append(Subscriber("/api/v1/events/ws" + WS_FILTER))
         tasks.append(asyncio.create_task(follow_ws(api, subscribers[-1])))
     try:
+        await create_tree(api)
+        tasks.append(asyncio.create_task(traffic(api, nodes, args.write_interval, counts)))
         await samples.measure_disk(data_dir, at=time.monotonic() - started)
         next_report = started + 60
         while (now := time.monotonic()) < started + args.duration:
@@ -549,9 +565,7 @@ async def drive(
         await sample(api, up.pid, samples, at=time.monotonic() - started, warmup=args.warmup)
         await samples.measure_disk(data_dir, at=time.monotonic() - started)
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(cancel_and_wait(task) for task in tasks))
     return subscribers
 
 

@@ -34,13 +34,15 @@ def node_user_name(node: str) -> str:
 
 
 def node_permissions(node: str) -> dict[str, Any]:
-    """An agent publishes its node's reports, events and eviction requests, reads its own NodeSLO key, and receives
-    the replies to its own requests (JetStream acks and the direct get's answer, on its inbox)."""
+    """An agent publishes its node's reports, events and eviction requests, reads its own NodeSLO key and its own
+    node's last batch/mid decision, and receives the replies to its own requests (JetStream acks and the direct
+    gets' answers, on its inbox)."""
     return {
         "publish": {
             "allow": [
                 subjects.node_prefix(node),
                 f"$JS.API.DIRECT.GET.{streams.KV_KOORD_SLO}.{subjects.slo_key(node)}",
+                f"$JS.API.DIRECT.GET.{streams.KOORD_NODERESOURCE}.{subjects.noderesource_computed(node)}",
             ]
         },
         "subscribe": {"allow": ["_INBOX.>"]},

@@ -62,6 +62,10 @@ FOLLOW_INACTIVE_SECONDS = 60.0
 """A follower's consumer outlives a reader that stops pulling for this long (a slow API client) — and if the
 server deletes it anyway, the follower makes a new one from where it was."""
 """An ephemeral reader left behind by a dropped connection is removed by the server after this long."""
+PING_INTERVAL_SECONDS = 20.0
+MAX_OUTSTANDING_PINGS = 3
+"""A connection whose PINGs go unanswered this many times in a row is taken as dead and reconnected: within about
+80 s, rather than nats-py's default 6 minutes, whatever stopped its replies (a server stalled, a read loop ended)."""
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _UNAVAILABLE = (
@@ -75,6 +79,23 @@ _UNAVAILABLE = (
     nats.js.errors.ServiceUnavailableError,
     TimeoutError,
 )
+
+
+class _Client(Client):
+    """nats-py's client with its PONG bookkeeping made safe.
+
+    A PONG answers the oldest PING still open. nats-py 2.16 sets that PING's future's result unconditionally, but a
+    flush that timed out (its own, or the one nats-py runs when it reconnects under load) has cancelled the future:
+    the InvalidStateError ended the connection's read loop without a word, and the client stayed "connected" while
+    it read nothing any more (tests/bus/test_liveness_bus.py reproduces it with a paused server)."""
+
+    async def _process_pong(self) -> None:
+        if self._pongs and self._pongs[0].done():
+            self._pongs.pop(0)
+            self._pongs_received += 1
+            self._pings_outstanding = 0
+            return
+        await super()._process_pong()
 
 
 def stream_config(spec: StreamSpec) -> js_api.StreamConfig:
@@ -187,10 +208,11 @@ class JetStreamBus:
         user: str | None = None,
         password: str | None = None,
         token: Callable[[], str] | None = None,
+        ping_interval: float = PING_INTERVAL_SECONDS,
     ) -> JetStreamBus:
         """Connect (as `user` when given, or with the token `token()` returns, asked again at every reconnect: a
         Kubernetes token file rotates) and keep reconnecting forever (with nats-py's backoff) if the server goes
-        away."""
+        away or stops answering PINGs (MAX_OUTSTANDING_PINGS × `ping_interval`)."""
 
         async def on_error(e: Exception) -> None:
             log.warning("nats %s: %s", name, e)
@@ -211,10 +233,13 @@ class JetStreamBus:
                 log.error("nats %s: the connection to %s was closed for good: %s", name, url, reason)
                 link.lost(reason)
 
+        nc = _Client()
         try:
-            nc = await nats.connect(
+            await nc.connect(
                 url,
                 name=name,
+                ping_interval=ping_interval,  # type: ignore[arg-type]  # an int in nats-py's hints; a sleep's delay
+                max_outstanding_pings=MAX_OUTSTANDING_PINGS,
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=1,
                 error_cb=on_error,

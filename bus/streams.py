@@ -15,12 +15,14 @@ from bus.api import StreamSpec
 
 KOORD_NODE = "KOORD_NODE"
 KOORD_NODEMETRIC = "KOORD_NODEMETRIC"
+KOORD_PREDICTION = "KOORD_PREDICTION"
 KOORD_DLQ = "KOORD_DLQ"
 KOORD_CLUSTER = "KOORD_CLUSTER"
 KOORD_NODERESOURCE = "KOORD_NODERESOURCE"
 KOORD_QUOTA = "KOORD_QUOTA"
 KOORD_QUOTA_STATUS = "KOORD_QUOTA_STATUS"
 KOORD_MIGRATION = "KOORD_MIGRATION"
+KOORD_DESCHEDULER = "KOORD_DESCHEDULER"
 KOORD_MEMBERS = "KOORD_MEMBERS"
 KV_KOORD_SLO = f"KV_{subjects.SLO_BUCKET}"
 
@@ -75,6 +77,21 @@ def nodemetric_stream(*, max_age_seconds: float = 24 * 3600, max_bytes: int = -1
     )
 
 
+def prediction_stream(*, max_age_seconds: float = 2 * 24 * 3600, replicas: int = 1) -> StreamSpec:
+    """The nodemetric service's prod-predictor models, the last snapshot per node (schemas.prediction), stored with
+    each node's partition appended so a replica reads back only the nodes it owns. Kept two days: past the
+    predictor's 24-hour cold start a node's snapshot is worth little, and a node gone that long takes it along."""
+    return StreamSpec(
+        name=KOORD_PREDICTION,
+        subjects=(subjects.PREDICTION_ALL,),
+        max_age_seconds=max_age_seconds,
+        max_msgs_per_subject=1,
+        duplicate_window_seconds=DUPLICATE_WINDOW_SECONDS,
+        replicas=replicas,
+        subject_transform=subjects.PREDICTION_TRANSFORM,
+    )
+
+
 def cluster_stream(*, replicas: int = 1) -> StreamSpec:
     """What services.k8s sees: one message (the latest state or a tombstone) per object subject, kept forever,
     so a starting service reads current cluster state with a last-per-subject replay."""
@@ -92,7 +109,9 @@ def noderesource_stream(
     *, max_age_seconds: float = 7 * 24 * 3600, max_bytes: int = -1, replicas: int = 1
 ) -> StreamSpec:
     """Every batch/mid decision with its explanation: the replayable history behind `/resources/history`; also
-    the colocation config status (a last-value subject, read with last_per_subject)."""
+    the colocation config status (a last-value subject, read with last_per_subject). Direct gets on: an agent reads
+    its own node's last decision (its batch allocatable, for the allocatable evictions), which a permission can
+    grant subject by subject."""
     return StreamSpec(
         name=KOORD_NODERESOURCE,
         subjects=(subjects.NODERESOURCE_ALL,),
@@ -100,6 +119,7 @@ def noderesource_stream(
         max_bytes=max_bytes,
         duplicate_window_seconds=DUPLICATE_WINDOW_SECONDS,
         replicas=replicas,
+        allow_direct=True,
     )
 
 
@@ -135,6 +155,22 @@ def migration_stream(*, max_age_seconds: float = 7 * 24 * 3600, replicas: int = 
         subjects=(subjects.MIGRATION_ALL,),
         max_age_seconds=max_age_seconds,
         duplicate_window_seconds=DUPLICATE_WINDOW_SECONDS,
+        replicas=replicas,
+    )
+
+
+DESCHEDULER_ROUNDS_KEPT = 100
+"""The descheduler's last rounds kept (its view lists at most schemas.descheduler.MAX_ROUND_NODES nodes each)."""
+
+
+def descheduler_stream(*, replicas: int = 1) -> StreamSpec:
+    """The descheduler's rounds as it decided them (schemas.descheduler): the last 100, kept a day, for the API."""
+    return StreamSpec(
+        name=KOORD_DESCHEDULER,
+        subjects=(subjects.DESCHEDULER_ROUNDS,),
+        max_age_seconds=24 * 3600,
+        max_msgs_per_subject=DESCHEDULER_ROUNDS_KEPT,
+        duplicate_window_seconds=60.0,
         replicas=replicas,
     )
 
@@ -179,11 +215,13 @@ def all_streams(*, replicas: int = 1, caps: SizeCaps = NO_CAPS) -> list[StreamSp
     return [
         node_stream(max_bytes=caps.node, replicas=replicas),
         nodemetric_stream(max_bytes=caps.nodemetric, replicas=replicas),
+        prediction_stream(replicas=replicas),
         cluster_stream(replicas=replicas),
         noderesource_stream(max_bytes=caps.noderesource, replicas=replicas),
         quota_stream(replicas=replicas),
         quota_status_stream(replicas=replicas),
         migration_stream(replicas=replicas),
+        descheduler_stream(replicas=replicas),
         slo_stream(replicas=replicas),
         dlq_stream(replicas=replicas),
         members_stream(replicas=replicas),

@@ -167,6 +167,23 @@ def nodemetric_computed(node: str) -> str:
     return f"{PREFIX}.nodemetric.{encode_token(node)}.computed"
 
 
+# --- the prod predictor's models per node (stream KOORD_PREDICTION, partitioned, the last snapshot per node)
+
+PREDICTION_ALL = f"{PREFIX}.prediction.>"
+PREDICTION_TRANSFORM = partition_transform("prediction")
+PREDICTION_MODELS_ALL = f"{PREFIX}.prediction.*.models.*"
+
+
+def nodemetric_rpc_prediction(partition: int | str) -> str:
+    """Where the nodemetric replica owning a partition answers for its nodes' predictors (`*`: every partition)."""
+    return f"{PREFIX}.rpc.nodemetric.prediction.{partition}"
+
+
+def prediction_models(node: str) -> str:
+    """Node `node`'s model snapshot (schemas.prediction.ModelsSnapshot), written by the replica that owns it."""
+    return f"{PREFIX}.prediction.{encode_token(node)}.models"
+
+
 # --- cluster state seen by services.k8s (stream KOORD_CLUSTER, one message per subject)
 
 CLUSTER_ALL = f"{PREFIX}.k8s.>"
@@ -227,6 +244,9 @@ QUOTA_RPC_WHAT_IF = f"{PREFIX}.rpc.quota.what-if"
 
 K8S_RPC_BIND = f"{PREFIX}.rpc.k8s.bind"
 """Bind a pod to a node (schemas.extender.PodBindRequest → PodBindReply): the load-aware extender's bind verb."""
+K8S_RPC_VERB = f"{PREFIX}.rpc.k8s.verb"
+"""A cluster verb (schemas.k8s_verbs.Verb → VerbAnswer): the migration executor's reads, evictions, Reservations and
+PodMigrationJob status writes, carried out by services.k8s.verbs."""
 
 # --- the load-aware extender's requests (no stream)
 
@@ -265,7 +285,14 @@ MIGRATION_ARBITER = f"{PREFIX}.migration.arbiter"
 """MigrationRound: the arbiter's single-writer subject (appended with the expected last sequence)."""
 MIGRATION_ABORTS = f"{PREFIX}.migration.aborts"
 MIGRATION_EXECUTION = f"{PREFIX}.migration.execution"
-"""MigrationPhaseChanged from the executor (services.k8s, which holds the cluster credentials)."""
+"""MigrationPhaseChanged from the executor (services.migration.executor; the bridge carries out its cluster verbs)."""
+MIGRATION_RPC_PLAN = f"{PREFIX}.rpc.migration.plan"
+"""A DeschedulerRound the migration service computes for its current state without acting on it (a dry run)."""
+
+# --- the descheduler's rounds (stream KOORD_DESCHEDULER)
+
+DESCHEDULER_ROUNDS = f"{PREFIX}.descheduler.rounds"
+"""DeschedulerRound after every LowNodeLoad round of the migration service (schemas.descheduler)."""
 
 
 # --- rendered NodeSLO specs: a JetStream key-value bucket (stream KV_KOORD_SLO), one key per node

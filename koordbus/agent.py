@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import gc
 import sys
+import time
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -70,8 +71,8 @@ def add_parser(sub: Any) -> None:
         "--evict",
         default=None,
         metavar="FEATURES",
-        help="eviction features on, comma-separated: BEMemoryEvict, MemoryEvict, BECPUEvict (default none, as in "
-        "Koordinator); each also needs resourceUsedThresholdWithBE.enable in the NodeSLO",
+        help="eviction features on, comma-separated: BEMemoryEvict, MemoryEvict, BECPUEvict, CPUEvict (default "
+        "none, as in Koordinator); each also needs resourceUsedThresholdWithBE.enable in the NodeSLO",
     )
     agent.add_argument(
         "--evict-locally",
@@ -95,12 +96,13 @@ async def run_agent(args: argparse.Namespace) -> int:
         sys.modules.setdefault("aiohttp", None)  # type: ignore[arg-type]
     from prometheus_client import CollectorRegistry
 
+    from agent.loops.runner import QosLoops
     from agent.metrics import AgentMetrics
     from agent.pods import KubeletPods
     from agent.port import AgentPort
-    from agent.qos_loops import QosLoops
     from agent.service import AgentService
     from agent.settings import AgentSettings, QosSettings
+    from agent.slo_watch import SloSource, refresh_forever
     from bus import streams, subjects
     from koordbus import runtime
 
@@ -140,12 +142,27 @@ async def run_agent(args: argparse.Namespace) -> int:
                 insecure=qos_settings.kubelet_insecure,
             )
             stack.push_async_callback(pods.close)
-        agent = AgentService(settings, bus, pods=pods, pods_poll_interval=qos_settings.pods_poll_interval)
+        slo: SloSource | None = None  # this node's NodeSLO: the QoS loops', or read for the host applications alone
+
+        def host_applications() -> object:
+            return None if slo is None or slo.spec is None else slo.spec.get("hostApplications")
+
+        agent = AgentService(
+            settings,
+            bus,
+            pods=pods,
+            pods_poll_interval=qos_settings.pods_poll_interval,
+            host_applications=host_applications,
+        )
         runtime.background(stack, agent.run(), name="agent")
         loops = None
         if qos_settings.qos_mode != "off":
             loops = QosLoops(settings, qos_settings, bus, pods=pods, usage=lambda: agent.latest_tick)
+            slo = loops.slo
             runtime.background(stack, loops.run(), name="qos")
+        else:
+            slo = SloSource(bus, settings.node_name, state_dir=qos_settings.state_dir, now=time.time())
+            runtime.background(stack, refresh_forever(slo, interval=qos_settings.slo_poll_interval), name="slo")
         registry = CollectorRegistry(auto_describe=True)
         registry.register(AgentMetrics(agent, loops))
 

@@ -10,12 +10,12 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from koordbus.common import add_common, common_settings, open_cluster_bus, require
+from koordbus.common import add_common, common_settings, open_cluster_bus, require, routes_of, watermark_defaults
 from services.common import settings as settings_loader
 
 if TYPE_CHECKING:
-    from services.api.auth import TokenStore
     from services.api.settings import ApiSettings
+    from services.common.auth import TokenStore
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def add_parser(sub: Any) -> None:
 def api_tokens(settings: ApiSettings, *, command: str, data_dir: Path | None = None) -> TokenStore:
     """The API's TokenStore: from the token file; else (`up`) the admin token in the data dir, generated on first
     start; else the command cannot start. With auth disabled every caller is admin, which is logged loudly."""
-    from services.api import auth
+    from services.common import auth
 
     if not settings.auth_enabled:
         log.warning("API AUTHENTICATION IS DISABLED: anyone who reaches the port can read and change everything")
@@ -90,7 +90,7 @@ async def event_hub(stack: AsyncExitStack, bus: Any, settings: Any) -> Any:
 
 async def _token_review(stack: AsyncExitStack, roles: dict[str, str], kubeconfig: str | None) -> Any:
     """Tokens Kubernetes vouches for, with `roles`: a TokenReview client on the cluster."""
-    from services.api import auth
+    from services.common import auth
     from services.k8s.client import KubeConfigError, api_client
     from services.k8s.settings import K8sSettings
     from services.k8s.token_review import KubeTokenReviewer
@@ -105,19 +105,24 @@ async def _token_review(stack: AsyncExitStack, roles: dict[str, str], kubeconfig
 
 async def run_api(args: argparse.Namespace) -> int:
     from koordbus import runtime
-    from services.api import auth
     from services.api.app import ApiContext, create_app
     from services.api.settings import ApiSettings
-    from services.common import observe
+    from services.common import auth, observe
     from services.common.metrics import new_registry
+    from services.common.watermark_feed import WatermarkReader
+    from services.loadaware import component as loadaware_component
     from services.loadaware.client import LoadAwareClient
+    from services.migration import component as migration_component
     from services.migration.client import MigrationClient
     from services.migration.store import MigrationStore
+    from services.nodemetric import component as nodemetric_component
     from services.nodemetric.store import NodeMetricStore
+    from services.noderesource import component as noderesource_component
     from services.noderesource.store import NodeResourceStore
+    from services.quota import component as quota_component
     from services.quota.client import QuotaClient
     from services.quota.store import QuotaStore
-    from services.slo.reader import SloReader
+    from services.slo import component as slo_component
 
     common = common_settings(args)
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
@@ -144,14 +149,16 @@ async def run_api(args: argparse.Namespace) -> int:
         app = create_app(
             ApiContext(
                 settings=settings,
-                nodemetric_store=NodeMetricStore(engine),
-                noderesource_store=NodeResourceStore(engine),
-                quota_store=QuotaStore(engine),
-                quota_client=QuotaClient(bus),
-                loadaware_client=LoadAwareClient(bus),
-                migration_store=MigrationStore(engine),
-                migration_client=MigrationClient(bus),
-                slo_reader=SloReader(bus),
+                components=(
+                    nodemetric_component.reads(NodeMetricStore(engine), routes_of(settings), bus=bus),
+                    noderesource_component.reads(NodeResourceStore(engine)),
+                    quota_component.routes_over(QuotaStore(engine), QuotaClient(bus)),
+                    migration_component.routes_over(MigrationStore(engine), MigrationClient(bus)),
+                    loadaware_component.queries(LoadAwareClient(bus)),
+                    slo_component.reads(bus),
+                ),
+                watermark_reader=WatermarkReader(bus),
+                watermark_defaults=watermark_defaults(),
                 event_hub=await event_hub(stack, bus, settings),
                 registry=registry,
                 tokens=tokens,

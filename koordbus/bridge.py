@@ -1,5 +1,6 @@
 """What `koordbus up` and `koordbus service k8s` run of services.k8s: with a cluster, the observer, writer,
-mirrors and executors; without one (`up`), recording sinks whose writes the API shows."""
+mirrors, the agents' eviction executor and the responders that carry out verbs other services ask for (bind, the
+migration executor's cluster verbs); without one (`up`), recording sinks whose writes the API shows."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from koordbus.parts import migration_settings
 from services.common import settings as settings_loader
 
 
@@ -37,12 +37,12 @@ async def bridge_cluster(
     from services.k8s.binder import BindResponder, KubeBinder
     from services.k8s.client import KubeConfigError, api_client
     from services.k8s.eviction_executor import EvictionExecutor, KubeEvictor
-    from services.k8s.migration_executor import MigrationExecutor
     from services.k8s.nodeslo_mirror import KubeNodeSloSink, NodeSloMirror
     from services.k8s.observer import ClusterObserver
     from services.k8s.quota_mirror import KubeQuotaSink, QuotaMirror
     from services.k8s.settings import K8sSettings
     from services.k8s.sinks import KubeSink, RecordingSink
+    from services.k8s.verbs import KubeVerbs, VerbResponder
     from services.k8s.writer import ClusterWriter
 
     settings = settings_loader.load(K8sSettings, {"kubeconfig": kubeconfig})
@@ -105,11 +105,9 @@ async def bridge_cluster(
         binder = BindResponder(bus, KubeBinder(api, request_timeout=settings.write_timeout_seconds), registry=registry)
         await binder.start()
         stack.push_async_callback(binder.stop)
-    executor = MigrationExecutor(
-        bus, api, migration_settings(os.environ.get("KOORDBUS_MIGRATION_ARGS_FILE")).args, registry=registry
-    )
-    await executor.start()
-    stack.push_async_callback(executor.stop)
+    verbs = VerbResponder(bus, KubeVerbs(api, request_timeout=settings.write_timeout_seconds), registry=registry)
+    await verbs.start()
+    stack.push_async_callback(verbs.stop)
     if settings.mirror_quotas:
         quota_sink = KubeQuotaSink(
             api, conflict_retries=settings.write_conflict_retries, request_timeout=settings.write_timeout_seconds

@@ -1,10 +1,9 @@
 """`koordbus calc <kind>`: the offline calculators of ../shared/design/CALC-CONTRACT.md.
 
-Registered by koordbus/cli.py through `add_parser`. Each kind is one `Calculator` entry in `CALCULATORS`:
-a msgspec input type (so a wrong type is reported with its JSON path) and a function from that decoded input
-to the JSON-ready output, running the same pure core the services run. Later kinds plug in by adding an entry.
-Malformed input exits 2 with one line on stderr; a calculation Koordinator itself rejects exits 0 with
-`{"error": ...}`; everything else prints one JSON document on stdout.
+Registered by koordbus/cli.py through `add_parser`. Each kind is one `Calculator` entry in `CALCULATORS`: a msgspec
+input type (so a wrong type is reported with its JSON path) and a function from that decoded input to the JSON-ready
+output, running the same pure core the services run; later kinds plug in by adding an entry (koordbus.calc_*). Bad
+input exits 2 with one line on stderr; a calculation Koordinator itself rejects exits 0 with `{"error": ...}`.
 """
 
 from __future__ import annotations
@@ -14,28 +13,31 @@ import datetime as dt
 import json
 import math
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import yaml
 
-from koordbus import calc_loadaware, calc_migration, calc_qos, calc_quota, calc_slo
+from koordbus import (
+    calc_evict,
+    calc_loadaware,
+    calc_migration,
+    calc_prediction,
+    calc_profile,
+    calc_qos,
+    calc_quota,
+    calc_slo,
+)
 from koordbus.calc_errors import InputError
-from schemas import koordinator, kube, nodemetric_json
+from koordbus.calc_input import decode_input
+from koordbus.calc_kind import Calculator
+from koordbus.calc_lownodeload import LOW_NODE_LOAD, LOW_NODE_LOAD_UTIL
+from schemas import koordinator, kube, nodemetric_json, percentile
 from services.nodemetric import aggregate, core
 from services.noderesource import config as colocation_config
 from services.noderesource import core as noderesource
-
-
-@dataclass(frozen=True)
-class Calculator:
-    input_type: type[Any]
-    compute: Callable[[Any], dict[str, Any]]
-    summary: str
-    example: str
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ def _aggregate(inp: AggregateInput) -> dict[str, Any]:
         return {"error": str(err)}
     n = len(inp.samples)
     ranks = {
-        name: aggregate.nearest_rank_index(n, p)
+        name: percentile.nearest_rank_index(n, p)
         for name, p in aggregate.PERCENTILES.items()
         if name in inp.aggregations
     }
@@ -282,6 +284,17 @@ CALCULATORS: Mapping[str, Calculator] = {
         '       "{\\"clusterStrategy\\": {\\"enable\\": true, \\"cpuSuppressThresholdPercent\\": 60}}"},\n'
         '     "previousConfigMap": null, "node": {"metadata": {"labels": {"pool": "batch"}}}}',
     ),
+    "histogram": Calculator(
+        calc_prediction.HistogramInput, calc_prediction.histogram_percentiles, *calc_prediction.HISTOGRAM_HELP
+    ),
+    "prod-reclaimable": Calculator(
+        calc_prediction.ProdReclaimableInput, calc_prediction.prod_reclaimable, *calc_prediction.PROD_RECLAIMABLE_HELP
+    ),
+    "colocation-profile": Calculator(
+        calc_profile.ColocationProfileInput, calc_profile.colocation_profile, *calc_profile.COLOCATION_PROFILE_HELP
+    ),
+    "low-node-load": LOW_NODE_LOAD,
+    "low-node-load-util": LOW_NODE_LOAD_UTIL,
     "quota-runtime": Calculator(
         calc_quota.QuotaRuntimeInput,
         calc_quota.runtimes,
@@ -289,58 +302,11 @@ CALCULATORS: Mapping[str, Calculator] = {
         '{"total": {"cpu": "100"}, "requests": {"a": {"cpu": "30"}},\n'
         '     "quotas": [{"metadata": {"name": "a"}, "spec": {"min": {"cpu": "20"}, "max": {"cpu": "100"}}}]}',
     ),
+    **{name: Calculator(*parts) for name, parts in calc_evict.KINDS.items()},
 }
 
 
 # --- decoding and the command
-
-
-def _path_message(err: msgspec.ValidationError) -> str:
-    """msgspec's "Expected X, got Y - at `$.a[0]`" as "$.a[0]: Expected X, got Y".
-
-    A struct's own check (schemas.kube's quantities) reports the field below the struct as a message starting
-    with ".field.key: …"; that is joined onto the path: "$.pods[0].spec.overhead.cpu: cannot parse …".
-    """
-    text = str(err).replace("`float`", "`number`")
-    message, sep, where = text.rpartition(" - at `")
-    if not sep:
-        return f"$: {text}"
-    where = where.rstrip("`")
-    if message.startswith("."):
-        relative, _, message = message.partition(": ")
-        return f"{where}{relative}: {message}"
-    return f"{where}: {message}"
-
-
-class _YamlLoader(yaml.SafeLoader):
-    """YAML without its implicit timestamps: an unquoted `2026-01-01T12:00:00Z` stays the text JSON would carry
-    (each kind reads its times itself, some to the nanosecond), instead of a datetime cut to the microsecond."""
-
-
-_YamlLoader.yaml_implicit_resolvers = {
-    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-
-
-def decode_input(text: str, input_type: type[Any]) -> Any:
-    """A JSON or YAML document as `input_type`; raises InputError naming the bad field."""
-    try:
-        return msgspec.json.decode(text, type=input_type)
-    except msgspec.ValidationError as err:
-        raise InputError(_path_message(err)) from None
-    except msgspec.DecodeError:
-        pass  # not JSON: try YAML, which also covers JSON with comments or trailing text
-    try:
-        document = yaml.load(text, Loader=_YamlLoader)  # a SafeLoader, less the timestamps
-    except yaml.YAMLError as err:
-        reason = " ".join(str(err).split())
-        raise InputError(f"$: input is neither JSON nor YAML ({reason})") from None
-    try:
-        # Lax: PyYAML reads YAML 1.1, where `8e9` (no dot) is a string rather than a number.
-        return msgspec.convert(document, input_type, strict=False)
-    except msgspec.ValidationError as err:
-        raise InputError(_path_message(err)) from None
 
 
 def calculate(kind: str, text: str) -> Outcome:

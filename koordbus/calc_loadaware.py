@@ -15,8 +15,9 @@ import msgspec
 
 from koordbus.calc_errors import InputError
 from schemas import kube
+from services.common.args import ArgsError, ArgsFormatError
 from services.loadaware import estimator, snapshot
-from services.loadaware.args import ArgsError, ArgsFormatError, convert_args, with_defaults
+from services.loadaware.args import convert_args, with_defaults
 
 NodeStateInput = snapshot.NodeStateInput
 

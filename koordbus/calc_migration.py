@@ -14,8 +14,9 @@ import msgspec
 
 from koordbus.calc_errors import InputError
 from schemas import kube, migration
+from services.common.args import ArgsError
 from services.migration import arbiter
-from services.migration.args import ArgsError, IntOrPercent, MigrationArgs, check_args, get_max_unavailable
+from services.migration.args import IntOrPercent, MigrationArgs, check_args, get_max_unavailable
 
 
 class ArbitrateInput(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,10 +1,10 @@
 """`koordbus calc nodeslo` (../shared/design/CALC-CONTRACT.md, spec §7.1): one node's NodeSLO spec from the
 `slo-controller-config` ConfigMap's data, as koord-manager renders it.
 
-Registered in koordbus.calc.CALCULATORS; runs services.slo.render, the renderer the slo service runs. The previous
-ConfigMap plays the manager's cache: it is parsed against the defaults, and a key of `configMap` that fails to
-decode keeps its value from there. Besides `spec`, the output explains itself: which entry of each key the node
-took, and every problem of a key in error (the JSON path inside that key's JSON and why).
+Registered in koordbus.calc.CALCULATORS; parses with services.common.sloconfig and renders with services.slo.render, as
+the slo service does. The previous ConfigMap plays the manager's cache: it is parsed against the defaults, and a key of
+`configMap` that fails to decode keeps its value from there. Besides `spec`, the output explains itself: which entry of
+each key the node took, and every problem of a key in error (the JSON path inside that key's JSON and why).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from koordbus.calc_errors import InputError
+from services.common import sloconfig
 from services.slo import render
 
 
@@ -45,23 +46,25 @@ def nodeslo(inp: NodeSloInput) -> dict[str, Any]:
     metadata = inp.node.metadata or NodeMeta()
     labels = _strings(metadata.labels, "$.node.metadata.labels") or {}
     annotations = _strings(metadata.annotations, "$.node.metadata.annotations") or {}
-    previous = render.parse_slo_config(previous_data) if previous_data is not None else None
-    config = render.parse_slo_config(data, previous=previous)
+    previous = sloconfig.parse_slo_config(previous_data) if previous_data is not None else None
+    config = sloconfig.parse_slo_config(data, previous=previous)
     spec = render.render_node_slo(config, labels, annotations)
     return {"spec": spec, "explain": explain(config, labels, previous=previous)}
 
 
-def explain(config: render.SloConfig, labels: dict[str, str], *, previous: render.SloConfig | None) -> dict[str, Any]:
+def explain(
+    config: sloconfig.SloConfig, labels: dict[str, str], *, previous: sloconfig.SloConfig | None
+) -> dict[str, Any]:
     """Per ConfigMap key: the entry the node took and, for a key in error, its problems (the value in use is then
     the previous one)."""
     keys: dict[str, Any] = {}
-    for key in render.STRATEGY_KEYS:
+    for key in sloconfig.STRATEGY_KEYS:
         parsed = config.strategies[key.config_key]
-        index = render.first_match([node.node_selector for node in parsed.nodes], labels)
+        index = sloconfig.first_match([node.node_selector for node in parsed.nodes], labels)
         keys[key.config_key] = _entry("nodeStrategies", index, parsed.nodes[index].name if index is not None else "")
     hosts = config.host_applications.nodes
-    index = render.first_match([node.node_selector for node in hosts], labels)
-    keys[render.HOST_APPLICATION_KEY] = _entry("nodeConfigs", index, hosts[index].name if index is not None else "")
+    index = sloconfig.first_match([node.node_selector for node in hosts], labels)
+    keys[sloconfig.HOST_APPLICATION_KEY] = _entry("nodeConfigs", index, hosts[index].name if index is not None else "")
     for config_key, problems in config.problems.items():
         keys[config_key]["problems"] = [{"path": p.path, "reason": p.reason} for p in problems]
         keys[config_key]["inUse"] = "previous" if previous is not None else "default"

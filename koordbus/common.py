@@ -93,12 +93,34 @@ def require(value: str, what: str) -> str:
     return value
 
 
+def routes_of(settings: Any) -> Any:
+    """The services' route settings (services.common.component.RouteSettings) from the API's settings."""
+    from services.common.component import RouteSettings
+
+    return RouteSettings(page_limit_max=settings.page_limit_max, stale_after_seconds=settings.stale_after_seconds)
+
+
+def watermark_defaults() -> dict[str, Any]:
+    """How the API's watermarks view shows each decider that stated nothing yet (from each one's component)."""
+    from services.loadaware import component as loadaware_component
+    from services.migration import component as migration_component
+
+    return {"loadaware": loadaware_component.watermark_defaults, "descheduler": migration_component.watermark_defaults}
+
+
+def service_route_settings() -> Any:
+    """The route settings of a service process's port (its API settings from KOORDBUS_* variables)."""
+    from services.api.settings import ApiSettings
+
+    return routes_of(settings_loader.load(ApiSettings))
+
+
 async def serve_service_port(stack: AsyncExitStack, port: int, registry: Any, **context: Any) -> None:
     """A service process's HTTP port (0 = none): /healthz, /readyz, /metrics and the read routes of what it holds."""
     from koordbus import runtime
-    from services.api import auth
     from services.api.app import ApiContext, create_app
     from services.api.settings import ApiSettings
+    from services.common import auth
 
     if port:
         settings = settings_loader.load(ApiSettings, {"port": port})

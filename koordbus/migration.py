@@ -2,8 +2,10 @@
 
 Registered by koordbus/cli.py. `list` (a table, filtered by phase, node, namespace or workload), `get NAME` (the
 job with its decision trail), `request NAMESPACE/POD [--mode] [--ttl]` or `request -f FILE` (a PodMigrationJob),
-`abort NAME`. Connection options and exit codes as `koordbus quota` (koordbus.apiclient): 0 done, 1 the API
-refused something, 2 bad usage or the API unreachable.
+`abort NAME`, `plan [--last] [--all]` (the descheduler's LowNodeLoad round for the current state without acting, or
+its last round: each node's class and why, each pool's outcome, the pods to move). Connection options and exit codes
+as `koordbus quota` (koordbus.apiclient): 0 done, 1 the API refused something (or the round did not run), 2 bad
+usage or the API unreachable.
 """
 
 from __future__ import annotations
@@ -83,10 +85,67 @@ def cmd_abort(api: apiclient.Api, args: argparse.Namespace) -> int:
     return 0
 
 
+SHORT_CLASS = {
+    "highNodes": "high",
+    "prodHighNodes": "prodHigh",
+    "lowNodes": "low",
+    "bothLowNodes": "bothLow",
+    "prodLowNodes": "prodLow",
+    "normal": "normal",
+    "unusable": "unusable",
+}
+
+
+def render_round(view: dict[str, Any], *, all_nodes: bool = False) -> str:
+    """A DeschedulerRound (its JSON) as text: what kind of round, each pool's counts and outcome, the nodes (not the
+    normal ones unless `all_nodes`) with why, and the pods to move with Koordinator's reasons."""
+    kind = "plan (nothing acted on)" if view["planned"] else "dry run" if view["dryRun"] else "round"
+    out = [f"LowNodeLoad {kind} at {_when(view['at'])} UTC\n"]
+    if view["problems"]:
+        out.append("not run: " + "; ".join(view["problems"]) + "\n")
+        return "".join(out)
+    if view["paused"]:
+        out.append("paused: the args say paused, no node is looked at\n")
+    for pool in view["pools"]:
+        counts = pool["counts"]
+        shown = ", ".join(f"{short} {counts.get(name, 0)}" for name, short in SHORT_CLASS.items())
+        out.append(
+            f"pool {pool['name']}: {pool['nodes']} nodes ({shown}; abnormal {counts.get('abnormal', 0)}, "
+            f"abnormal prod {counts.get('abnormalProd', 0)}): {pool['outcome']}\n"
+        )
+    rows = [
+        [n["node"], n["pool"], SHORT_CLASS[n["nodeClass"]], "yes" if n.get("abnormal") else "-", n["why"]]
+        for n in view["nodes"]
+        if all_nodes or n["nodeClass"] != "normal"
+    ]
+    if rows:
+        out.append(apiclient.table(["NODE", "POOL", "CLASS", "ABNORMAL", "WHY"], rows))
+    if view.get("nodesOmitted"):
+        out.append(f"({view['nodesOmitted']} more nodes not listed: the view lists the acted-on classes first)\n")
+    evictions = [
+        [e["pod"], e["node"], e["pool"], "yes" if e["prod"] else "-", e.get("job") or "-", e["reason"]]
+        for e in view["evictions"]
+    ]
+    if evictions:
+        out.append(apiclient.table(["POD", "NODE", "POOL", "PROD", "JOB", "REASON"], evictions))
+    else:
+        out.append("no pod to move\n")
+    return "".join(out)
+
+
+def cmd_plan(api: apiclient.Api, args: argparse.Namespace) -> int:
+    view = api.json("GET", "/api/v1/descheduler/rounds/latest" if args.last else "/api/v1/descheduler/plan")
+    if args.output != "table":
+        sys.stdout.write(apiclient.dump(view, args.output))
+    else:
+        sys.stdout.write(render_round(view, all_nodes=args.all))
+    return 1 if view["problems"] else 0
+
+
 def add_parser(sub: Any) -> None:
     parser = sub.add_parser(
         "migration",
-        help="pod-migration jobs through the API (list, get, request, abort)",
+        help="pod-migration jobs through the API (list, get, request, abort) and the descheduler's plan",
         description="PodMigrationJobs through the koordbus REST API: their arbitration and decision trails. "
         "Requests and aborts need a token with role admin.",
         epilog="Exit codes: 0 done; 1 the API refused something; 2 usage or connection error.",
@@ -114,4 +173,17 @@ def add_parser(sub: Any) -> None:
     abort = verbs.add_parser("abort", help="abort a job that has not finished")
     abort.add_argument("name")
     abort.set_defaults(verb_run=cmd_abort)
+    planning = verbs.add_parser(
+        "plan",
+        help="what the load-aware descheduler would move now, and why (a dry run)",
+        description="The migration service runs a LowNodeLoad round over the state it holds now, with copies of its "
+        "anomaly detectors, and acts on nothing: each node's class (high, prodHigh, low, bothLow, prodLow, normal, "
+        "unusable), whether it is abnormal and why (usage against thresholds in percent of allocatable), each pool's "
+        "outcome, and the pods it would ask to move with Koordinator's reasons. Exit 1 when the round cannot run "
+        "(no lowNodeLoadArgs, or args refused).",
+    )
+    planning.add_argument("--last", action="store_true", help="the descheduler's last round instead of a new plan")
+    planning.add_argument("--all", action="store_true", help="list the normal nodes too")
+    apiclient.add_output_option(planning)
+    planning.set_defaults(verb_run=cmd_plan)
     parser.set_defaults(run=lambda args: apiclient.run_verb(args, command="migration"))

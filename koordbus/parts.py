@@ -11,38 +11,39 @@ from typing import Any
 from services.common import settings as settings_loader
 
 
-async def start_quota(stack: AsyncExitStack, bus: Any, engine: Any, registry: Any) -> tuple[Any, Any]:
-    """The quota service (settings from KOORDBUS_* variables) with its projections; returns (service, store)."""
-    from services.quota.service import QuotaService
-    from services.quota.settings import QuotaSettings
-    from services.quota.store import QuotaStore
-
-    store = QuotaStore(engine)
-    service = QuotaService(bus, settings_loader.load(QuotaSettings), registry=registry, store=store)
-    await service.start()
-    stack.push_async_callback(service.stop)
-    return service, store
-
-
 def migration_settings(args_file: str | None) -> Any:
-    """MigrationSettings from the args file (if any) and KOORDBUS_INSTANCE; exits with a clear line when unusable."""
+    """MigrationSettings from the args file (`args_file`, else KOORDBUS_MIGRATION_ARGS_FILE; if any: its
+    MigrationControllerArgs and its lowNodeLoad or lowNodeLoadArgs section) and the KOORDBUS_MIGRATION_* /
+    KOORDBUS_* variables (services.common.settings.load); exits with a clear line when unusable."""
     import msgspec
 
-    from services.migration.args import ArgsError, MigrationArgs, load_args, low_node_load_section
+    from services.common.args import ArgsError, load_document
+    from services.migration.args import MigrationArgs, load_args, low_node_load_section
     from services.migration.lownodeload import LowNodeLoadArgs
-    from services.migration.service import MigrationSettings
+    from services.migration.lownodeload_round import read_section
+    from services.migration.settings import MigrationSettings
 
-    migration_args, descheduling = MigrationArgs(), LowNodeLoadArgs()
+    migration_args, descheduling, koordinator_descheduling = MigrationArgs(), LowNodeLoadArgs(), None
+    args_file = args_file or os.environ.get("KOORDBUS_MIGRATION_ARGS_FILE")  # migration's own: no shared fallback
     if args_file:
         try:
             text = Path(args_file).read_text(encoding="utf-8")
             migration_args = load_args(text, source=args_file)
+            koordinator_descheduling = read_section(load_document(text, source=args_file), source=args_file)
             descheduling = msgspec.convert(low_node_load_section(text, source=args_file), LowNodeLoadArgs)
         except (OSError, UnicodeDecodeError, ArgsError, msgspec.ValidationError) as e:
             raise SystemExit(f"koordbus: migration args: {e}") from None
-    return MigrationSettings(
-        args=migration_args, low_node_load=descheduling, instance=os.environ.get("KOORDBUS_INSTANCE", "")
-    )
+    try:
+        return settings_loader.load(
+            MigrationSettings,
+            {
+                "args": migration_args,
+                "low_node_load": descheduling,
+                "low_node_load_args": koordinator_descheduling,
+            },
+        )
+    except settings_loader.SettingsError as e:
+        raise SystemExit(f"koordbus: migration settings: {e}") from None
 
 
 async def start_migration(stack: AsyncExitStack, bus: Any, registry: Any, settings: Any, *, engine: Any = None) -> Any:
@@ -57,9 +58,20 @@ async def start_migration(stack: AsyncExitStack, bus: Any, registry: Any, settin
     return service
 
 
+async def start_migration_executor(stack: AsyncExitStack, bus: Any, registry: Any, settings: Any) -> Any:
+    """The executor of passed jobs, beside the arbiter and with its settings; the bridge carries out its verbs."""
+    from services.migration.executor import MigrationExecutor
+
+    executor = MigrationExecutor(bus, settings.args, registry=registry, instance=settings.instance)
+    await executor.start()
+    stack.push_async_callback(executor.stop)
+    return executor
+
+
 def loadaware_args(path: str) -> Any:
     """LoadAwareSchedulingArgs from `path` (Koordinator's defaults when empty); exits with one line when unusable."""
-    from services.loadaware.args import DEFAULT_ARGS, ArgsError, load_args
+    from services.common.args import ArgsError
+    from services.loadaware.args import DEFAULT_ARGS, load_args
 
     if not path:
         return DEFAULT_ARGS

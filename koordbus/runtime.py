@@ -321,15 +321,19 @@ def stop_event_on_signals(stack: AsyncExitStack) -> Stop:
 
 
 def background(stack: AsyncExitStack, coro: Awaitable[None], *, name: str) -> asyncio.Task[None]:
-    """Run `coro` as a task that is cancelled (and awaited) when the stack closes; a crash is logged loudly."""
+    """Run `coro` as a task that is cancelled (and awaited) when the stack closes. A crash is never silent: it is
+    logged with its traceback and stops the command (its `Stop` fails, so it exits non-zero for its supervisor to
+    restart) rather than leaving a process that answers /healthz without the part that crashed."""
 
     async def guarded() -> None:
         try:
             await coro
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as e:
             log.exception("%s stopped with an error", name)
+            if (stop := _STOP.get(None)) is not None:
+                stop.fail(f"{name} stopped with an error: {type(e).__name__}: {e}")
 
     task = asyncio.create_task(guarded(), name=name)
 

@@ -25,11 +25,11 @@ import httpx
 import msgspec
 import yaml
 
-from koordbus import apiclient, calc
+from koordbus import apiclient, calc_input
 from koordbus.calc_errors import InputError
 from schemas import kube, names
+from services.common.args import ArgsError
 from services.loadaware import core, snapshot
-from services.loadaware.args import ArgsError
 
 DEFAULT_URL = "http://127.0.0.1:9090"
 
@@ -186,7 +186,7 @@ def _explain_offline(args: argparse.Namespace) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as err:
         raise SystemExit(f"koordbus: {args.file}: {getattr(err, 'strerror', None) or err}") from None
     try:
-        document = calc.decode_input(text, snapshot.NodeStateInput)
+        document = calc_input.decode_input(text, snapshot.NodeStateInput)
         load, node, now = snapshot.read(document)
         pod = document.pod
         if args.pod is not None:

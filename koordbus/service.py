@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -24,8 +23,10 @@ from koordbus.common import (
     open_cluster_bus,
     require,
     serve_service_port,
+    service_route_settings,
+    watermark_defaults,
 )
-from koordbus.parts import loadaware_args, migration_settings, start_migration, start_quota
+from koordbus.parts import loadaware_args, migration_settings, start_migration, start_migration_executor
 from services.common import settings as settings_loader
 
 # The heavy parts (nats, sqlalchemy, fastapi, numpy) are imported by the subcommand that runs, so `koordbus calc`
@@ -43,8 +44,9 @@ def add_parser(sub: Any) -> None:
         "replicas with distinct KOORDBUS_INSTANCE names split the nodes between them). quota: the elastic quota trees "
         "from their event log and the cluster's pods (commands, checks and what-ifs over NATS request/reply; "
         "statuses and history projected into --database-url; replicas need distinct KOORDBUS_INSTANCE names). "
-        "migration: arbitrates PodMigrationJobs every 500 ms (MigrationControllerArgs from --args-file; jobs and "
-        "decision trails projected into --database-url when given). slo: Nodes + slo-controller-config → each node's "
+        "migration: arbitrates PodMigrationJobs every 500 ms and carries out the passed ones, asking the k8s "
+        "service for each cluster verb (MigrationControllerArgs from --args-file; jobs and decision trails projected "
+        "into --database-url when given). slo: Nodes + slo-controller-config → each node's "
         "NodeSLO spec in the KOORD_SLO key-value bucket (no database). k8s: "
         "lists and watches Nodes, Pods and the colocation ConfigMap and publishes them (needs --kubeconfig or an "
         "in-cluster service account). natsauth: the NATS auth callout, letting agents in with their ServiceAccount "
@@ -75,9 +77,10 @@ def add_parser(sub: Any) -> None:
     )
     service.add_argument(
         "--args-file",
-        default=os.environ.get("KOORDBUS_MIGRATION_ARGS_FILE"),
-        help="migration: MigrationControllerArgs; loadaware: LoadAwareSchedulingArgs; as JSON or YAML, Koordinator's "
-        "field names (default: its defaults)",
+        default=None,
+        help="migration: MigrationControllerArgs (or KOORDBUS_MIGRATION_ARGS_FILE); loadaware: LoadAwareSchedulingArgs "
+        "(or KOORDBUS_LOADAWARE_ARGS_FILE / KOORDBUS_ARGS_FILE); as JSON or YAML, Koordinator's field names (default: "
+        "its defaults)",
     )
     service.add_argument(
         "--dry-run",
@@ -118,15 +121,18 @@ async def run_service(args: argparse.Namespace) -> int:
 
 
 async def _build_nodemetric(process: ServiceProcess) -> dict[str, Any]:
-    from services.nodemetric.service import NodeMetricService
+    from services.nodemetric import component
     from services.nodemetric.settings import NodeMetricSettings
-    from services.nodemetric.store import NodeMetricStore
 
-    store = NodeMetricStore(process.engine)
-    service = NodeMetricService(process.bus, store, settings_loader.load(NodeMetricSettings), registry=process.registry)
-    await service.start()
-    process.stack.push_async_callback(service.stop)
-    return {"nodemetric_store": store, "before_metrics": (service.refresh_gauges,)}
+    built = await component.build(
+        process.stack,
+        bus=process.bus,
+        engine=process.engine,
+        registry=process.registry,
+        settings=settings_loader.load(NodeMetricSettings),
+        route_settings=service_route_settings(),
+    )
+    return {"components": (built,)}
 
 
 def _noderesource_settings(args: argparse.Namespace) -> Any:
@@ -136,33 +142,43 @@ def _noderesource_settings(args: argparse.Namespace) -> Any:
 
 
 async def _build_noderesource(process: ServiceProcess) -> dict[str, Any]:
+    from services.nodemetric import component as nodemetric_component
     from services.nodemetric.store import NodeMetricStore
-    from services.noderesource.service import NodeResourceService
-    from services.noderesource.store import NodeResourceStore
+    from services.noderesource import component
 
-    settings = process.prepared
-    store = NodeResourceStore(process.engine, history_limit=settings.history_limit)
-    service = NodeResourceService(process.bus, settings, registry=process.registry, store=store)
-    await service.start()
-    process.stack.push_async_callback(service.stop)
-    return {"nodemetric_store": NodeMetricStore(process.engine), "noderesource_store": store}
+    built = await component.build(
+        process.stack, bus=process.bus, engine=process.engine, registry=process.registry, settings=process.prepared
+    )
+    nodemetric_reads = nodemetric_component.reads(
+        NodeMetricStore(process.engine), service_route_settings(), bus=process.bus
+    )
+    return {"components": (nodemetric_reads, built)}
 
 
 async def _build_slo(process: ServiceProcess) -> dict[str, Any]:
-    from services.slo.reader import SloReader
+    from services.common.watermark_feed import WatermarkReader
+    from services.slo import component
     from services.slo.service import SloService
 
     service = SloService(process.bus, registry=process.registry)
     await service.start()
     process.stack.push_async_callback(service.stop)
-    return {"slo_reader": SloReader(process.bus)}
+    return {
+        "components": (component.reads(process.bus),),
+        "watermark_reader": WatermarkReader(process.bus),
+        "watermark_defaults": watermark_defaults(),
+    }
 
 
 async def _build_quota(process: ServiceProcess) -> dict[str, Any]:
-    from services.quota.client import QuotaClient
+    from services.quota import component
+    from services.quota.settings import QuotaSettings
 
-    _, store = await start_quota(process.stack, process.bus, process.engine, process.registry)
-    return {"quota_store": store, "quota_client": QuotaClient(process.bus)}
+    settings = settings_loader.load(QuotaSettings)
+    built = await component.build(
+        process.stack, bus=process.bus, engine=process.engine, registry=process.registry, settings=settings
+    )
+    return {"components": (built,)}
 
 
 def _migration_settings(args: argparse.Namespace) -> Any:
@@ -173,11 +189,14 @@ async def _build_migration(process: ServiceProcess) -> dict[str, Any]:
     service = await start_migration(
         process.stack, process.bus, process.registry, process.prepared, engine=process.engine
     )
+    # passed jobs are carried out here; the cluster verbs go to the bridge (`service k8s`), which holds the credentials
+    await start_migration_executor(process.stack, process.bus, process.registry, process.prepared)
     if service.store is None:
         return {}
+    from services.migration import component
     from services.migration.client import MigrationClient
 
-    return {"migration_store": service.store, "migration_client": MigrationClient(process.bus)}
+    return {"components": (component.routes_over(service.store, MigrationClient(process.bus)),)}
 
 
 async def _build_k8s(process: ServiceProcess) -> dict[str, Any]:
@@ -190,11 +209,13 @@ async def _build_k8s(process: ServiceProcess) -> dict[str, Any]:
         record_only_without_config=False,
         dry_run=args.dry_run,
     )
-    return {"recorded_writes": bridge.recorded_writes, "readiness": bridge.readiness}
+    from services.k8s import component
+
+    return {"components": (component.recorded_writes(bridge.recorded_writes),), "readiness": bridge.readiness}
 
 
 def _loadaware_settings(args: argparse.Namespace) -> Any:
-    from services.loadaware.service import LoadAwareSettings
+    from services.loadaware.settings import LoadAwareSettings
 
     try:
         settings = settings_loader.load(LoadAwareSettings)

@@ -8,25 +8,28 @@ With `close_loop` the simulation follows the noderesource service's decisions (N
 gives each simulated node its current batch allocatable: its batch pods are then placed only within it and evicted
 when it shrinks (agent.simulate.place_batch_pods; each eviction is published as the agent publishes its own, a
 PodEvictionRequested for the bridge and an ActuationApplied of the eviction loop, which the events API and the
-dashboard's node page show like a real one), so batch used / allocatable stays at or under 100 % except for a while
-after a shrink (the NodeMetric's average still holds what the evicted pods used). Until a node's first decision it
-has no batch resources, like a node koord-manager has not written yet, and runs no batch pods.
+dashboard's node page show like a real one), so batch used / allocatable stays at or under 100 % except right after
+a shrink: the NodeMetric reported before it still names the pods evicted for it (the next report no longer does, as
+koordlet reports only the pods on the node). Until a node's first decision it has no batch resources, like a node
+koord-manager has not written yet, and runs no batch pods.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import itertools
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 import msgspec
 
 from agent.batch import PodListThinner
-from agent.loops import eviction
+from agent.loops import evict as evict_loop
 from agent.loops.base import actuation_message
 from agent.settings import AgentSettings
 from agent.simulate import SimulatedNode, simulated_node_names
@@ -37,9 +40,12 @@ from schemas import kube, vocab
 from schemas.cluster import ConfigMapObserved, NodeObserved
 from schemas.node import NodeStateReported, encode_node_event
 from schemas.noderesource import NODERESOURCE_COMPUTED_DECODER, NodeResourceComputed
+from schemas.scheduling import SchedulingNode
 from services.noderesource import config as colocation
 
 log = logging.getLogger(__name__)
+RETRY_BACKOFF_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
+"""Between attempts at a start-up publish (the last one repeats)."""
 POD_LIST_RESEND_BATCHES = AgentSettings.pod_list_resend_batches
 
 
@@ -72,8 +78,8 @@ async def publish_window(
         batches.append(
             (subjects.node_metrics(node.name), encode_node_event(batch), msg_id(node.name, "metrics", window_start))
         )
-        evictions.extend(eviction.eviction_message(request) for request in node.last_evictions)
-        evictions.extend(actuation_message(event) for event in eviction.requested_actuations(node.last_evictions))
+        evictions.extend(evict_loop.eviction_message(request) for request in node.last_evictions)
+        evictions.extend(actuation_message(event) for event in evict_loop.requested_actuations(node.last_evictions))
     acks = await bus.publish_many([*batches, *evictions])
     return sum(1 for a in acks[: len(batches)] if not a.duplicate)
 
@@ -115,7 +121,7 @@ async def publish_cluster(bus: Bus, nodes: list[SimulatedNode], *, at: float) ->
             name=node.name,
             observed_at=at,
             resource_version="1",
-            node=kube.Node(
+            node=SchedulingNode(
                 metadata=kube.ObjectMeta(name=node.name), status=kube.NodeStatus(capacity=amounts, allocatable=amounts)
             ),
         )
@@ -212,10 +218,13 @@ async def _publish_forever(
     window = start
     thinners: dict[str, PodListThinner] = {}
     if cluster:
-        await publish_cluster(bus, nodes, at=now)
-    await publish_states(bus, nodes, at=start)
+        await _until_published("the cluster's nodes", functools.partial(publish_cluster, bus, nodes, at=now))
+    await _until_published("the node states", functools.partial(publish_states, bus, nodes, at=start))
     while window < current:
-        await publish_window(bus, nodes, window, window + interval, thinners=thinners)
+        await _until_published(
+            f"the backfill window at {window:.0f}",
+            functools.partial(publish_window, bus, nodes, window, window + interval, thinners=thinners),
+        )
         window += interval
     if backfill_seconds:
         log.info("simulation: backfilled %d s of history for %d nodes", int(current - start), len(nodes))
@@ -227,3 +236,16 @@ async def _publish_forever(
         except Exception as e:  # the bus may be away; the simulation skips the window like a lossy agent would
             log.warning("simulation: could not publish window %s: %s", window, e)
         window = next_end
+
+
+async def _until_published(what: str, publish: Callable[[], Awaitable[object]]) -> None:
+    """Publish, retrying with backoff while the bus fails (a publish timed out under load, the server away): the
+    start-up state and history are published once, and a single failure used to end the simulation for good."""
+    for attempt in itertools.count():
+        try:
+            await publish()
+            return
+        except BusError as e:
+            delay = RETRY_BACKOFF_SECONDS[min(attempt, len(RETRY_BACKOFF_SECONDS) - 1)]
+            log.warning("simulation: publishing %s failed (%s); retrying in %.1f s", what, e, delay)
+            await asyncio.sleep(delay)

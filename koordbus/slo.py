@@ -2,12 +2,12 @@
 `slo-controller-config` ConfigMap would make of each node's NodeSLO, before it is applied. A CI gate for ConfigMap
 changes: exit 1 when a key is in error (each problem is named by the key and the JSON path inside it), 0 otherwise.
 
-With `--node` or `--nodes-from-cluster` the nodes' labels and annotations, their NodeSLOs and the ConfigMap in
-effect are read from the cluster (`--kubeconfig`, else KOORDBUS_KUBECONFIG, else the in-cluster service account);
-nodes that end the same way are shown together, with the changes against the NodeSLO they have now. Without them,
-nothing is read from a cluster: each key's strategies are shown per node-selector group, as merged. The rendering is
-the slo service's own (services.slo.render); the file is read with the API's safe YAML rules (no aliases, no tags
-beyond JSON's, bounded size and depth).
+With `--node` or `--nodes-from-cluster` the nodes' labels and annotations, their NodeSLOs and the ConfigMap in effect
+are read from the cluster (`--kubeconfig`, else KOORDBUS_KUBECONFIG, else the in-cluster service account); nodes that
+end the same way are shown together, with the changes against the NodeSLO they have now. Without them, nothing is read
+from a cluster: each key's strategies are shown per node-selector group, as merged. The rendering is the slo service's
+own (services.common.sloconfig, services.slo.render); the file is read with the API's safe YAML rules (no aliases, no
+tags beyond JSON's, bounded size and depth).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import msgspec
 
 from koordbus import apiclient
 from services.common import bodies
+from services.common.sloconfig import CONFIGMAP_NAME, CONFIGMAP_NAMESPACE
 from services.slo import preview as slo_preview
-from services.slo.core import CONFIGMAP_NAME, CONFIGMAP_NAMESPACE
 
 MAX_FILE_BYTES: Final = 4 * 1024 * 1024
 """Largest file read: four times what Kubernetes stores in one ConfigMap (1 MiB)."""

@@ -17,8 +17,8 @@ from typing import Any
 from bus import streams
 from koordbus.api import API_TOKEN_FILE, api_tokens, event_hub
 from koordbus.bridge import bridge_cluster
-from koordbus.common import add_common, common_settings, local_node_name
-from koordbus.parts import migration_settings, start_migration, start_quota
+from koordbus.common import add_common, common_settings, local_node_name, routes_of, watermark_defaults
+from koordbus.parts import migration_settings, start_migration, start_migration_executor
 from koordbus.settings import EmbeddedStreamSettings
 from services.common import settings as settings_loader
 
@@ -98,16 +98,19 @@ async def run_up(args: argparse.Namespace) -> int:
     from services.api.settings import ApiSettings
     from services.common import observe
     from services.common.metrics import new_registry
+    from services.common.watermark_feed import WatermarkReader
+    from services.k8s import component as k8s_component
+    from services.loadaware import component as loadaware_component
     from services.loadaware.client import LoadAwareClient
+    from services.migration import component as migration_component
     from services.migration.client import MigrationClient
-    from services.nodemetric.service import NodeMetricService
+    from services.nodemetric import component as nodemetric_component
     from services.nodemetric.settings import NodeMetricSettings
-    from services.nodemetric.store import NodeMetricStore
-    from services.noderesource.service import NodeResourceService
+    from services.noderesource import component as noderesource_component
     from services.noderesource.settings import NodeResourceSettings
-    from services.noderesource.store import NodeResourceStore
-    from services.quota.client import QuotaClient
-    from services.slo.reader import SloReader
+    from services.quota import component as quota_component
+    from services.quota.settings import QuotaSettings
+    from services.slo import component as slo_component
     from services.slo.service import SloService
 
     common = common_settings(args)
@@ -135,38 +138,41 @@ async def run_up(args: argparse.Namespace) -> int:
         database_url = common.database_url or f"sqlite:///{data_dir / 'koordbus.db'}"
         bus = await runtime.open_bus(stack, nats_url, name="koordbus-up", creds=creds, caps=stream_caps)
         engine = await runtime.open_database(stack, database_url, migrate=True)
-        store = NodeMetricStore(engine)
-        nodemetric = NodeMetricService(bus, store, nm_settings, registry=registry)
-        await nodemetric.start()
-        stack.push_async_callback(nodemetric.stop)
-        nr_settings = settings_loader.load(NodeResourceSettings)
-        nr_store = NodeResourceStore(engine, history_limit=nr_settings.history_limit)
-        noderesource = NodeResourceService(bus, nr_settings, registry=registry, store=nr_store)
-        await noderesource.start()
-        stack.push_async_callback(noderesource.stop)
+        route_settings = routes_of(api_settings)
+        nodemetric = await nodemetric_component.build(
+            stack, bus=bus, engine=engine, registry=registry, settings=nm_settings, route_settings=route_settings
+        )
+        noderesource = await noderesource_component.build(
+            stack, bus=bus, engine=engine, registry=registry, settings=settings_loader.load(NodeResourceSettings)
+        )
         slo = SloService(bus, registry=registry)
         await slo.start()
         stack.push_async_callback(slo.stop)
-        _, quota_store = await start_quota(stack, bus, engine, registry)
-        migration_service = await start_migration(
-            stack, bus, registry, migration_settings(os.environ.get("KOORDBUS_MIGRATION_ARGS_FILE")), engine=engine
+        quota = await quota_component.build(
+            stack, bus=bus, engine=engine, registry=registry, settings=settings_loader.load(QuotaSettings)
         )
+        migration = migration_settings(None)
+        migration_service = await start_migration(stack, bus, registry, migration, engine=engine)
         cluster = await bridge_cluster(
             stack, bus, registry, kubeconfig=args.kubeconfig, record_only_without_config=True, dry_run=args.dry_run
         )
+        if cluster.recorded_writes is None:  # the bridge writes to a cluster: passed jobs are carried out
+            await start_migration_executor(stack, bus, registry, migration)
         app = create_app(
             ApiContext(
                 settings=api_settings,
-                nodemetric_store=store,
-                noderesource_store=nr_store,
-                quota_store=quota_store,
-                quota_client=QuotaClient(bus),
-                loadaware_client=LoadAwareClient(bus),
-                migration_store=migration_service.store,
-                migration_client=MigrationClient(bus),
-                slo_reader=SloReader(bus),
+                components=(
+                    nodemetric,
+                    noderesource,
+                    quota,
+                    migration_component.routes_over(migration_service.store, MigrationClient(bus)),
+                    k8s_component.recorded_writes(cluster.recorded_writes),
+                    loadaware_component.queries(LoadAwareClient(bus)),
+                    slo_component.reads(bus),
+                ),
+                watermark_reader=WatermarkReader(bus),
+                watermark_defaults=watermark_defaults(),
                 event_hub=await event_hub(stack, bus, api_settings),
-                recorded_writes=cluster.recorded_writes,
                 registry=registry,
                 tokens=tokens,
                 readiness=(
@@ -175,7 +181,6 @@ async def run_up(args: argparse.Namespace) -> int:
                     *cluster.readiness,
                 ),
                 liveness=(("bus", runtime.bus_liveness(bus)),),
-                before_metrics=(nodemetric.refresh_gauges,),
             )
         )
         await runtime.serve_http(stack, app, host=api_settings.host, port=api_settings.port)

@@ -16,8 +16,9 @@ from typing import Annotated
 
 import msgspec
 
-from schemas import kube, topology
+from schemas import topology
 from schemas.node import NodeName, UnixSeconds
+from schemas.scheduling import SchedulingNode, SchedulingPod
 
 ObjectName = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
 
@@ -29,7 +30,8 @@ class NodeObserved(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.node_obse
     observed_at: UnixSeconds
     resource_version: str = ""
     deleted: bool = False
-    node: kube.Node | None = None
+    node: SchedulingNode | None = None
+    """With the scheduling fields (spec.unschedulable, spec.taints) the descheduler's nodeFit reads."""
 
 
 class PodObserved(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.pod_observed.v1"):
@@ -43,7 +45,8 @@ class PodObserved(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.pod_observ
     node_name: str = ""
     resource_version: str = ""
     deleted: bool = False
-    pod: kube.Pod | None = None
+    pod: SchedulingPod | None = None
+    """With the scheduling fields (nodeSelector, required node affinity, tolerations) nodeFit reads."""
 
 
 class ConfigMapObserved(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.configmap_observed.v1"):

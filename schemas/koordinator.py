@@ -215,8 +215,25 @@ def nodemetric_status_to_json(status: node.NodeMetricStatus, *, quantities: bool
     """NodeMetric `.status` in Koordinator's shape; amounts as quantity strings (API) or integers (calc).
 
     priority and qos are written even when empty, so a reader never has to tell "absent" from "None class".
+    hostApplicationMetric is left out when there is none (Go's omitempty).
     """
     info = status.node_metric
+    host_applications = {
+        "hostApplicationMetric": [
+            {
+                "name": app.name,
+                "usage": resource_map_to_json(app.usage, quantities=quantities),
+                "priority": app.priority,
+                "qos": app.qos,
+            }
+            for app in status.host_applications
+        ]
+    }
+    predicted = {
+        key: {"resource": resource_map_to_json(rm, quantities=quantities)}
+        for key, rm in (("prodReclaimableMetric", status.prod_reclaimable), ("prodPeakMetric", status.prod_peak))
+        if rm is not None
+    }
     return {
         "updateTime": format_rfc3339(status.update_time),
         "nodeMetric": {
@@ -224,6 +241,20 @@ def nodemetric_status_to_json(status: node.NodeMetricStatus, *, quantities: bool
             "aggregatedNodeUsages": _aggregated_to_json(info.aggregated_node_usages, quantities=quantities),
             "systemUsage": resource_map_to_json(info.system_usage, quantities=quantities),
             "aggregatedSystemUsages": _aggregated_to_json(info.aggregated_system_usages, quantities=quantities),
+            **(
+                {
+                    "numaUsages": [
+                        {
+                            "numaNodeID": numa.numa_node_id,
+                            "nodeUsage": resource_map_to_json(numa.node_usage, quantities=quantities),
+                            "systemUsage": resource_map_to_json(numa.system_usage, quantities=quantities),
+                        }
+                        for numa in info.numa_usages
+                    ]
+                }
+                if info.numa_usages
+                else {}
+            ),
         },
         "podsMetric": [
             {
@@ -235,6 +266,8 @@ def nodemetric_status_to_json(status: node.NodeMetricStatus, *, quantities: bool
             }
             for pod in status.pods_metric
         ],
+        **(host_applications if status.host_applications else {}),
+        **predicted,
     }
 
 

@@ -86,6 +86,13 @@ class ObjectMeta(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 # --- Node
 
 
+def unix_seconds(moment: dt.datetime) -> float:
+    """A Kubernetes time as seconds since the epoch; one without an offset is taken as UTC."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return moment.timestamp()
+
+
 class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     """None means the map is absent, which Koordinator sometimes treats differently from an empty one."""
 
@@ -326,6 +333,19 @@ def resource_status_numa_nodes(annotations: Mapping[str, str]) -> tuple[int, ...
     if status is None or not status.numa_node_resources:
         return ()
     return tuple(entry.node for entry in status.numa_node_resources)
+
+
+def resource_status_cpuset(annotations: Mapping[str, str]) -> str:
+    """The cpuset the scheduler allocated the pod (its `resource-status` annotation's `cpuset`, the kernel's list
+    format, unchecked); "" when absent or not JSON Go would decode into the status."""
+    text = annotations.get(ANNOTATION_RESOURCE_STATUS)
+    if text is None:
+        return ""
+    try:
+        status = msgspec.convert(json.loads(text), _ResourceStatus | None)
+    except (ValueError, quantity.QuantityError):
+        return ""
+    return "" if status is None else status.cpuset
 
 
 class PodSummary(msgspec.Struct, frozen=True, kw_only=True, gc=False):

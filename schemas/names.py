@@ -2,7 +2,7 @@
 KV key, a path, a database key or a label. Pure.
 
 Every entry point checks its names here before they go further: the API's path and query parameters
-(services.api) and the quota commands (services.quota.aggregate, whatever their intake: REST, CLI, the cluster),
+(services.api) and the quota commands (services.quota.core, whatever their intake: REST, CLI, the cluster),
 the Kubernetes bridge's observed objects (services.k8s.observer), the agent's inputs (its node name, the kubelet's
 pod list, cgroup directory names: agent.core) and the CLI. A refused name raises `InvalidName`, which names the
 field and says why in plain words (the API answers it with a 4xx); the value is shown shortened, so a
@@ -12,8 +12,10 @@ The rules (Kubernetes' apimachinery validation): object names (nodes, quotas, pr
 DNS-1123 subdomains of at most 253 characters; namespaces are DNS-1123 labels of at most 63; label values (the
 quota parent and tree-id labels) are at most 63 characters of alphanumerics, `-`, `_`, `.`, beginning and ending
 with an alphanumeric (empty allowed where the label may be absent); a pod UID is an RFC 4122 UUID or the 32 hex
-digits of a static pod's config hash; a container ID 8 to 64 lowercase hex digits. Every match is a `fullmatch`:
-a trailing newline is not a name.
+digits of a static pod's config hash; a container ID 8 to 64 lowercase hex digits. A NodeSLO host application's
+name (Koordinator takes any string; it names a cgroup directory when the entry has no cgroupPath) is ours: at most
+128 letters, digits, `-`, `_` and `.`, beginning and ending with a letter or digit, so it is one plain path
+component. Every match is a `fullmatch`: a trailing newline is not a name.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Final
 
 MAX_OBJECT_NAME: Final = 253
 MAX_LABEL: Final = 63
+MAX_HOST_APPLICATION_NAME: Final = 128
 MAX_SHOWN: Final = 40
 """Characters of a refused value quoted back in the message."""
 
@@ -32,11 +35,16 @@ _DNS1123_SUBDOMAIN: Final = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
 _LABEL_VALUE: Final = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 _POD_UID: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
 _CONTAINER_ID: Final = re.compile(r"[0-9a-f]{8,64}")
+_HOST_APPLICATION_NAME: Final = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?"
 
 
 SUBDOMAIN_PATTERN: Final = rf"^{_LABEL}(?:\.{_LABEL})*\Z"
 r"""A DNS-1123 subdomain for a msgspec.Meta pattern (msgspec searches: `\Z`, as `$` would let a trailing newline
 through); with max_length=MAX_OBJECT_NAME it is `object_name` in a schema."""
+
+
+HOST_APPLICATION_NAME_PATTERN: Final = rf"^{_HOST_APPLICATION_NAME}\Z"
+"""A host application's name for a msgspec.Meta pattern (with max_length=MAX_HOST_APPLICATION_NAME)."""
 
 
 class InvalidName(ValueError):
@@ -138,3 +146,20 @@ def container_id(value: str, field: str = "container id") -> str:
     if not is_container_id(value):
         raise InvalidName(field, value, "must be a container ID (8 to 64 lowercase hex digits)")
     return value
+
+
+_HOST_APPLICATION_NAME_RE: Final = re.compile(_HOST_APPLICATION_NAME)
+
+
+def host_application_name(value: str, field: str = "host application name") -> str:
+    """A NodeSLO host application's name: letters, digits, '-', '_' and '.', beginning and ending with a letter or
+    digit, <= 128 (one plain cgroup path component: never '.', '..' or anything with a '/')."""
+    if isinstance(value, str) and not value:
+        raise InvalidName(field, value, "must not be empty")
+    return _check(
+        value,
+        field,
+        _HOST_APPLICATION_NAME_RE,
+        MAX_HOST_APPLICATION_NAME,
+        "letters, digits, '-', '_' and '.', beginning and ending with a letter or digit",
+    )

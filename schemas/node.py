@@ -22,11 +22,12 @@ import hashlib
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import msgspec
 
 from schemas import names
+from schemas.psi import PodPsiColumns, PsiMetric, PsiSamples
 
 if TYPE_CHECKING:
     import numpy as np
@@ -47,9 +48,15 @@ UnixSeconds = Annotated[float, msgspec.Meta(ge=0, le=4_102_444_800, description=
 Cores = Annotated[float, msgspec.Meta(ge=0, le=100_000, description="CPU usage in cores")]
 Bytes = Annotated[int, msgspec.Meta(ge=0, le=2**53, description="bytes")]
 Seconds = Annotated[int, msgspec.Meta(ge=1, le=7 * 24 * 3600)]
+MilliCores = Annotated[int, msgspec.Meta(ge=0, le=100_000_000, description="CPU in millicores")]
 
 Sample = tuple[UnixSeconds, Cores, Bytes]
 """One collection: (time, CPU cores, memory bytes)."""
+NumaId = Annotated[int, msgspec.Meta(ge=0, le=1023, description="NUMA node id")]
+NumaSample = tuple[UnixSeconds, NumaId, Cores, Bytes, Cores, Bytes]
+"""One NUMA node at one collection: (time, NUMA node id, CPU cores, memory bytes, system CPU cores, system memory
+bytes); see agent.numa for how each is estimated."""
+MAX_NUMA_SAMPLES = 1024 * 3600
 MemorySample = tuple[UnixSeconds, Bytes]
 
 
@@ -70,6 +77,14 @@ class PodRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     labels: dict[str, str] = {}
     priority_class_name: str = ""
     """spec.priorityClassName (informational: Koordinator's classes come from the labels and spec.priority)."""
+    cpu_request: MilliCores = 0
+    """The pod's effective CPU request (schemas.kube.pod_request) in millicores; with `memory_request`, what the
+    prod predictor counts as the pod's request (spec §1.7)."""
+    memory_request: Bytes = 0
+    created_at: UnixSeconds | None = None
+    """metadata.creationTimestamp: a prod pod younger than the predictor's cold start counts its whole request."""
+    terminating: bool = False
+    """deletionTimestamp set, or phase Succeeded/Failed: the predictors leave the pod out."""
 
 
 PodIndex = Annotated[int, msgspec.Meta(ge=0, description="position of a pod in the batch's `pods`")]
@@ -288,6 +303,99 @@ def _require_in_range(table: str, index: Sequence[int] | npt.NDArray[Any], size:
         raise ValueError(f"{table}: index {highest} is out of range, the batch lists {size} {listed}")
 
 
+TRAINING_PERCENTILE = 0.9
+"""A training round's sample of a series is the nearest-rank p90 of its values over the round (spec §1.7)."""
+MAX_TRAINING_ROUND_SECONDS = 3600
+
+
+class TrainingRound(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One training round of the prod predictor's models (spec §1.7), as the agent measured it over [start, end):
+    the nearest-rank p90 of the node's CPU and memory samples (absent without node samples) and, per pod of the
+    batch's pod list that had samples, of its CPU and (without page cache) memory samples. `pods` indexes the
+    batch's pod list; `pod_cpu` and `pod_memory` are parallel to it."""
+
+    start: UnixSeconds
+    end: UnixSeconds
+    node_cpu: Cores | None = None
+    node_memory: Bytes | None = None
+    pods: list[PodIndex] = []
+    pod_cpu: list[Cores] = []
+    pod_memory: list[Bytes] = []
+
+    def check(self, listed_pods: int | None) -> None:
+        """ValueError, saying what is wrong, when the round is inconsistent; `listed_pods` is the size of the
+        batch's pod list, None when the batch names it by digest (the reader checks the indexes then)."""
+        if not self.start < self.end <= self.start + MAX_TRAINING_ROUND_SECONDS:
+            raise ValueError(
+                f"training: `end` {self.end} must be after `start` {self.start} by at most "
+                f"{MAX_TRAINING_ROUND_SECONDS} s"
+            )
+        if (self.node_cpu is None) != (self.node_memory is None):
+            raise ValueError("training: `node_cpu` and `node_memory` come together or not at all")
+        if not len(self.pods) == len(self.pod_cpu) == len(self.pod_memory):
+            raise ValueError(
+                f"training: `pods`, `pod_cpu` and `pod_memory` must be parallel, they have {len(self.pods)}, "
+                f"{len(self.pod_cpu)} and {len(self.pod_memory)} entries"
+            )
+        if len(set(self.pods)) != len(self.pods):
+            raise ValueError("training: a pod appears twice in `pods`")
+        if listed_pods is not None:
+            _require_in_range("training.pods", self.pods, listed_pods, "pods")
+
+
+MAX_HOST_APPLICATIONS = 64
+"""Host applications one batch may carry (Koordinator sets no bound; a node runs a handful)."""
+MAX_HOST_APPLICATION_SAMPLES = 86_400
+"""Samples of one host application in one batch: a day of 1 s samples, far beyond any publish interval."""
+
+PriorityClassName = Literal["", "koord-prod", "koord-mid", "koord-batch", "koord-free"]
+"""Koordinator's priority classes (schemas.vocab; "" is None)."""
+QoSClassName = Literal["", "LSE", "LSR", "LS", "BE", "SYSTEM"]
+"""Koordinator's QoS classes (schemas.vocab; "" is None)."""
+HostApplicationName = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=names.MAX_HOST_APPLICATION_NAME,
+        pattern=names.HOST_APPLICATION_NAME_PATTERN,
+        description="a NodeSLO host application's name (schemas.names.host_application_name)",
+    ),
+]
+
+
+class HostApplicationSamples(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One host application of the node's NodeSLO (`spec.hostApplications`, spec §7.1) over one batch: its samples
+    taken on its cgroup as a pod's are (spec §1.4: CPU cores, memory without page cache), the page cache variant
+    (memory.usage_in_bytes, v2 memory.current) one per sample or none, and the priority and QoS classes the NodeSLO
+    gives it."""
+
+    name: HostApplicationName
+    samples: Annotated[list[Sample], msgspec.Meta(min_length=1, max_length=MAX_HOST_APPLICATION_SAMPLES)]
+    memory_with_page_cache: Annotated[list[Bytes], msgspec.Meta(max_length=MAX_HOST_APPLICATION_SAMPLES)] = []
+    priority: PriorityClassName = ""
+    qos: QoSClassName = ""
+
+    def check(self) -> None:
+        """ValueError, saying what is wrong, when the page-cache column does not match the samples."""
+        if self.memory_with_page_cache and len(self.memory_with_page_cache) != len(self.samples):
+            raise ValueError(
+                f"host application {self.name!r}: `memory_with_page_cache` is optional but then needs "
+                f"{len(self.samples)} values, one per sample, it has {len(self.memory_with_page_cache)}"
+            )
+
+
+def _check_host_applications(apps: Sequence[HostApplicationSamples]) -> None:
+    seen: dict[str, int] = {}
+    for i, app in enumerate(apps):
+        where = f" - at `$.host_applications[{i}]`"
+        if (first := seen.setdefault(app.name, i)) != i:
+            raise ValueError(f"host_applications: {app.name!r} appears twice (entries {first} and {i}){where}")
+        try:
+            app.check()
+        except ValueError as e:
+            raise ValueError(f"{e}{where}") from None
+
+
 class NodeMetricsReported(
     msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="node.metrics_reported.v1"
 ):
@@ -297,6 +405,8 @@ class NodeMetricsReported(
     are present only where the agent could collect them. `system` is node − pods − host apps.
     Pod and container samples are columnar (see PodSampleColumns) and point into `pods` and
     `containers` by index; an inconsistent batch fails decoding like an out-of-range sample.
+    `host_applications` holds the NodeSLO's host applications that had samples in the window, by name (a
+    handful at most, so plain lists rather than binary columns).
     """
 
     node: NodeName
@@ -317,6 +427,17 @@ class NodeMetricsReported(
     Otherwise `pods` may be empty, meaning "the list I last sent with this digest" (agents resend it on every
     change and periodically, see agent.batch.PodListThinner); a reader that does not hold that list cannot
     attribute the pod rows and drops them, and only them."""
+    numa_samples: Annotated[list[NumaSample], msgspec.Meta(max_length=MAX_NUMA_SAMPLES)] = []
+    """Each NUMA node's usage at each collection (empty on machines without NUMA nodes in sysfs)."""
+    training: TrainingRound | None = None
+    """Present on the batch that ends a training round of the prod predictor's models (the agent's rounds end
+    on wall-clock minutes, with the batch window ending there)."""
+    host_applications: Annotated[list[HostApplicationSamples], msgspec.Meta(max_length=MAX_HOST_APPLICATIONS)] = []
+    node_psi: PsiSamples = []
+    """The node's PSI stall ratios at each collection (schemas.psi); empty where the kernel has no PSI."""
+    pod_psi: PodPsiColumns = PodPsiColumns()
+    """The pods' PSI stall ratios, rows by index into `pods` like `pod_samples`; empty where cgroups have no
+    pressure files."""
 
     def check(self) -> None:
         """ValueError, saying what is wrong, when the sample columns are inconsistent, out of range, or point
@@ -336,6 +457,21 @@ class NodeMetricsReported(
             _require_in_range("containers", container_pods, len(self.pods), "pods")
         container_rows = np.frombuffer(self.container_samples.container, INDEX_DTYPE)
         _require_in_range("container_samples", container_rows, len(self.containers), "containers")
+        if self.training is not None:
+            try:
+                self.training.check(len(self.pods) if self.pods or not self.pods_digest else None)
+            except ValueError as e:
+                raise ValueError(f"{e} - at `$.training`") from None
+        if self.host_applications:
+            _check_host_applications(self.host_applications)
+        if self.pod_psi != _NO_POD_PSI:
+            try:
+                self.pod_psi.check(len(self.pods) if self.pods or not self.pods_digest else None)
+            except ValueError as e:
+                raise ValueError(f"{e} - at `$.pod_psi`") from None
+
+
+_NO_POD_PSI = PodPsiColumns()
 
 
 def pod_list_digest(pods: Sequence[PodRef]) -> int:
@@ -382,19 +518,47 @@ class PodMetric(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     qos: str = ""
 
 
-class NodeMetricInfo(msgspec.Struct, frozen=True, kw_only=True):
+class HostApplicationMetric(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One `hostApplicationMetric` entry: a host application's average usage and the classes its NodeSLO entry
+    gives it (spec §1.6 item 6)."""
+
+    name: str
+    usage: ResourceMap
+    priority: str = ""
+    qos: str = ""
+
+
+class NumaUsage(msgspec.Struct, frozen=True, kw_only=True):
+    """One NUMA node's average usage and system usage over the aggregate window (Koordinator's NUMAUsage)."""
+
+    numa_node_id: NumaId
+    node_usage: ResourceMap
+    system_usage: ResourceMap
+
+
+class NodeMetricInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     node_usage: ResourceMap
     aggregated_node_usages: list[AggregatedUsage]
     system_usage: ResourceMap
     aggregated_system_usages: list[AggregatedUsage]
+    numa_usages: list[NumaUsage] = []
+    """Per NUMA node with samples in the window, by id; empty where the agent reports no NUMA nodes."""
 
 
-class NodeMetricStatus(msgspec.Struct, frozen=True, kw_only=True):
-    """NodeMetric `.status` with integer amounts (cpu millicores, memory bytes)."""
+class NodeMetricStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """NodeMetric `.status` with integer amounts (cpu millicores, memory bytes).
+
+    `prod_reclaimable` and `prod_peak` are the prod predictor's answers (spec §1.7), None until its first round;
+    as in Koordinator, a failed prediction leaves `prod_reclaimable` present with no data and `prod_peak` out.
+    `host_applications` is Koordinator's hostApplicationMetric, sorted by name (empty: no host application had
+    samples in the aggregate window)."""
 
     update_time: UnixSeconds
     node_metric: NodeMetricInfo
     pods_metric: list[PodMetric]
+    prod_reclaimable: ResourceMap | None = None
+    prod_peak: ResourceMap | None = None
+    host_applications: list[HostApplicationMetric] = []
 
 
 class MetricCollectPolicy(msgspec.Struct, frozen=True, kw_only=True):
@@ -416,6 +580,9 @@ class NodeMetricComputed(msgspec.Struct, frozen=True, kw_only=True, tag="nodemet
     samples_in_window: int = 0
     source_sent_at: UnixSeconds = 0.0
     """When the agent sent the batch that completed this report (for publish → projection latency)."""
+    psi: PsiMetric | None = None
+    """koordbus's own: the node's and its pods' average PSI stall ratios over the aggregate window (None: the node
+    sent no PSI there). Koordinator's NodeMetric has no such field; it is never written to the NodeMetric object."""
 
 
 class NodeMetricComputedRecord(msgspec.Struct, frozen=True, kw_only=True, tag="nodemetric.computed.v1"):
@@ -425,6 +592,10 @@ class NodeMetricComputedRecord(msgspec.Struct, frozen=True, kw_only=True, tag="n
     more than computing them; the row stores the status text as published. The envelope and spec are checked as
     usual and the status must be well-formed JSON; its shape is the publisher's (the nodemetric service, the
     subject's only writer) and is checked again wherever a row is read (NodeMetricStatus).
+
+    It carries NodeMetricComputed's tag on purpose: it is another view of the same messages, and the tag is what it
+    checks them by. It is never published or stored as itself (its encoding is NodeMetricComputed's), and no decoder
+    takes both types (msgspec refuses a union of two structs with one tag when the decoder is built).
     """
 
     node: NodeName

@@ -132,20 +132,13 @@ def _cpu_and_memory(raw: Mapping[str, quantity.RawQuantity] | None) -> resources
     return resources.mask(kube.resource_amounts(raw), _CPU_AND_MEMORY)
 
 
-def _unix_seconds(moment: dt.datetime) -> float:
-    """A time without an offset is taken as UTC, as schemas.koordinator.parse_rfc3339 does."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.UTC)
-    return moment.timestamp()
-
-
 def usage_snapshot(obj: NodeMetricObject) -> NodeUsageSnapshot:
     """The integer view of a decoded NodeMetric."""
     status = obj.status
     info = status.node_metric or NodeMetricInfoJSON()
     reclaimable = status.prod_reclaimable_metric
     return NodeUsageSnapshot(
-        update_time=None if status.update_time is None else _unix_seconds(status.update_time),
+        update_time=None if status.update_time is None else kube.unix_seconds(status.update_time),
         node_usage=None if info.node_usage.resources is None else _cpu_and_memory(info.node_usage.resources),
         system_usage=_cpu_and_memory(info.system_usage.resources),
         pods=tuple(
@@ -190,11 +183,12 @@ def _map_or_none(resource_map: ResourceMap) -> resources.ResourceList | None:
 def snapshot_from_computed(event: NodeMetricComputed) -> NodeUsageSnapshot:
     """The integer view of a NodeMetricComputed event (amounts there are already cpu millicores and bytes).
 
-    updateTime is the report time. Our event carries no host application metrics and no prod reclaimable metric
-    yet, so those are empty and None (the mid calculation then counts reclaimable as 0, and says so).
+    updateTime is the report time. Its prod reclaimable metric is None before the predictor's first round or after a
+    failed one (the mid calculation then counts reclaimable as 0, and says so).
     """
     status = event.status
     return NodeUsageSnapshot(
+        prod_reclaimable=None if status.prod_reclaimable is None else _map_or_none(status.prod_reclaimable),
         update_time=event.report_time,
         node_usage=_map_or_none(status.node_metric.node_usage),
         system_usage=_map_or_none(status.node_metric.system_usage) or {},
@@ -207,5 +201,9 @@ def snapshot_from_computed(event: NodeMetricComputed) -> NodeUsageSnapshot:
                 qos=pod.qos,
             )
             for pod in status.pods_metric
+        ),
+        host_applications=tuple(
+            HostApplicationUsage(name=app.name, usage=_map_or_none(app.usage) or {}, priority=app.priority, qos=app.qos)
+            for app in status.host_applications
         ),
     )

@@ -4,7 +4,7 @@ agent changed.
 `NodeSloRendered` is the value of a node's key in the KOORD_SLO key-value bucket (written by services.slo, read by that
 node's agent and by the bridge, which writes the NodeSLO object). `SloConfigStatus` sits on the bucket's `_config` key,
 `WatermarksInEffect` on `_watermarks-<service>` keys (the load thresholds the load-aware scheduler and the descheduler
-use, services.slo.watermarks). `ActuationApplied` is published by an agent on `koord.v1.node.<node>.actuation` after
+use, services.common.watermarks). `ActuationApplied` is published by an agent on `koord.v1.node.<node>.actuation` after
 every round of a QoS loop that changed something, failed on something, or (in dry-run) would have changed something;
 `PodEvictionRequested` on `koord.v1.node.<node>.eviction` for each pod its eviction loops pick. All JSON.
 """
@@ -15,7 +15,17 @@ from typing import Any, Literal
 
 import msgspec
 
-ActuationLoop = Literal["be-cgroup", "resctrl", "cpu-suppress", "cpu-burst", "memory-evict", "cpu-evict", "failsafe"]
+ActuationLoop = Literal[
+    "be-cgroup",
+    "memory-qos",
+    "resctrl",
+    "cpu-suppress",
+    "cpu-burst",
+    "memory-evict",
+    "cpu-evict",
+    "failsafe",
+    "system-config",
+]
 
 
 class NodeSloRendered(msgspec.Struct, frozen=True, kw_only=True, tag="slo.node_slo.v1"):

@@ -5,7 +5,7 @@ the id of the command that caused them, so a replay needs nothing else. Each has
 ("quota.created.v1" …) and `decode_quota_event` decodes the union. Attaching/detaching namespaces is folded into
 `QuotaUpdated` (the resulting object carries the namespaces annotation); the command is kept separate
 (AttachNamespaces / DetachNamespaces) so the API can offer it. Commands are decided by
-services.quota.aggregate.decide.
+services.quota.core.decide.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Test helper: writes a fake /proc (stat, meminfo) and a fake kubepods cgroup tree (v1 or v2, cgroupfs or
-systemd) whose counters tests advance between two collections, optionally with a kidled
-`memory.idle_page_stats` in the root memory cgroup. Used by tests/integration/test_agent_collect.py and
-tests/integration/test_agent_kidled.py; the path-name helpers are also used to lay out the private subtree on the
-real cgroup filesystem.
+systemd) whose counters tests advance between two collections, optionally with host applications' cgroups outside
+kubepods and a kidled `memory.idle_page_stats` in the root memory cgroup. Used by
+tests/integration/test_agent_collect.py, test_agent_hostapps.py and test_agent_kidled.py; the path-name helpers are
+also used to lay out the private subtree on the real cgroup filesystem.
 """
 
 from __future__ import annotations
@@ -65,6 +65,20 @@ class FakeCgroup:
     unevictable: int = 0
     active_file: int = 0
     inactive_file: int = 0
+    extra_usage: int = 0
+    """Charged to memory.usage_in_bytes / memory.current beyond the five memory.stat fields (kernel memory …)."""
+
+    @property
+    def memory_usage(self) -> int:
+        """memory.usage_in_bytes (v1) / memory.current (v2)."""
+        return (
+            self.inactive_anon
+            + self.active_anon
+            + self.unevictable
+            + self.active_file
+            + self.inactive_file
+            + (self.extra_usage)
+        )
 
 
 @dataclass
@@ -95,6 +109,9 @@ class FakeCgroupTree:
     proc: FakeProc = field(default_factory=FakeProc)
     cgroups: dict[str, FakeCgroup] = field(default_factory=dict)
     """Relative cgroup path (under the kubepods parent) → counters."""
+    host_cgroups: dict[str, FakeCgroup] = field(default_factory=dict)
+    """Cgroup path relative to each hierarchy's root (not under the kubepods parent) → counters: host applications
+    outside kubepods."""
     idle_page_stats: str | None = None
     """Text of the root memory cgroup's kidled `memory.idle_page_stats` (v1: <root>/memory/, v2: <root>/);
     None writes no such file (and removes one an earlier write left)."""
@@ -120,6 +137,18 @@ class FakeCgroupTree:
         cg = self.cgroups[rel] = FakeCgroup(**counters)
         return cg
 
+    def add_host_cgroup(self, rel: str, **counters: int) -> FakeCgroup:
+        """A cgroup outside kubepods, `rel` from each hierarchy's root (a host application's)."""
+        cg = self.host_cgroups[rel] = FakeCgroup(**counters)
+        return cg
+
+    def kubepods_rel(self, kube_qos: str) -> str:
+        """The directory of a QoS class's pods, relative to the kubepods parent."""
+        qos = _QOS_NAMES[kube_qos]
+        if self.driver == "cgroupfs":
+            return "/".join(p for p in ("kubepods", qos) if p)
+        return f"kubepods.slice/kubepods-{qos}.slice" if qos else "kubepods.slice"
+
     def remove(self, rel_prefix: str) -> None:
         """Forget (and delete on the next write) every cgroup at or below `rel_prefix`."""
         for rel in [r for r in self.cgroups if r == rel_prefix or r.startswith(rel_prefix + "/")]:
@@ -133,6 +162,8 @@ class FakeCgroupTree:
         if self.version == 2:
             (self.cgroup_root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
         for rel, cg in self.cgroups.items():
+            self._write_cgroup(f"{self.parent}/{rel}" if self.parent else rel, cg)
+        for rel, cg in self.host_cgroups.items():
             self._write_cgroup(rel, cg)
         self._write_idle_page_stats()
 
@@ -159,6 +190,7 @@ class FakeCgroupTree:
         )
 
     def _write_cgroup(self, rel: str, cg: FakeCgroup) -> None:
+        """`rel` from each hierarchy's root."""
         memory = {
             "inactive_anon": cg.inactive_anon,
             "active_anon": cg.active_anon,
@@ -167,19 +199,21 @@ class FakeCgroupTree:
             "unevictable": cg.unevictable,
         }
         if self.version == 2:
-            d = self.cgroup_root / self.parent / rel
+            d = self.cgroup_root / rel
             d.mkdir(parents=True, exist_ok=True)
             usec = cg.cpu_ns // 1000
             (d / "cpu.stat").write_text(f"usage_usec {usec}\nuser_usec {usec // 2}\nsystem_usec {usec - usec // 2}\n")
             stat = {"anon": cg.inactive_anon + cg.active_anon, "file": cg.active_file + cg.inactive_file, **memory}
             (d / "memory.stat").write_text("".join(f"{k} {v}\n" for k, v in stat.items()))
+            (d / "memory.current").write_text(f"{cg.memory_usage}\n")
             return
         for hier in ("cpu", "cpuacct", "memory"):
-            (self.cgroup_root / hier / self.parent / rel).mkdir(parents=True, exist_ok=True)
-        (self.cgroup_root / "cpuacct" / self.parent / rel / "cpuacct.usage").write_text(f"{cg.cpu_ns}\n")
+            (self.cgroup_root / hier / rel).mkdir(parents=True, exist_ok=True)
+        (self.cgroup_root / "cpuacct" / rel / "cpuacct.usage").write_text(f"{cg.cpu_ns}\n")
         # v1 memory.stat: local fields (which the agent must ignore) first, hierarchical total_* fields after.
         local = "".join(f"{k} 7\n" for k in memory)
         total = "".join(f"total_{k} {v}\n" for k, v in memory.items())
-        (self.cgroup_root / "memory" / self.parent / rel / "memory.stat").write_text(
+        (self.cgroup_root / "memory" / rel / "memory.stat").write_text(
             f"cache 0\nrss 0\n{local}hierarchical_memory_limit 9223372036854771712\n{total}"
         )
+        (self.cgroup_root / "memory" / rel / "memory.usage_in_bytes").write_text(f"{cg.memory_usage}\n")

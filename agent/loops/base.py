@@ -22,7 +22,7 @@ from schemas.qos import ActuationApplied, Change, Problem
 
 
 def actuation_message(event: ActuationApplied) -> tuple[str, bytes, str]:
-    """(subject, payload, message id) an ActuationApplied is published as (agent.qos_loops; simulated nodes'
+    """(subject, payload, message id) an ActuationApplied is published as (agent.loops.runner; simulated nodes'
     evictions, koordbus.simulation): one per node, loop and round."""
     return (
         subjects.node_actuation(event.node),
@@ -46,6 +46,8 @@ class QosStats:
     evictions_killed_locally: int = 0
     failsafe_active: bool = False
     last_round_seconds: float = 0.0
+    cgroup_wakeups: int = 0
+    """Rounds started early because a pod's cgroup appeared (agent.cgroup_watch)."""
 
 
 @dataclass
@@ -81,7 +83,11 @@ class Actuator:
         self.stats = stats
         self._cpus: list[suppress.Cpu] | None = None
         self.be_cpuset_settled = False
-        """False while the cpu-suppress loop's cpuset change under besteffort is unfinished (loops.suppression)."""
+        """False while the cpu-suppress loop's cpuset change under besteffort is unfinished (agent.loops.suppress)."""
+        self.memory_qos_applied = False
+        """The memory-qos loop wrote values and has not yet given them all back (agent.loops.cgroups)."""
+        self.be_cpu_pools: suppress.BeCpuPools | None = None
+        """The CPUs BE may have as the last readable pod list said (agent.loops.suppress)."""
 
     def new_round(self, *, static: bool) -> None:
         """Path verdicts are forgotten every round; kept descriptors not read since the last static pass are closed

@@ -1,11 +1,12 @@
-"""The be-cgroup loop (spec §5.7: BE pods' and containers' CPU shares/weight, CFS quota and memory limit) and the
-fail-safe (the besteffort CFS quota pinned at its minimum while no NodeSLO can be read, released after)."""
+"""The be-cgroup loop (spec §5.7: BE pods' and containers' CPU shares/weight, CFS quota and memory limit), the
+memory-qos loop (§5.3: every class's containers' memory.min / low / high) and the fail-safe (the besteffort CFS
+quota pinned at its minimum while no NodeSLO can be read, released after)."""
 
 from __future__ import annotations
 
 import logging
 
-from agent import actuate, qos
+from agent import actuate, memory_qos, qos
 from agent.loops.base import Actuator, LoopResult, Round
 from schemas import vocab
 from schemas.qos import Problem
@@ -20,6 +21,26 @@ def be_cgroups(act: Actuator, rnd: Round) -> LoopResult:
     wants, problems = actuate.be_cgroup_wants(rnd.pods, rnd.layout, rnd.slo)
     result = LoopResult(problems=[Problem(target=p.target, reason=p.reason) for p in problems])
     act.apply_wants(wants, result, rnd)
+    return result
+
+
+def memory_qos_loop(act: Actuator, rnd: Round, *, node_memory: int) -> LoopResult:
+    """Memory QoS (agent.memory_qos) where some class turns it on and the kernel has the files: on cgroup v1 without
+    memory.min (a mainline kernel) it is one problem, not a write per container. Turned off everywhere, it writes the
+    none values until every container has them again (the memory is given back), then rests."""
+    enabled = memory_qos.enabled_anywhere(rnd.slo.get("resourceQOSStrategy", {}))
+    if not enabled and not act.memory_qos_applied:
+        return LoopResult()
+    layout = rnd.layout
+    probe = layout.file("memory", layout.qos_dir(vocab.KUBE_QOS_GUARANTEED), "memory.min")
+    if not act.cgroups.exists(probe):
+        reason = "not supported by this kernel: no memory.min / memory.low / memory.high; memory QoS not applied"
+        return LoopResult(problems=[Problem(target=probe, reason=reason)])
+    wants, problems = actuate.memory_qos_wants(rnd.pods, layout, rnd.slo, node_memory=node_memory)
+    result = LoopResult(problems=[Problem(target=p.target, reason=p.reason) for p in problems])
+    act.apply_wants(wants, result, rnd)
+    # turned off everywhere after it wrote: the none values (0, 0, max) go on being written until nothing differs
+    act.memory_qos_applied = enabled or bool(result.changes) or result.deferred > 0
     return result
 
 

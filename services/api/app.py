@@ -8,7 +8,7 @@ wrong methods, failing readiness and unexpected exceptions alike; a stack trace 
 log, never to the client. A query key a route does not declare is a 400 naming it (services.api.query_keys); a name
 that Kubernetes' rules refuse (schemas.names: nodes, quotas, trees, namespaces …) is a 422 naming the parameter
 before it reaches a store or the bus. Every /api/v1 route needs a bearer token with
-role viewer or higher (services.api.auth); quota writes need quota-admin; /healthz, /readyz, /metrics, the docs
+role viewer or higher (services.common.auth); quota writes need quota-admin; /healthz, /readyz, /metrics, the docs
 and the dashboard's static files (services.api.dashboard) stay open.
 """
 
@@ -18,9 +18,9 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 from fastapi import Depends, FastAPI, Request
@@ -30,40 +30,33 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from bus.errors import BusUnavailableError
 from schemas import names
 from services.api import (
-    auth,
     dashboard,
     docs,
     events,
-    migrations,
-    nodemetrics,
-    noderesources,
-    nodeslo,
     query_keys,
-    quotas,
-    recorded,
-    scheduler,
     watermarks,
 )
 from services.api.event_hub import EventHub
 from services.api.settings import ApiSettings
-from services.common import bodies
+from services.common import auth, bodies
+from services.common.component import Component, Provided
 from services.common.metrics import CONTENT_TYPE_LATEST, CollectorRegistry, render
 from services.common.observe import ReadinessCheck
-from services.loadaware.client import LoadAwareClient
-from services.migration.client import MigrationClient
-from services.migration.store import MigrationStore
-from services.nodemetric.store import NodeMetricStore
-from services.noderesource.store import NodeResourceStore
-from services.quota.client import QuotaClient
-from services.quota.store import QuotaStore
-from services.slo.reader import SloReader
+from services.common.watermark_feed import WatermarkReader
+from services.common.watermarks import DeciderDefaults
 
 log = logging.getLogger(__name__)
 
+MAX_BODY_BYTES: Final = 1024 * 1024
+"""Larger bodies are refused with 413 before they are read, on every route (services.common.bodies.BodyLimit); a
+route may refuse less (a request to the quota service that does not fit one NATS message once encoded is a 413 too).
+"""
 READINESS_TIMEOUT_SECONDS = 3.0
 MAX_REASON_CHARS = 300
 
@@ -74,8 +67,9 @@ class ApiContext:
 
     settings: ApiSettings
     registry: CollectorRegistry
-    nodemetric_store: NodeMetricStore | None = None
-    """NodeMetric objects and node liveness; None (a process without that database): those routes answer 503."""
+    components: Sequence[Component] = ()
+    """The services' routers, what their routes read, readiness checks and metric refreshers (each service's
+    component.py builds its own)."""
     readiness: Sequence[tuple[str, ReadinessCheck]] = ()
     """(dependency name, check) pairs; /readyz names each failing dependency."""
     liveness: Sequence[tuple[str, Callable[[], str | None]]] = ()
@@ -83,29 +77,16 @@ class ApiContext:
     /healthz answers 503 naming each failing one (koordbus.runtime.bus_liveness: the bus lost past a bound)."""
     before_metrics: Sequence[Callable[[], None]] = ()
     """Gauge refreshers run before each /metrics render."""
-    clock: Callable[[], float] = field(default=time.time)
-    """Wall clock for staleness; tests inject a fixed one."""
     readiness_timeout_seconds: float = READINESS_TIMEOUT_SECONDS
     """A check that has not answered by then counts as failing (a hung database must not hang /readyz)."""
-    noderesource_store: NodeResourceStore | None = None
-    """Batch/mid decisions and the colocation config; None: those routes answer 503."""
-    recorded_writes: Callable[[], Any] | None = None
-    """Record-only mode (no Kubernetes configured): what the Kubernetes writer would have written, as JSON; None
-    when writing to a real cluster (the route answers 404)."""
-    quota_store: QuotaStore | None = None
-    """The quota projections (reads); None: the quota read routes answer 503."""
-    quota_client: QuotaClient | None = None
-    """Requests to the quota service (writes, checks, what-ifs); None: those routes answer 503."""
-    migration_store: MigrationStore | None = None
-    """Migration jobs and their trails (reads); None: those routes answer 503."""
-    migration_client: MigrationClient | None = None
-    """Publishes migration requests and aborts; None: those routes answer 503."""
-    slo_reader: SloReader | None = None
-    """Node QoS reads (NodeSLO, actuations) from the bus; None: those routes answer 503."""
+    watermark_defaults: Mapping[str, DeciderDefaults] = field(default_factory=dict)
+    """How the watermarks view shows a decider ("loadaware", "descheduler") that stated nothing yet (each one's
+    component provides it)."""
+    watermark_reader: WatermarkReader | None = None
+    """The slo-controller-config and the watermarks the scheduler and the descheduler stated, read from the bus
+    (services.api.watermarks); None: that route answers 503."""
     event_hub: EventHub | None = None
     """Event subscriptions and history (services.api.events); None: those routes answer 503."""
-    loadaware_client: LoadAwareClient | None = None
-    """Asks the load-aware extender for a node's state (services.api.scheduler); None: that route answers 503."""
     tokens: auth.TokenStore = field(default_factory=auth.TokenStore)
     reviewed_tokens: auth.ReviewedTokens | None = None
     """Tokens not in `tokens` are asked about with a Kubernetes TokenReview (and mapped to roles); None: not."""
@@ -226,19 +207,16 @@ def create_app(context: ApiContext) -> FastAPI:
     app.state.context = context
     viewer = [Depends(auth.require(auth.VIEWER)), Depends(query_keys.refuse_unknown)]  # who, then what
     responses = {**ERROR_RESPONSES, **AUTH_RESPONSES}
-    app.include_router(nodemetrics.router, responses=responses, dependencies=viewer)
-    app.include_router(noderesources.router, responses=responses, dependencies=viewer)
-    app.include_router(recorded.router, responses=responses, dependencies=viewer)
-    app.include_router(quotas.router, responses=responses, dependencies=viewer)
-    app.include_router(migrations.router, responses=responses, dependencies=viewer)
-    app.include_router(nodeslo.router, responses=responses, dependencies=viewer)
+    for component in context.components:
+        for router in component.routers:
+            app.include_router(router, responses=responses, dependencies=viewer)
+    app.state.provided = Provided.of(context.components)
     app.include_router(watermarks.router, responses=responses, dependencies=viewer)
-    app.include_router(scheduler.router, responses=responses, dependencies=viewer)
     app.include_router(events.router, responses=responses, dependencies=viewer)
     app.include_router(events.socket_router)  # authenticates and checks its keys itself (events.event_socket)
     app.include_router(dashboard.router, responses=responses, dependencies=viewer)
     app.add_middleware(CatchAllMiddleware)
-    app.add_middleware(bodies.BodyLimit, limit=quotas.MAX_BODY_BYTES, refuse=_refuse)
+    app.add_middleware(bodies.BodyLimit, limit=MAX_BODY_BYTES, refuse=_refuse)
     _add_audit_log(app, context)
     _add_request_metrics(app, context)
     _add_health_routes(app, context)
@@ -247,11 +225,11 @@ def create_app(context: ApiContext) -> FastAPI:
         context.registry.register(EventHubCollector(context.event_hub))
     dashboard.mount(app)
     docs.mount(app)
-    _declare_body_schemas(app)
+    _declare_body_schemas(app, context.components)
     return app
 
 
-def _declare_body_schemas(app: FastAPI) -> None:
+def _declare_body_schemas(app: FastAPI, parts: Sequence[Component]) -> None:
     """The OpenAPI document declares the bodies' real schemas (the routes read their bodies themselves, as JSON or
     YAML, so FastAPI does not know them): each Kubernetes object's JSON schema from its msgspec type, as a component
     the routes' request bodies refer to, so the documented contract can be checked (tests/security/
@@ -263,7 +241,7 @@ def _declare_body_schemas(app: FastAPI) -> None:
             return app.openapi_schema
         document = build()
         _, components = msgspec.json.schema_components(
-            (*quotas.BODY_TYPES, *migrations.BODY_TYPES),
+            tuple(t for part in parts for t in part.body_types),
             ref_template="#/components/schemas/{name}",
             schema_hook=_any_json,
         )
@@ -374,6 +352,8 @@ def _add_request_metrics(app: FastAPI, context: ApiContext) -> None:
 
 def _add_health_routes(app: FastAPI, context: ApiContext) -> None:
     no_keys = [Depends(query_keys.refuse_unknown)]
+    readiness = [*context.readiness, *(check for c in context.components for check in c.readiness)]
+    before_metrics = [*context.before_metrics, *(refresh for c in context.components for refresh in c.before_metrics)]
     unknown_key: dict[int | str, dict[str, Any]] = {
         400: {"model": ErrorBody, "description": "A query parameter was given: these routes take none"}
     }
@@ -406,11 +386,11 @@ def _add_health_routes(app: FastAPI, context: ApiContext) -> None:
         },
     )
     async def readyz() -> JSONResponse:
-        failures = await run_readiness(context.readiness, timeout=context.readiness_timeout_seconds)
+        failures = await run_readiness(readiness, timeout=context.readiness_timeout_seconds)
         if failures:
             named = ", ".join(f"{name} ({reason})" for name, reason in failures.items())
             return JSONResponse({"error": f"not ready: {named}", "failures": failures}, status_code=503)
-        return JSONResponse({"status": "ready", "checked": [name for name, _ in context.readiness]})
+        return JSONResponse({"status": "ready", "checked": [name for name, _ in readiness]})
 
     @app.get(
         "/metrics",
@@ -424,12 +404,21 @@ def _add_health_routes(app: FastAPI, context: ApiContext) -> None:
         },
     )
     async def metrics() -> Response:
-        for refresh in context.before_metrics:
+        for refresh in before_metrics:
             refresh()
         return Response(render(context.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ClientDisconnect, bodies.client_went_away)
+
+    @app.exception_handler(BusUnavailableError)
+    async def bus_unavailable(request: Request, exc: BusUnavailableError) -> JSONResponse:
+        """The bus did not answer in time (a loaded or restarting nats-server): the caller may try again; not a bug
+        of ours, so no traceback (a route that can say more catches it itself)."""
+        log.warning("%s %s: the bus did not answer: %s", request.method, request.url.path, exc)
+        return JSONResponse({"error": f"the bus did not answer; try again ({exc})"}, status_code=503)
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse(

@@ -6,21 +6,23 @@ with the bearer token the user typed (kept in the browser's sessionStorage) and 
 `/api/v1/events/stream`. `GET /api/v1/overview/nodes` gives the cluster overview its rows: per node
 the liveness, the NodeMetric's usage with its batch and mid pods' share, and the latest batch/mid
 resources, in a compact shape so 5,000 nodes are a few requests, not a few hundred megabytes of
-NodeMetric objects. The rows are joined by node name over one name range per page.
+NodeMetric objects. The rows are joined by node name over one name range per page, from what the nodemetric and
+noderesource components provide (services.common.overview).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse
 from starlette.staticfiles import StaticFiles
 
-from schemas import names, vocab
-from services.nodemetric.store import NodeRecord, UsageSummary
-from services.noderesource.store import LatestResources
+from schemas import names
+from services.common.component import provided, required
+from services.common.overview import OverviewNodes, OverviewResources
 
 STATIC_DIR: Final = Path(__file__).parent / "static"
 OVERVIEW_PAGE_DEFAULT: Final = 1000
@@ -29,37 +31,8 @@ OVERVIEW_PAGE_MAX: Final = 5000
 
 router = APIRouter(prefix="/api/v1", tags=["dashboard"])
 
-
-def overview_row(
-    node: NodeRecord,
-    usage: UsageSummary | None,
-    resources: LatestResources | None,
-    *,
-    now: float,
-    stale_after: float,
-) -> dict[str, Any]:
-    """One node's overview row (pure): amounts in millicores and bytes, null where nothing is known."""
-    amounts = resources.resources if resources is not None else {}
-    return {
-        "name": node.node,
-        "lastSample": node.last_seen,
-        "stale": now - node.last_seen > stale_after,
-        "cpuCores": node.cpu_cores,
-        "memoryTotal": node.memory_total,
-        "pods": node.pods,
-        "reportTime": usage.report_time if usage is not None else None,
-        "cpuUsed": usage.cpu if usage is not None else None,
-        "memoryUsed": usage.memory if usage is not None else None,
-        "batchCpuUsed": usage.batch_cpu if usage is not None else None,
-        "batchMemoryUsed": usage.batch_memory if usage is not None else None,
-        "midCpuUsed": usage.mid_cpu if usage is not None else None,
-        "midMemoryUsed": usage.mid_memory if usage is not None else None,
-        "batchCpu": amounts.get(vocab.BATCH_CPU),
-        "batchMemory": amounts.get(vocab.BATCH_MEMORY),
-        "midCpu": amounts.get(vocab.MID_CPU),
-        "midMemory": amounts.get(vocab.MID_MEMORY),
-        "outcome": resources.outcome if resources is not None else None,
-    }
+NO_RESOURCES: Final = {"batchCpu": None, "batchMemory": None, "midCpu": None, "midMemory": None, "outcome": None}
+"""A node's batch/mid columns while nothing is known of them."""
 
 
 @router.get("/overview/nodes", summary="The dashboard's node rows: liveness, usage, batch/mid (paged by name)")
@@ -70,29 +43,19 @@ async def overview_nodes(
 ) -> dict[str, Any]:
     if after is not None:
         names.node_name(after, "after")
-    ctx = request.app.state.context
-    store = ctx.nodemetric_store
-    if store is None:
-        raise HTTPException(503, "the overview is not available: this API runs without the nodemetric database")
-    rows: list[NodeRecord] = await store.nodes(limit=limit + 1, after=after)
-    page, more = rows[:limit], len(rows) > limit
-    usages: dict[str, UsageSummary] = {}
-    resources: dict[str, LatestResources] = {}
-    through = page[-1].node if page else None
-    if through is not None:
-        usages = {u.node: u for u in await store.usage_summaries(after=after, through=through)}
-        if ctx.noderesource_store is not None:
-            found = await ctx.noderesource_store.resources_between(after=after, through=through)
-            resources = {r.node: r for r in found}
-    now, stale_after = ctx.clock(), ctx.settings.stale_after_seconds
+    nodes = required(
+        request, OverviewNodes, missing="the overview is not available: this API runs without the nodemetric database"
+    )
+    page = await nodes.page(after, limit)
+    resources: Mapping[str, dict[str, Any]] = {}
+    if page.through is not None and (batch := provided(request, OverviewResources)) is not None:
+        resources = await batch.columns(after, page.through)
     return {
         "kind": "NodeOverviewList",
-        "items": [
-            overview_row(n, usages.get(n.node), resources.get(n.node), now=now, stale_after=stale_after) for n in page
-        ],
-        "continue": through if more else None,
-        "staleAfterSeconds": stale_after,
-        "now": now,
+        "items": [{**row, **resources.get(row["name"], NO_RESOURCES)} for row in page.rows],
+        "continue": page.through if page.more else None,
+        "staleAfterSeconds": page.stale_after_seconds,
+        "now": page.now,
     }
 
 

@@ -19,19 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import json
 import logging
-import math
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import Response, StreamingResponse
 
-from services.api import auth, query_keys
 from services.api import event_catalogue as catalogue
+from services.api import query_keys
 from services.api.event_hub import CapacityError, EventHub, Message, Start
+from services.common import auth, paging
 
 log = logging.getLogger(__name__)
 
@@ -53,37 +52,12 @@ def _hub(connection: Request | WebSocket) -> EventHub:
     return hub
 
 
-LATEST_SINCE: Final = 253402300799.0
-"""9999-12-31T23:59:59Z, the last second a datetime can hold: `since` is a time between the epoch and this."""
-
-
 def parse_since(text: str | None) -> float | None:
-    """`since` as unix seconds: a finite number of seconds from 0 to LATEST_SINCE, or an RFC 3339 time; FilterError
-    (a 400) for anything else."""
-    if text is None or not text.strip():
-        return None
+    """`since` as unix seconds (services.common.paging.parse_since); FilterError (a 400) for anything else."""
     try:
-        seconds = float(text)
-    except ValueError:
-        seconds = None
-    if seconds is None:
-        try:
-            parsed = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-        except ValueError:
-            raise catalogue.FilterError(
-                f"invalid since {text!r}: expected unix seconds or an RFC 3339 time such as 2026-11-24T03:00:00Z"
-            ) from None
-        if parsed.tzinfo is None:
-            raise catalogue.FilterError(f"invalid since {text!r}: give a time zone (e.g. Z)")
-        try:
-            seconds = parsed.timestamp()
-        except (OverflowError, ValueError):
-            seconds = math.inf
-    if not 0 <= seconds <= LATEST_SINCE:  # NaN fails both comparisons
-        raise catalogue.FilterError(
-            f"invalid since {text!r}: expected unix seconds from 0 to {LATEST_SINCE:.0f} (9999-12-31T23:59:59Z)"
-        )
-    return seconds
+        return paging.parse_since(text)
+    except ValueError as e:
+        raise catalogue.FilterError(str(e)) from None
 
 
 class EventQuery:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 
 @dataclass(frozen=True, kw_only=True)
 class ApiSettings:
+    ENV_PREFIX: ClassVar[str] = "KOORDBUS_API_"
+    """Each field from KOORDBUS_API_<FIELD>, else the shared KOORDBUS_<FIELD> (services.common.settings)."""
+
     host: str = "127.0.0.1"
     """Address the HTTP server binds; the embedded default stays on loopback."""
     port: int = 8080
@@ -16,7 +20,7 @@ class ApiSettings:
     page_limit_max: int = 1000
     """Largest page a list route returns."""
     auth_enabled: bool = True
-    """Require bearer tokens (services.api.auth); false only with `koordbus api --no-auth` (insecure)."""
+    """Require bearer tokens (services.common.auth); false only with `koordbus api --no-auth` (insecure)."""
     api_tokens_file: str | None = None
     """Token file, one `token role [name]` per line (roles viewer, quota-admin, admin); env
     KOORDBUS_API_TOKENS_FILE. Unset: `koordbus up` generates an admin token in its data dir, `koordbus api`

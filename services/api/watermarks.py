@@ -1,19 +1,20 @@
 """`GET /api/v1/config/watermarks`: the load thresholds of placement, descheduling and node QoS side by side.
 
 Three deciders draw lines on a node's load: the load-aware scheduler extender (filter), the descheduler (drain above,
-fill below) and each node's agent (suppress and evict BE pods). services.slo.watermarks explains how koordbus makes
+fill below) and each node's agent (suppress and evict BE pods). services.common.watermarks explains how koordbus makes
 them one model. This route reads what each one uses:
 * the slo-controller-config ConfigMap as the bridge last published it: our `load-watermarks-config` key and node
   QoS's `resource-threshold-config` (the cluster strategy and every node strategy);
 * the WatermarksInEffect the loadaware and migration services stated in the KOORD_SLO bucket (a service that has
   not stated any is shown from the defaults with the key applied, marked `reported: false`);
 and lists per resource what each decider does at which percent, the staleness rules, and the findings of
-services.slo.watermarks.findings (an evict → reschedule loop, a scheduler admitting above the descheduler's line,
+services.common.watermarks.findings (an evict → reschedule loop, a scheduler admitting above the descheduler's line,
 different staleness bounds), plus the ConfigMap keys in error. Role viewer. Mounted by services.api.app.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -22,13 +23,9 @@ from pydantic import BaseModel, Field
 
 from bus.errors import BusError
 from schemas.qos import WatermarksInEffect
-from services.loadaware.args import DEFAULT_ARGS, apply_watermarks, stated_watermarks
-from services.migration.lownodeload import LowNodeLoadArgs
-from services.migration.lownodeload import apply_watermarks as apply_deschedule_watermarks
-from services.migration.lownodeload import stated_watermarks as stated_deschedule_watermarks
-from services.slo import watermarks
-from services.slo.core import CONFIGMAP_NAME, CONFIGMAP_NAMESPACE
-from services.slo.reader import SloReader
+from services.common import watermarks
+from services.common.sloconfig import CONFIGMAP_NAME, CONFIGMAP_NAMESPACE
+from services.common.watermark_feed import WatermarkReader
 
 router = APIRouter(prefix="/api/v1")
 
@@ -71,8 +68,8 @@ class WatermarksView(BaseModel):
     findings: list[dict[str, str]] = Field(description="severity (warning, info), code and message")
 
 
-def _reader(request: Request) -> SloReader:
-    reader: SloReader | None = request.app.state.context.slo_reader
+def _reader(request: Request) -> WatermarkReader:
+    reader: WatermarkReader | None = request.app.state.context.watermark_reader
     if reader is None:
         raise HTTPException(503, "the watermarks are not available: this API runs without a bus to read them from")
     return reader
@@ -98,16 +95,14 @@ def build_view(
     configmap: dict[str, Any],
     data: dict[str, str] | None,
     stated: dict[str, WatermarksInEffect],
+    defaults: Mapping[str, watermarks.DeciderDefaults],
     dashboard_stale_seconds: float,
 ) -> WatermarksView:
-    """The view from the ConfigMap's data (None: not published) and what the services stated. Pure."""
+    """The view from the ConfigMap's data (None: not published) and what the services stated; a decider that stated
+    nothing is shown as its `defaults` ("loadaware", "descheduler") would state it. Pure."""
     config = watermarks.read_watermarks(data)
-    scheduler = stated.get("loadaware") or stated_watermarks(
-        apply_watermarks(DEFAULT_ARGS, config.watermarks), config, at=0.0
-    )
-    descheduler = stated.get("descheduler") or stated_deschedule_watermarks(
-        apply_deschedule_watermarks(LowNodeLoadArgs(), config.watermarks), config, at=0.0
-    )
+    scheduler = stated.get("loadaware") or defaults["loadaware"](config)
+    descheduler = stated.get("descheduler") or defaults["descheduler"](config)
     strategies: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = [
         ("cluster", dict(config.thresholds.cluster), None)
     ]
@@ -217,10 +212,14 @@ async def get_watermarks(request: Request) -> WatermarksView:
         "found": seen is not None,
         "resourceVersion": seen.resource_version if seen is not None else None,
     }
-    settings = request.app.state.context.settings
+    context = request.app.state.context
+    missing = {"loadaware", "descheduler"} - set(stated) - set(context.watermark_defaults)
+    if missing:
+        raise HTTPException(503, f"the watermarks view has no defaults for {', '.join(sorted(missing))}")
     return build_view(
         configmap=configmap,
         data=seen.data if seen is not None else None,
         stated=stated,
-        dashboard_stale_seconds=settings.stale_after_seconds,
+        defaults=context.watermark_defaults,
+        dashboard_stale_seconds=context.settings.stale_after_seconds,
     )

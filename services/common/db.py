@@ -2,8 +2,9 @@
 
 `koordbus up` and each service's start-up call `normalize_url`, `run_migrations` and `create_engine`;
 stores (`services/*/store.py`) declare their tables on `Base`, write through `write_transaction`, build
-dialect-neutral upserts with `upsert`, and record what they have projected with `read_offset` /
-`record_offset` in the same transaction as the rows, so replaying a stream rebuilds a projection exactly.
+dialect-neutral upserts with `upsert`, and project each batch with `project_batch`, which skips what they
+already have and records what they projected (`read_offset` / `record_offset`) in the same transaction as the rows,
+so redelivery is a no-op and replaying a stream rebuilds a projection exactly.
 One schema serves SQLite (aiosqlite, the embedded default) and PostgreSQL (asyncpg, clusters).
 """
 
@@ -11,10 +12,12 @@ from __future__ import annotations
 
 import importlib.resources
 import logging
+import os
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final, cast
+from pathlib import Path
+from typing import Any, Final, TypeVar, cast
 
 import sqlalchemy as sa
 from alembic import command
@@ -26,6 +29,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 log = logging.getLogger(__name__)
+
+Item = TypeVar("Item")
 
 SQLITE_DRIVER: Final = "sqlite+aiosqlite"
 POSTGRES_DRIVER: Final = "postgresql+asyncpg"
@@ -243,13 +248,61 @@ async def delete_offset(connection: AsyncConnection, consumer: str) -> None:
     await connection.execute(sa.delete(offsets).where(offsets.c.consumer == consumer))
 
 
+def _no_event_time(fresh: Sequence[tuple[int, Any]]) -> float:
+    return 0.0
+
+
+async def project_batch(
+    engine: AsyncEngine,
+    items: Iterable[tuple[int, Item]],
+    *,
+    consumer: str,
+    stream: str,
+    write: Callable[[AsyncConnection, list[tuple[int, Item]]], Awaitable[int]],
+    event_time: Callable[[list[tuple[int, Item]]], float] = _no_event_time,
+) -> int:
+    """Project one batch of (stream sequence, item) pairs in one transaction, skipping what is already projected.
+
+    The one shape of every store's projector write: `consumer`'s offset is read under lock, pairs at or below it
+    are dropped, and a sequence given twice (a redelivered message queued twice before a write) is kept once; the
+    rest go to `write` in stream order, with the transaction's connection; then the offset moves to their last
+    sequence, with `event_time` of them (0.0 when not given). Returns what `write` returns; 0 when nothing was
+    new (`write` is not called and the offset stays).
+    """
+    async with write_transaction(engine) as connection:
+        offset = await read_offset(connection, consumer, lock=True)
+        fresh = sorted({seq: item for seq, item in items if seq > offset}.items(), key=lambda pair: pair[0])
+        if not fresh:
+            return 0
+        written = await write(connection, fresh)
+        await record_offset(
+            connection, consumer=consumer, stream=stream, last_seq=fresh[-1][0], event_time=event_time(fresh)
+        )
+        return written
+
+
 # --- migrations
 
 
+def version_locations() -> list[Path]:
+    """Where the alembic revisions are: migrations/versions, then every services/<name>/migrations directory."""
+    services_dir = Path(str(importlib.resources.files("services")))
+    found = sorted(d for d in services_dir.glob("*/migrations") if d.is_dir())
+    return [Path(str(importlib.resources.files("migrations"))) / "versions", *found]
+
+
 def alembic_config(url: str) -> Config:
-    """Alembic configured in code: the scripts are the installed `migrations` package, no alembic.ini needed."""
+    """Alembic configured in code: the environment is the installed `migrations` package, no alembic.ini needed.
+
+    The revisions are one linear history spread over version locations: the base in migrations/versions (the shared
+    projection_offsets table with nodemetric's first tables), then each store's in its service's `migrations/`
+    directory (services/<name>/migrations), found on disk here so that neither this module nor migrations/env.py
+    imports a service. A new revision goes where its store is: `alembic revision --version-path
+    services/<name>/migrations`."""
     config = Config()
     config.set_main_option("script_location", str(importlib.resources.files("migrations")))
+    config.set_main_option("path_separator", "os")  # os.pathsep: a path may hold spaces
+    config.set_main_option("version_locations", os.pathsep.join(str(p) for p in version_locations()))
     # ConfigParser interpolates '%'; URL-encoded passwords contain it.
     config.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
     return config

@@ -7,7 +7,9 @@ the pod's uid as a precondition (a new pod that took the name is never evicted b
 keeps them in record-only mode. Answers: evicted (201), gone (404), replaced (409, the uid did not match), blocked
 (429, a PodDisruptionBudget; the agent asks again while the pressure lasts), expired (the request is older than
 `max_age_seconds`, e.g. delivered after a long outage: the agent's view it came from is stale). A 5xx or an
-unreachable API server is retried with the consumer's backoff. Every answer is counted by feature and logged.
+unreachable API server is retried with the consumer's backoff. Every answer is counted by feature; each one goes to
+the log at DEBUG, a failed one at WARNING, and once a minute one INFO line sums them up (services.k8s.instruments.
+WriteSummary: a thousand nodes' expired requests after an outage used to be a thousand WARNING lines).
 Built by the composition root.
 """
 
@@ -115,6 +117,7 @@ class EvictionExecutor:
         self._registry = registry
         self._consumer: Consumer | None = None
         self._writes = instruments.kube_writes(registry)
+        self._summary = instruments.WriteSummary("eviction executor", log)
         self._answers = Counter(
             "koordbus_k8s_node_evictions",
             "Agents' eviction requests by answer and feature",
@@ -158,8 +161,9 @@ class EvictionExecutor:
             answer = ANSWERS.get(status, "failed")
         self._answers.labels(answer=answer, feature=request.feature).inc()
         self._writes.labels(object=instruments.OBJECT_EVICTION, outcome=answer).inc()
+        self._summary.count(instruments.OBJECT_EVICTION, answer)
         log.log(
-            logging.INFO if answer in ("evicted", "gone") else logging.WARNING,
+            logging.WARNING if answer in instruments.FAILED_OUTCOMES else logging.DEBUG,
             "evictions: %s from node %s (%s): %s — %s",
             pod,
             request.node,

@@ -36,7 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from bus import subjects
 from bus.api import Bus, msg_id
-from schemas import cluster, kube, migration, migration_events, names, topology
+from schemas import cluster, kube, migration, migration_events, names, scheduling, topology
 from services.common.tasks import cancel_and_wait
 from services.k8s import core
 from services.k8s.settings import K8sSettings
@@ -80,8 +80,8 @@ class _ConfigMap(msgspec.Struct, frozen=True):
     data: dict[str, str] | None = None
 
 
-_NODE_DECODER: Final = msgspec.json.Decoder(kube.Node)
-_POD_DECODER: Final = msgspec.json.Decoder(kube.Pod)
+_NODE_DECODER: Final = msgspec.json.Decoder(scheduling.SchedulingNode)  # spec.taints and unschedulable for nodeFit
+_POD_DECODER: Final = msgspec.json.Decoder(scheduling.SchedulingPod)  # nodeSelector, affinity, tolerations
 _CONFIGMAP_DECODER: Final = msgspec.json.Decoder(_ConfigMap)
 _TOPOLOGY_DECODER: Final = msgspec.json.Decoder(topology.NodeResourceTopology)
 _WORKLOAD_DECODER: Final = msgspec.json.Decoder(_Workload)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 
 @dataclass(frozen=True, kw_only=True)
 class K8sSettings:
+    ENV_PREFIX: ClassVar[str] = "KOORDBUS_K8S_"
+    """Each field from KOORDBUS_K8S_<FIELD>, else the shared KOORDBUS_<FIELD> (services.common.settings)."""
+
     kubeconfig: str = ""
     """Path of a kubeconfig file; "" uses the in-cluster service account (KUBERNETES_SERVICE_HOST …)."""
     kube_context: str = ""

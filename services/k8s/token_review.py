@@ -1,5 +1,5 @@
 """Who a bearer token belongs to, asked of Kubernetes: a TokenReview (authentication.k8s.io/v1) for the API's
-`--token-review` mode (services.api.auth.ReviewedTokens maps the answer to a role) and for the NATS auth callout
+`--token-review` mode (services.common.auth.ReviewedTokens maps the answer to a role) and for the NATS auth callout
 (services.natsauth, which reads the node name from the user's extra).
 
 `KubeTokenReviewer.review(token)` → (username, groups) when the cluster authenticates the token, None when it does

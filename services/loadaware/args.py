@@ -9,21 +9,23 @@ on the defaulted args (an `ArgsError`). `load_args` does all three for the servi
 loadaware` reports a rejected `ArgsError` as Koordinator's calculation error and an `ArgsFormatError` as bad input.
 `to_json` writes the args back in Koordinator's names (the extender's state export). `apply_watermarks` lets the
 slo-controller-config's load-watermarks-config set the thresholds and staleness fields it shares with the
-descheduler. Used by services.loadaware.core/estimator/state/snapshot, the loadaware service and `koordbus calc`.
+descheduler. The document is read, its durations parsed and its errors raised as every service's args are
+(services.common.args). Used by services.loadaware.core/estimator/state/snapshot, the loadaware service and
+`koordbus calc`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from fractions import Fraction
 from typing import Any, Final
 
 import msgspec
-import yaml
 
-from schemas import koordinator, resources
+from schemas import resources
 from schemas.qos import WatermarksInEffect
-from services.slo.watermarks import WatermarkConfig, Watermarks, fields_set
+from services.common import args as common_args
+from services.common.args import ArgsError, ArgsFormatError, duration_seconds
+from services.common.watermarks import WatermarkConfig, Watermarks, fields_set
 
 AGGREGATION_TYPES: Final = frozenset({"avg", "p50", "p90", "p95", "p99"})
 DEFAULT_WEIGHTS: Final = {resources.CPU: 1, resources.MEMORY: 1}
@@ -31,14 +33,6 @@ DEFAULT_THRESHOLDS: Final = {resources.CPU: 65, resources.MEMORY: 95}
 DEFAULT_SCALING_FACTORS: Final = {resources.CPU: 85, resources.MEMORY: 70}
 DEFAULT_EXPIRATION_SECONDS: Final = 180
 MAX_PERCENT: Final = 100
-
-
-class ArgsError(ValueError):
-    """Args Koordinator's validation rejects (or that cannot be read at all); the message names the field."""
-
-
-class ArgsFormatError(ArgsError):
-    """Args that are not LoadAwareSchedulingArgs at all: a wrong type, a duration that does not parse."""
 
 
 class AggregatedArgs(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
@@ -132,19 +126,10 @@ def check_args(args: LoadAwareArgs) -> None:
                 raise ArgsError(f"aggregated.{field}AggregatedDuration: {duration!r} must not be negative")
 
 
-def duration_seconds(text: str, *, field: str = "duration") -> Fraction:
-    """A Go duration ("5m", "1h30m", "300s", "1.5s", "-1m") in seconds (schemas.koordinator.parse_go_duration);
-    "" is 0 (the longest one). ArgsFormatError when it does not parse."""
-    if text == "":
-        return Fraction(0)
-    try:
-        return koordinator.parse_go_duration(text)
-    except ValueError:
-        raise ArgsFormatError(f"{field}: {text!r} is not a duration like '5m' or '300s'") from None
-
-
-def _without_nulls(document: Mapping[str, Any]) -> dict[str, Any]:
+def _without_nulls(document: Any) -> Any:
     """Go decodes a `null` field as the field left out (a nil pointer or map, a zero number): drop them."""
+    if not isinstance(document, Mapping):
+        return document
     out = {key: value for key, value in document.items() if value is not None}
     if isinstance(aggregated := out.get("aggregated"), Mapping):
         out["aggregated"] = {key: value for key, value in aggregated.items() if value is not None}
@@ -154,14 +139,8 @@ def _without_nulls(document: Mapping[str, Any]) -> dict[str, Any]:
 def convert_args(document: Any, *, source: str = "args", strict: bool = True) -> LoadAwareArgs:
     """A decoded LoadAwareSchedulingArgs document (neither defaulted nor checked); ArgsFormatError naming the field
     when it is not one. `strict=False` for YAML, where `8e9` without a dot reads as a string."""
-    if document is None:
-        document = {}
-    if not isinstance(document, Mapping):
-        raise ArgsFormatError(f"{source}: expected an object of LoadAwareSchedulingArgs")
-    try:
-        args = msgspec.convert(_without_nulls(document), LoadAwareArgs, strict=strict)
-    except msgspec.ValidationError as err:
-        raise ArgsFormatError(f"{source}: {err}") from None
+    document = _without_nulls({} if document is None else document)
+    args = common_args.convert(document, LoadAwareArgs, name="LoadAwareSchedulingArgs", source=source, strict=strict)
     if (agg := args.aggregated) is not None:
         duration_seconds(agg.usage_aggregated_duration, field=f"{source}: aggregated.usageAggregatedDuration")
         duration_seconds(agg.score_aggregated_duration, field=f"{source}: aggregated.scoreAggregatedDuration")
@@ -170,10 +149,7 @@ def convert_args(document: Any, *, source: str = "args", strict: bool = True) ->
 
 def load_args(text: str, *, source: str = "args") -> LoadAwareArgs:
     """LoadAwareSchedulingArgs from a JSON or YAML document, defaulted and checked; ArgsError names what is wrong."""
-    try:
-        document = yaml.safe_load(text) if text.strip() else {}
-    except yaml.YAMLError as err:
-        raise ArgsFormatError(f"{source}: not JSON or YAML: {' '.join(str(err).split())}") from None
+    document = common_args.load_document(text, source=source)
     args = with_defaults(convert_args(document, source=source, strict=False))
     try:
         check_args(args)
@@ -197,7 +173,7 @@ def to_json(args: LoadAwareArgs) -> dict[str, Any]:
 
 def apply_watermarks(args: LoadAwareArgs, marks: Watermarks) -> LoadAwareArgs:
     """The args with each field the slo-controller-config's load-watermarks-config sets taking its value
-    (services.slo.watermarks): the thresholds and the staleness rule the descheduler shares."""
+    (services.common.watermarks): the thresholds and the staleness rule the descheduler shares."""
     changes: dict[str, object] = {}
     if marks.usage_thresholds is not None:
         changes["usage_thresholds"] = dict(marks.usage_thresholds)

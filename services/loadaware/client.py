@@ -1,6 +1,6 @@
 """Asking the load-aware extender for one node's state over the bus's request/reply (koord.v1.rpc.loadaware.state).
 
-Used by the API gateway (services.api.scheduler), which runs in another process than the extender. Errors stay the
+Used by the API gateway (services.loadaware.routes), which runs in another process than the extender. Errors stay the
 bus's: BusUnavailableError when no extender answers in time, RemoteError when it failed while answering.
 """
 

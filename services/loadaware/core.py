@@ -14,7 +14,7 @@ Where this deliberately differs from Koordinator (each covered by a test):
   bridge has not reported yet, and the operator should see why such a node was not ranked.
 * An empty node usage in our NodeMetric report is "no data" (services.loadaware.state.metric_view).
 * With node QoS strategies (the slo-controller-config's resource-threshold-config), a pod the node's agent could
-  evict has its threshold capped under the agent's eviction threshold (services.slo.watermarks); without them,
+  evict has its threshold capped under the agent's eviction threshold (services.common.watermarks); without them,
   as in `koordbus calc loadaware`, nothing is capped.
 Used by the loadaware service's verbs, services.loadaware.snapshot (`koordbus calc loadaware`, `koordbus scheduler
 explain --offline`) and services.loadaware.fast, which must answer the same.
@@ -26,10 +26,11 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from schemas import kube, resources, vocab
+from services.common import watermarks
+from services.common.args import duration_seconds
 from services.loadaware import estimator
-from services.loadaware.args import LoadAwareArgs, duration_seconds
+from services.loadaware.args import LoadAwareArgs
 from services.loadaware.state import AggregationKey, LoadState, MetricView, NodeEntry, NodeLoad, Overrides
-from services.slo import watermarks
 
 ResourceList = resources.ResourceList
 MAX_NODE_SCORE = 100
@@ -61,7 +62,7 @@ def incoming(pod: kube.Pod, args: LoadAwareArgs) -> IncomingPod:
 
 
 def eviction_caps(state: LoadState, pod: IncomingPod, entry: NodeEntry | None) -> dict[str, int]:
-    """The caps node QoS eviction puts on this pod's thresholds on this node (services.slo.watermarks)."""
+    """The caps node QoS eviction puts on this pod's thresholds on this node (services.common.watermarks)."""
     if entry is None or pod.eviction is None or not state.avoid_eviction_loops:
         return {}
     return watermarks.eviction_caps(state.qos_strategies[entry.qos_strategy], pod.eviction)

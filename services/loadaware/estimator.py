@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from schemas import kube, quantity, resources, vocab
+from services.common import gojson
 from services.loadaware.args import LoadAwareArgs
-from services.slo import gojson
 
 DEFAULT_MILLI_CPU_REQUEST: Final = 250
 DEFAULT_MEMORY_REQUEST: Final = 200 * 1024 * 1024
@@ -50,7 +50,7 @@ def go_round(x: float) -> float:
 
 
 def _custom_factors(raw: str) -> dict[str, int] | None:
-    """The annotation as Go's json.Unmarshal into map[ResourceName]int64 reads it (services.slo.gojson); None when
+    """The annotation as Go's json.Unmarshal into map[ResourceName]int64 reads it (services.common.gojson); None when
     that fails. `null` is an empty map."""
     problems: list[gojson.Problem] = []
     try:

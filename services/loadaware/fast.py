@@ -19,9 +19,9 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from services.common import watermarks
 from services.loadaware import core
 from services.loadaware.state import LoadState
-from services.slo import watermarks
 
 Int = npt.NDArray[np.int64]
 MAX_AMOUNT: Final = (2**63 - 1) // 400

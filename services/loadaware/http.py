@@ -16,6 +16,7 @@ import msgspec
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from schemas import kube
 from services.common import bodies
@@ -49,6 +50,7 @@ def create_app(
     app = FastAPI(title="koordbus load-aware scheduler extender", docs_url=None, redoc_url=None, openapi_url=None)
     scheduling = APIRouter()
     app.add_middleware(bodies.BodyLimit, limit=MAX_BODY_BYTES, refuse=_error)
+    app.add_exception_handler(ClientDisconnect, bodies.client_went_away)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:

@@ -6,7 +6,7 @@ services.migration):
     changes): allocatable, labels, the usage-thresholds annotation and the assigned pods of
     services.loadaware.state.LoadState. A pod counts on its node as soon as the bridge publishes it with a nodeName
     (bind-time accounting through the watch). The ConfigMap's load-watermarks-config overrides the args' thresholds
-    and staleness rule, and its resource-threshold-config caps pods node QoS could evict (services.slo.watermarks);
+    and staleness rule, and its resource-threshold-config caps pods node QoS could evict (services.common.watermarks);
     a key in error keeps its last good value and is logged.
   * nodemetric (KOORD_NODEMETRIC, every partition, last value per subject, then new reports).
 The HTTP routes (services.loadaware.http) call `filter`, `prioritize`, `assume` and `explain` on the event loop
@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Final
 
 import msgspec
@@ -37,17 +36,16 @@ from schemas import kube
 from schemas.cluster import CLUSTER_EVENT_DECODER, ConfigMapObserved, NodeObserved, PodObserved
 from schemas.node import NodeMetricComputed
 from schemas.qos import WatermarksInEffect
-from services.common import observe
+from services.common import observe, watermarks
 from services.common.metrics import once_per_registry
 from services.common.startup import wait_replayed
+from services.common.watermark_feed import publish_watermarks
 from services.loadaware import snapshot
 from services.loadaware.args import DEFAULT_ARGS, LoadAwareArgs, apply_watermarks, stated_watermarks
 from services.loadaware.extender import DECODE_ERRORS, Extender
 from services.loadaware.fast import Matrix
-from services.loadaware.state import ASSUMED_TTL_SECONDS, LoadState
-from services.slo import watermarks
-from services.slo.core import CONFIGMAP_NAME, CONFIGMAP_NAMESPACE
-from services.slo.reader import publish_watermarks
+from services.loadaware.settings import LoadAwareSettings
+from services.loadaware.state import LoadState
 
 log = logging.getLogger(__name__)
 
@@ -57,57 +55,6 @@ NODEMETRIC_CONSUMER = "loadaware-nodemetric"
 _NODEMETRIC_DECODER: Final = msgspec.json.Decoder(NodeMetricComputed)
 UNKNOWN_LOGGED_MAX = 10_000
 RPC_QUEUE = "loadaware"
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoadAwareSettings:
-    args_file: str = ""
-    """LoadAwareSchedulingArgs as JSON or YAML, Koordinator's field names (empty: Koordinator's defaults); the
-    composition root reads it (services.loadaware.args.load_args)."""
-    startup_timeout_seconds: float = 60.0
-    """start() waits for the replay of the cluster and NodeMetrics as long as it makes progress; after this many
-    seconds without an event it serves with what it has (and logs a warning)."""
-    instance: str = ""
-    """Names the durables of one replica (replicas each keep the whole state; empty: one replica)."""
-    configmap_namespace: str = CONFIGMAP_NAMESPACE
-    configmap_name: str = CONFIGMAP_NAME
-    """The slo-controller-config ConfigMap: load-watermarks-config and resource-threshold-config."""
-    bind_timeout_seconds: float = 5.0
-    """The bind verb waits this long for the bridge's answer, then answers kube-scheduler with an error (and takes
-    the placement back). Keep it below the extender's httpTimeout in the KubeSchedulerConfiguration."""
-    assumed_ttl_seconds: float = ASSUMED_TTL_SECONDS
-    """A placement the assume or bind verb recorded counts this long unless the pod watch shows the pod on its node
-    by then; then it is forgotten (an assumed pod never bound, or a placement nobody made, frees the node)."""
-
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-    """The extender's serving certificate and key (PEM). Set: the verbs (filter, prioritize, assume, bind) are served
-    over HTTPS on `extender_port` only, to clients presenting a certificate `tls_client_ca_file` signed (kube-scheduler
-    with `enableHTTPS: true` and a `tlsConfig` certFile/keyFile); the plain port keeps health, readiness, metrics and
-    explain. Empty: every route on the plain port, without authentication (a NetworkPolicy must keep callers out)."""
-    tls_client_ca_file: str = ""
-    """The CA bundle (PEM) client certificates must chain to; required with tls_cert_file."""
-    extender_port: int = 9443
-    """The HTTPS port of the verbs when tls_cert_file is set."""
-
-    @property
-    def tls(self) -> bool:
-        return bool(self.tls_cert_file)
-
-    def __post_init__(self) -> None:
-        if self.tls_cert_file and not (self.tls_key_file and self.tls_client_ca_file):
-            raise ValueError(
-                "tls_cert_file needs tls_key_file and tls_client_ca_file: the verbs are served only to clients with "
-                "a certificate from that CA"
-            )
-        if not self.tls_cert_file and (self.tls_key_file or self.tls_client_ca_file):
-            raise ValueError("tls_key_file and tls_client_ca_file need tls_cert_file")
-        if self.startup_timeout_seconds <= 0:
-            raise ValueError("startup_timeout_seconds must be positive")
-        if self.bind_timeout_seconds <= 0:
-            raise ValueError("bind_timeout_seconds must be positive")
-        if self.assumed_ttl_seconds <= 0:
-            raise ValueError("assumed_ttl_seconds must be positive")
 
 
 class _Instruments:

@@ -29,9 +29,10 @@ from typing import Any, Final
 import msgspec
 
 from schemas import koordinator, kube, nodemetric_json, quantity, resources, vocab
+from services.common import watermarks
+from services.common.args import ArgsError
 from services.loadaware import core, state
-from services.loadaware.args import ArgsError, LoadAwareArgs, check_args, convert_args, to_json, with_defaults
-from services.slo import watermarks
+from services.loadaware.args import LoadAwareArgs, check_args, convert_args, to_json, with_defaults
 
 NODE_USAGE_MISSING_ANNOTATION: Final = "koordbus.io/node-usage-missing"
 GO_ZERO_TIME: Final = "0001-01-01T00:00:00Z"

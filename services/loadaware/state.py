@@ -6,7 +6,7 @@ usage-thresholds annotation, the last NodeMetric as a `MetricView`, and the assi
 (estimate, assign timestamp, estimation deadline). `node_load` is Koordinator's addPod loop over those pods; its
 result depends only on the NodeMetric and the pods, so it is cached per node until either changes. Each node also
 carries its labels and the index of the resource-threshold strategy node QoS applies to it (`apply_config` sets the
-slo-controller-config's watermarks and strategies, services.slo.watermarks); core caps thresholds with it.
+slo-controller-config's watermarks and strategies, services.common.watermarks); core caps thresholds with it.
 
 Bind-time accounting (user-asks #7): a pod counts from the moment its PodObserved carries a nodeName (its
 timestamp is the PodScheduled transition, else the time the bridge saw it), and `assume` records a placement the
@@ -27,9 +27,9 @@ from typing import Final
 
 from schemas import koordinator, kube, resources, vocab
 from schemas.node import NodeMetricComputed
+from services.common import gojson, watermarks
 from services.loadaware import estimator, source
 from services.loadaware.args import LoadAwareArgs
-from services.slo import gojson, watermarks
 
 ANNOTATION_USAGE_THRESHOLDS: Final = "scheduling.koordinator.sh/usage-thresholds"
 DEFAULT_REPORT_INTERVAL: Final = 60.0
@@ -272,12 +272,12 @@ _CUSTOM_USAGE_THRESHOLDS: Final = {
         "usageAggregatedDuration": "string-pointer",
     },
 }
-"""Koordinator's CustomUsageThresholds (apis/extension/load_aware.go) as services.slo.gojson decodes it; the duration
+"""Koordinator's CustomUsageThresholds (apis/extension/load_aware.go) as services.common.gojson decodes it; the duration
 is a metav1.Duration, parsed below."""
 
 
 def parse_overrides(raw: str | None) -> tuple[Overrides | None, str]:
-    """The annotation as Koordinator's GetCustomUsageThresholds reads it (Go's encoding/json, services.slo.gojson),
+    """The annotation as Koordinator's GetCustomUsageThresholds reads it (Go's encoding/json, services.common.gojson),
     or None and why not (empty reason: no annotation, or `null`). A value of the wrong type or a duration that does
     not parse makes the whole annotation ignored; an aggregated section without thresholds or type is dropped
     (sections left empty change nothing)."""
@@ -318,7 +318,7 @@ class NodeEntry:
     overrides: Overrides | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     qos_strategy: int = 0
-    """Which resource-threshold strategy node QoS applies here (services.slo.watermarks.strategy_index)."""
+    """Which resource-threshold strategy node QoS applies here (services.common.watermarks.strategy_index)."""
     metric: MetricView | None = None
     pods: dict[str, AssignedPod] = field(default_factory=dict)
     """By the key the caller gives (the service: namespace/name, like the pod's KOORD_CLUSTER subject)."""

@@ -4,7 +4,9 @@
 expected replicas); `arbitrate_objects` builds the view first. Jobs Running, or Pending with the passed-arbitration
 annotation, are migrating and count toward the limits. The waiting jobs (Pending, not passed, not paused) are
 ordered (services.migration.order) and filtered one by one (services.migration.filters): a non-retryable failure
-fails the job (ForbiddenMigratePod), a retryable one leaves it waiting with the filter that held it, and a pass (or
+(with args.nodeFit, a pod that fits no other node of the view's among them; while the view has no nodes at all the
+job waits instead, a deliberate difference from Koordinator, whose empty node list fails it) fails the job
+(ForbiddenMigratePod), a retryable one leaves it waiting with the filter that held it, and a pass (or
 a missing pod: the reconcile then fails it with MissingPod) makes it migrating at once, so it counts against the
 jobs after it in the same round. So no round ever passes more than a limit allows. Called by `koordbus calc
 arbitrate`, the migration service and bench/arbitration.py.
@@ -16,8 +18,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from schemas import kube, migration
+from schemas.scheduling import SchedulingNode, SchedulingPod
 from services.migration import filters, order
+from services.migration import lownodeload_balance as balance
 from services.migration.args import MigrationArgs
+from services.migration.lownodeload_round import scheduling_node, scheduling_pod
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,14 +61,28 @@ class ClusterView:
     sort_keys: dict[str, order.PodKey]
     workloads: dict[str, migration.Workload]
     views: dict[str, filters.WorkloadView]
+    nodes: list[SchedulingNode] = field(default_factory=list)
+    """The nodes nodeFit tries (in name order); empty when the caller gave none."""
+    pods_on: dict[str, list[SchedulingPod]] = field(default_factory=dict)
+    _static: dict[str, tuple[str, filters.Verdict] | None] = field(default_factory=dict, repr=False, compare=False)
+    """pod key → static_verdict's answer, for the view's life."""
+    _static_args: MigrationArgs | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def build(
-        cls, pods: Iterable[kube.Pod], workloads: Iterable[migration.Workload], args: MigrationArgs
+        cls,
+        pods: Iterable[kube.Pod],
+        workloads: Iterable[migration.Workload],
+        args: MigrationArgs,
+        *,
+        nodes: Iterable[kube.Node] = (),
     ) -> ClusterView:
         by_key = {kube.pod_key(p): p for p in pods}
         known = {w.uid: w for w in workloads}
+        fitting = args.node_fit and args.gate_on("NodeFit")
         return cls(
+            nodes=[scheduling_node(n) for n in sorted(nodes, key=lambda n: n.metadata.name)] if fitting else [],
+            pods_on=balance.pods_by_node([scheduling_pod(p) for p in by_key.values()]) if fitting else {},
             by_key=by_key,
             by_uid={p.metadata.uid: p for p in by_key.values() if p.metadata.uid},
             owners={key: kube.controller_of(p.metadata) for key, p in by_key.items()},
@@ -86,6 +105,33 @@ class ClusterView:
             return None
         pod = self.by_uid.get(ref.uid)
         return pod if pod is not None and filters.active(pod) else None
+
+    def static_verdict(self, key: str, args: MigrationArgs) -> tuple[str, filters.Verdict] | None:
+        """(outcome, verdict) of the filters that read only the pod of `key`, its workload, the view's nodes and the
+        args: the non-retryable ones ("failed"), then nodeFit ("failed", or "waiting" while the view knows no node
+        yet); None when they all pass. None of that changes for the view's life (the service rebuilds the view when
+        pods, workloads or nodes change), so it is worked out once per pod and view: most of a round's cost when
+        thousands of jobs wait round after round."""
+        if self._static_args is not args:
+            self._static.clear()
+            self._static_args = args
+        if key in self._static:
+            return self._static[key]
+        pod = self.by_key[key]
+        owner = self.owners.get(key)
+        workload = self.views.get(owner.uid) if owner is not None else None
+        owner_known = owner is None or owner.uid in self.workloads
+        answer: tuple[str, filters.Verdict] | None = None
+        verdict = filters.non_retryable(pod, args, workload, owner=owner, owner_known=owner_known)
+        if verdict is not None:
+            answer = ("failed", verdict)
+        elif args.node_fit and args.gate_on("NodeFit") and not filters.evict_annotation(pod):
+            if not self.nodes:  # not seen yet (a service just started): wait rather than fail
+                answer = ("waiting", filters.Verdict("NodeFit", "no nodes known to fit the pod on yet"))
+            elif (verdict := filters.fits_elsewhere(pod, self.nodes, self.pods_on)) is not None:
+                answer = ("failed", verdict)
+        self._static[key] = answer
+        return answer
 
     def pod_of(self, job: migration.PodMigrationJob) -> kube.Pod | None:
         ref = job.spec.pod_ref
@@ -110,26 +156,32 @@ def arbitrate(jobs: Iterable[migration.PodMigrationJob], view: ClusterView, args
     jobs = list(jobs)
     job_pods: dict[str, kube.Pod | None] = {}
     job_keys: dict[str, str] = {}
+    owners: dict[str, kube.OwnerReference | None] = {}
     for job in jobs:
-        pod = view.pod_of(job)
-        job_pods[job.metadata.name] = pod
-        job_keys[job.metadata.name] = kube.pod_key(pod) if pod is not None else _pod_key(job)
-    owners = {name: view.owners.get(job_keys[name]) if pod is not None else None for name, pod in job_pods.items()}
+        name = job.metadata.name
+        pod = job_pods[name] = view.pod_of(job)
+        key = job_keys[name] = kube.pod_key(pod) if pod is not None else _pod_key(job)
+        owners[name] = view.owners.get(key) if pod is not None else None
     migrating = filters.Migrating()
     in_batch_job: dict[str, int] = {}
-    for job in jobs:
-        if migration.is_migrating(job):
+    waiting: list[migration.PodMigrationJob] = []
+    for job in jobs:  # is_migrating / is_waiting, the phase read once
+        phase = job.status.phase or migration.PHASE_PENDING
+        passed = migration.passed_arbitration(job)
+        if phase == migration.PHASE_RUNNING or (phase == migration.PHASE_PENDING and passed):
             name = job.metadata.name
             ref = job.spec.pod_ref
             migrating.add(job_keys[name], job_pods[name], ref.namespace if ref else "", owner=owners[name])
             batch_owner = order.batch_job_owner(owners[name])
             if batch_owner is not None:
                 in_batch_job[batch_owner] = in_batch_job.get(batch_owner, 0) + 1
+            continue
+        if phase == migration.PHASE_PENDING and not job.spec.paused:
+            waiting.append(job)
         elif (gone := view.evicted_but_still_seen(job)) is not None:
             owner = view.owners.get(kube.pod_key(gone))
             if owner is not None:
                 migrating.by_workload.setdefault(owner.uid, set()).add(kube.pod_key(gone))
-    waiting = [job for job in jobs if migration.is_waiting(job)]
     names = [job.metadata.name for job in waiting]
     batch_owners = {name: order.batch_job_owner(owners[name]) for name in names}
     sort_keys = {name: view.sort_keys.get(job_keys[name]) if job_pods[name] is not None else None for name in names}
@@ -143,13 +195,16 @@ def arbitrate(jobs: Iterable[migration.PodMigrationJob], view: ClusterView, args
             ref = job.spec.pod_ref
             migrating.add(job_keys[name], None, ref.namespace if ref else "", owner=None)
             continue
+        static = view.static_verdict(job_keys[name], args)
+        if static is not None:
+            outcome, held = static
+            result.decisions.append(Decision(name, outcome, held.filter, held.message))
+            continue
         workload = view.views.get(owner.uid) if owner is not None else None
         owner_known = owner is None or owner.uid in view.workloads
-        verdict = filters.non_retryable(pod, args, workload, owner=owner, owner_known=owner_known)
-        if verdict is not None:
-            result.decisions.append(Decision(name, "failed", verdict.filter, verdict.message))
-            continue
-        verdict = filters.retryable(pod, args, migrating, workload, owner=owner, owner_known=owner_known)
+        verdict = filters.retryable(
+            pod, args, migrating, workload, owner=owner, owner_known=owner_known, key=job_keys[name]
+        )
         if verdict is not None:
             result.decisions.append(Decision(name, "waiting", verdict.filter, verdict.message))
             continue

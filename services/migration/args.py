@@ -3,22 +3,23 @@
 The struct decodes Koordinator's JSON/YAML names (`maxMigratingPerNode`, `objectLimiters`, …), so a descheduler
 config can be reused as is. An omitted limit takes Koordinator's default; an explicit 0 disables it (the limits
 are checked only when > 0). `get_max_unavailable` is Koordinator's GetMaxUnavailable, also used for maxMigrating.
-Used by services.migration.filters/arbiter, `koordbus calc arbitrate` and the migration service.
+The document is read, and its errors raised, as every service's args are (services.common.args). Used by
+services.migration.filters/arbiter, `koordbus calc arbitrate` and the migration service.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from fractions import Fraction
 from typing import Final
 
 import msgspec
-import yaml
 
-from schemas import koordinator
+from schemas.k8s_verbs import DeleteOptions
 from schemas.migration import MODE_RESERVATION_FIRST
 from schemas.selectors import LabelSelector
+from services.common import args as common_args
+from services.common.args import ArgsError
 
 IntOrPercent = int | str
 _PERCENT = re.compile(r"^(\d+)%$")
@@ -43,9 +44,9 @@ GATES: Final = frozenset(
 )
 """The filters `skipEvictionGates` may switch off."""
 
-
-class ArgsError(ValueError):
-    """Args that cannot be used; the message names the field."""
+EVICTION_POLICIES: Final = ("Eviction", "Delete", "SoftEviction")
+"""Koordinator's evictors (pkg/descheduler/controllers/migration/evictor): the Eviction API, a DELETE, the
+soft-eviction annotation."""
 
 
 class PriorityThreshold(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -99,6 +100,10 @@ class MigrationArgs(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     evict_qps: float = msgspec.field(default=10.0, name="evictQPS")
     evict_burst: int = 1
     eviction_policy: str = "Eviction"
+    """How a passed job's pod is evicted (EVICTION_POLICIES); a pod's or job's `koordinator.sh/evict-policy` label
+    overrides it per job (services.migration.evictors)."""
+    default_delete_options: DeleteOptions | None = None
+    """The delete options of a job whose spec has none."""
     arbitration_args: ArbitrationArgs = ArbitrationArgs()
 
     def gate_on(self, gate: str) -> bool:
@@ -118,6 +123,10 @@ def check_args(args: MigrationArgs) -> None:
     unknown = sorted(set(args.skip_eviction_gates) - GATES)
     if unknown:
         raise ArgsError(f"skipEvictionGates: unknown gate(s) {', '.join(unknown)} (known: {', '.join(sorted(GATES))})")
+    if args.eviction_policy not in EVICTION_POLICIES:
+        raise ArgsError(
+            f"evictionPolicy: unknown policy {args.eviction_policy!r} (known: {', '.join(EVICTION_POLICIES)})"
+        )
     if args.evict_qps <= 0 or args.evict_burst < 1:
         raise ArgsError("evictQPS must be positive and evictBurst at least 1")
     for kind, limiter in args.object_limiters.items():
@@ -161,41 +170,22 @@ def get_max_unavailable(replicas: int, value: IntOrPercent | None) -> int:
 
 
 def duration_seconds(text: str, *, field: str = "duration") -> float:
-    """A Go duration string ("5m", "1h30m", "500ms") in seconds (schemas.koordinator.parse_go_duration); "" or "0"
-    is 0; a negative one is refused."""
-    if text in ("", "0"):
-        return 0.0
-    try:
-        seconds = koordinator.parse_go_duration(text)
-    except ValueError:
-        seconds = Fraction(-1)
-    if seconds < 0:
-        raise ArgsError(f"{field}: {text!r} is not a duration like '5m' or '500ms'")
-    return float(seconds)
+    """A Go duration ("5m", "1h30m", "500ms"; services.common.args) in seconds, as the limiter, the job TTLs and the
+    arbitration interval count them; "" or "0" is 0, a negative one is refused."""
+    return float(common_args.duration_seconds(text, field=field, negative=False))
 
 
 def load_args(text: str, *, source: str = "args") -> MigrationArgs:
     """MigrationControllerArgs from a JSON or YAML document (Koordinator's names); ArgsError names what is wrong."""
-    try:
-        document = yaml.safe_load(text) if text.strip() else {}
-    except yaml.YAMLError as err:
-        raise ArgsError(f"{source}: not JSON or YAML: {' '.join(str(err).split())}") from None
-    if not isinstance(document, dict):
-        raise ArgsError(f"{source}: expected an object of MigrationControllerArgs")
-    try:
-        args = msgspec.convert(document, MigrationArgs, strict=False)
-    except msgspec.ValidationError as err:
-        raise ArgsError(f"{source}: {err}") from None
+    document = common_args.load_document(text, source=source)
+    args = common_args.convert(document, MigrationArgs, name="MigrationControllerArgs", source=source, strict=False)
     check_args(args)
     return args
 
 
 def low_node_load_section(text: str, *, source: str = "args") -> dict[str, object]:
     """The `lowNodeLoad` section of an args document (koordbus's load-aware descheduling), {} when absent."""
-    try:
-        document = yaml.safe_load(text) if text.strip() else {}
-    except yaml.YAMLError as err:
-        raise ArgsError(f"{source}: not JSON or YAML: {' '.join(str(err).split())}") from None
+    document = common_args.load_document(text, source=source)
     section = document.get("lowNodeLoad", {}) if isinstance(document, dict) else {}
     if not isinstance(section, dict):
         raise ArgsError(f"{source}: lowNodeLoad must be an object")

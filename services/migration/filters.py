@@ -7,19 +7,24 @@ expected-replicas rule. `Migrating` is the arbiter's running count of what is mi
 and already passed), by node, namespace and workload; `retryable` says which limit holds a pod back for now (its
 job waits for the next round): global, per node, per namespace, per workload migrating and per workload
 unavailable. A pod with the `descheduler.alpha.kubernetes.io/evict` annotation skips both. Each answer is None
-(pass) or a `Verdict` naming the filter and the numbers. Node fit is not evaluated (the arbiter has no view of
-the other nodes' free capacity), whatever `nodeFit` says.
+(pass) or a `Verdict` naming the filter and the numbers. With `nodeFit`, `fits_elsewhere` is the standard
+evictor's NodeFit (Koordinator's PodFitsAnyOtherNode): the pod must fit some other node, by the same pure check
+the LowNodeLoad round uses (services.migration.lownodeload_util.node_fit: node selector and required affinity,
+taints, requests against allocatable less the node's pods' requests, a schedulable node).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
 from schemas import kube, migration
+from schemas.scheduling import SchedulingNode, SchedulingPod
 from schemas.selectors import selector_matches
+from services.migration import lownodeload_util
 from services.migration.args import MigrationArgs, Namespaces, get_max_unavailable
+from services.migration.lownodeload_round import scheduling_pod
 
 MAX_INT32: Final = 2**31 - 1
 SYSTEM_CRITICAL_PRIORITY: Final = 2_000_000_000
@@ -157,10 +162,13 @@ class Migrating:
     """controller uid → keys of its pods migrating."""
     pods: set[str] = field(default_factory=set)
     """Keys (namespace/name) of every pod with a migrating job."""
+    jobs_of: dict[str, int] = field(default_factory=dict)
+    """Pod key → how many of the counted jobs are that pod's (they count against no limit of the pod itself)."""
 
     def add(self, key: str, pod: kube.Pod | None, namespace: str, *, owner: kube.OwnerReference | None) -> None:
         self.total += 1
         self.pods.add(key)
+        self.jobs_of[key] = self.jobs_of.get(key, 0) + 1
         self.by_namespace[namespace] = self.by_namespace.get(namespace, 0) + 1
         if pod is not None and pod.spec.node_name:
             self.by_node.setdefault(pod.spec.node_name, set()).add(key)
@@ -176,14 +184,19 @@ def retryable(
     *,
     owner: kube.OwnerReference | None,
     owner_known: bool,
+    key: str | None = None,
 ) -> Verdict | None:
-    """Which limit holds the pod back now, or None. The pod's own job is not among `migrating` yet."""
+    """Which limit holds the pod back now, or None. The job under arbitration is not among `migrating` yet, and
+    the pod's other jobs there count against none of its limits (spec §4.5). `key`: the pod's, if the caller has
+    it at hand."""
     if evict_annotation(pod):
         return None
-    key = kube.pod_key(pod)
+    key = key or kube.pod_key(pod)
+    own = migrating.jobs_of.get(key, 0)
     limit = args.max_migrating_globally
-    if args.gate_on("MaxMigratingGlobally") and limit and migrating.total >= limit:
-        return Verdict("MaxMigratingGlobally", f"{migrating.total} pods migrating, the global limit is {limit}")
+    total = migrating.total - own
+    if args.gate_on("MaxMigratingGlobally") and limit and total >= limit:
+        return Verdict("MaxMigratingGlobally", f"{total} pods migrating, the global limit is {limit}")
     limit = args.max_migrating_per_node
     node = pod.spec.node_name
     if args.gate_on("MaxMigratingPerNode") and limit and node:
@@ -194,7 +207,7 @@ def retryable(
     limit = args.max_migrating_per_namespace
     namespace = pod.metadata.namespace
     if args.gate_on("MaxMigratingPerNamespace") and limit:
-        count = migrating.by_namespace.get(namespace, 0)
+        count = migrating.by_namespace.get(namespace, 0) - own
         if count >= limit:
             return Verdict(
                 "MaxMigratingPerNamespace", f"{count} pods migrating in namespace {namespace}, the limit is {limit}"
@@ -204,21 +217,23 @@ def retryable(
     if not owner_known or workload is None:
         return Verdict("Workload", f"the workload controlling pod {key} cannot be read")
     moving = migrating.by_workload.get(owner.uid, _NONE)
-    if key in moving:
-        moving = moving - {key}
+    own_moving = key in moving
+    moving_count = len(moving) - own_moving
     max_migrating = workload.max_migrating
-    if args.gate_on("MaxMigratingPerWorkload") and moving and len(moving) >= max_migrating:
+    if args.gate_on("MaxMigratingPerWorkload") and moving_count and moving_count >= max_migrating:
         return Verdict(
             "MaxMigratingPerWorkload",
-            f"{len(moving)} pods of workload {owner.uid} migrating, maxMigrating is {max_migrating}",
+            f"{moving_count} pods of workload {owner.uid} migrating, maxMigrating is {max_migrating}",
         )
     if args.gate_on("MaxUnavailablePerWorkload"):
         max_unavailable = workload.max_unavailable
-        unavailable = workload.unready | moving if moving else workload.unready
-        if len(unavailable) >= max_unavailable:
+        unready = workload.unready
+        # |unready ∪ (moving − {key})|, counted without building either set
+        unavailable = len(unready) + sum(1 for k in moving if k not in unready and k != key)
+        if unavailable >= max_unavailable:
             return Verdict(
                 "MaxUnavailablePerWorkload",
-                f"{len(unavailable)} pods of workload {owner.uid} unavailable or migrating, maxUnavailable is "
+                f"{unavailable} pods of workload {owner.uid} unavailable or migrating, maxUnavailable is "
                 f"{max_unavailable}",
             )
     return None
@@ -248,3 +263,19 @@ def workload_views(
         )
         for uid, w in workloads.items()
     }
+
+
+def fits_elsewhere(
+    pod: kube.Pod, nodes: Sequence[SchedulingNode], pods_on: Mapping[str, Sequence[SchedulingPod]]
+) -> Verdict | None:
+    """NodeFit: None when the pod fits a node other than its own (`pods_on`: each node's pods), else why not."""
+    candidate = scheduling_pod(pod)
+    others = [node for node in nodes if node.metadata.name != pod.spec.node_name]
+    for node in others:
+        if lownodeload_util.node_fit(candidate, node, pods_on.get(node.metadata.name, ())):
+            return None
+    return Verdict(
+        "NodeFit",
+        f"pod {kube.pod_key(pod)} fits none of the {len(others)} other node(s) (node selector and affinity, taints, "
+        "requests against what is left of allocatable)",
+    )

@@ -22,9 +22,9 @@ import msgspec
 
 from schemas import kube
 from schemas.qos import WatermarksInEffect
+from services.common.watermarks import WatermarkConfig, Watermarks, fields_set
 from services.migration import filters, order
 from services.migration.args import MigrationArgs
-from services.slo.watermarks import WatermarkConfig, Watermarks, fields_set
 
 RESOURCES = ("cpu", "memory")
 
@@ -44,7 +44,7 @@ class LowNodeLoadArgs(msgspec.Struct, frozen=True, kw_only=True, rename="camel")
 
 
 def apply_watermarks(args: LowNodeLoadArgs, marks: Watermarks) -> LowNodeLoadArgs:
-    """The args with what the slo-controller-config's load-watermarks-config sets (services.slo.watermarks): the
+    """The args with what the slo-controller-config's load-watermarks-config sets (services.common.watermarks): the
     scheduler's usage thresholds are the overloaded line (a resource the scheduler does not check, 0, is never
     overloaded), its lowThresholds the destination line, its NodeMetric expiry the staleness bound."""
     changes: dict[str, object] = {}

@@ -6,7 +6,14 @@ Consumers (durable pull, reset at start: the state lives in memory and is rebuil
   * cluster (KOORD_CLUSTER pods, workloads, nodes and the slo-controller-config ConfigMap, last value per subject,
     then new ones): the ClusterView the rounds read, rebuilt before a round only when something changed; the
     ConfigMap's load-watermarks-config sets the descheduling thresholds and staleness bound when it has them
-    (services.slo.watermarks), so the descheduler and the load-aware scheduler draw the same line.
+    (services.common.watermarks), so the descheduler and the load-aware scheduler draw the same line.
+  * NodeMetrics (KOORD_NODEMETRIC, last per node), when load-aware descheduling is on.
+Load-aware descheduling (`deschedule`, every descheduling interval) is Koordinator's LowNodeLoad Balance round when
+the args file has `lowNodeLoadArgs` (services.migration.lownodeload_round; its detectors live here, in memory, and
+the last round's decision is `last_low_node_load`, published as a DeschedulerRound on KOORD_DESCHEDULER for the API
+and the dashboard, which can also ask for one computed now without acting: `plan`, on koord.v1.rpc.migration.plan),
+else the older simplified plan (services.migration.lownodeload); either way each pod it picks becomes one
+MigrationRequested named from the pod's uid.
 Every `interval` (args.arbitrationArgs.interval, default 500 ms) a round runs — once the state has caught up with
 the last round this service appended, so a round never decides from a state that lacks its own previous decisions:
 new requests go through the intake pre-checks (refused ones are decided "rejected"), the waiting jobs through the
@@ -21,20 +28,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import datetime as dt
 import hashlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Final
 
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from bus import streams, subjects
-from bus.api import Bus, Consumer, ConsumerSpec, DeliverPolicy, Delivery, PublishOptions, msg_id
-from bus.errors import ConflictError
+from bus.api import Bus, Consumer, ConsumerSpec, DeliverPolicy, Delivery, PublishOptions, Responder, msg_id
+from bus.errors import BusError, ConflictError
 from schemas import kube, migration
 from schemas import migration_events as ev
 from schemas.cluster import (
@@ -44,20 +51,23 @@ from schemas.cluster import (
     PodObserved,
     WorkloadObserved,
 )
+from schemas.descheduler import DeschedulerRound, encode_round
 from schemas.node import NodeMetricComputed
 from schemas.qos import WatermarksInEffect
 from services.common import observe
 from services.common.projection import BatchProjector
 from services.common.startup import wait_replayed
 from services.common.tasks import cancel_and_wait
-from services.migration import arbiter
-from services.migration.args import MigrationArgs, duration_seconds
-from services.migration.lownodeload import LowNodeLoadArgs, NodeLoad, apply_watermarks, plan, stated_watermarks
+from services.common.watermark_feed import publish_watermarks
+from services.common.watermarks import WATERMARKS_KEY, WatermarkConfig, read_watermarks
+from services.migration import arbiter, descheduler_view
+from services.migration import lownodeload_round as lnl
+from services.migration.args import duration_seconds
+from services.migration.lownodeload import NodeLoad, apply_watermarks, plan, stated_watermarks
+from services.migration.lownodeload_args import LowNodeLoadArgs
+from services.migration.settings import MigrationSettings
 from services.migration.state import MigrationState, intake
 from services.migration.store import MigrationStore
-from services.slo.core import CONFIGMAP_NAME, CONFIGMAP_NAMESPACE
-from services.slo.reader import publish_watermarks
-from services.slo.watermarks import WATERMARKS_KEY, WatermarkConfig, read_watermarks
 
 log = logging.getLogger(__name__)
 
@@ -68,24 +78,6 @@ NODEMETRIC_CONSUMER = "migration-nodemetric"
 PROJECTOR_CONSUMER = "migration-projector"
 MAX_DECISIONS_PER_MESSAGE = 1000
 """A round's decisions go out in messages of at most this many (a NATS message is 1 MiB by default)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class MigrationSettings:
-    args: MigrationArgs = field(default_factory=MigrationArgs)
-    """MigrationControllerArgs (Koordinator's names; a file of them via the CLI)."""
-    instance: str = ""
-    """Names this replica's consumers; replicas running at once need distinct names."""
-    startup_timeout_seconds: float = 60.0
-    low_node_load: LowNodeLoadArgs = field(default_factory=LowNodeLoadArgs)
-    """Load-aware descheduling (off unless enabled): its thresholds, debounce and interval."""
-    configmap_namespace: str = CONFIGMAP_NAMESPACE
-    configmap_name: str = CONFIGMAP_NAME
-    """The slo-controller-config ConfigMap whose load-watermarks-config overrides low_node_load's thresholds and
-    staleness bound (the ones the load-aware scheduler filters with)."""
-    catch_up_timeout_seconds: float = 5.0
-    """How long a round waits for the state to contain this service's previous round before it gives up (and
-    tries again next interval)."""
 
 
 class _Instruments:
@@ -186,13 +178,28 @@ class MigrationService:
         self.node_metrics: dict[str, NodeMetricComputed] = {}
         self._nodes: dict[str, dict[str, int]] = {}
         """node → allocatable."""
+        self._node_objects: dict[str, kube.Node] = {}
+        """node → the Node as observed (Koordinator's LowNodeLoad reads its labels and allocatable)."""
         self.streaks: dict[str, int] = {}
         """node → consecutive overloaded rounds (load-aware descheduling)."""
         self.watermarks: WatermarkConfig = WatermarkConfig()
         self.low_node_load = settings.low_node_load
         """settings.low_node_load with the ConfigMap's load-watermarks-config applied."""
+        self.descheduling = settings.low_node_load_args
+        """Koordinator's LowNodeLoad as configured (None: the simplified `low_node_load` runs, if enabled)."""
+        self.low_node_load_args = (
+            lnl.effective_args(self.descheduling, self.watermarks.watermarks) if self.descheduling else None
+        )
+        """Its args with the ConfigMap's load-watermarks-config applied; kept across rounds, as the plugin's are."""
+        self._lnl_lines: tuple[dict[str, float], dict[str, float], int] | None = None
+        """The top-level high and low thresholds and expiration last logged."""
+        self.detectors = lnl.Detectors()
+        """LowNodeLoad's anomaly detectors, in memory: a restart starts every node's count afresh."""
+        self.last_low_node_load: lnl.Decision | None = None
+        """The last LowNodeLoad round's decision (classes, abnormal nodes, evictions and reasons) for the API."""
         self._stated: WatermarksInEffect | None = None
         self._started = False
+        self._plan_responder: Responder | None = None
 
     # --- lifecycle
 
@@ -228,9 +235,10 @@ class MigrationService:
             consumers={EVENTS_CONSUMER: self._consumers[0], CLUSTER_CONSUMER: self._consumers[1]},
         )
         self._started = True
+        self._plan_responder = await self.bus.serve(subjects.MIGRATION_RPC_PLAN, self._answer_plan, queue=SERVICE)
         await self.state_watermarks()
         self._ticker = asyncio.create_task(self._loop(), name="migration-arbiter")
-        if self.settings.low_node_load.enabled:
+        if self.settings.low_node_load.enabled or self.descheduling is not None:
             metrics_spec = self._spec(NODEMETRIC_CONSUMER)
             metrics = self.bus.consume(metrics_spec, _NodeMetricHandler(self), reset=True)
             self._consumers.append(observe.watch_consumer(self._registry, metrics_spec, metrics))
@@ -238,6 +246,9 @@ class MigrationService:
             self._descheduler = asyncio.create_task(self._deschedule_loop(), name="migration-descheduler")
 
     async def stop(self) -> None:
+        if self._plan_responder is not None:
+            await self._plan_responder.stop()
+            self._plan_responder = None
         if self._descheduler is not None:
             await cancel_and_wait(self._descheduler)
             self._descheduler = None
@@ -319,8 +330,12 @@ class MigrationService:
             case NodeObserved(name=name, node=node, deleted=deleted):
                 if deleted or node is None:
                     self._nodes.pop(name, None)
+                    self._node_objects.pop(name, None)
                 else:
                     self._nodes[name] = kube.node_allocatable(node)
+                    self._node_objects[name] = node
+                if self.args.node_fit:
+                    self._view = None  # nodeFit reads the nodes
                 return
             case PodObserved(namespace=namespace, name=name, pod=pod, deleted=deleted):
                 key = f"{namespace}/{name}"
@@ -367,7 +382,9 @@ class MigrationService:
         self._metrics.rounds.inc()
         view = self._view
         if view is None:
-            view = self._view = arbiter.ClusterView.build(self._pods.values(), self._workloads.values(), self.args)
+            view = self._view = arbiter.ClusterView.build(
+                self._pods.values(), self._workloads.values(), self.args, nodes=self._node_objects.values()
+            )
         decisions: list[ev.JobDecision] = []
         new = self.state.new_jobs()
         # New requests are taken in the order they arrived, each against the jobs taken before it.
@@ -446,12 +463,24 @@ class MigrationService:
                 effective.stale_after_seconds,
             )
         self.low_node_load = effective
+        if self.descheduling is not None:
+            args = lnl.effective_args(self.descheduling, self.watermarks.watermarks)
+            lines = (dict(args.pools[0].high or {}), dict(args.pools[0].low or {}), args.expiration_seconds)
+            if lines != self._lnl_lines:
+                log.info("migration: LowNodeLoad high %s, low %s, expiration %d s", *lines)
+                if args.problems:
+                    log.warning("migration: LowNodeLoad args refused, no round runs: %s", "; ".join(args.problems))
+            self._lnl_lines = lines
+            self.low_node_load_args = args
 
     async def state_watermarks(self) -> None:
         """Publish the descheduling watermarks in effect when they changed (once the cluster replay is done)."""
         if not self._started:
             return
-        stated = stated_watermarks(self.low_node_load, self.watermarks, at=self._clock())
+        if self.descheduling is not None:
+            stated = lnl.stated_watermarks(self.descheduling, self.watermarks, at=self._clock())
+        else:
+            stated = stated_watermarks(self.low_node_load, self.watermarks, at=self._clock())
         if self._stated is not None and msgspec.structs.replace(self._stated, at=stated.at) == stated:
             return
         if await publish_watermarks(self.bus, stated):
@@ -459,7 +488,8 @@ class MigrationService:
 
     async def _deschedule_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.settings.low_node_load.interval_seconds)
+            interval = self.descheduling.interval_seconds if self.descheduling else None
+            await asyncio.sleep(interval or self.settings.low_node_load.interval_seconds)
             try:
                 await self.deschedule()
             except asyncio.CancelledError:
@@ -470,6 +500,8 @@ class MigrationService:
     async def deschedule(self) -> int:
         """One load-aware round: requests for just enough pods of nodes overloaded long enough; returns how many
         were asked for (a pod already asked for is not asked again: its job name comes from its uid)."""
+        if self.low_node_load_args is not None:
+            return await self._balance(self.low_node_load_args)
         by_node: dict[str, list[kube.Pod]] = {}
         for pod in self._pods.values():
             if pod.spec.node_name:
@@ -488,25 +520,98 @@ class MigrationService:
                 pods=pods,
             )
         self.streaks, requests = plan(loads, self.streaks, self.low_node_load, self.args, now=self._clock())
-        now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
         asked = 0
         for request in requests:
-            meta = request.pod.metadata
-            name = (
-                "lownodeload-"
-                + hashlib.blake2b(f"{meta.namespace}/{meta.name}/{meta.uid}".encode(), digest_size=8).hexdigest()
-            )
-            if name in self.state.jobs:
-                continue
-            job = migration.PodMigrationJob(
-                metadata=kube.ObjectMeta(name=name, annotations={"descheduler.koordinator.sh/reason": request.reason}),
-                spec=migration.PodMigrationJobSpec(
-                    pod_ref=migration.ObjectReference(namespace=meta.namespace, name=meta.name, uid=meta.uid)
-                ),
-            )
-            event = ev.MigrationRequested(job=job, source="descheduler", actor="lownodeload", time=now)
-            ack = await self.bus.publish(
-                subjects.MIGRATION_REQUESTS, ev.encode_migration_event(event), msg_id=msg_id("migration.request", name)
-            )
-            asked += 0 if ack.duplicate else 1
+            asked += await self._request(request.pod, request.reason)
         return asked
+
+    async def _balance(self, args: LowNodeLoadArgs) -> int:
+        """Koordinator's Balance round over the service's view; each eviction becomes a MigrationRequested unless
+        dryRun (evaluated, logged and kept in last_low_node_load only)."""
+        decision = self._low_node_load_round(args, self.detectors, now=self._clock())
+        self.last_low_node_load = decision
+        if decision.problems:
+            log.warning("migration: LowNodeLoad round not run: %s", "; ".join(decision.problems))
+        asked = 0
+        jobs: dict[str, str] = {}
+        for eviction in decision.evictions:
+            pod = self._pods.get(eviction.pod)
+            if decision.dry_run or pod is None:
+                log.info(
+                    "migration: LowNodeLoad%s evicts %s: %s",
+                    " (dry run)" if decision.dry_run else "",
+                    eviction.pod,
+                    eviction.reason,
+                )
+                continue
+            asked += await self._request(pod, eviction.reason)
+            jobs[eviction.pod] = lnl.job_name(pod)
+        await self._publish_round(descheduler_view.round_view(decision, jobs=jobs))
+        return asked
+
+    async def _publish_round(self, view: DeschedulerRound) -> None:
+        """The round's view for the API and the dashboard; a bus failure loses only this view (logged)."""
+        try:
+            await self.bus.publish(
+                subjects.DESCHEDULER_ROUNDS, encode_round(view), msg_id=msg_id("descheduler.round", view.at)
+            )
+        except BusError as e:
+            log.warning("migration: the descheduler round's view was not published: %s", e)
+
+    def plan_round(self) -> DeschedulerRound:
+        """A LowNodeLoad round over the current state with copies of the detectors: what the next round would decide
+        now, with nothing asked for and nothing remembered."""
+        now = self._clock()
+        args = self.low_node_load_args
+        if args is None or self.descheduling is None:
+            problem = "the args file has no lowNodeLoadArgs: Koordinator's LowNodeLoad is not configured (no plan)"
+            return DeschedulerRound(at=now, planned=True, problems=[problem])
+        decision = self._low_node_load_round(args, copy.deepcopy(self.detectors), now=now)
+        return descheduler_view.round_view(decision, planned=True)
+
+    def _low_node_load_round(self, args: LowNodeLoadArgs, detectors: lnl.Detectors, *, now: float) -> lnl.Decision:
+        """One Balance round over what the service holds, with `detectors` (the service's, or a plan's copies)."""
+        assert self.descheduling is not None
+        return lnl.run_round(
+            args,
+            nodes=self._node_objects.values(),
+            metrics=self.node_metrics,
+            pods=self._pods.values(),
+            limits=self.descheduling.limits,
+            detectors=detectors,
+            cache_timeout=self.descheduling.detector_cache_timeout,
+            refused=self._have_jobs(),
+            now=now,
+        )
+
+    async def _answer_plan(self, data: bytes) -> bytes:
+        return encode_round(self.plan_round())
+
+    def _have_jobs(self) -> set[str]:
+        """The pods (namespace/name) with an active job, or with the job this descheduler asked for."""
+        out = set()
+        for job in self.state.jobs.values():
+            ref = job.spec.pod_ref
+            if ref is not None and migration.is_active(job):
+                out.add(f"{ref.namespace}/{ref.name}")
+        out.update(key for key, pod in self._pods.items() if lnl.job_name(pod) in self.state.jobs)
+        return out
+
+    async def _request(self, pod: kube.Pod, reason: str) -> int:
+        """Append a descheduler MigrationRequested for the pod (1), or nothing when it was asked for already (0)."""
+        now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
+        meta = pod.metadata
+        name = lnl.job_name(pod)
+        if name in self.state.jobs:
+            return 0
+        job = migration.PodMigrationJob(
+            metadata=kube.ObjectMeta(name=name, annotations={"descheduler.koordinator.sh/reason": reason}),
+            spec=migration.PodMigrationJobSpec(
+                pod_ref=migration.ObjectReference(namespace=meta.namespace, name=meta.name, uid=meta.uid)
+            ),
+        )
+        event = ev.MigrationRequested(job=job, source="descheduler", actor="lownodeload", time=now)
+        ack = await self.bus.publish(
+            subjects.MIGRATION_REQUESTS, ev.encode_migration_event(event), msg_id=msg_id("migration.request", name)
+        )
+        return 0 if ack.duplicate else 1

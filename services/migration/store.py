@@ -5,7 +5,7 @@ Written by the migration service's projector from KOORD_MIGRATION (`apply_events
 `migration_decisions` row and moves its job's arbitration outcome and phase (passed; Failed for a failure or a
 rejection, with the reason), a MigrationAborted ends the job. The projector records its stream offset in the same
 transaction and skips what it already has, so redelivery is a no-op and a fresh database replays the stream.
-Read by services.api.migrations (list with filters, one job with its trail).
+Read by services.migration.routes (list with filters, one job with its trail).
 """
 
 from __future__ import annotations
@@ -101,16 +101,12 @@ class MigrationStore:
             return await db.read_offset(connection, consumer)
 
     async def apply_events(self, items: Sequence[tuple[int, ev.MigrationEvent]], *, consumer: str, stream: str) -> int:
-        async with db.write_transaction(self._engine) as connection:
-            offset = await db.read_offset(connection, consumer, lock=True)
-            fresh = sorted(((s, e) for s, e in items if s > offset), key=lambda pair: pair[0])
+        async def write(connection: AsyncConnection, fresh: list[tuple[int, ev.MigrationEvent]]) -> int:
             for seq, event in fresh:
                 await self._apply(connection, seq, event)
-            if fresh:
-                await db.record_offset(
-                    connection, consumer=consumer, stream=stream, last_seq=fresh[-1][0], event_time=0.0
-                )
             return len(fresh)
+
+        return await db.project_batch(self._engine, items, consumer=consumer, stream=stream, write=write)
 
     async def _apply(self, connection: AsyncConnection, seq: int, event: ev.MigrationEvent) -> None:
         at = event.time.timestamp()

@@ -1,12 +1,17 @@
-"""Settings of the NATS auth callout (`koordbus natsauth`), from KOORDBUS_* variables."""
+"""Settings of the NATS auth callout (`koordbus natsauth`), from KOORDBUS_NATSAUTH_* or the shared KOORDBUS_* variables
+(services.common.settings.load)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 
 @dataclass(frozen=True, kw_only=True)
 class NatsAuthSettings:
+    ENV_PREFIX: ClassVar[str] = "KOORDBUS_NATSAUTH_"
+    """Each field from KOORDBUS_NATSAUTH_<FIELD>, else the shared KOORDBUS_<FIELD> (services.common.settings)."""
+
     agent_service_account: str = ""
     """KOORDBUS_AGENT_SERVICE_ACCOUNT: `namespace:name` of the agents' ServiceAccount; only its tokens are let in."""
     issuer_seed_file: str = ""

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import numpy.typing as npt
 
+from schemas.percentile import nearest_rank_index
+
 FloatArray = npt.NDArray[np.float64]
 AVG, P50, P90, P95, P99, LAST, COUNT = "avg", "p50", "p90", "p95", "p99", "last", "count"
 PERCENTILES: Mapping[str, float] = {P50: 0.5, P90: 0.9, P95: 0.95, P99: 0.99}
@@ -37,12 +39,6 @@ def _values(values: Iterable[float] | FloatArray) -> FloatArray:
 def avg(values: Iterable[float] | FloatArray) -> float:
     arr = _values(values)
     return float(arr.sum() / arr.size)
-
-
-def nearest_rank_index(n: int, p: float) -> int:
-    """Koordinator's percentile index: int(float32(n) × float32(p)) − 1, at least 0 (the product is float32)."""
-    product = np.float32(n) * np.float32(p)
-    return max(int(product) - 1, 0)
 
 
 def percentile(values: Iterable[float] | FloatArray, p: float) -> float:

@@ -6,9 +6,9 @@ services.nodemetric.aggregate. Time is always a parameter: report times are deri
 of the report interval), so replaying a stream yields identical reports.
 
 Windows. The calc path queries [T − w, T] like Koordinator's TSDB; the streaming path queries [T − w, T) (see
-services.nodemetric.window for why). Pod samples enter as buckets (count, sums, first and last sample time): a
-bucket counts toward a window iff start ≤ t_min and t_max is before the end. `compute_from_samples` uses one
-bucket per sample, so the calc path is always exact.
+services.nodemetric.window for why). Pod and host application samples enter as buckets (count, sums, first and last
+sample time): a bucket counts toward a window iff start ≤ t_min and t_max is before the end. `compute_from_samples`
+uses one bucket per sample, so the calc path is always exact.
 """
 
 from __future__ import annotations
@@ -105,6 +105,12 @@ class PodInfo(msgspec.Struct, frozen=True, gc=False):
     uid: str
     priority: str
     qos: str
+    cpu_request: int = 0
+    """The pod's request (cpu millicores, memory bytes), creation time and whether it is terminating or finished:
+    what the prod predictor reads (services.nodemetric.training)."""
+    memory_request: int = 0
+    created_at: float | None = None
+    terminating: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,28 @@ class PodBuckets:
     infos: Sequence[PodInfo | None]
 
 
+class HostAppInfo(msgspec.Struct, frozen=True, gc=False):
+    """A host application's name and the classes its NodeSLO entry gives it, as the newest batch said."""
+
+    name: str
+    priority: str = ""
+    qos: str = ""
+
+
+@dataclass(frozen=True)
+class HostAppBuckets:
+    """PodBuckets' columns for host applications; `app` indexes `infos` (None marks a free slot)."""
+
+    app: npt.NDArray[np.int64]
+    count: FloatArray
+    cpu_sum: FloatArray
+    mem_count: FloatArray
+    mem_sum: FloatArray
+    t_min: FloatArray
+    t_max: FloatArray
+    infos: Sequence[HostAppInfo | None]
+
+
 @dataclass(frozen=True)
 class Sources:
     node_cpu: Series
@@ -129,6 +157,7 @@ class Sources:
     system_memory: Series
     pods: PodBuckets
     closed_end: bool  # calc queries [start, end] like Koordinator; the stream [start, end), see the docstring
+    host_apps: HostAppBuckets | None = None
 
     def span(self, end: float, duration: float) -> Span:
         return Span(end - duration, end, self.closed_end)
@@ -260,7 +289,7 @@ def _truncated(values: FloatArray) -> list[int]:
 _BY_NAMESPACE, _BY_NAME = operator.attrgetter("namespace"), operator.attrgetter("name")
 
 
-def _rows_inside(buckets: PodBuckets, span: Span) -> _Selection:
+def _rows_inside(buckets: PodBuckets | HostAppBuckets, span: Span) -> _Selection:
     """The buckets inside the window: a slice when they are adjacent, as batches arriving in order leave them."""
     inside = span.mask(buckets.t_min, buckets.t_max)
     count = int(np.count_nonzero(inside))
@@ -270,9 +299,13 @@ def _rows_inside(buckets: PodBuckets, span: Span) -> _Selection:
     return slice(first, first + count) if inside[first : first + count].all() else inside
 
 
-def _pod_metrics(buckets: PodBuckets, span: Span) -> list[node.PodMetric]:
+def _averages(
+    buckets: PodBuckets | HostAppBuckets, slots: npt.NDArray[np.int64], span: Span
+) -> tuple[list[int], list[int], list[int]]:
+    """(slots, cpu millicores, memory bytes) of every slot with CPU and memory samples in the window: the averages
+    over the buckets inside it."""
     rows = _rows_inside(buckets, span)
-    idx = buckets.pod[rows]
+    idx = slots[rows]
     size = len(buckets.infos)
     counts = np.bincount(idx, weights=buckets.count[rows], minlength=size)
     cpu = np.bincount(idx, weights=buckets.cpu_sum[rows], minlength=size)
@@ -280,9 +313,14 @@ def _pod_metrics(buckets: PodBuckets, span: Span) -> list[node.PodMetric]:
     mem = np.bincount(idx, weights=buckets.mem_sum[rows], minlength=size)
     reported = np.flatnonzero((counts > 0) & (mem_counts > 0))
     # numpy divides and multiplies float64 as Python does (IEEE), so these are `_millicores(cpu / count)` and
-    # `int(mem / mem_count)` per pod, bit for bit.
+    # `int(mem / mem_count)` per slot, bit for bit.
     cpu_millicores = _truncated(cpu[reported] / counts[reported] * 1000)
     memory_bytes = _truncated(mem[reported] / mem_counts[reported])
+    return reported.tolist(), cpu_millicores, memory_bytes
+
+
+def _pod_metrics(buckets: PodBuckets, span: Span) -> list[node.PodMetric]:
+    reported, cpu_millicores, memory_bytes = _averages(buckets, buckets.pod, span)
     metrics = [
         node.PodMetric(
             namespace=info.namespace,
@@ -292,12 +330,32 @@ def _pod_metrics(buckets: PodBuckets, span: Span) -> list[node.PodMetric]:
             priority=info.priority,
             qos=info.qos,
         )
-        for i, millicores, memory in zip(reported.tolist(), cpu_millicores, memory_bytes, strict=True)
+        for i, millicores, memory in zip(reported, cpu_millicores, memory_bytes, strict=True)
         if (info := buckets.infos[i]) is not None
     ]
     # By (namespace, name), ties in slot order: two stable sorts on plain string keys beat one on tuples.
     metrics.sort(key=_BY_NAME)
     metrics.sort(key=_BY_NAMESPACE)
+    return metrics
+
+
+def _host_app_metrics(buckets: HostAppBuckets | None, span: Span) -> list[node.HostApplicationMetric]:
+    """hostApplicationMetric (§1.6 item 6): every host application with samples in the window, averaged as a pod's
+    (memory per the collect policy: the window put the policy's variant into the buckets), sorted by name."""
+    if buckets is None:
+        return []
+    reported, cpu_millicores, memory_bytes = _averages(buckets, buckets.app, span)
+    metrics = [
+        node.HostApplicationMetric(
+            name=info.name,
+            usage=node.ResourceMap(resources={CPU: millicores, MEMORY: memory}),
+            priority=info.priority,
+            qos=info.qos,
+        )
+        for i, millicores, memory in zip(reported, cpu_millicores, memory_bytes, strict=True)
+        if (info := buckets.infos[i]) is not None
+    ]
+    metrics.sort(key=_BY_NAME)
     return metrics
 
 
@@ -319,8 +377,13 @@ def assemble_status(sources: Sources, *, report_time: float, spec: node.MetricCo
         system_usage=system_usage,
         aggregated_system_usages=aggregated_system_usages,
     )
-    pods = _pod_metrics(sources.pods, sources.span(report_time, aggregate_seconds))
-    return node.NodeMetricStatus(update_time=report_time, node_metric=info, pods_metric=pods)
+    aggregate_window = sources.span(report_time, aggregate_seconds)
+    return node.NodeMetricStatus(
+        update_time=report_time,
+        node_metric=info,
+        pods_metric=_pod_metrics(sources.pods, aggregate_window),
+        host_applications=_host_app_metrics(sources.host_apps, aggregate_window),
+    )
 
 
 def count_windows(sources: Sources, *, report_time: float, spec: node.MetricCollectPolicy) -> list[WindowCount]:

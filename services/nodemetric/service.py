@@ -27,8 +27,8 @@ import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from bus import streams, subjects
-from bus.api import Bus, Consumer, ConsumerSpec, Delivery, msg_id
-from bus.errors import PermanentError, TemporaryError
+from bus.api import Bus, Consumer, ConsumerSpec, Delivery, Responder, msg_id
+from bus.errors import BusError, PermanentError, TemporaryError
 from schemas import names
 from schemas.node import (
     NODE_EVENT_DECODER,
@@ -37,13 +37,19 @@ from schemas.node import (
     NodeMetricComputedRecord,
     NodeMetricsReported,
     NodeStateReported,
+    TrainingRound,
 )
+from schemas.prediction import PredictionReply, PredictionRequest
 from services.common import membership, observe
 from services.common.membership import INSTANCE_DURABLE_INACTIVE_SECONDS, Membership
 from services.common.tasks import cancel_and_wait
-from services.nodemetric.core import effective_policy, report_phase
+from services.nodemetric import snapshots
+from services.nodemetric.core import PodInfo, effective_policy, report_phase
+from services.nodemetric.predictor import MODEL_EXPIRATION_NS
 from services.nodemetric.settings import NodeMetricSettings
+from services.nodemetric.snapshots import SnapshotWriter
 from services.nodemetric.store import NodeMetricStore, NodeSeen
+from services.nodemetric.training import NodePredictor, state_capacity
 from services.nodemetric.window import NodeWindow, compute_status, due_report
 
 log = logging.getLogger(__name__)
@@ -54,6 +60,8 @@ LATENCY_BUCKETS_SECONDS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0,
 )  # fmt: skip
 INGEST_CONSUMER = "nodemetric-ingest"
+RPC_QUEUE = "nodemetric"
+MODEL_EXPIRATION_SECONDS = MODEL_EXPIRATION_NS / 1e9
 PROJECTOR_CONSUMER = "nodemetric-projector"
 
 
@@ -78,6 +86,11 @@ class _Instruments:
     unattributed_batches: Gauge
     partitions: Gauge
     rebalances: Counter
+    training_rounds: Counter
+    skipped_training_rounds: Counter
+    snapshots: Counter
+    restored_models: Counter
+    unreadable_snapshots: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> _Instruments:
@@ -120,6 +133,31 @@ class _Instruments:
                 "Times this replica's share of the node partitions changed (a replica joined or left)",
                 registry=registry,
             ),
+            training_rounds=Counter(
+                "koordbus_nodemetric_training_rounds",
+                "Agent training rounds applied to the prod predictor's models (one per node and minute)",
+                registry=registry,
+            ),
+            skipped_training_rounds=Counter(
+                "koordbus_nodemetric_skipped_training_rounds",
+                "Training rounds not applied: their batch named a pod list this replica never received",
+                registry=registry,
+            ),
+            snapshots=Counter(
+                "koordbus_nodemetric_prediction_snapshots",
+                "Node model snapshots published to KOORD_PREDICTION",
+                registry=registry,
+            ),
+            restored_models=Counter(
+                "koordbus_nodemetric_prediction_restored_nodes",
+                "Nodes whose models were restored from a snapshot (at start-up and on gaining partitions)",
+                registry=registry,
+            ),
+            unreadable_snapshots=Counter(
+                "koordbus_nodemetric_prediction_unreadable_snapshots",
+                "Snapshots skipped at restore: they did not decode or fit the histograms (those nodes start cold)",
+                registry=registry,
+            ),
         )
 
 
@@ -160,7 +198,8 @@ class _IngestHandler:
             case NodeMetricsReported():
                 window = self._owner.window(event.node)
                 self._pending.reported_before.setdefault(event.node, window.last_report)
-                window.add(event)
+                if window.add(event) and event.training is not None:
+                    self._owner.train(event.node, event.training, window.added_pods())
                 report = self._owner.due_report(event.node, window, sent_at=event.sent_at)
                 if report is not None:
                     self._pending.reports.append(report)
@@ -170,6 +209,7 @@ class _IngestHandler:
                     self._owner.node_rows.add((delivery.stream_seq, seen))
                 self._pending.sent_at.append(event.sent_at)
             case NodeStateReported():
+                self._owner.predictor(event.node).capacity = state_capacity(event)
                 self._owner.node_rows.add((delivery.stream_seq, event))
 
     async def flush(self) -> None:
@@ -274,6 +314,7 @@ class NodeMetricService:
         self.spec = collect_policy(settings)
         self._clock = clock
         self._windows: dict[str, NodeWindow] = {}
+        self._predictors: dict[str, NodePredictor] = {}
         self._last_reports: dict[str, float] = {}
         self._projector: Consumer | None = None
         self._ingest: Consumer | None = None
@@ -291,6 +332,8 @@ class NodeMetricService:
             "NodeMetric rows", self._write_computed_rows, limit=settings.projection_max_pending
         )
         self._writers: list[asyncio.Task[None]] = []
+        self._snapshots = SnapshotWriter(bus)
+        self._responders: list[Responder] = []
 
     def window(self, node: str) -> NodeWindow:
         window = self._windows.get(node)
@@ -305,6 +348,21 @@ class NodeMetricService:
             self._phases[node] = phase
             self._metrics.nodes.set(len(self._windows))
         return window
+
+    def predictor(self, node: str) -> NodePredictor:
+        predictor = self._predictors.get(node)
+        if predictor is None:
+            predictor = self._predictors[node] = NodePredictor()
+        return predictor
+
+    def train(self, node: str, round_: TrainingRound, pods: list[PodInfo | None] | None) -> None:
+        """Apply one of the node's training rounds (services.nodemetric.training)."""
+        predictor = self.predictor(node)
+        skipped_before = predictor.skipped_rounds
+        if predictor.train(round_, pods):
+            self._metrics.training_rounds.inc()
+        elif predictor.skipped_rounds > skipped_before:
+            self._metrics.skipped_training_rounds.inc()
 
     async def start(self) -> None:
         """Load how far each node was reported, then start both consumers (ingest replays the longest window).
@@ -327,6 +385,7 @@ class NodeMetricService:
         self._writers = [
             asyncio.create_task(self.node_rows.run(interval), name="nodemetric-node-rows"),
             asyncio.create_task(self.computed_rows.run(interval), name="nodemetric-computed-rows"),
+            asyncio.create_task(self._snapshot_loop(), name="nodemetric-prediction-snapshots"),
         ]
         self._projector = self.bus.consume(projector, _ProjectorHandler(self.computed_rows), reset=True)
         owned: frozenset[int] | None = None
@@ -342,7 +401,9 @@ class NodeMetricService:
             self._follower = asyncio.create_task(
                 self._membership.follow(lambda: self.owned, self._rebalance), name="nodemetric-members"
             )
+        await self._restore_predictors(owned)
         self._start_ingest(owned)
+        await self._serve_predictions(owned)
 
     def _start_ingest(self, owned: frozenset[int] | None) -> None:
         """The ingest consumer for `owned` partitions (None: all), replaying the longest window."""
@@ -377,19 +438,27 @@ class NodeMetricService:
         if self._ingest is not None:
             await self._ingest.stop()
         await self.node_rows.write()
+        await self.save_snapshots()  # the freshest models for whichever replica takes a node over
         self._windows.clear()
+        self._predictors.clear()
+        self._snapshots.forget()
         self._phases.clear()
         self._last_reports = await self.store.last_report_times()
+        await self._restore_predictors(owned)
         self._start_ingest(owned)
+        await self._serve_predictions(owned)
         self._metrics.rebalances.inc()
 
     async def stop(self) -> None:
         if self._follower is not None:
             await cancel_and_wait(self._follower)
             self._follower = None
+        await self._serve_predictions(frozenset())
         for consumer in (self._projector, self._ingest):
             if consumer is not None:
                 await consumer.stop()
+        if self._writers:
+            await self.save_snapshots()
         if self._membership is not None:
             with contextlib.suppress(Exception):  # the others then notice by the TTL instead
                 await self._membership.leave()
@@ -403,6 +472,67 @@ class NodeMetricService:
         if self._projector is not None:
             observe.retire_consumers(self._registry, service="nodemetric", names=(PROJECTOR_CONSUMER, INGEST_CONSUMER))
         self._projector = self._ingest = None
+
+    async def _restore_predictors(self, owned: frozenset[int] | None) -> None:
+        """The owned nodes' models from their last snapshots (services.nodemetric.snapshots), before the replay."""
+        try:
+            restored = await snapshots.restore(self.bus, owned)
+        except BusError as e:  # the replay still trains what it holds: cold, not stopped
+            log.warning("nodemetric: prediction snapshots not read, the owned nodes' models start cold: %s", e)
+            return
+        self._predictors.update(restored.predictors)
+        self._snapshots.saved.update({node: p.trained_until or 0.0 for node, p in restored.predictors.items()})
+        self._metrics.restored_models.inc(len(restored.predictors))
+        self._metrics.unreadable_snapshots.inc(restored.unreadable)
+        log.info(
+            "nodemetric: prod-predictor models of %d nodes restored from their snapshots (%d unreadable)",
+            len(restored.predictors),
+            restored.unreadable,
+        )
+
+    async def _serve_predictions(self, owned: frozenset[int] | None) -> None:
+        """Answer the API's prediction requests for the nodes of the `owned` partitions (None: every node)."""
+        for responder in self._responders:
+            await responder.stop()
+        partitions: list[int | str] = ["*"] if owned is None else sorted(owned)
+        self._responders = [
+            await self.bus.serve(subjects.nodemetric_rpc_prediction(p), self.prediction, queue=RPC_QUEUE)
+            for p in partitions
+        ]
+
+    async def prediction(self, data: bytes) -> bytes:
+        """One node's predictor as this replica holds it (schemas.prediction.PredictionReply)."""
+        try:
+            request = msgspec.json.decode(data, type=PredictionRequest)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            return msgspec.json.encode(PredictionReply(error=f"not a PredictionRequest: {e}"))
+        predictor = self._predictors.get(request.node)
+        if predictor is None:
+            return msgspec.json.encode(PredictionReply())
+        window = self._windows.get(request.node)
+        last = None
+        if window is not None and window.last_report is not None and predictor.trained_until is not None:
+            last = predictor.predict(window.last_report, window.current_pods())  # what the newest report said
+        return msgspec.json.encode(PredictionReply(view=predictor.view(request.node, last)))
+
+    async def save_snapshots(self) -> None:
+        """Snapshot the models trained since their last snapshot; a bus failure is logged and retried next time.
+        A node not trained for longer than the models' expiration (its agent is gone) is forgotten first: every one
+        of its models would have expired at its next round anyway."""
+        now = self._clock()
+        idle_since = now - MODEL_EXPIRATION_SECONDS
+        for node in [n for n, p in self._predictors.items() if (p.trained_until or now) < idle_since]:
+            del self._predictors[node]
+            self._snapshots.saved.pop(node, None)
+        try:
+            self._metrics.snapshots.inc(await self._snapshots.save(self._predictors, now=now))
+        except BusError as e:
+            log.warning("nodemetric: prediction snapshots not saved (next try in one interval): %s", e)
+
+    async def _snapshot_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.snapshot_interval_seconds)
+            await self.save_snapshots()
 
     @property
     def _ingest_name(self) -> str:
@@ -439,8 +569,17 @@ class NodeMetricService:
         if report_time is None:
             return None
         status = compute_status(window, report_time=report_time, spec=self.spec)
+        predictor = self._predictors.get(node)
+        if predictor is not None and predictor.trained_until is not None:
+            prediction = predictor.predict(report_time, window.current_pods(), explain=False)
+            status = msgspec.structs.replace(status, prod_reclaimable=prediction.reclaimable, prod_peak=prediction.peak)
         return NodeMetricComputed(
-            node=node, report_time=report_time, spec=self.spec, status=status, source_sent_at=sent_at
+            node=node,
+            report_time=report_time,
+            spec=self.spec,
+            status=status,
+            source_sent_at=sent_at,
+            psi=window.psi_metric(report_time),
         )
 
     async def publish_reports(self, reports: list[NodeMetricComputed]) -> None:

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
+
+DEFAULT_SNAPSHOT_INTERVAL_SECONDS = 600.0
 
 
 @dataclass(frozen=True, kw_only=True)
 class NodeMetricSettings:
+    ENV_PREFIX: ClassVar[str] = "KOORDBUS_NODEMETRIC_"
+    """Each field from KOORDBUS_NODEMETRIC_<FIELD>, else the shared KOORDBUS_<FIELD> (services.common.settings)."""
+
     aggregate_duration_seconds: int = 300
     """Window of nodeUsage, systemUsage and podsMetric averages (Koordinator default 300; at least 60 is used)."""
     report_interval_seconds: int = 60
@@ -38,6 +44,11 @@ class NodeMetricSettings:
     handles only its share of the node partitions (services.common.membership); empty: one replica, every node."""
     membership_ttl_seconds: float = 10.0
     """A replica not heard from for this long has left: its partitions move to the others."""
+    prediction_snapshot_interval_seconds: float | None = None
+    """How often each node's prod-predictor models are snapshotted to KOORD_PREDICTION; unset: every 10 minutes as
+    koordlet checkpoints, or the longest aggregation window when that is shorter. At most that window: a restarted
+    or rebalanced replica restores the snapshot and retrains the rounds after it from the history it replays
+    anyway, so no training is lost."""
 
     def __post_init__(self) -> None:
         if self.liveness_grid_seconds < 0:
@@ -54,3 +65,19 @@ class NodeMetricSettings:
             raise ValueError(f"unknown node_memory_collect_policy {self.node_memory_collect_policy!r}")
         if self.stale_after_seconds <= 0:
             raise ValueError("stale_after_seconds must be positive")
+        interval = self.prediction_snapshot_interval_seconds
+        if interval is not None and not 0 < interval <= self.history_seconds:
+            raise ValueError(
+                f"prediction_snapshot_interval_seconds must be positive and at most the longest aggregation window "
+                f"({self.history_seconds} s, the history a restart replays), got {interval}"
+            )
+
+    @property
+    def history_seconds(self) -> int:
+        """The longest aggregation window: what a starting replica replays (besides replay_slack_seconds)."""
+        return max((*self.aggregate_durations_seconds, self.aggregate_duration_seconds))
+
+    @property
+    def snapshot_interval_seconds(self) -> float:
+        interval = self.prediction_snapshot_interval_seconds
+        return min(DEFAULT_SNAPSHOT_INTERVAL_SECONDS, self.history_seconds) if interval is None else interval

@@ -12,7 +12,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, cast
 
 import msgspec
 import sqlalchemy as sa
@@ -30,7 +30,6 @@ from schemas.node import (
 from services.common import db
 
 DEFAULT_PAGE: Final = 500
-_Item = TypeVar("_Item")
 
 # --- tables
 
@@ -86,6 +85,10 @@ class NodeSeen:
     node: str
     window_end: float
     dropped_batches: int = 0
+
+
+_NodeEvent = NodeSeen | NodeStateReported
+"""What the node-stream projector hands over: metric batches seen and state reports."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,30 +180,27 @@ class NodeMetricStore:
         Already-projected sequences are skipped; an event whose report_time is older than the stored
         one for its node never replaces it. `msg_ids` maps a sequence to its Nats-Msg-Id, when known.
         """
-        async with db.write_transaction(self._engine) as connection:
-            fresh = await _unprojected(connection, items, consumer=consumer)
-            if not fresh:
-                return 0
+
+        async def write(connection: AsyncConnection, fresh: builtins.list[tuple[int, NodeMetricComputedRecord]]) -> int:
             stored = await _stored_report_times(connection, {event.node for _, event in fresh})
             newest = _newest_per_node(fresh, stored)
             if newest:
                 rows = [_metric_row(seq, event, consumer=consumer, msg_ids=msg_ids) for seq, event in newest]
                 await connection.execute(_upsert_metrics(connection.dialect.name), rows)
-            await _advance(connection, fresh, consumer=consumer, stream=stream, event_time=_latest_report(fresh))
             return len(newest)
 
-    async def apply_node_events(
-        self, items: Sequence[tuple[int, NodeSeen | NodeStateReported]], *, consumer: str, stream: str
-    ) -> int:
+        return await db.project_batch(
+            self._engine, items, consumer=consumer, stream=stream, write=write, event_time=_latest_report
+        )
+
+    async def apply_node_events(self, items: Sequence[tuple[int, _NodeEvent]], *, consumer: str, stream: str) -> int:
         """Project one consumer's node-stream batch (metric batches seen and state reports) in one transaction.
 
         Use this when both kinds share a consumer: applying them in two calls would let the first call's
         offset hide the other kind's lower sequences. Returns the node rows written.
         """
-        async with db.write_transaction(self._engine) as connection:
-            fresh = await _unprojected(connection, items, consumer=consumer)
-            if not fresh:
-                return 0
+
+        async def write(connection: AsyncConnection, fresh: builtins.list[tuple[int, _NodeEvent]]) -> int:
             seen = [(seq, item) for seq, item in fresh if isinstance(item, NodeSeen)]
             states = [(seq, item) for seq, item in fresh if isinstance(item, NodeStateReported)]
             # Seen and state rows touch disjoint columns except first/last_seen (min/max): order does not matter.
@@ -210,8 +210,11 @@ class NodeMetricStore:
             state_rows = _state_rows(states, consumer=consumer)
             if state_rows:
                 await connection.execute(_upsert_state(connection.dialect.name), state_rows)
-            await _advance(connection, fresh, consumer=consumer, stream=stream, event_time=_latest_node_event(fresh))
             return len({row["node"] for row in (*seen_rows, *state_rows)})
+
+        return await db.project_batch(
+            self._engine, items, consumer=consumer, stream=stream, write=write, event_time=_latest_node_event
+        )
 
     async def apply_node_seen(self, items: Sequence[tuple[int, NodeSeen]], *, consumer: str, stream: str) -> int:
         """Record metric batches per node (liveness, last batch seq, dropped batches); returns the nodes written."""
@@ -290,22 +293,6 @@ class NodeMetricStore:
 # --- transaction steps
 
 
-async def _unprojected(
-    connection: AsyncConnection, items: Sequence[tuple[int, _Item]], *, consumer: str
-) -> builtins.list[tuple[int, _Item]]:
-    offset = await db.read_offset(connection, consumer, lock=True)
-    # A redelivered message can be queued twice before a write; one copy per sequence, in stream order.
-    fresh = {seq: item for seq, item in items if seq > offset}
-    return sorted(fresh.items(), key=lambda pair: pair[0])
-
-
-async def _advance(
-    connection: AsyncConnection, fresh: Iterable[tuple[int, Any]], *, consumer: str, stream: str, event_time: float
-) -> None:
-    last_seq = max(seq for seq, _ in fresh)
-    await db.record_offset(connection, consumer=consumer, stream=stream, last_seq=last_seq, event_time=event_time)
-
-
 async def _stored_report_times(connection: AsyncConnection, nodes: set[str]) -> dict[str, float]:
     query = sa.select(_METRICS.c.node, _METRICS.c.report_time).where(_METRICS.c.node.in_(sorted(nodes)))
     return {node: float(report_time) for node, report_time in await connection.execute(query)}
@@ -328,7 +315,7 @@ def _newest_per_node(
     return builtins.list(newest.values())
 
 
-def _latest_node_event(fresh: Sequence[tuple[int, NodeSeen | NodeStateReported]]) -> float:
+def _latest_node_event(fresh: Sequence[tuple[int, _NodeEvent]]) -> float:
     return max(item.window_end if isinstance(item, NodeSeen) else item.at for _, item in fresh)
 
 

@@ -17,27 +17,38 @@ Memory model (10,000 nodes share one process, so every node's state is kept smal
   which divides the report grid — and otherwise it leaves out the batch straddling each window edge.
 - Pod memory under usageWithHotPageCache uses the without-page-cache samples: agents report no per-pod
   hot-page series.
+- Host application samples are bucketed as pods' are (services.nodemetric.hostapps), in state made only for
+  nodes that report host applications; so are PSI stall ratios (services.nodemetric.psi), only for nodes that
+  report PSI. The tables are services.nodemetric.tables'.
 Pods are known by the batch's pod list. A batch may leave the list out and name it by digest instead (see
 schemas.node.NodeMetricsReported.pods_digest); the window remembers the last few lists it was sent, and the
 pod rows of a batch whose list it does not hold are dropped and counted (`unattributed_batches`).
+podsMetric names the pods of the newest batch's list only, as koordlet reports only the pods the kubelet lists now
+(§1.6 item 5): a pod that left the node (evicted, finished) drops out of the next report instead of lingering, its
+average still counted, for an aggregate window (which made batch used exceed the batch allocatable for 5 minutes
+after every eviction).
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from schemas import koordinator, node, vocab
+from schemas import koordinator, node, psi, vocab
+from schemas.resources import CPU, MEMORY
 from services.nodemetric.core import (
+    HostAppBuckets,
     PodBuckets,
     PodInfo,
     Series,
     Sources,
+    Span,
     WindowCount,
     assemble_status,
     count_windows,
@@ -45,76 +56,32 @@ from services.nodemetric.core import (
     retention_seconds,
     sample_rows,
 )
+from services.nodemetric.hostapps import HostApps
+from services.nodemetric.psi import PsiBuckets
+from services.nodemetric.tables import F4, F8, I8, ChunkBuckets, Table
 
+_NO_PODS: npt.NDArray[np.int64] = np.empty(0, np.int64)
 _COMPACTION_PERIOD_SECONDS = 60.0  # expired rows linger at most this long (plus one batch)
 _SERIES_SLACK_ROWS = 96  # room for a compaction period and a few batches on top of a full window at 1 sample/s
 _POD_TABLE_INITIAL_ROWS = 128
 _POD_LISTS_REMEMBERED = 4  # pod lists a node may refer to by digest (older ones cover batches arriving late)
-_F4, _F8, _I8 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
+_F8, _I8 = F8, I8
 # Node and system samples share one time column: agents take both at the same instants. Where a batch's two
 # series differ in time, each gets rows of its own with NaN in the other's columns.
 _SERIES_COLUMNS: dict[str, np.dtype[Any]] = {"t": _F8, "cpu": _F8, "mem": _F8, "sys_cpu": _F8, "sys_mem": _F8}
 _MEMORY_COLUMNS: dict[str, np.dtype[Any]] = {"t": _F8, "mem": _F8}
-# Slots and counts are small integers (exact in int32 and float32); sums and times need float64.
-_POD_COLUMNS: dict[str, np.dtype[Any]] = {
-    "pod": np.dtype(np.int32),
-    "count": _F4,
-    "cpu_sum": _F8,
-    "mem_count": _F4,
-    "mem_sum": _F8,
+# One row per batch and NUMA node: the sums of its samples, averaged over the batches inside the aggregate window.
+_NUMA_COLUMNS: dict[str, np.dtype[Any]] = {
     "t_min": _F8,
     "t_max": _F8,
+    "numa": _I8,
+    "count": _F8,
+    "cpu": _F8,
+    "mem": _F8,
+    "sys_cpu": _F8,
+    "sys_mem": _F8,
 }
-
-
-class _Table:
-    """Numpy columns whose rows [0, size) are live; expired rows are squeezed out in place.
-
-    Arrays are allocated on first use and grow (by a quarter: 10,000 nodes' slack adds up) only when live rows
-    outgrow them, so a node under steady load allocates nothing per batch.
-    """
-
-    def __init__(self, dtypes: Mapping[str, np.dtype[Any]], initial_rows: int) -> None:
-        self._dtypes = dict(dtypes)
-        self._initial_rows = initial_rows
-        self._cols: dict[str, npt.NDArray[Any]] = {name: np.empty(0, dtype) for name, dtype in dtypes.items()}
-        self.size = 0
-
-    @property
-    def capacity(self) -> int:
-        return len(next(iter(self._cols.values())))
-
-    def col(self, name: str) -> npt.NDArray[Any]:
-        return self._cols[name][: self.size]
-
-    def append(self, columns: Mapping[str, npt.ArrayLike], rows: int) -> None:
-        needed = self.size + rows
-        if needed > self.capacity:
-            self._resize(max(needed, self.capacity + self.capacity // 4, self._initial_rows))
-        for name, col in self._cols.items():
-            col[self.size : needed] = columns[name]
-        self.size = needed
-
-    def expire(self, time_column: str, cutoff: float) -> npt.NDArray[np.bool_] | None:
-        """Drop rows whose `time_column` is before `cutoff`; None when none went, else which rows stayed."""
-        t = self.col(time_column)
-        if self.size == 0 or float(t.min()) >= cutoff:
-            return None
-        keep = t >= cutoff
-        kept = int(keep.sum())
-        for col in self._cols.values():
-            col[:kept] = col[: self.size][keep]
-        self.size = kept
-        return keep
-
-    def clear(self) -> None:
-        self.size = 0
-
-    def _resize(self, rows: int) -> None:
-        for name, col in self._cols.items():
-            grown = np.empty(rows, self._dtypes[name])
-            grown[: self.size] = col[: self.size]
-            self._cols[name] = grown
+_NUMA_TABLE_INITIAL_ROWS = 16
 
 
 class _HeldBatches:
@@ -170,10 +137,14 @@ def _pod_info(ref: node.PodRef, uid: str) -> PodInfo:
         uid=uid,
         priority=vocab.priority_class_with_default(ref.labels, ref.priority, ref.kube_qos),
         qos=vocab.qos_class_with_default(ref.labels, ref.kube_qos),
+        cpu_request=ref.cpu_request,
+        memory_request=ref.memory_request,
+        created_at=ref.created_at,
+        terminating=ref.terminating,
     )
 
 
-def _append_samples(table: _Table, samples: Sequence[tuple[float, ...]], names: Sequence[str]) -> None:
+def _append_samples(table: Table, samples: Sequence[tuple[float, ...]], names: Sequence[str]) -> None:
     if samples:
         rows = sample_rows(samples, len(names))
         table.append({name: rows[:, i] for i, name in enumerate(names)}, rows.shape[0])
@@ -188,7 +159,7 @@ def _runs(index: npt.NDArray[Any]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np
     ends = np.empty_like(starts)
     ends[:-1] = starts[1:]
     ends[-1] = index.size
-    return starts, (ends - starts).astype(_F4)
+    return starts, (ends - starts).astype(F4)
 
 
 def pod_chunk_seconds(spec: node.MetricCollectPolicy) -> int:
@@ -210,17 +181,21 @@ class NodeWindow:
         self._phase = float(phase)
         self._chunk = float(pod_chunk_seconds(spec))
         rows = int(self._horizon) + _SERIES_SLACK_ROWS
-        self._series = _Table(_SERIES_COLUMNS, rows)
+        self._series = Table(_SERIES_COLUMNS, rows)
         self._series_gaps = False  # whether any row lacks a node or a system sample (NaN)
-        self._node_memory = _Table(_MEMORY_COLUMNS, rows)  # the policy's variant; unused without page cache
-        self._pods = _Table(_POD_COLUMNS, _POD_TABLE_INITIAL_ROWS)
+        self._node_memory = Table(_MEMORY_COLUMNS, rows)  # the policy's variant; unused without page cache
+        self._pods = ChunkBuckets(_POD_TABLE_INITIAL_ROWS)
+        self._host_apps: HostApps | None = None  # made by the first batch with host applications
+        self._psi: PsiBuckets | None = None  # made by the first batch with PSI
+        self._numa = Table(_NUMA_COLUMNS, _NUMA_TABLE_INITIAL_ROWS)  # one row per batch and NUMA node
+        self._aggregate_seconds = float(effective_policy(spec).aggregate_duration_seconds)
         self._slot_of: dict[str, int] = {}
         self._infos: list[PodInfo | None] = []
         self._info_seen: list[float] = []
         self._free_slots: list[int] = []
         self._pod_lists: dict[int, npt.NDArray[np.int64]] = {}  # digest -> slot of each listed pod
-        self._open_chunk: float | None = None  # chunk whose buckets are the newest rows of the pod table
-        self._open_rows: npt.NDArray[np.int64] = np.empty(0, _I8)  # slot -> its row in the open chunk, or -1
+        self._newest_list: npt.NDArray[np.int64] = np.empty(0, _I8)  # the newest batch's pod list, as slots
+        self._added_list: npt.NDArray[np.int64] | None = None  # the pod list of the batch added last, as slots
         self._held = _HeldBatches()
         self._newest_end: float | None = None
         self._next_compaction = -math.inf
@@ -251,8 +226,11 @@ class NodeWindow:
 
     def capacities(self) -> dict[str, int]:
         """Allocated rows per table (what bounds memory); for tests and the service's gauges."""
-        tables = {"series": self._series, "node_memory": self._node_memory, "pods": self._pods}
-        return {name: table.capacity for name, table in tables.items()} | {"pod_slots": len(self._infos)}
+        tables = {"series": self._series, "node_memory": self._node_memory, "pods": self._pods.table}
+        apps = {} if self._host_apps is None else self._host_apps.capacities()
+        psi_tables = {} if self._psi is None else self._psi.capacities()
+        counts = {name: table.capacity for name, table in tables.items()} | {"pod_slots": len(self._infos)}
+        return counts | apps | psi_tables
 
     # -- write side
 
@@ -280,9 +258,86 @@ class NodeWindow:
             _append_samples(self._node_memory, batch.memory_with_page_cache, ("t", "mem"))
         elif self._memory_policy == koordinator.MEMORY_WITH_HOT_PAGE_CACHE:
             _append_samples(self._node_memory, batch.memory_with_hot_page, ("t", "mem"))
-        self._add_pod_buckets(batch)
+        self._add_numa(batch)
+        listed = self._added_list = self._listed_slots(batch)
+        if batch.window_end == newest and listed is not None:
+            self._newest_list = listed
+        chunk = math.floor((batch.window_start - self._phase) / self._chunk)
+        inside_one_chunk = batch.window_end <= self._phase + (chunk + 1) * self._chunk
+        self._add_pod_buckets(batch, listed, chunk=chunk, inside_one_chunk=inside_one_chunk)
+        if batch.host_applications:
+            if self._host_apps is None:
+                self._host_apps = HostApps(self._memory_policy)
+            self._host_apps.add(batch, chunk=chunk, inside_one_chunk=inside_one_chunk)
+        if batch.node_psi or len(batch.pod_psi):
+            if self._psi is None:
+                self._psi = PsiBuckets()
+            self._psi.add(batch, listed, chunk=chunk, inside_one_chunk=inside_one_chunk, slots=len(self._infos))
         self._expire(newest)
         return True
+
+    def _add_numa(self, batch: node.NodeMetricsReported) -> None:
+        """Each NUMA node's samples of the batch as one row of sums (the status averages them over whole batches
+        inside the aggregate window, as pod buckets are)."""
+        if not batch.numa_samples:
+            return
+        rows = np.asarray(batch.numa_samples, dtype=_F8)
+        ids, index = np.unique(rows[:, 1].astype(_I8), return_inverse=True)
+        count = np.bincount(index, minlength=ids.size).astype(_F8)
+        sums = {
+            name: np.bincount(index, weights=rows[:, column], minlength=ids.size)
+            for name, column in (("cpu", 2), ("mem", 3), ("sys_cpu", 4), ("sys_mem", 5))
+        }
+        t_min = np.full(ids.size, np.inf)
+        t_max = np.full(ids.size, -np.inf)
+        np.minimum.at(t_min, index, rows[:, 0])
+        np.maximum.at(t_max, index, rows[:, 0])
+        self._numa.append({"t_min": t_min, "t_max": t_max, "numa": ids, "count": count, **sums}, ids.size)
+
+    def numa_usages(self, report_time: float) -> list[node.NumaUsage]:
+        """Each NUMA node's average usage and system usage over the aggregate window before `report_time`, by id;
+        a NUMA node without samples there is left out (spec §1.6 item 4)."""
+        if not self._numa.size:
+            return []
+        inside = (self._numa.col("t_min") >= report_time - self._aggregate_seconds) & (
+            self._numa.col("t_max") < report_time
+        )
+        ids = self._numa.col("numa")[inside]
+        usages = []
+        for numa_id in np.unique(ids).tolist():
+            rows = inside.nonzero()[0][ids == numa_id]
+            count = float(self._numa.col("count")[rows].sum())
+
+            def avg(name: str, rows: npt.NDArray[np.intp] = rows, count: float = count) -> float:
+                return float(self._numa.col(name)[rows].sum()) / count
+
+            usages.append(
+                node.NumaUsage(
+                    numa_node_id=int(numa_id),
+                    node_usage=node.ResourceMap(resources={CPU: int(avg("cpu") * 1000), MEMORY: int(avg("mem"))}),
+                    system_usage=node.ResourceMap(
+                        resources={CPU: int(avg("sys_cpu") * 1000), MEMORY: int(avg("sys_mem"))}
+                    ),
+                )
+            )
+        return usages
+
+    def psi_metric(self, report_time: float) -> psi.PsiMetric | None:
+        """The node's and its pods' average PSI stall ratios over the aggregate window before `report_time`; None
+        when the node sent no PSI there."""
+        if self._psi is None:
+            return None
+        span = Span(report_time - self._aggregate_seconds, report_time, closed=False)
+        return self._psi.metric(span, self._infos)
+
+    def added_pods(self) -> list[PodInfo | None] | None:
+        """What is known of each pod of the pod list of the batch `add` took last, in the list's order (None for
+        a pod no longer held); None when that batch named a list this window lacks."""
+        return None if self._added_list is None else [self._infos[slot] for slot in self._added_list.tolist()]
+
+    def current_pods(self) -> list[PodInfo]:
+        """The pods of the newest batch's list: the pods on the node now (the prod predictor's pods)."""
+        return [info for slot in self._newest_list.tolist() if (info := self._infos[slot]) is not None]
 
     def _add_series(self, batch: node.NodeMetricsReported) -> None:
         nodes, system = batch.node_samples, batch.system_samples
@@ -306,12 +361,19 @@ class NodeWindow:
                 {"t": s[:, 0], "cpu": np.nan, "mem": np.nan, "sys_cpu": s[:, 1], "sys_mem": s[:, 2]}, len(s)
             )
 
-    def _add_pod_buckets(self, batch: node.NodeMetricsReported) -> None:
-        """One bucket per pod that has rows, merged into the pod's bucket of the open chunk where there is one."""
+    def _add_pod_buckets(
+        self,
+        batch: node.NodeMetricsReported,
+        listed: npt.NDArray[np.int64] | None,
+        *,
+        chunk: float,
+        inside_one_chunk: bool,
+    ) -> None:
+        """One bucket per pod that has rows (`listed`: the slots of the batch's pod list), merged into the pod's bucket
+        of the open chunk where there is one."""
         rows = batch.pod_samples.arrays()
         if not len(rows):
             return
-        listed = self._listed_slots(batch)
         if listed is None or listed.size <= int(rows.index[-1]):
             self.unattributed_batches += 1
             return
@@ -324,7 +386,7 @@ class NodeWindow:
         else:
             mem_count, mem_sum = counts, np.add.reduceat(rows.memory, starts).astype(_F8)
         buckets: dict[str, npt.NDArray[Any]] = {
-            "pod": listed[rows.index[starts]],
+            "slot": listed[rows.index[starts]],
             "count": counts,
             "cpu_sum": np.add.reduceat(rows.cpu, starts),
             "mem_count": mem_count,
@@ -332,43 +394,12 @@ class NodeWindow:
             "t_min": np.minimum.reduceat(rows.t, starts),
             "t_max": np.maximum.reduceat(rows.t, starts),
         }
-        self._merge_or_append(batch, buckets)
-
-    def _merge_or_append(self, batch: node.NodeMetricsReported, buckets: dict[str, npt.NDArray[Any]]) -> None:
-        chunk = math.floor((batch.window_start - self._phase) / self._chunk)
-        inside_one_chunk = batch.window_end <= self._phase + (chunk + 1) * self._chunk
-        if not inside_one_chunk or (self._open_chunk is not None and chunk < self._open_chunk):
-            self._pods.append(buckets, buckets["pod"].size)  # straddling or late: a bucket of its own
-            return
-        if chunk != self._open_chunk:
-            self._open_chunk = chunk
-            self._open_rows = np.full(len(self._infos), -1, _I8)
-        elif self._open_rows.size < len(self._infos):
-            self._open_rows = np.concatenate((self._open_rows, np.full(len(self._infos) - self._open_rows.size, -1)))
-        slots = buckets["pod"]
-        rows = self._open_rows[slots]
-        merge = rows >= 0
-        merging = int(np.count_nonzero(merge))
-        if merging == slots.size:  # the common case: every pod already has a bucket in this chunk
-            self._merge(rows, buckets)
-            return
-        if merging:
-            self._merge(rows[merge], {name: col[merge] for name, col in buckets.items()})
-            new = (~merge).nonzero()[0]
-            buckets = {name: col[new] for name, col in buckets.items()}
-        self._open_rows[buckets["pod"]] = np.arange(self._pods.size, self._pods.size + buckets["pod"].size)
-        self._pods.append(buckets, buckets["pod"].size)
-
-    def _merge(self, rows: npt.NDArray[np.int64], buckets: dict[str, npt.NDArray[Any]]) -> None:
-        """Add buckets into existing rows of the pod table (`rows` are distinct: one per pod)."""
-        for name in ("count", "cpu_sum", "mem_count", "mem_sum"):
-            self._pods.col(name)[rows] += buckets[name]
-        t_min, t_max = self._pods.col("t_min"), self._pods.col("t_max")
-        t_min[rows] = np.minimum(t_min[rows], buckets["t_min"])
-        t_max[rows] = np.maximum(t_max[rows], buckets["t_max"])
+        self._pods.add(buckets, chunk=chunk, inside_one_chunk=inside_one_chunk, slots=len(self._infos))
 
     def _listed_slots(self, batch: node.NodeMetricsReported) -> npt.NDArray[np.int64] | None:
         """The slot of each pod in the batch's pod list, or None when it names a list this window lacks."""
+        if not batch.pods_digest and not batch.pods:
+            return _NO_PODS  # the list is sent, and empty: no pod runs on the node
         known = self._pod_lists.get(batch.pods_digest) if batch.pods_digest else None
         if known is not None or not batch.pods:
             return known
@@ -398,6 +429,13 @@ class NodeWindow:
         self._info_seen[slot] = max(self._info_seen[slot], seen_at)
         return slot
 
+    def _listed_infos(self) -> list[PodInfo | None]:
+        """The pods podsMetric reports, by slot: those of the newest batch's list; None for every other slot."""
+        infos: list[PodInfo | None] = [None] * len(self._infos)
+        for slot in self._newest_list.tolist():
+            infos[slot] = self._infos[slot]
+        return infos
+
     def _expire(self, newest: float) -> None:
         # Every query masks rows by its own window, so rows past the horizon are dead weight, not wrong answers:
         # squeezing them out once per compaction period instead of per batch costs a sixth as much.
@@ -408,22 +446,19 @@ class NodeWindow:
         for table in (self._series, self._node_memory):
             table.expire("t", cutoff)
         self._held.expire(cutoff)
-        kept = self._pods.expire("t_min", newest - self._pod_horizon)
-        if kept is not None:
-            self._move_open_rows(kept)
+        self._numa.expire("t_max", newest - self._pod_horizon)
+        if self._pods.expire(newest - self._pod_horizon):
             self._forget_pods_without_buckets()
-
-    def _move_open_rows(self, kept: npt.NDArray[np.bool_]) -> None:
-        """Point the open chunk's row map at where its rows went when expiry squeezed the table."""
-        listed = np.flatnonzero(self._open_rows >= 0)
-        rows = self._open_rows[listed]
-        moved_to = np.cumsum(kept) - 1
-        self._open_rows[listed] = np.where(kept[rows], moved_to[rows], -1)
+        if self._host_apps is not None and self._host_apps.expire(newest - self._pod_horizon):
+            self._host_apps = None  # none left: a node without host applications keeps nothing for them
+        if self._psi is not None and self._psi.expire(newest - self._pod_horizon):
+            self._psi = None
 
     def _forget_pods_without_buckets(self) -> None:
         """Free the slots of pods with no bucket left, except those a remembered pod list still refers to."""
-        used = np.zeros(len(self._infos), dtype=bool)
-        used[self._pods.col("pod")] = True
+        used = self._pods.used(len(self._infos))
+        if self._psi is not None:
+            used |= self._psi.used(len(self._infos))
         for slots in self._pod_lists.values():
             used[slots] = True
         for slot in np.flatnonzero(~used).tolist():
@@ -450,16 +485,18 @@ class NodeWindow:
         if self._memory_policy == koordinator.MEMORY_WITH_PAGE_CACHE or self._node_memory.size:
             # koordlet falls back to the plain series unless the cold-page collector runs; ours ran iff it reported.
             node_memory = Series(self._node_memory.col("t"), self._node_memory.col("mem"))
+        pods = self._pods.table
         buckets = PodBuckets(
-            pod=self._pods.col("pod").astype(_I8),
-            count=self._pods.col("count").astype(_F8),
-            cpu_sum=self._pods.col("cpu_sum"),
-            mem_count=self._pods.col("mem_count").astype(_F8),
-            mem_sum=self._pods.col("mem_sum"),
-            t_min=self._pods.col("t_min"),
-            t_max=self._pods.col("t_max"),
-            infos=self._infos,
+            pod=pods.col("slot").astype(_I8),
+            count=pods.col("count").astype(_F8),
+            cpu_sum=pods.col("cpu_sum"),
+            mem_count=pods.col("mem_count").astype(_F8),
+            mem_sum=pods.col("mem_sum"),
+            t_min=pods.col("t_min"),
+            t_max=pods.col("t_max"),
+            infos=self._listed_infos(),
         )
+        host_apps: HostAppBuckets | None = None if self._host_apps is None else self._host_apps.buckets()
         return Sources(
             node_cpu=self._series_of("cpu", t),
             node_memory=node_memory,
@@ -467,6 +504,7 @@ class NodeWindow:
             system_memory=self._series_of("sys_mem", t),
             pods=buckets,
             closed_end=False,
+            host_apps=host_apps,
         )
 
 
@@ -479,8 +517,14 @@ def _checked(window: NodeWindow, spec: node.MetricCollectPolicy) -> Sources:
 
 
 def compute_status(window: NodeWindow, *, report_time: float, spec: node.MetricCollectPolicy) -> node.NodeMetricStatus:
-    """The NodeMetric status of one report round at `report_time` (§1.6 items 1, 2, 3, 5, 8)."""
-    return assemble_status(_checked(window, spec), report_time=report_time, spec=spec)
+    """The NodeMetric status of one report round at `report_time` (§1.6 items 1–6, 8)."""
+    status = assemble_status(_checked(window, spec), report_time=report_time, spec=spec)
+    numa_usages = window.numa_usages(report_time)
+    if not numa_usages:
+        return status
+    return msgspec.structs.replace(
+        status, node_metric=msgspec.structs.replace(status.node_metric, numa_usages=numa_usages)
+    )
 
 
 def count_samples(window: NodeWindow, *, report_time: float, spec: node.MetricCollectPolicy) -> list[WindowCount]:

@@ -24,7 +24,7 @@ from typing import Final
 import msgspec
 
 from schemas import koordinator, kube, resources, vocab
-from schemas.nodemetric_json import NodeUsageSnapshot
+from schemas.nodemetric_json import NodeUsageSnapshot, PodUsage
 from schemas.noderesource import PodAccounting as PodAccounting
 from schemas.noderesource import ResourceExplanation as ResourceExplanation
 from services.noderesource import strategy as strategies
@@ -167,18 +167,23 @@ class _NodeFigures(msgspec.Struct, frozen=True, kw_only=True):
     reserved: resources.ResourceList
 
 
-class _BatchSums(msgspec.Struct, kw_only=True):
-    request: resources.ResourceList
-    used: resources.ResourceList
-    max_used_request: resources.ResourceList
+class CountedPods(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A node's pods and pod metrics as the batch calculation counts them, node level and per NUMA zone alike."""
+
+    high_priority: list[tuple[kube.PodSummary, PodUsage | None]]
+    """The active pods not of the batch or free priority class, each with its metric (None: it has none)."""
+    dangling: list[PodUsage]
+    """The metrics of no listed pod, not of the batch or free priority class: their usage counts too."""
     accounting: PodAccounting
 
 
-def _sum_high_priority_pods(pods: Sequence[kube.PodSummary], snapshot: NodeUsageSnapshot) -> _BatchSums:
-    # Plain integer sums per resource: this loop runs over every pod of the node for every decision.
+def count_pods(pods: Sequence[kube.PodSummary], snapshot: NodeUsageSnapshot) -> CountedPods:
+    """Which pods and metrics the batch sums take (here and in services.noderesource.numa), and how many of each
+    kind there were: inactive pods are skipped (their metrics are not dangling), low-priority ones and dangling
+    low-priority metrics too; a high-priority pod counts as without a metric, or else as LSE when it is one."""
     metrics = {metric.key: metric for metric in snapshot.pods}
     dangling = dict(metrics)
-    request_cpu = request_memory = used_cpu = used_memory = max_cpu = max_memory = 0
+    high_priority: list[tuple[kube.PodSummary, PodUsage | None]] = []
     counts = dict.fromkeys(PodAccounting.__struct_fields__, 0)
     for pod in pods:
         if not pod.active:
@@ -191,28 +196,49 @@ def _sum_high_priority_pods(pods: Sequence[kube.PodSummary], snapshot: NodeUsage
             counts["low_priority_skipped"] += 1
             continue
         counts["high_priority"] += 1
-        cpu, memory = pod.request.get(_CPU, 0), pod.request.get(_MEMORY, 0)
-        request_cpu += cpu
-        request_memory += memory
         if metric is None:
             counts["high_priority_without_metric"] += 1
-            used_cpu += cpu  # into the usage sum but not into max(usage, request): Koordinator's asymmetry
-            used_memory += memory
-            continue
-        usage_cpu, usage_memory = metric.usage.get(_CPU, 0), metric.usage.get(_MEMORY, 0)
-        if pod.qos_class == vocab.QOS_LSE:
-            counts["high_priority_lse"] += 1  # LSE pods hold their CPU request whatever they use
-            used_cpu += cpu
-        else:
-            used_cpu += usage_cpu
-        used_memory += usage_memory
-        max_cpu += max(cpu, usage_cpu)
-        max_memory += max(memory, usage_memory)
+        elif pod.qos_class == vocab.QOS_LSE:
+            counts["high_priority_lse"] += 1
+        high_priority.append((pod, metric))
+    counted_dangling: list[PodUsage] = []
     for metric in dangling.values():
         if metric.priority in _LOW_PRIORITY:
             counts["dangling_metrics_skipped"] += 1
             continue
         counts["dangling_metrics_counted"] += 1
+        counted_dangling.append(metric)
+    return CountedPods(high_priority=high_priority, dangling=counted_dangling, accounting=PodAccounting(**counts))
+
+
+class _BatchSums(msgspec.Struct, kw_only=True):
+    request: resources.ResourceList
+    used: resources.ResourceList
+    max_used_request: resources.ResourceList
+    accounting: PodAccounting
+
+
+def _sum_high_priority_pods(pods: Sequence[kube.PodSummary], snapshot: NodeUsageSnapshot) -> _BatchSums:
+    # Plain integer sums per resource: this loop runs over every pod of the node for every decision.
+    counted = count_pods(pods, snapshot)
+    request_cpu = request_memory = used_cpu = used_memory = max_cpu = max_memory = 0
+    for pod, metric in counted.high_priority:
+        cpu, memory = pod.request.get(_CPU, 0), pod.request.get(_MEMORY, 0)
+        request_cpu += cpu
+        request_memory += memory
+        if metric is None:
+            used_cpu += cpu  # into the usage sum but not into max(usage, request): Koordinator's asymmetry
+            used_memory += memory
+            continue
+        usage_cpu, usage_memory = metric.usage.get(_CPU, 0), metric.usage.get(_MEMORY, 0)
+        if pod.qos_class == vocab.QOS_LSE:
+            used_cpu += cpu  # LSE pods hold their CPU request whatever they use
+        else:
+            used_cpu += usage_cpu
+        used_memory += usage_memory
+        max_cpu += max(cpu, usage_cpu)
+        max_memory += max(memory, usage_memory)
+    for metric in counted.dangling:
         usage_cpu, usage_memory = metric.usage.get(_CPU, 0), metric.usage.get(_MEMORY, 0)
         used_cpu += usage_cpu
         used_memory += usage_memory
@@ -222,7 +248,7 @@ def _sum_high_priority_pods(pods: Sequence[kube.PodSummary], snapshot: NodeUsage
         request={_CPU: request_cpu, _MEMORY: request_memory},
         used={_CPU: used_cpu, _MEMORY: used_memory},
         max_used_request={_CPU: max_cpu, _MEMORY: max_memory},
-        accounting=PodAccounting(**counts),
+        accounting=counted.accounting,
     )
 
 

@@ -40,7 +40,6 @@ from services.noderesource import strategy as strategies
 BATCH_RESOURCES: Final = core.BATCH_RESOURCES
 
 _CPU, _MEMORY = resources.CPU, resources.MEMORY
-_LOW_PRIORITY: Final = frozenset({vocab.PRIORITY_BATCH, vocab.PRIORITY_FREE})
 _Pair = tuple[int, int]
 """(cpu, memory) in Kubernetes milli units: cpu millicores, memory thousandths of a byte."""
 
@@ -120,34 +119,19 @@ def _add(target: list[list[int]], shares: Sequence[_Pair]) -> None:
 
 
 def _sum_zones(pods: Sequence[kube.PodSummary], snapshot: NodeUsageSnapshot, zone_count: int) -> _ZoneSums:
-    metrics = {metric.key: metric for metric in snapshot.pods}
-    dangling = dict(metrics)
+    counted = core.count_pods(pods, snapshot)
     request = [[0, 0] for _ in range(zone_count)]
     used = [[0, 0] for _ in range(zone_count)]
     max_used = [[0, 0] for _ in range(zone_count)]
-    counts = dict.fromkeys(PodAccounting.__struct_fields__, 0)
-    for pod in pods:
-        if not pod.active:
-            counts["not_running_or_pending_skipped"] += 1
-            continue
-        metric = metrics.get(pod.key)
-        if metric is not None:
-            dangling.pop(pod.key, None)
-        if pod.priority_class in _LOW_PRIORITY:
-            counts["low_priority_skipped"] += 1
-            continue
-        counts["high_priority"] += 1
-        pod_request = _milli_pair(pod.request)
-        zone_requests = _split(pod_request, pod.numa_nodes, zone_count)
+    for pod, metric in counted.high_priority:
+        zone_requests = _split(_milli_pair(pod.request), pod.numa_nodes, zone_count)
         _add(request, zone_requests)
         if metric is None:
-            counts["high_priority_without_metric"] += 1
             _add(used, zone_requests)  # into both sums here, unlike the node level
             _add(max_used, zone_requests)
             continue
         zone_usages = _split(_milli_pair(metric.usage), pod.numa_nodes, zone_count)
-        if pod.qos_class == vocab.QOS_LSE:
-            counts["high_priority_lse"] += 1  # LSE pods hold their CPU request whatever they use
+        if pod.qos_class == vocab.QOS_LSE:  # LSE pods hold their CPU request whatever they use
             _add(used, [(req[0], use[1]) for req, use in zip(zone_requests, zone_usages, strict=True)])
         else:
             _add(used, zone_usages)
@@ -155,16 +139,12 @@ def _sum_zones(pods: Sequence[kube.PodSummary], snapshot: NodeUsageSnapshot, zon
             max_used,
             [(max(req[0], use[0]), max(req[1], use[1])) for req, use in zip(zone_requests, zone_usages, strict=True)],
         )
-    for metric in dangling.values():
-        if metric.priority in _LOW_PRIORITY:
-            counts["dangling_metrics_skipped"] += 1
-            continue
-        counts["dangling_metrics_counted"] += 1
+    for metric in counted.dangling:
         cpu, memory = _milli_pair(metric.usage)
         share = [(_div_up(cpu, zone_count), _div_up(memory, zone_count))] * zone_count
         _add(used, share)
         _add(max_used, share)
-    return _ZoneSums(request=request, used=used, max_used_request=max_used, accounting=PodAccounting(**counts))
+    return _ZoneSums(request=request, used=used, max_used_request=max_used, accounting=counted.accounting)
 
 
 def _cap_milli(res: str, capacity_milli: int, percent: int) -> int:

@@ -7,12 +7,16 @@ it comes from the `slo-controller-config` ConfigMap through KOORD_CLUSTER. These
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from services.noderesource.smoothing import SmoothingPolicy
 
 
 @dataclass(frozen=True, kw_only=True)
 class NodeResourceSettings:
+    ENV_PREFIX: ClassVar[str] = "KOORDBUS_NODERESOURCE_"
+    """Each field from KOORDBUS_NODERESOURCE_<FIELD>, else the shared KOORDBUS_<FIELD> (services.common.settings)."""
+
     resync_interval_seconds: float = 60.0
     """How often every node is decided again without an event, so a NodeMetric that stops arriving degrades the
     node after degradeTimeMinutes and a due write is re-sent after updateTimeThresholdSeconds (Koordinator's

@@ -5,7 +5,7 @@ KOORD_NODERESOURCE (`apply_decisions`), recording `(consumer, stream sequence)` 
 skipping sequences already projected, so redelivery is a no-op and a replay from the start rebuilds the tables;
 and the service records the effective colocation config and each node's effective strategy when they change
 (`set_config`, `set_node_strategies`), which are current state, not projections of a stream. Read by
-services.api.noderesources. History is capped per node (`history_limit`), pruned in the same transaction.
+services.noderesource.routes. History is capped per node (`history_limit`), pruned in the same transaction.
 """
 
 from __future__ import annotations
@@ -169,12 +169,9 @@ class NodeResourceStore:
         row per node is replaced only by a decision computed at the same time or later. Each touched node keeps
         its newest `history_limit` history rows.
         """
-        async with db.write_transaction(self._engine) as connection:
-            offset = await db.read_offset(connection, consumer, lock=True)
-            fresh = sorted({seq: event for seq, event in items if seq > offset}.items(), key=lambda pair: pair[0])
-            if not fresh:
-                return 0
-            ids = msg_ids or {}
+        ids = msg_ids or {}
+
+        async def write(connection: AsyncConnection, fresh: builtins.list[tuple[int, NodeResourceComputed]]) -> int:
             history = [_history_row(seq, event, msg_id=ids.get(seq, ""), consumer=consumer) for seq, event in fresh]
             await connection.execute(sa.insert(_DECISIONS), history)
             await connection.execute(
@@ -182,14 +179,11 @@ class NodeResourceStore:
                 [_latest_row(seq, event, consumer=consumer) for seq, event in _newest_per_node(fresh)],
             )
             await self._prune(connection, {event.node for _, event in fresh})
-            await db.record_offset(
-                connection,
-                consumer=consumer,
-                stream=stream,
-                last_seq=fresh[-1][0],
-                event_time=max(event.computed_at for _, event in fresh),
-            )
             return len(history)
+
+        return await db.project_batch(
+            self._engine, items, consumer=consumer, stream=stream, write=write, event_time=_latest_decision
+        )
 
     async def _prune(self, connection: AsyncConnection, nodes: set[str]) -> None:
         """Delete the touched nodes' history rows older than their newest `history_limit`, in one statement."""
@@ -348,6 +342,10 @@ def _newest_per_node(
         if held is None or event.computed_at >= held[1].computed_at:
             newest[event.node] = (seq, event)
     return builtins.list(newest.values())
+
+
+def _latest_decision(fresh: Sequence[tuple[int, NodeResourceComputed]]) -> float:
+    return max(event.computed_at for _, event in fresh)
 
 
 def _history_row(seq: int, event: NodeResourceComputed, *, msg_id: str, consumer: str) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Asking the quota service: commands, admission checks and what-ifs over the bus's request/reply.
 
-Used by the API gateway (services.api.quotas), which may run in another process than the quota service (or several
+Used by the API gateway (services.quota.routes), which may run in another process than the quota service (or several
 of them: the requests go to the queue group, so one replica answers each). Errors stay the bus's:
 BusUnavailableError when no quota service answers in time, RemoteError when it failed while answering.
 """

@@ -3,7 +3,7 @@
 services.quota.service feeds it quota events (with their stream sequence), pod and node observations and the clock,
 and asks it what changed. It holds:
 
-* the aggregate (services.quota.aggregate.QuotaTreeState) folded from the events; each event's object gets the
+* the aggregate (services.quota.core.QuotaTreeState) folded from the events; each event's object gets the
   event's stream sequence as its resourceVersion, so a replay yields identical objects;
 * one runtime tree (services.quota.runtime.QuotaTree) per tree id ("default" for the tree of koordinator-root-quota)
   kept in step with the aggregate's specs;
@@ -30,8 +30,8 @@ import msgspec
 from schemas import kube, quota, resources
 from schemas import quota_events as ev
 from schemas.quota_events import Violation
-from services.quota import admission, aggregate, profiles
-from services.quota.aggregate import DEFAULT_TREE, QuotaTreeState, Rejected
+from services.quota import admission, core, profiles
+from services.quota.core import DEFAULT_TREE, QuotaTreeState, Rejected
 from services.quota.pods import EMPTY_LOAD, QuotaIndex, QuotaLoad, pod_load
 from services.quota.runtime import QuotaTree
 
@@ -411,8 +411,8 @@ class QuotaModel:
     # --- commands
 
     def decide(self, command: ev.QuotaCommand, *, now: dt.datetime, actor: str) -> list[ev.QuotaEvent]:
-        """The events a command produces (services.quota.aggregate.decide with the pods counted here)."""
-        return aggregate.decide(self.state, command, now=now, actor=actor, pods_by_quota=self.pods_by_quota())
+        """The events a command produces (services.quota.core.decide with the pods counted here)."""
+        return core.decide(self.state, command, now=now, actor=actor, pods_by_quota=self.pods_by_quota())
 
     def check(self, pods: Iterable[kube.Pod], *, options: admission.CheckOptions) -> list[admission.Verdict]:
         """§3.8 for pods in order, each fitting one reserved before the next (services.quota.admission). Pods the
@@ -458,7 +458,7 @@ class QuotaModel:
         violations: list[Violation] = []
         for command in commands:
             try:
-                events = aggregate.decide(state, command, now=now, actor=actor, pods_by_quota=self.pods_by_quota())
+                events = core.decide(state, command, now=now, actor=actor, pods_by_quota=self.pods_by_quota())
             except Rejected as rejected:
                 violations.extend(rejected.violations)
                 continue

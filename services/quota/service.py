@@ -66,7 +66,7 @@ from services.common import observe
 from services.common.projection import BatchProjector
 from services.common.startup import wait_replayed
 from services.common.tasks import cancel_and_wait
-from services.quota import aggregate, profiles
+from services.quota import core, profiles
 from services.quota.model import QuotaModel
 from services.quota.settings import QuotaSettings
 from services.quota.store import LoggedEvent, QuotaStore
@@ -561,7 +561,7 @@ class QuotaService:
         holds, so each event's expected sequence is the last one on its tree's subject as the service saw it."""
         command = request.command
         async with self._command_lock:
-            tree = aggregate.tree_of(self.model.state, command)
+            tree = core.tree_of(self.model.state, command)
             _, last = await self.bus.stream_info(streams.KOORD_QUOTA)
             if not await self._caught_up(last):
                 return CommandReply(
@@ -574,7 +574,7 @@ class QuotaService:
                 return CommandReply(outcome="conflict", tree=tree, message=conflict)
             try:
                 events = self.model.decide(command, now=self._now(), actor=request.actor)
-            except aggregate.Rejected as rejected:
+            except core.Rejected as rejected:
                 return CommandReply(
                     outcome="rejected", tree=tree, violations=rejected.violations, message=str(rejected)
                 )
@@ -582,7 +582,7 @@ class QuotaService:
                 return self._reply(events, outcome="valid" if request.dry_run else "applied", tree=tree)
             seq, duplicate = 0, False
             for position, event in enumerate(events):
-                tree = aggregate.event_tree(event)
+                tree = core.event_tree(event)
                 try:
                     ack = await self.bus.publish(
                         subjects.quota_events(tree),
@@ -654,13 +654,13 @@ def _check_status_subjects(event: ev.QuotaEvent) -> None:
     """SubjectError when a quota or tree the event names could not be the subject of its status (a name too long for
     nats-server, which would drop the connection of every service of the process)."""
     names: list[str] = []
-    trees = [aggregate.event_tree(event)]
+    trees = [core.event_tree(event)]
     match event:
         case ev.QuotaCreated(quota=obj) | ev.QuotaUpdated(quota=obj) | ev.QuotaDeleted(quota=obj):
             names.append(obj.metadata.name)
         case ev.QuotasImported(quotas=objs):
             names.extend(o.metadata.name for o in objs)
-            trees.extend(aggregate.quota_tree(o) for o in objs)
+            trees.extend(core.quota_tree(o) for o in objs)
         case ev.ProfileCreated(profile=p) | ev.ProfileUpdated(profile=p) | ev.ProfileDeleted(profile=p):
             names.append(p.spec.quota_name)
     for what, name, subject in [

@@ -7,7 +7,7 @@ admission check answers (spec §3.3, Koordinator's defaults), plus the shell's t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import get_args
+from typing import ClassVar, get_args
 
 from services.quota.admission import CheckOptions
 from services.quota.model import ModelOptions, Terminating
@@ -15,6 +15,9 @@ from services.quota.model import ModelOptions, Terminating
 
 @dataclass(frozen=True, kw_only=True)
 class QuotaSettings:
+    ENV_PREFIX: ClassVar[str] = "KOORDBUS_QUOTA_"
+    """Each field from KOORDBUS_QUOTA_<FIELD>, else the shared KOORDBUS_<FIELD> (services.common.settings)."""
+
     enable_min_quota_scale: bool = True
     """enableMinQuotaScale: when a parent's total is below Σ children's min, scale the mins down proportionally."""
     enable_runtime_quota: bool = True

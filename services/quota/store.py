@@ -6,7 +6,7 @@ rows (the history behind GET /api/v1/quotas/{name}/history; an event that cannot
 `quota_status` and `quota_trees` rows (what GET /api/v1/quotas and /api/v1/quota-trees serve, so reads work while
 the quota service is down). Each projector records its stream offset in the same transaction as its rows and skips
 sequences at or below it, so redelivery is a no-op and a fresh database replays both streams. Read by
-services.api.quotas.
+services.quota.routes.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Final, cast
 
 import msgspec
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.orm import Mapped, mapped_column
 
 from schemas import quota_events as ev
@@ -138,67 +138,12 @@ class QuotaStore:
 
     async def apply_events(self, items: Sequence[LoggedEvent], *, consumer: str, stream: str) -> int:
         """Project a batch of the log in one transaction; returns the events written."""
-        async with db.write_transaction(self._engine) as connection:
-            offset = await db.read_offset(connection, consumer, lock=True)
-            fresh = sorted((i for i in items if i.stream_seq > offset), key=lambda i: i.stream_seq)
-            if not fresh:
-                return 0
-            await connection.execute(sa.insert(_EVENTS), [row for i in fresh for row in _event_rows(i)])
-            upsert = db.upsert(
-                _PROFILES, dialect_name=connection.dialect.name, key=["name"], update=["tree", "profile", "stream_seq"]
-            )
-            for item in fresh:
-                match item.event:
-                    case ev.ProfileCreated(profile=p) | ev.ProfileUpdated(profile=p):
-                        row = {
-                            "name": p.metadata.name,
-                            "tree": item.tree,
-                            "profile": msgspec.json.encode(p).decode(),
-                            "stream_seq": item.stream_seq,
-                        }
-                        await connection.execute(upsert, [row])
-                    case ev.ProfileDeleted(profile=p):
-                        await connection.execute(sa.delete(_PROFILES).where(_PROFILES.c.name == p.metadata.name))
-            await db.record_offset(
-                connection, consumer=consumer, stream=stream, last_seq=fresh[-1].stream_seq, event_time=0.0
-            )
-            return len(fresh)
+        pairs = [(item.stream_seq, item) for item in items]
+        return await db.project_batch(self._engine, pairs, consumer=consumer, stream=stream, write=_write_events)
 
     async def apply_statuses(self, items: Sequence[tuple[int, QuotaStatusEvent]], *, consumer: str, stream: str) -> int:
         """Project a batch of statuses (latest per quota and tree wins) in one transaction."""
-        async with db.write_transaction(self._engine) as connection:
-            offset = await db.read_offset(connection, consumer, lock=True)
-            fresh = sorted(((s, e) for s, e in items if s > offset), key=lambda pair: pair[0])
-            if not fresh:
-                return 0
-            quotas: dict[str, dict[str, Any]] = {}
-            trees: dict[str, dict[str, Any]] = {}
-            for seq, status in fresh:
-                text = msgspec.json.encode(status).decode()
-                if isinstance(status, QuotaStatusComputed):
-                    quotas[status.quota] = {
-                        "name": status.quota,
-                        "tree": status.tree,
-                        "status": text,
-                        "stream_seq": seq,
-                    }
-                else:
-                    trees[status.tree] = {"tree": status.tree, "status": text, "stream_seq": seq}
-            dialect = connection.dialect.name
-            gone = [name for name, row in quotas.items() if _STATUS_DECODER.decode(row["status"]).deleted]
-            live = [row for name, row in quotas.items() if name not in gone]
-            if gone:
-                await connection.execute(sa.delete(_STATUS).where(_STATUS.c.name.in_(gone)))
-            if live:
-                statement = db.upsert(
-                    _STATUS, dialect_name=dialect, key=["name"], update=["tree", "status", "stream_seq"]
-                )
-                await connection.execute(statement, live)
-            if trees:
-                statement = db.upsert(_TREES, dialect_name=dialect, key=["tree"], update=["status", "stream_seq"])
-                await connection.execute(statement, list(trees.values()))
-            await db.record_offset(connection, consumer=consumer, stream=stream, last_seq=fresh[-1][0], event_time=0.0)
-            return len(fresh)
+        return await db.project_batch(self._engine, items, consumer=consumer, stream=stream, write=_write_statuses)
 
     # --- reads
 
@@ -248,3 +193,50 @@ class QuotaStore:
         async with self._engine.connect() as connection:
             rows = (await connection.execute(sa.select(_PROFILES.c.profile).order_by(_PROFILES.c.name))).scalars()
             return [msgspec.json.decode(text) for text in rows.all()]
+
+
+# --- transaction steps (services.common.db.project_batch runs them)
+
+
+async def _write_events(connection: AsyncConnection, fresh: list[tuple[int, LoggedEvent]]) -> int:
+    await connection.execute(sa.insert(_EVENTS), [row for _, item in fresh for row in _event_rows(item)])
+    upsert = db.upsert(
+        _PROFILES, dialect_name=connection.dialect.name, key=["name"], update=["tree", "profile", "stream_seq"]
+    )
+    for _, item in fresh:
+        match item.event:
+            case ev.ProfileCreated(profile=p) | ev.ProfileUpdated(profile=p):
+                row = {
+                    "name": p.metadata.name,
+                    "tree": item.tree,
+                    "profile": msgspec.json.encode(p).decode(),
+                    "stream_seq": item.stream_seq,
+                }
+                await connection.execute(upsert, [row])
+            case ev.ProfileDeleted(profile=p):
+                await connection.execute(sa.delete(_PROFILES).where(_PROFILES.c.name == p.metadata.name))
+    return len(fresh)
+
+
+async def _write_statuses(connection: AsyncConnection, fresh: list[tuple[int, QuotaStatusEvent]]) -> int:
+    """The latest status per quota and per tree of the batch wins."""
+    quotas: dict[str, dict[str, Any]] = {}
+    trees: dict[str, dict[str, Any]] = {}
+    for seq, status in fresh:
+        text = msgspec.json.encode(status).decode()
+        if isinstance(status, QuotaStatusComputed):
+            quotas[status.quota] = {"name": status.quota, "tree": status.tree, "status": text, "stream_seq": seq}
+        else:
+            trees[status.tree] = {"tree": status.tree, "status": text, "stream_seq": seq}
+    dialect = connection.dialect.name
+    gone = [name for name, row in quotas.items() if _STATUS_DECODER.decode(row["status"]).deleted]
+    live = [row for name, row in quotas.items() if name not in gone]
+    if gone:
+        await connection.execute(sa.delete(_STATUS).where(_STATUS.c.name.in_(gone)))
+    if live:
+        statement = db.upsert(_STATUS, dialect_name=dialect, key=["name"], update=["tree", "status", "stream_seq"])
+        await connection.execute(statement, live)
+    if trees:
+        statement = db.upsert(_TREES, dialect_name=dialect, key=["tree"], update=["status", "stream_seq"])
+        await connection.execute(statement, list(trees.values()))
+    return len(fresh)

@@ -4,21 +4,19 @@ Pure. `SloState.apply` folds a NodeObserved or the `slo-controller-config` Confi
 changed: for each affected node its new rendered spec, or None when the node is gone (its NodeSLO is deleted). A
 ConfigMap change re-renders every node, a node change only that node; a spec equal to the last one returned for the
 node is not returned again, so replaying the cluster stream after a restart publishes nothing new. A ConfigMap key
-in error keeps its last good value (services.slo.render); `errors` says which and why.
+in error keeps its last good value (services.common.sloconfig); `errors` says which and why.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any
 
 import msgspec
 
 from schemas.cluster import ConfigMapObserved, NodeObserved
-from services.slo.render import SloConfig, parse_slo_config, render_node_slo
-
-CONFIGMAP_NAMESPACE: Final = "koordinator-system"
-CONFIGMAP_NAME: Final = "slo-controller-config"
+from services.common.sloconfig import CONFIGMAP_NAME, CONFIGMAP_NAMESPACE, SloConfig, parse_slo_config
+from services.slo.render import render_node_slo
 
 
 class NodeFacts(msgspec.Struct, frozen=True, kw_only=True):

@@ -2,10 +2,11 @@
 it, the changes against the spec the node's NodeSLO holds now, the keys in error with every problem by JSON path,
 and the node entries Koordinator would skip. Pure.
 
-The rendering is services.slo.render's, fed as the slo service feeds it: the ConfigMap in effect now is the previous
-config, so a key in error keeps the value the nodes already have. Nodes whose rendered spec, current spec and chosen
-entries are all the same form one outcome. Without nodes, the preview lists each key's strategies per node-selector
-group instead: the cluster strategy and every node entry as merged. Called by koordbus.slo.
+The parsing and rendering are services.common.sloconfig's and services.slo.render's, fed as the slo service feeds it:
+the ConfigMap in effect now is the previous config, so a key in error keeps the value the nodes already have. Nodes
+whose rendered spec, current spec and chosen entries are all the same form one outcome. Without nodes, the preview lists
+each key's strategies per node-selector group instead: the cluster strategy and every node entry as merged. Called by
+koordbus.slo.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import msgspec
 
 from schemas import quantity
 from schemas.selectors import selector_problems
+from services.common import sloconfig
 from services.slo import render
 
 
@@ -79,8 +81,8 @@ def preview(
 ) -> Preview:
     """`proposed` (a ConfigMap's data) rendered for `nodes` (None: per node-selector group), with the ConfigMap
     `in_effect` now (None: none) as the last good values."""
-    previous = render.parse_slo_config(in_effect) if in_effect is not None else None
-    config = render.parse_slo_config(proposed, previous=previous)
+    previous = sloconfig.parse_slo_config(in_effect) if in_effect is not None else None
+    config = sloconfig.parse_slo_config(proposed, previous=previous)
     errors = tuple(
         KeyProblem(key=key, path=problem.path, reason=problem.reason)
         for key, problems in config.problems.items()
@@ -92,9 +94,9 @@ def preview(
     return Preview(errors=errors, warnings=warnings, outcomes=_outcomes(config, nodes), groups=())
 
 
-def _groups(config: render.SloConfig) -> tuple[SelectorGroup, ...]:
+def _groups(config: sloconfig.SloConfig) -> tuple[SelectorGroup, ...]:
     groups: list[SelectorGroup] = []
-    for key in render.STRATEGY_KEYS:
+    for key in sloconfig.STRATEGY_KEYS:
         if key.config_key in config.errors:
             continue
         parsed = config.strategies[key.config_key]
@@ -103,13 +105,15 @@ def _groups(config: render.SloConfig) -> tuple[SelectorGroup, ...]:
             groups.append(
                 _group(key.config_key, f"nodeStrategies[{index}]", node.name, node.node_selector, node.strategy)
             )
-    if render.HOST_APPLICATION_KEY not in config.errors:
+    if sloconfig.HOST_APPLICATION_KEY not in config.errors:
         hosts = config.host_applications
-        groups.append(SelectorGroup(key=render.HOST_APPLICATION_KEY, entry="applications", strategy=hosts.applications))
+        groups.append(
+            SelectorGroup(key=sloconfig.HOST_APPLICATION_KEY, entry="applications", strategy=hosts.applications)
+        )
         for index, entry in enumerate(hosts.nodes):
             groups.append(
                 _group(
-                    render.HOST_APPLICATION_KEY,
+                    sloconfig.HOST_APPLICATION_KEY,
                     f"nodeConfigs[{index}]",
                     entry.name,
                     entry.node_selector,
@@ -139,23 +143,23 @@ def _named(entry: str, name: str) -> str:
     return f"{entry} ({name})" if name else entry
 
 
-def _entries(config: render.SloConfig, labels: Mapping[str, str]) -> dict[str, str]:
+def _entries(config: sloconfig.SloConfig, labels: Mapping[str, str]) -> dict[str, str]:
     taken: dict[str, str] = {}
-    for key in render.STRATEGY_KEYS:
+    for key in sloconfig.STRATEGY_KEYS:
         nodes = config.strategies[key.config_key].nodes
-        index = render.first_match([node.node_selector for node in nodes], labels)
+        index = sloconfig.first_match([node.node_selector for node in nodes], labels)
         taken[key.config_key] = (
             "clusterStrategy" if index is None else _named(f"nodeStrategies[{index}]", nodes[index].name)
         )
     hosts = config.host_applications.nodes
-    index = render.first_match([entry.node_selector for entry in hosts], labels)
-    taken[render.HOST_APPLICATION_KEY] = (
+    index = sloconfig.first_match([entry.node_selector for entry in hosts], labels)
+    taken[sloconfig.HOST_APPLICATION_KEY] = (
         "applications" if index is None else _named(f"nodeConfigs[{index}]", hosts[index].name)
     )
     return taken
 
 
-def _outcomes(config: render.SloConfig, nodes: Sequence[NodeFacts]) -> tuple[Outcome, ...]:
+def _outcomes(config: sloconfig.SloConfig, nodes: Sequence[NodeFacts]) -> tuple[Outcome, ...]:
     grouped: dict[str, list[tuple[str, dict[str, str], dict[str, Any], Mapping[str, Any] | None]]] = {}
     for node in nodes:
         spec = render.render_node_slo(config, node.labels, node.annotations)

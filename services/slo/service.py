@@ -27,21 +27,16 @@ from bus.api import Bus, Consumer, ConsumerSpec, Delivery, PublishOptions, msg_i
 from schemas.cluster import CLUSTER_EVENT_DECODER, ConfigMapObserved, NodeObserved
 from schemas.qos import NODE_SLO_DECODER, SLO_CONFIG_STATUS_DECODER, NodeSloRendered, SloConfigStatus
 from services.common import observe
+from services.common.kv import KV_DELETE, KV_OPERATION, is_delete_marker
+from services.common.sloconfig import CONFIGMAP_NAME, CONFIGMAP_NAMESPACE
 from services.common.startup import wait_replayed
-from services.slo.core import CONFIGMAP_NAME, CONFIGMAP_NAMESPACE, SloState
+from services.slo.core import SloState
 
 log = logging.getLogger(__name__)
 
 SERVICE: Final = "slo"
 CLUSTER_CONSUMER: Final = "slo-cluster"
-KV_OPERATION: Final = "KV-Operation"
-"""JetStream KV's header: `DEL` marks a deleted key (what `nats kv get` reports as deleted)."""
-KV_DELETE: Final = "DEL"
 _ENCODER = msgspec.json.Encoder(order="sorted")
-
-
-def is_delete_marker(delivery: Delivery) -> bool:
-    return delivery.headers.get(KV_OPERATION) in (KV_DELETE, "PURGE")
 
 
 class _ClusterHandler:

@@ -6,6 +6,7 @@ and a screenshot of each page lands in test-artifacts/browser/."""
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 from typing import Any
 
@@ -129,6 +130,19 @@ def test_node_page_charts_percentiles_now_and_over_time(tab: Page, koordbus_up: 
     tab.page.wait_for_function(
         "Number(document.querySelector('[data-chart=batch-cpu] svg')?.dataset.points || 0) >= 1", timeout=30_000
     )
+    # the prod predictor next to mid: prod usage, peak and reclaimable per report, mid per decision; and the newest
+    # prediction explained (the simulated prod pods were created long ago: every one is predicted)
+    assert tab.page.is_visible("text=Prod usage, predicted peak and reclaimable, and mid allocatable")
+    tab.page.wait_for_function(
+        "[...document.querySelectorAll('[data-chart=prediction-cpu] path.series')].map(p => p.dataset.series).join()"
+        " === 'prod usage,prod peak,reclaimable,mid-cpu'",
+        timeout=30_000,
+    )
+    tab.page.wait_for_function(
+        "/prod pods predicted/.test(document.querySelector('#node-prediction').textContent)", timeout=30_000
+    )
+    prediction = tab.page.text_content("#node-prediction") or ""
+    assert re.search(r"reclaimable [0-9.]+ cores", prediction) and "null" not in prediction, prediction
     tab.screenshot("node")
     assert tab.errors == []
 
@@ -188,6 +202,13 @@ def test_a_migration_request_shows_in_the_queue_with_its_arbitration(tab: Page, 
         f"document.querySelector('#migration-trail').textContent.includes({json.dumps(job)})", timeout=10_000
     )
     assert "ghost" in tab.page.inner_text("#migration-trail")
+    # up's default args run no LowNodeLoad: the descheduler's section says so, and so does a plan
+    assert "no LowNodeLoad round yet" in tab.page.inner_text("#descheduler-round")
+    tab.page.click("#descheduler-plan")
+    tab.page.wait_for_function(
+        "document.querySelector('#descheduler-round').textContent.includes('no lowNodeLoadArgs')", timeout=10_000
+    )
+    assert "plan for now, nothing acted on" in tab.page.inner_text("#descheduler-round")
     tab.screenshot("migrations")
     assert tab.errors == []
 

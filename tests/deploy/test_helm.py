@@ -455,7 +455,7 @@ def test_the_loadaware_extender_admits_only_kube_scheduler() -> None:
     ]
     # the settings the chart sets are the ones the service reads
     from services.common import settings as settings_loader
-    from services.loadaware.service import LoadAwareSettings
+    from services.loadaware.settings import LoadAwareSettings
 
     files = {k: v for k, v in env.items() if k.startswith("KOORDBUS_TLS_") or k == "KOORDBUS_EXTENDER_PORT"}
     loaded = settings_loader.load(LoadAwareSettings, env={**files, "KOORDBUS_ASSUMED_TTL_SECONDS": "30"})

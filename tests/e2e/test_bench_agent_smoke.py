@@ -15,13 +15,17 @@ pytestmark = pytest.mark.e2e
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "agent.py"
 KEYS = {
     "bench", "pods", "seconds", "cpu_percent_of_one_core", "rss_mb", "peak_rss_mb", "qos_rounds", "collections",
-    "convergence_writes", "steady_writes", "qos_problems", "target_held", "command",
+    "convergence_writes", "steady_writes", "qos_problems", "new_pods", "pod_start_p50_ms", "pod_start_p99_ms",
+    "pod_start_max_ms", "target_held", "command",
 }  # fmt: skip
 
 
 def test_prints_one_json_line_with_sane_figures() -> None:
     run = subprocess.run(
-        [sys.executable, str(SCRIPT), "--pods", "6", "--seconds", "2"], capture_output=True, text=True, timeout=120
+        [sys.executable, str(SCRIPT), "--pods", "6", "--seconds", "2", "--new-pods", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == 0, run.stderr
     lines = run.stdout.strip().splitlines()
@@ -38,6 +42,8 @@ def test_prints_one_json_line_with_sane_figures() -> None:
     assert result["qos_rounds"] >= 1 and result["collections"] >= 1
     # CPU is counted in clock ticks (10 ms): at toy size over 2 s it may round to 0
     assert result["cpu_percent_of_one_core"] >= 0 and result["peak_rss_mb"] > 10
+    # three BE pods started afterwards each got their container's cpu.shares (30 s would mean it never came)
+    assert result["new_pods"] == 3 and 0 < result["pod_start_p50_ms"] <= result["pod_start_max_ms"] < 30_000
 
 
 def test_bad_arguments_are_a_usage_error() -> None:

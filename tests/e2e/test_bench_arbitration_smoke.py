@@ -13,8 +13,9 @@ pytestmark = pytest.mark.e2e
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "arbitration.py"
 KEYS = {
-    "bench", "jobs", "pods", "workloads", "nodes", "view_build_ms", "round_p50_ms", "round_max_ms", "jobs_per_s",
-    "passed", "failed", "waiting", "target_held", "target_misses", "command",
+    "bench", "jobs", "pods", "workloads", "nodes", "view_build_ms", "round_p50_ms", "round_p99_ms", "round_max_ms",
+    "first_round_ms",
+    "rounds", "jobs_per_s", "passed", "failed", "waiting", "target_held", "target_misses", "command",
 }  # fmt: skip
 
 
@@ -32,7 +33,8 @@ def test_prints_one_json_line_with_sane_figures() -> None:
     assert set(result) == KEYS
     assert result["passed"] + result["failed"] + result["waiting"] == 200
     assert 0 < result["passed"] < 200  # the limits hold some back
-    assert 0 < result["round_p50_ms"] <= result["round_max_ms"]
+    assert 0 < result["round_p50_ms"] <= result["round_p99_ms"] <= result["round_max_ms"]
+    assert result["rounds"] == 2
 
 
 def test_too_few_pods_is_a_usage_error() -> None:

@@ -16,8 +16,8 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 
+from agent.loops.runner import QosLoops
 from agent.pods import KubeletPods
-from agent.qos_loops import QosLoops
 from agent.settings import AgentSettings, QosSettings
 from bus.jetstream import JetStreamBus
 from services.common.metrics import new_registry

@@ -83,6 +83,31 @@ def test_up_serves_nodemetrics_and_stops_on_ctrl_c(tmp_path: Path) -> None:
             n["metadata"]["name"]: int(n["status"]["allocatable"]["kubernetes.io/batch-cpu"]) for n in recorded["nodes"]
         }
         assert sorted(batch_cpu) == names and all(0 < cpu < 32_000 for cpu in batch_cpu.values()), batch_cpu
+
+        # The prod predictor, trained from the backfilled minutes, finds what the simulated prod pods request and do
+        # not use: the NodeMetrics carry it (prodReclaimableMetric, prodPeakMetric; from the first report after a
+        # training round on) and the nodes' mid resources are made of it (spec §1.7, §2.8).
+        def predicted(recorded: dict[str, Any]) -> dict[str, tuple[Any, Any, int]]:
+            metrics = {o["metadata"]["name"]: o["status"] for o in recorded["nodemetrics"]}
+            mid = {
+                n["metadata"]["name"]: n["status"]["allocatable"].get("kubernetes.io/mid-cpu")
+                for n in recorded["nodes"]
+            }
+            return {
+                name: (status["prodReclaimableMetric"], status.get("prodPeakMetric"), int(mid.get(name) or 0))
+                for name, status in metrics.items()
+                if name in names and "prodReclaimableMetric" in status
+            }
+
+        while time.monotonic() < deadline + 60 and not (
+            sorted(found := predicted(recorded)) == names and all(mid > 0 for _, _, mid in found.values())
+        ):
+            time.sleep(0.5)
+            recorded = get_json(f"{base}/api/v1/k8s/recorded-writes", token)  # type: ignore[assignment]
+        assert sorted(found) == names, found
+        for reclaimable, peak, mid_cpu in found.values():
+            assert reclaimable["resource"]["resources"]["cpu"] != "0" and peak["resource"]["resources"], found
+            assert mid_cpu > 0, found
         with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
             assert b"koordbus_nodemetric_batches_total" in response.read()
         # elastic quotas through the real CLI: applied, shown in the tree, mirrored (recorded) as ElasticQuotas

@@ -53,8 +53,10 @@ def test_simulated_batch_usage_stays_within_the_batch_allocatable(tmp_path: Path
             raise AssertionError(f"no NodeMetric after the batch resources were decided: {rows}")
         used = _batch_use(rows)
         assert any(cpu_used for cpu_used, *_ in used.values()), used  # batch pods do run
-        # A report averages a window in which the allocatable may have shrunk: its pods are evicted at the
-        # simulation's next tick, so the overshoot is gone two reports later at the latest (a transient, no more).
+        # A report may predate a shrink of the allocatable: the pods evicted for it leave the node at the
+        # simulation's next tick, and podsMetric names only the pods on the node, so the overshoot is gone two
+        # reports later at the latest (a transient, no more; an evicted pod's average no longer lingers for the
+        # 5-minute aggregate window, which failed this test in CI).
         over = {name: (at, use) for name, use in used.items() if _over(use) for at in [_report_time(rows, name)]}
         deadline = time.monotonic() + 2 * REPORT_INTERVAL + 30
         while over and time.monotonic() < deadline:

@@ -7,13 +7,14 @@ counter bumped on every write, 409 on stale writes, merge / strategic-merge / JS
 subresource rules, watches that resume from a resourceVersion and get a 410 ERROR event once it left
 the retained window, and validation against the CRD schemas in ../shared/reference/koordinator-crds.
 Tests get one from tests/fixtures/kube.py and inspect or steer it through its hooks (`objects`,
-`get`, `put`, `remove`, `requests`, `fail_next`, `degrade`, `drop_watches`, `expire_history`, `bookmark`;
+`get`, `put`, `remove`, `requests`, `bodies`, `fail_next`, `degrade`, `drop_watches`, `expire_history`, `bookmark`;
 `answered` lists every request with its time and status, for tests counting attempts). The pure
 rules (kinds, validation, patches, selectors) live in tests/fakes/kube_rules.py.
 
 Deliberate differences from a real server, to keep it small and our writers honest: fields a CRD
 schema does not declare are rejected with 422 instead of pruned; no finalizers, pagination
-(`limit` is ignored and every item returned), delete options, deletecollection, admission,
+(`limit` is ignored and every item returned), delete options (only preconditions.uid is honoured,
+on a DELETE or an eviction; all are kept in `bodies`), deletecollection, admission,
 server-side apply or managedFields; `/status` writes change only `.status` (the real server also
 takes label changes there for core kinds); list ignores `resourceVersion` and serves the latest state.
 ARCHITECTURE.md suggests extending kmock's KubernetesEmulator; kmock is not a dependency, so this is
@@ -60,6 +61,22 @@ class RecordedRequest(NamedTuple):
     verb: str
     path: str
     content_type: str
+
+
+class SentBody(NamedTuple):
+    """The JSON body of a write as the server received it (None: no body, or not JSON), for tests asserting what
+    was asked (an Eviction's or a DELETE's deleteOptions, a patch)."""
+
+    verb: str
+    path: str
+    body: Any
+
+
+def _parsed(raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
 
 
 class AnsweredRequest(NamedTuple):
@@ -141,6 +158,8 @@ class FakeKubeApi:
         self.kinds = resource_kinds()
         self.url = ""
         self.requests: list[RecordedRequest] = []
+        self.bodies: list[SentBody] = []
+        """Every write's body, in arrival order (evictions, deletes, patches, creates, updates)."""
         self._store: dict[str, dict[tuple[str, str], Json]] = {k.plural: {} for k in self.kinds}
         self._resource_version = 0
         self._history: deque[_Change] = deque()
@@ -370,6 +389,8 @@ class FakeKubeApi:
             kind, namespace, name, subresource = self._route(segments)
             verb = self._verb(request, name)
             self.requests.append(RecordedRequest(verb, request.path, content_type))
+            if request.method != "GET":
+                self.bodies.append(SentBody(verb, request.path, _parsed(await request.read())))
             arrived = time.monotonic()
             response = await self._serve(request, kind, namespace, name, subresource, verb, content_type)
             self.answered.append(AnsweredRequest(arrived, verb, request.path, response.status))
@@ -401,6 +422,14 @@ class FakeKubeApi:
                 return web.json_response(copy.deepcopy(self._require(kind, namespace or "", name or "")))
             if verb == "delete":
                 current = self._require(kind, namespace or "", name or "")
+                options = _parsed(await request.read())
+                wanted_uid = ((options or {}).get("preconditions") or {}).get("uid")
+                if wanted_uid and wanted_uid != current["metadata"].get("uid"):
+                    raise ApiError(
+                        409,
+                        f"Precondition failed: UID in precondition: {wanted_uid}, UID in object meta: "
+                        f"{current['metadata'].get('uid')}",
+                    )
                 return web.json_response(self._commit(kind, copy.deepcopy(current), "DELETED", current))
             body = await request.read()
             if verb == "patch":
@@ -443,6 +472,7 @@ class FakeKubeApi:
         if request.method != "POST":
             raise ApiError(405, f"{request.method} is not supported on {request.path}")
         self.requests.append(RecordedRequest("evict", request.path, "application/json"))
+        self.bodies.append(SentBody("evict", request.path, _parsed(raw)))
         pods = self.resource_kind("Pod")
         self._inject_fault("evict", pods)
         current = self._require(pods, namespace, name)

@@ -12,7 +12,6 @@ clean replay of the same streams into a fresh database (tests/faults/replay.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from bus import streams, subjects
 from bus.api import Bus
 from bus.jetstream import JetStreamBus
 from schemas.node import NodeStateReported, encode_node_event
+from services.common.tasks import cancel_and_wait
 from tests.faults import private_postgres
 from tests.faults.private_postgres import PrivatePostgres
 from tests.faults.replay import projection_tables, replay_into
@@ -131,14 +131,14 @@ async def test_services_survive_a_postgres_outage_and_catch_up(
 
             await asyncio.to_thread(postgres.start)
             await eventually(lambda: all_ready(services, client), timeout=READY_TIMEOUT_SECONDS)
-            await cancel(feeding)
+            await cancel_and_wait(feeding)
             feeding = None
             await assert_projections_catch_up(postgres, nats_url, database_url, services)
             for service in services:
                 assert await service.stop() == 0, f"unclean exit: {service.describe()}"
         finally:
             if feeding is not None:
-                await cancel(feeding)
+                await cancel_and_wait(feeding)
             for service in services:
                 await service.stop()
             await bus.close()
@@ -194,9 +194,3 @@ def _brief(rows: list[dict[str, object]]) -> list[dict[str, object]]:
 
 
 REPLAYED_STREAMS = (streams.KOORD_NODE, streams.KOORD_NODEMETRIC, streams.KOORD_NODERESOURCE)
-
-
-async def cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task

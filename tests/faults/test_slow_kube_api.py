@@ -14,7 +14,6 @@ and NodeSLO for every node each second. Checked:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import time
 from collections import defaultdict
@@ -30,6 +29,7 @@ from bus.api import Bus
 from bus.jetstream import JetStreamBus
 from schemas import quantity
 from schemas.qos import NodeSloRendered
+from services.common.tasks import cancel_and_wait
 from tests.fakes.kube_api import AnsweredRequest, FakeKubeApi
 from tests.faults.service_process import ServiceProcess
 from tests.support.events import nodemetric_computed, publish_events
@@ -142,7 +142,7 @@ async def test_a_slow_failing_api_server_gets_backed_off_writes_and_then_each_la
                 if status == 503:
                     not_ready = body
                 await asyncio.sleep(0.5)
-            await cancel(feeding)
+            await cancel_and_wait(feeding)
             feeding = None
             last_tick = feeder.tick
             kube_api.recover()
@@ -160,7 +160,7 @@ async def test_a_slow_failing_api_server_gets_backed_off_writes_and_then_each_la
             assert await bridge.stop() == 0, f"unclean exit: {bridge.describe()}"
         finally:
             if feeding is not None:
-                await cancel(feeding)
+                await cancel_and_wait(feeding)
             await bridge.stop()
             await bus.close()
 
@@ -191,9 +191,3 @@ def assert_each_landed_once(answered: list[AnsweredRequest]) -> None:
             writes[object_of(request.path)] += 1
     expected = {(plural, node): 1 for plural in ("nodemetrics", "nodeslos") for node in NODES}
     assert dict(writes) == expected
-
-
-async def cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task

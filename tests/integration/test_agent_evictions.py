@@ -5,6 +5,7 @@ machine's real cgroup v1 filesystem."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import uuid
@@ -20,11 +21,13 @@ from agent.core import PodSample, Tick
 from bus import streams, subjects
 from bus.memory import MemoryBus
 from schemas.node import PodRef
+from schemas.noderesource import NodeResourceComputed
 from schemas.qos import EVICTION_DECODER, PodEvictionRequested
 from services.common.metrics import new_registry
 from services.k8s.eviction_executor import EvictionExecutor, KubeEvictor
 from tests.fakes.kube_api import FakeKubeApi
 from tests.integration.test_agent_qos import (
+    NODE,
     T0,
     AwayBus,
     Clock,
@@ -40,6 +43,7 @@ from tests.unit.test_agent_actuate import CID, GI, be_pod
 
 BIG_UID = "3f1e2d3c-0000-4000-8000-0000000000b1"
 SMALL_UID = "3f1e2d3c-0000-4000-8000-0000000000b2"
+LS_ONLY_UID = "3f1e2d3c-0000-4000-8000-0000000000b3"
 MEMORY_SPEC = {"resourceUsedThresholdWithBE": {"enable": True, "memoryEvictThresholdPercent": 70}}
 
 
@@ -154,6 +158,24 @@ async def test_the_executor_answers_blocked_replaced_and_expired(kube_api: FakeK
     assert await executor.execute(request(BIG_UID, T0)) == "gone"
 
 
+async def test_a_flood_of_expired_requests_is_not_a_flood_of_warnings(
+    kube_client: ApiClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The soak at 1,000 simulated nodes: every eviction request delivered late was its own WARNING line, hundreds a
+    minute. Each answer now goes to DEBUG (a failed one to WARNING) and a minute's worth to one INFO summary."""
+    bus = MemoryBus()
+    await bus.ensure_streams([streams.node_stream()])
+    executor = EvictionExecutor(bus, KubeEvictor(kube_client), registry=new_registry(), clock=lambda: T0 + 3600)
+    with caplog.at_level(logging.DEBUG, logger="services.k8s.eviction_executor"):
+        for i in range(200):
+            request = PodEvictionRequested(
+                node="n1", at=T0, namespace="jobs", name=f"p{i}", uid=str(uuid.uuid4()), feature="x", reason="late"
+            )
+            assert await executor.execute(request) == "expired"
+    mine = [r for r in caplog.records if r.name == "services.k8s.eviction_executor"]
+    assert len(mine) == 200 and all(r.levelno == logging.DEBUG for r in mine)
+
+
 async def test_be_cpu_satisfaction_evicts_the_busiest_be_pod(tmp_path: Path) -> None:
     spec = {
         "resourceUsedThresholdWithBE": {
@@ -189,6 +211,101 @@ async def test_be_cpu_satisfaction_evicts_the_busiest_be_pod(tmp_path: Path) -> 
     (change,) = events["cpu-evict"].changes
     assert change.path == "pods/jobs/busy" and "release 4000m × (80% − 0.50) = 1200m" in change.reason
     assert [r.feature for r in await requests(bus)] == ["BECPUEvict"]
+
+
+async def test_node_cpu_eviction_picks_eviction_enabled_pods_by_cpu_used(tmp_path: Path) -> None:
+    """CPUEvict (issue 23 point 2, §5.5.3): the node's CPU averaged over the window at 90 % of 8 cores ≥ the 80 %
+    threshold → release 8000m × (90 − 70) % = 1600m from pods labelled eviction-enabled at or under the priority
+    threshold, the most CPU first; an LS pod without the label is never picked; the 20 s cool-down holds."""
+    spec = {
+        "resourceUsedThresholdWithBE": {
+            "enable": True,
+            "cpuEvictThresholdPercent": 80,
+            "cpuEvictLowerPercent": 70,
+            "evictEnabledPriorityThreshold": 5000,
+            "cpuEvictTimeWindowSeconds": 3,
+        }
+    }
+
+    def enabled(p: actuate.NodePod, priority: int) -> actuate.NodePod:
+        meta = msgspec.structs.replace(
+            p.pod.metadata, labels={**p.pod.metadata.labels, "koordinator.sh/eviction-enabled": "true"}
+        )
+        spec_ = msgspec.structs.replace(p.pod.spec, priority=priority)
+        return actuate.NodePod(pod=msgspec.structs.replace(p.pod, metadata=meta, spec=spec_), containers=p.containers)
+
+    hungry = enabled(be_pod(BIG_UID, name="hungry", label="LS", kube_qos="Burstable"), 1000)
+    modest = enabled(be_pod(SMALL_UID, name="modest", label="LS", kube_qos="Burstable"), 1000)
+    protected = be_pod(LS_ONLY_UID, name="web", label="LS", kube_qos="Burstable")  # not eviction-enabled
+    bus = await slo_bus(spec)
+    clock = Clock()
+    qos_loops = setup(tmp_path, bus, [hungry, modest, protected], clock, evict_features="CPUEvict")
+
+    def cpu_tick(at: float) -> Tick:
+        def sample(uid: str, cores: float) -> PodSample:
+            return PodSample(
+                pod=PodRef(uid=uid, kube_qos="Burstable"), sample=(at, cores, GI), memory_with_page_cache=0
+            )
+
+        return Tick(at=at, node=(at, 7.2, 10 * GI), node_memory_with_page_cache=0, system=None,
+                    pods=(sample(BIG_UID, 1.0), sample(SMALL_UID, 0.8), sample(LS_ONLY_UID, 5.0)))  # fmt: skip
+
+    qos_loops._usage = lambda: cpu_tick(clock.now)
+    events = {e.loop: e for e in await qos_loops.round()}
+    changes = events["cpu-evict"].changes
+    # hungry (1000m) then modest (800m): 1800m ≥ 1600m; web uses most but is not eviction-enabled
+    assert [c.path for c in changes] == ["pods/jobs/hungry", "pods/jobs/modest"]
+    assert "node CPU 90% over 1 samples ≥ threshold 80%: release 1600m (to 70%)" in changes[0].reason
+    assert [r.feature for r in await requests(bus)] == ["CPUEvict", "CPUEvict"]
+    clock.now += 5  # within the 20 s cool-down: nothing more, though the node is still hot
+    assert "cpu-evict" not in {e.loop for e in await qos_loops.round()}
+
+
+async def test_batch_pods_past_a_shrunk_batch_allocatable_are_evicted_by_request(tmp_path: Path) -> None:
+    """MemoryAllocatableEvict (issue 23 point 2, §5.5.2): the node's batch allocatable read from its last due
+    batch/mid decision (16 GiB of batch-memory); BE pods request 12 + 8 = 20 GiB = 125 % > the 110 % threshold →
+    release (125 − 100) % × 16 GiB = 4 GiB, the eviction-enabled pod with the largest request last-key first."""
+    spec = {
+        "resourceUsedThresholdWithBE": {
+            "enable": True,
+            "memoryAllocatableEvictThresholdPercent": 110,
+            "memoryAllocatableEvictLowerPercent": 100,
+            "allocatableEvictPriorityThreshold": 6999,
+        }
+    }
+
+    def batch_pod(uid: str, name: str, gib: int) -> actuate.NodePod:
+        requests = {"kubernetes.io/batch-cpu": "1000", "kubernetes.io/batch-memory": f"{gib}Gi"}
+        p = be_pod(uid, name=name, annotation={"containers": {"main": {"requests": requests}}})
+        document = msgspec.to_builtins(p.pod)
+        document["metadata"]["labels"]["koordinator.sh/eviction-enabled"] = "true"
+        document["metadata"]["labels"]["koordinator.sh/priority-class"] = "koord-batch"
+        document["spec"]["priority"] = 5500
+        document["spec"]["containers"] = [{"name": "main", "resources": {"requests": requests}}]
+        return actuate.NodePod(pod=msgspec.convert(document, type(p.pod)), containers=p.containers)
+
+    big, small = batch_pod(BIG_UID, "big", 12), batch_pod(SMALL_UID, "small", 8)
+    bus = await slo_bus(spec)
+    await bus.ensure_streams([streams.noderesource_stream()])
+    decided = NodeResourceComputed(
+        node=NODE,
+        computed_at=T0,
+        trigger=("nodemetric",),
+        outcome="computed",
+        resources={"kubernetes.io/batch-cpu": 8000, "kubernetes.io/batch-memory": 16 * GI},
+        write_due=True,
+        write_reason="first write",
+    )
+    await bus.publish(subjects.noderesource_computed(NODE), msgspec.json.encode(decided), msg_id="decision")
+    clock = Clock()
+    qos_loops = setup(tmp_path, bus, [big, small], clock, evict_features="MemoryAllocatableEvict")
+    qos_loops._usage = lambda: memory_tick(clock.now, node_gib=30, pods={BIG_UID: 6, SMALL_UID: 5})
+    events = {e.loop: e for e in await qos_loops.round()}
+    (change,) = events["memory-evict"].changes
+    assert change.path == "pods/jobs/big"  # 12 GiB covers the 4 GiB release
+    assert "MemoryAllocatableEvict: kubernetes.io/batch-memory: (" in change.reason
+    assert [r.feature for r in await requests(bus)] == ["MemoryAllocatableEvict"]
+    assert qos_loops.allocatable.allocatable == {"kubernetes.io/batch-cpu": 8000, "kubernetes.io/batch-memory": 16 * GI}
 
 
 @pytest.mark.cgroup

@@ -1,10 +1,12 @@
-"""The agent's QoS loops (agent/qos_loops.py) on generated cgroup v1/v2 and resctrl trees, and on this machine's real
+"""The agent's QoS loops (agent/loops/runner.py) on generated cgroup v1/v2 and resctrl trees, and on this machine's real
 cgroup v1 filesystem: BE cgroups written and read back, idempotent rounds, dry-run, bad input skipped per object,
 paths confined to the root, resctrl schemata and tasks, the fail-safe, and the last good NodeSLO across a restart
 with the bus away."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import uuid
 from collections.abc import Mapping
@@ -14,11 +16,11 @@ from typing import Any
 import msgspec
 import pytest
 
-import agent.qos_loops
+import agent.loops.runner
 from agent import actuate, suppress
 from agent.core import PodSample, Tick
+from agent.loops.runner import QosLoops
 from agent.pods import PodList
-from agent.qos_loops import QosLoops
 from agent.settings import AgentSettings, QosSettings
 from bus import streams, subjects
 from bus.api import Delivery
@@ -26,7 +28,9 @@ from bus.errors import BusUnavailableError
 from bus.memory import MemoryBus
 from schemas import kube
 from schemas.node import PodRef
+from schemas.psi import PsiSample
 from schemas.qos import ACTUATION_DECODER, ActuationApplied, NodeSloRendered
+from tests.support.waiting import eventually
 from tests.unit.test_agent_actuate import CID, GI, UID, be_pod
 
 NODE = "node-a"
@@ -582,6 +586,60 @@ async def test_cpu_suppress_cfs_quota_policy_and_release_when_off(tmp_path: Path
     assert values(files)[quota] == "-1"
 
 
+async def test_cpu_suppress_psi_rule_is_opt_in_and_lowers_be_quota_under_ls_cpu_pressure(tmp_path: Path) -> None:
+    cg = tmp_path / "cg"
+    files = v1_tree(cg)
+    cpuset_tree(cg)
+    clock = Clock()
+    spec = {"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressPolicy": "cfsQuota"}}
+    ls = be_pod(LS_UID, label="LS", name="web", kube_qos="Burstable")
+    quota = "cpu/kubepods/besteffort/cpu.cfs_quota_us"
+
+    def pressed(stall: float) -> Tick:
+        plain = tick(clock.now, node=4.0, be=1.0, ls=1.0)
+        pods = tuple(
+            msgspec.structs.replace(p, psi=PsiSample(t=clock.now, cpu_some=stall)) if p.pod.uid == LS_UID else p
+            for p in plain.pods
+        )
+        return msgspec.structs.replace(plain, pods=pods)
+
+    default = loops(
+        tmp_path,
+        await slo_bus(spec),
+        StaticPods(be_pod(), ls),
+        cgroup_root=cg,
+        clock=clock,
+        sys_root=sys_tree(tmp_path / "sys"),
+    )
+    default._usage = lambda: pressed(0.9)
+    await default.round()
+    # off by default: 5200m − LS 1000m − system 2000m = 2200m, whatever the pressure
+    assert values(files)[quota] == "220000"
+
+    (tmp_path / "state").mkdir(exist_ok=True)
+    stall = [0.5]
+    opted = loops(
+        tmp_path,
+        await slo_bus(spec),
+        StaticPods(be_pod(), ls),
+        cgroup_root=cg,
+        clock=clock,
+        sys_root=sys_tree(tmp_path / "sys2"),
+        psi_suppress_threshold=0.4,
+        psi_suppress_step_percent=10,
+    )
+    opted._usage = lambda: pressed(stall[0])
+    clock.now += 10
+    events = {e.loop: e for e in await opted.round()}
+    # 2200m − the step of 10% of 8 CPUs (800m) = 1400m
+    assert values(files)[quota] == "140000"
+    assert "LS CPU pressure step 800m" in events["cpu-suppress"].changes[0].reason
+    stall[0] = 0.1  # the pressure is gone: the budget comes back (growth capped at 10% of the node per round)
+    clock.now += 10
+    await opted.round()
+    assert values(files)[quota] == "220000"
+
+
 # --- CPU burst (§5.6)
 
 
@@ -719,10 +777,168 @@ async def test_one_failing_loop_does_not_stop_the_others(tmp_path: Path, monkeyp
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("an input nobody foresaw")
 
-    monkeypatch.setattr(agent.qos_loops, "cpu_suppress", broken)
+    monkeypatch.setattr(agent.loops.runner, "cpu_suppress", broken)
     events = {e.loop: e for e in await qos_loops.round()}
     assert events["cpu-suppress"].problems[0].reason == "RuntimeError: an input nobody foresaw"
     assert (
         len(events["be-cgroup"].changes) == 6
         and values(files)[f"cpu/kubepods/besteffort/pod{UID}/cpu.shares"] == "2048"
     )
+
+
+def _lse_pod(uid: str, cpuset: str, qos: str = "LSE") -> actuate.NodePod:
+    """A Guaranteed pod the scheduler gave `cpuset` (its resource-status annotation)."""
+    pod = msgspec.convert(
+        {
+            "metadata": {
+                "name": f"{qos.lower()}-{uid[-2:]}",
+                "namespace": "web",
+                "uid": uid,
+                "labels": {"koordinator.sh/qosClass": qos},
+                "annotations": {"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": cpuset})},
+            },
+            "spec": {"containers": [{"name": "main"}]},
+            "status": {"phase": "Running", "qosClass": "Guaranteed"},
+        },
+        kube.Pod,
+    )
+    return actuate.NodePod(pod=pod)
+
+
+async def test_be_never_gets_reserved_or_lse_cpus_under_either_policy_or_when_released(tmp_path: Path) -> None:
+    """Issue 23 point 3: with CPU 0 reserved (--reserved-cpus) and CPUs 1-2 an LSE pod's, the BE cpuset leaves them
+    out on the cpuset policy, on the cfsQuota policy and when suppress is off; CPU 3, an LSR pod's, is BE's only in
+    the LSR pool's share."""
+    cg = tmp_path / "cg"
+    v1_tree(cg)
+    cpusets = cpuset_tree(cg)
+    clock = Clock()
+    bus = await slo_bus({"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressThresholdPercent": 100}})
+    pods = StaticPods(be_pod(), _lse_pod(LS_UID, "1-2"), _lse_pod(LS_UID[:-2] + "ee", "3", qos="LSR"))
+    qos_loops = loops(
+        tmp_path, bus, pods, cgroup_root=cg, clock=clock, sys_root=sys_tree(tmp_path / "sys"), reserved_cpus="0"
+    )
+    qos_loops._usage = lambda: tick(clock.now, node=1.5, be=0.5, ls=0.5)
+    events = {e.loop: e for e in await qos_loops.round()}
+    # 8000m × 100% − LS 500m − system max(1500 − 1000, 1 reserved CPU = 1000m) = 6500m → 7 CPUs, but BE may have
+    # only 3-7 (5 CPUs) and grows by at most 1 per round from the 8 it had: the 5 it may have
+    first = suppress.parse_cpuset(cpusets[0].read_text())
+    assert first == {3, 4, 5, 6, 7}, first
+    assert all(f.read_text() == cpusets[0].read_text() for f in cpusets)
+    reason = events["cpu-suppress"].changes[-1].reason
+    assert "not LSE pods' 1-2, reserved 0" in reason, reason
+    await put_slo(bus, {"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressPolicy": "cfsQuota"}})
+    clock.now += 10
+    await qos_loops.round()
+    assert suppress.parse_cpuset(cpusets[0].read_text()) == {3, 4, 5, 6, 7}  # "every CPU" BE may have
+    await put_slo(bus, {"resourceUsedThresholdWithBE": {"enable": False}})
+    clock.now += 10
+    await qos_loops.round()
+    assert suppress.parse_cpuset(cpusets[0].read_text()) == {3, 4, 5, 6, 7}
+    assert all(f.read_text() == cpusets[0].read_text() for f in cpusets)
+
+
+async def test_a_new_be_pods_cgroups_are_set_as_they_appear_not_at_the_next_pod_poll(tmp_path: Path) -> None:
+    """Issue 23 point 7: with the pod poll and the round a minute apart, a BE pod whose cgroup directories appear
+    gets its limits at once (inotify on the besteffort directories wakes the loop, which reads the pods again)."""
+    cg = tmp_path / "cg"
+    v1_tree(cg, pod_dirs=False)  # kubepods/besteffort only: no pod yet
+    bus = await slo_bus({})
+    pods = StaticPods()
+    qos_loops = loops(tmp_path, bus, pods, cgroup_root=cg, round_interval=60.0, pods_poll_interval=60.0)
+    task = asyncio.create_task(qos_loops.run())
+    try:
+        await eventually(lambda: qos_loops.stats.rounds >= 1)
+        lists = pods.lists
+        pods.pods.append(be_pod())
+        files = v1_tree(cg)  # the kubelet makes the pod's and its container's cgroups (one step for the loop)
+        shares = files[f"cpu/kubepods/besteffort/pod{UID}/{CID}/cpu.shares"]
+        await eventually(lambda: shares.read_text().strip() == "2048", timeout=5)
+        assert qos_loops.stats.cgroup_wakeups >= 1 and pods.lists > lists
+        assert values(files)[f"memory/kubepods/besteffort/pod{UID}/memory.limit_in_bytes"] == str(8 * GI)
+    finally:
+        await qos_loops.stop()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_system_config_writes_the_memory_sysctls_and_restores_them_when_turned_off(tmp_path: Path) -> None:
+    """Issue 23 point 1 (system settings): on a generated proc and sys tree, the NodeSLO's systemStrategy becomes
+    min_free_kbytes and watermark_scale_factor (reap_background only where the file exists); turned off, the values
+    the agent changed are written back from its state dir."""
+    cg = tmp_path / "cg"
+    v1_tree(cg)
+    proc = tmp_path / "proc"
+    (proc / "sys/vm").mkdir(parents=True)
+    (proc / "meminfo").write_text(f"MemTotal: {64 * 1024 * 1024} kB\nMemFree: 0 kB\nMemAvailable: 0 kB\n")
+    (proc / "sys/vm/min_free_kbytes").write_text("67584\n")
+    (proc / "sys/vm/watermark_scale_factor").write_text("10\n")
+    sys_root = sys_tree(tmp_path / "sys")  # no memcg_reaper: reap_background is left alone, silently
+    bus = await slo_bus({"systemStrategy": {"minFreeKbytesFactor": 100, "watermarkScaleFactor": 150}})
+    qos_loops = loops(tmp_path, bus, StaticPods(be_pod()), cgroup_root=cg, sys_root=sys_root, system_config=True)
+    events = {e.loop: e for e in await qos_loops.round()}
+    assert (proc / "sys/vm/min_free_kbytes").read_text() == "671088"
+    assert (proc / "sys/vm/watermark_scale_factor").read_text() == "150"
+    changes = {c.path: (c.before, c.after) for c in events["system-config"].changes}
+    assert changes == {
+        "proc/sys/vm/min_free_kbytes": ("67584", "671088"),
+        "proc/sys/vm/watermark_scale_factor": ("10", "150"),
+    }
+    assert events["system-config"].problems == []
+    # the agent restarts with the loop off: what it changed goes back, once
+    off = loops(tmp_path, bus, StaticPods(be_pod()), cgroup_root=cg, sys_root=sys_root)
+    events = {e.loop: e for e in await off.round()}
+    assert (proc / "sys/vm/min_free_kbytes").read_text() == "67584"
+    assert (proc / "sys/vm/watermark_scale_factor").read_text() == "10"
+    assert len(events["system-config"].changes) == 2
+    assert "system-config" not in {
+        e.loop for e in await loops(tmp_path, bus, StaticPods(be_pod()), cgroup_root=cg, sys_root=sys_root).round()
+    }
+
+
+async def test_memory_qos_on_v2_and_one_problem_on_a_v1_kernel_without_the_files(tmp_path: Path) -> None:
+    """Issue 23 point 1 (memory QoS): beClass memoryQOS on (min 50 %, low 80 %, throttling 90 %) gives the BE
+    container memory.min / low / high from its batch-memory (4 GiB request, 8 GiB limit) on cgroup v2; on a cgroup v1
+    tree without memory.min it is one problem saying the kernel lacks the files, and nothing is written."""
+    spec = {
+        "resourceQOSStrategy": {
+            "beClass": {
+                "memoryQOS": {"enable": True, "minLimitPercent": 50, "lowLimitPercent": 80, "throttlingPercent": 90}
+            }
+        }
+    }
+    cg = tmp_path / "cg"
+    v2_tree(cg)
+    slice_uid = UID.replace("-", "_")
+    container = cg / f"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{slice_uid}.slice"
+    container = container / f"cri-containerd-{CID}.scope"
+    for name, value in (("memory.min", "0"), ("memory.low", "0"), ("memory.high", "max")):
+        (container / name).write_text(value + "\n")
+    (cg / "kubepods.slice/memory.min").write_text("0\n")
+    bus = await slo_bus(spec)
+    qos_loops = loops(tmp_path, bus, StaticPods(be_pod()), cgroup_root=cg, driver="systemd")
+    events = {e.loop: e for e in await qos_loops.round()}
+    assert (container / "memory.min").read_text() == str(2 * GI)
+    assert (container / "memory.low").read_text() == str(4 * GI * 80 // 100)
+    assert (container / "memory.high").read_text() == str((4 * GI + 4 * GI * 90 // 100) // 4096 * 4096)
+    assert len(events["memory-qos"].changes) == 3 and events["memory-qos"].problems == []
+    # turned off: the memory is given back (the none values), then the loop rests
+    await put_slo(bus, {"resourceQOSStrategy": {"beClass": {"memoryQOS": {"enable": False}}}})
+    qos_loops._next_slo_read = 0.0
+    qos_loops._next_reconcile = 0.0
+    await qos_loops.round()
+    assert [(container / n).read_text() for n in ("memory.min", "memory.low", "memory.high")] == ["0", "0", "max"]
+    qos_loops._next_reconcile = 0.0
+    assert "memory-qos" not in {e.loop for e in await qos_loops.round()}
+
+    await put_slo(bus, spec)
+    v1 = tmp_path / "v1"
+    files = v1_tree(v1)
+    before = values(files)
+    (tmp_path / "other").mkdir()
+    v1_loops = loops(tmp_path / "other", bus, StaticPods(be_pod()), cgroup_root=v1)
+    events = {e.loop: e for e in await v1_loops.round()}
+    (problem,) = events["memory-qos"].problems
+    assert "not supported by this kernel" in problem.reason and events["memory-qos"].changes == []
+    assert {k: v for k, v in values(files).items() if "memory.min" in k} == {}
+    assert before.keys() == values(files).keys()

@@ -26,11 +26,12 @@ from schemas.node import (
     PodRef,
     encode_node_event,
 )
-from services.api import auth
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
-from services.common import db, observe
+from services.common import auth, db, observe
+from services.common.component import RouteSettings
 from services.common.metrics import CollectorRegistry, new_registry, render
+from services.nodemetric import component as nodemetric_component
 from services.nodemetric.service import INGEST_CONSUMER, PROJECTOR_CONSUMER, NodeMetricService
 from services.nodemetric.settings import NodeMetricSettings
 from services.nodemetric.store import NodeMetricStore, NodeSeen
@@ -78,12 +79,12 @@ def store(migrated_engine: AsyncEngine) -> NodeMetricStore:
     return NodeMetricStore(migrated_engine)
 
 
-def make_context(store: NodeMetricStore, **overrides: Any) -> ApiContext:
+def make_context(store: NodeMetricStore, *, clock: Callable[[], float] = lambda: NOW, **overrides: Any) -> ApiContext:
+    route_settings = RouteSettings(stale_after_seconds=STALE_AFTER, page_limit_max=50, clock=clock)
     values: dict[str, Any] = {
         "settings": ApiSettings(stale_after_seconds=STALE_AFTER, page_limit_max=50),
-        "nodemetric_store": store,
+        "components": (nodemetric_component.reads(store, route_settings),),
         "registry": new_registry(),
-        "clock": lambda: NOW,
         "tokens": api_auth.token_store(),
         **overrides,
     }

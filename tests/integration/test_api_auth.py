@@ -1,4 +1,4 @@
-"""Bearer-token authentication of the REST API (services.api.auth) and how `koordbus up` / `koordbus api` get
+"""Bearer-token authentication of the REST API (services.common.auth) and how `koordbus up` / `koordbus api` get
 their tokens: 401/403 as JSON in the API's error shape, the role hierarchy, hashed constant-time comparison,
 token file errors with line numbers, the generated admin token of `up` and `api` refusing to start without tokens.
 """
@@ -22,10 +22,11 @@ from fastapi import Depends
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from koordbus import api as api_command
-from services.api import auth
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
+from services.common import auth
 from services.common.metrics import new_registry
+from services.nodemetric import component as nodemetric_component
 from services.nodemetric.store import NodeMetricStore
 from tests.support import api_auth
 
@@ -36,7 +37,7 @@ def make_app(engine: AsyncEngine, tokens: auth.TokenStore | None = None) -> Any:
     context = ApiContext(
         settings=ApiSettings(),
         registry=new_registry(),
-        nodemetric_store=NodeMetricStore(engine),
+        components=(nodemetric_component.reads(NodeMetricStore(engine)),),
         **({} if tokens is None else {"tokens": tokens}),
     )
     app = create_app(context)

@@ -10,7 +10,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.api import auth
+from services.common import auth
 from services.k8s.token_review import KubeTokenReviewer
 from tests.fakes.kube_api import FakeKubeApi
 from tests.integration.test_api_auth import READ, client_for, make_app

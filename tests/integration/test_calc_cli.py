@@ -28,6 +28,12 @@ VECTOR_KINDS = (
     "loadaware",
     "loadaware-estimate",
     "nodeslo",
+    "histogram",
+    "prod-reclaimable",
+    "low-node-load",
+    "low-node-load-util",
+    "memory-evict",
+    "cpu-evict",
 )
 
 
@@ -297,6 +303,8 @@ def test_default_aggregations_and_last() -> None:
         ("nodeslo", '{"configMap": null, "node": []}', "$.node: Expected `object`"),
         ("nodeslo", '{"configMap": null, "node": {"metadata": {"labels": {"a": 1}}}}', "$.node.metadata.labels.a"),
         ("nodeslo", '{"configMap": null, "previousConfigMap": {"a": 1}, "node": {}}', "$.previousConfigMap.a"),
+        ("histogram", '{"options": {"type": "linear", "maxValue": 1, "epsilon": 1}}', "$.options.bucketSize"),
+        ("prod-reclaimable", '{"now": "noon", "pods": []}', "$.now"),
     ],
 )
 def test_malformed_input_exits_2_with_one_line(kind: str, document: str, message: str) -> None:

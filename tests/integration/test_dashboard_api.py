@@ -14,12 +14,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from bus import streams
 from schemas import vocab
 from schemas.node import NodeMetricComputedRecord, PodMetric
-from services.api import auth, dashboard
+from services.api import dashboard
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
+from services.common import auth
+from services.common.component import RouteSettings
 from services.common.metrics import new_registry
+from services.nodemetric import component as nodemetric_component
 from services.nodemetric.service import INGEST_CONSUMER, PROJECTOR_CONSUMER
 from services.nodemetric.store import NodeMetricStore, NodeSeen
+from services.noderesource import component as noderesource_component
 from services.noderesource.service import PROJECTOR_CONSUMER as NR_PROJECTOR
 from services.noderesource.store import NodeResourceStore
 from tests.integration.test_api import state
@@ -35,10 +39,13 @@ GI = 1 << 30
 def client_for(engine: AsyncEngine, *, headers: dict[str, str] | None = None) -> httpx.AsyncClient:
     context = ApiContext(
         settings=ApiSettings(stale_after_seconds=180.0),
-        nodemetric_store=NodeMetricStore(engine),
-        noderesource_store=NodeResourceStore(engine),
+        components=(
+            nodemetric_component.reads(
+                NodeMetricStore(engine), RouteSettings(stale_after_seconds=180.0, clock=lambda: NOW)
+            ),
+            noderesource_component.reads(NodeResourceStore(engine)),
+        ),
         registry=new_registry(),
-        clock=lambda: NOW,
         tokens=api_auth.token_store(),
     )
     transport = httpx.ASGITransport(app=create_app(context), raise_app_exceptions=False)

@@ -30,6 +30,7 @@ from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
 from services.common import db
 from services.common.metrics import new_registry
+from services.nodemetric import component as nodemetric_component
 from services.nodemetric.service import INGEST_CONSUMER, NodeMetricService
 from services.nodemetric.settings import NodeMetricSettings
 from services.nodemetric.store import NodeMetricStore
@@ -128,7 +129,12 @@ async def test_poison_messages_are_dead_lettered_with_reasons_and_valid_batches_
         await eventually(settled)
         assert await ingest.wait_idle(10)
         app = create_app(
-            ApiContext(settings=ApiSettings(), nodemetric_store=store, registry=registry, tokens=api_auth.token_store())
+            ApiContext(
+                settings=ApiSettings(),
+                components=(nodemetric_component.reads(store),),
+                registry=registry,
+                tokens=api_auth.token_store(),
+            )
         )
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), headers=api_auth.headers(), base_url="http://api"

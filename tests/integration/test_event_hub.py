@@ -15,6 +15,7 @@ from bus.memory import MemoryBus
 from services.api import event_catalogue as catalogue
 from services.api import event_hub
 from services.api.event_hub import EventHub, Message, Start
+from services.common.tasks import cancel_and_wait
 from tests.support.waiting import eventually
 
 
@@ -43,8 +44,7 @@ async def test_a_slow_subscriber_is_dropped_and_nobody_else_notices() -> None:
         assert [m.kind for m in late] == ["dropped"]
         assert "slow client" in json.loads(late[-1].data)["reason"]
         assert hub.subscriptions == 1 and hub.dropped == 1
-        reading.cancel()
-        await asyncio.gather(reading, return_exceptions=True)
+        await cancel_and_wait(reading)
         assert hub.subscriptions == 0
     finally:
         await hub.close()

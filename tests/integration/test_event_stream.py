@@ -19,13 +19,15 @@ import pytest_asyncio
 import websockets
 
 from bus import streams, subjects
+from bus.errors import BusUnavailableError
 from bus.jetstream import JetStreamBus
+from bus.memory import MemoryBus
 from koordbus import cli, runtime
 from koordbus.events import SseMessage, parse_sse
-from services.api import auth
 from services.api.app import ApiContext, create_app
 from services.api.event_hub import EventHub
 from services.api.settings import ApiSettings
+from services.common import auth
 from services.common.metrics import new_registry
 from tests.integration.test_quota_cli import free_port
 from tests.support import api_auth
@@ -313,3 +315,25 @@ async def test_koordbus_events_tail_list_and_types(api: Api, capsys: pytest.Capt
     assert code == 0 and out.splitlines()[0].split()[:3] == ["TYPE", "STREAM", "KEYS"] and "node.eviction" in out
     code, _, err = await asyncio.to_thread(koordbus, "tail", "--type", "nope")
     assert code == 1 and "unknown event type(s) 'nope'" in err
+
+
+async def test_history_while_the_bus_does_not_answer_is_a_503_not_a_500() -> None:
+    """Seen in the soak under load: a stream's bounds asked of a nats-server that did not answer within the API timeout
+    raised out of `GET /events` as a 500 with a traceback."""
+
+    class SilentBus(MemoryBus):
+        async def stream_bounds(self, stream: str) -> tuple[int, int]:
+            raise BusUnavailableError(f"stream info {stream}: nats: timeout")
+
+    bus = SilentBus()
+    await bus.ensure_streams(streams.all_streams())
+    hub = EventHub(bus)
+    context = ApiContext(settings=ApiSettings(), registry=new_registry(), tokens=api_auth.token_store(), event_hub=hub)
+    transport = httpx.ASGITransport(app=create_app(context), raise_app_exceptions=False)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://api", headers=api_auth.headers()) as api:
+            answer = await api.get("/api/v1/events", params={"type": "quota.status"})
+        assert answer.status_code == 503, answer.text
+        assert "the bus did not answer" in answer.json()["error"]
+    finally:
+        await hub.close()

@@ -20,7 +20,7 @@ from bus.api import msg_id
 from bus.jetstream import JetStreamBus
 from schemas import koordinator, kube, vocab
 from schemas.cluster import NodeObserved
-from schemas.node import MetricCollectPolicy, NodeMetricComputed
+from schemas.node import HostApplicationMetric, MetricCollectPolicy, NodeMetricComputed, ResourceMap
 from schemas.noderesource import ColocationConfigStatus, NodeResourceComputed
 from services.common.metrics import new_registry, render
 from services.k8s import writes
@@ -120,8 +120,11 @@ async def test_a_nodemetric_is_created_valid_and_later_only_its_status_is_update
     assert stored["status"] == koordinator.nodemetric_status_to_json(first.status, quantities=True)
 
     second = metric_event("n1", at=T0 + 60, system_cores=4)
+    apps = [HostApplicationMetric(name="nginx", usage=ResourceMap(resources={"cpu": 250, "memory": GI}), qos="LS")]
+    second = msgspec.structs.replace(second, status=msgspec.structs.replace(second.status, host_applications=apps))
     await publish(koordbus_bus, second)
     wanted = koordinator.nodemetric_status_to_json(second.status, quantities=True)
+    assert wanted["hostApplicationMetric"][0]["usage"] == {"resources": {"cpu": "250m", "memory": "1Gi"}}
     await eventually(lambda: (kube_api.get("nodemetrics", "n1") or {}).get("status") == wanted)
     assert await writer.wait_idle(5)
     assert requests(kube_api, "create", NODEMETRIC_PATH) == 1

@@ -21,8 +21,8 @@ import pytest
 from bus.server import EmbeddedNatsServer
 from koordbus import runtime
 from services.api.app import ApiContext, create_app
-from services.api.auth import TokenStore
 from services.api.settings import ApiSettings
+from services.common.auth import TokenStore
 from services.common.metrics import new_registry
 from tests.support.waiting import eventually
 
@@ -86,3 +86,17 @@ async def test_healthz_fails_while_the_bus_is_down_past_the_bound_and_passes_onc
                 await eventually(alive, timeout=15)
     finally:
         await server.stop()
+
+
+async def test_a_part_that_crashes_stops_the_process_with_the_reason() -> None:
+    """A background part of a command (the agent in `koordbus up`, the simulation) that crashes used to be logged
+    while the process carried on without it, /healthz 200."""
+
+    async def crash() -> None:
+        raise RuntimeError("the part broke")
+
+    async with AsyncExitStack() as stack:
+        stop = runtime.stop_event_on_signals(stack)
+        runtime.background(stack, crash(), name="simulation")
+        with pytest.raises(SystemExit, match=r"simulation stopped with an error: RuntimeError: the part broke"):
+            await stop.wait()

@@ -21,7 +21,8 @@ from schemas.cluster import NodeObserved
 from services.common.metrics import new_registry
 from services.k8s.binder import BindResponder, KubeBinder
 from services.loadaware.http import create_app
-from services.loadaware.service import LoadAwareService, LoadAwareSettings
+from services.loadaware.service import LoadAwareService
+from services.loadaware.settings import LoadAwareSettings
 from tests.fakes.kube_api import FakeKubeApi
 from tests.integration.test_loadaware_http import scheduler_pod
 from tests.support.events import publish_events

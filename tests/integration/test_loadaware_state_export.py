@@ -23,14 +23,16 @@ from koordbus import runtime
 from schemas import kube
 from schemas.cluster import ConfigMapObserved, NodeObserved, PodObserved
 from schemas.node import ResourceMap
-from services.api import auth
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
+from services.common import auth
 from services.common.metrics import new_registry
+from services.loadaware import component as loadaware_component
 from services.loadaware import core, snapshot
 from services.loadaware.client import LoadAwareClient
 from services.loadaware.http import create_app as create_extender
-from services.loadaware.service import LoadAwareService, LoadAwareSettings
+from services.loadaware.service import LoadAwareService
+from services.loadaware.settings import LoadAwareSettings
 from tests.integration.test_quota_cli import free_port
 from tests.support import api_auth
 from tests.support.events import publish_events
@@ -102,7 +104,7 @@ async def stack(koordbus_bus: JetStreamBus) -> Any:
         settings=ApiSettings(),
         registry=new_registry(),
         tokens=api_auth.token_store(),
-        loadaware_client=LoadAwareClient(koordbus_bus, timeout=5),
+        components=(loadaware_component.queries(LoadAwareClient(koordbus_bus, timeout=5)),),
     )
     app = create_app(context)
     api = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api")
@@ -227,7 +229,7 @@ async def test_without_an_extender_the_export_is_unavailable(koordbus_bus: JetSt
         settings=ApiSettings(),
         registry=new_registry(),
         tokens=api_auth.token_store(),
-        loadaware_client=LoadAwareClient(koordbus_bus, timeout=0.5),
+        components=(loadaware_component.queries(LoadAwareClient(koordbus_bus, timeout=0.5)),),
     )
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(context)), base_url="http://api") as api:
         response = await api.get("/api/v1/scheduler/nodes/cold/state", headers=api_auth.headers(auth.VIEWER))

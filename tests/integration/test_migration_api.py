@@ -22,12 +22,14 @@ from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
 from koordbus import cli, runtime
 from schemas.cluster import PodObserved, WorkloadObserved
-from services.api import auth
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
+from services.common import auth
 from services.common.metrics import new_registry
+from services.migration import component as migration_component
 from services.migration.client import MigrationClient
-from services.migration.service import MigrationService, MigrationSettings
+from services.migration.service import MigrationService
+from services.migration.settings import MigrationSettings
 from services.migration.store import MigrationStore
 from tests.integration.test_quota_cli import free_port
 from tests.support import api_auth
@@ -68,8 +70,7 @@ async def app(tmp_path: Path, migrated_engine: AsyncEngine) -> AsyncIterator[Fas
         settings=ApiSettings(),
         registry=new_registry(),
         tokens=api_auth.token_store(),
-        migration_store=store,
-        migration_client=MigrationClient(bus),
+        components=(migration_component.routes_over(store, MigrationClient(bus)),),
     )
     try:
         yield create_app(context)

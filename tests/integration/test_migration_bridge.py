@@ -15,7 +15,8 @@ from schemas import migration
 from services.common.metrics import new_registry
 from services.k8s.observer import ClusterObserver
 from services.k8s.settings import K8sSettings
-from services.migration.service import MigrationService, MigrationSettings
+from services.migration.service import MigrationService
+from services.migration.settings import MigrationSettings
 from tests.fakes.kube_api import FakeKubeApi
 from tests.support.crd import crd_errors, crd_validator
 from tests.support.waiting import eventually

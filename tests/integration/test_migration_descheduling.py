@@ -20,7 +20,8 @@ from schemas.node import (
 from services.common.metrics import new_registry
 from services.migration.args import MigrationArgs
 from services.migration.lownodeload import LowNodeLoadArgs
-from services.migration.service import MigrationService, MigrationSettings
+from services.migration.service import MigrationService
+from services.migration.settings import MigrationSettings
 from tests.support.events import publish_events as publish
 from tests.support.migration import pod
 from tests.support.waiting import eventually

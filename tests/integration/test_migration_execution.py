@@ -1,8 +1,10 @@
 """Executing passed jobs against the fake API server (Eviction API, PMJ status through the status subresource,
-validated against Koordinator's CRD) with the arbiter and the executor on a real nats-server: an EvictDirectly job
-evicts its pod and succeeds, a disruption budget's 429 is retried rather than failed, a missing pod fails the job,
-evictions keep to evictQPS, and a burst of 200 jobs on a 10-replica workload (whose controller the test plays)
-never has more than maxUnavailable pods unavailable."""
+validated against Koordinator's CRD) with the arbiter and the executor (services.migration) on a real nats-server,
+the bridge's verb responder (services.k8s.verbs) carrying out each cluster verb the executor asks for: an
+EvictDirectly job evicts its pod and succeeds, a disruption budget's 429 is retried rather than failed, a missing pod
+fails the job, evictions keep to evictQPS, a burst of 200 jobs on a 10-replica workload (whose controller the test
+plays) never has more than maxUnavailable pods unavailable, and while the bridge does not answer a passed job waits
+(counted), never failed, and proceeds once it answers."""
 
 from __future__ import annotations
 
@@ -12,17 +14,22 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import pytest_asyncio
 from kubernetes_asyncio.client import ApiClient
+from prometheus_client import CollectorRegistry
 
+from bus import subjects
 from bus.jetstream import JetStreamBus
-from schemas import migration
+from schemas import k8s_verbs, migration
 from services.common.metrics import new_registry
-from services.k8s.migration_executor import MigrationExecutor
 from services.k8s.observer import ClusterObserver
 from services.k8s.settings import K8sSettings
+from services.k8s.verbs import KubeVerbs, VerbResponder
 from services.migration.args import MigrationArgs, ObjectLimiter
-from services.migration.service import MigrationService, MigrationSettings
+from services.migration.executor import MigrationExecutor
+from services.migration.service import MigrationService
+from services.migration.settings import MigrationSettings
 from tests.fakes.kube_api import FakeKubeApi
 from tests.integration.test_migration_bridge import pmj, pod, replica_set
 from tests.support.waiting import eventually
@@ -43,17 +50,25 @@ class Running:
     arbiter: MigrationService
     executor: MigrationExecutor
     observer: ClusterObserver
+    verbs: VerbResponder
+    registry: CollectorRegistry
 
 
-async def run(bus: JetStreamBus, client: ApiClient, args: MigrationArgs) -> Running:
-    observer = ClusterObserver(bus, client, K8S, registry=new_registry())
+async def run(bus: JetStreamBus, client: ApiClient, args: MigrationArgs, *, bridge: bool = True) -> Running:
+    """The bridge (observer and, unless `bridge` is False, the verb responder), the arbiter and the executor, the
+    way `koordbus up` runs them: one registry."""
+    registry = new_registry()
+    observer = ClusterObserver(bus, client, K8S, registry=registry)
     await observer.start()
     assert await observer.wait_published(10)
-    arbiter = MigrationService(bus, MigrationSettings(args=args, startup_timeout_seconds=10), registry=new_registry())
+    verbs = VerbResponder(bus, KubeVerbs(client), registry=registry)
+    if bridge:
+        await verbs.start()
+    arbiter = MigrationService(bus, MigrationSettings(args=args, startup_timeout_seconds=10), registry=registry)
     await arbiter.start()
-    executor = MigrationExecutor(bus, client, args, registry=new_registry(), interval_seconds=0.1)
+    executor = MigrationExecutor(bus, args, registry=registry, interval_seconds=0.1)
     await executor.start()
-    return Running(arbiter, executor, observer)
+    return Running(arbiter, executor, observer, verbs, registry)
 
 
 @pytest_asyncio.fixture
@@ -63,7 +78,12 @@ async def stopper() -> AsyncIterator[list[Running]]:
     for r in running:
         await r.executor.stop()
         await r.arbiter.stop()
+        await r.verbs.stop()
         await r.observer.stop()
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
 
 
 def phase(kube_api: FakeKubeApi, name: str) -> str:
@@ -84,7 +104,8 @@ async def test_an_evict_directly_job_evicts_and_succeeds(
     missing["metadata"]["name"] = "job-ghost"
     missing["spec"]["podRef"] = {"namespace": "default", "name": "ghost"}
     kube_api.put("PodMigrationJob", missing)
-    stopper.append(await run(koordbus_bus, kube_client, NO_LIMITER))
+    running = await run(koordbus_bus, kube_client, NO_LIMITER)
+    stopper.append(running)
     await eventually(lambda: phase(kube_api, "job-0") == "Succeeded", timeout=20)
     assert kube_api.get("Pod", "web-0", "default") is None
     status = (kube_api.get("PodMigrationJob", "job-0") or {})["status"]
@@ -93,8 +114,13 @@ async def test_an_evict_directly_job_evicts_and_succeeds(
     assert (kube_api.get("PodMigrationJob", "job-ghost") or {})["status"]["reason"] == "MissingPod"
     await asyncio.sleep(0.5)
     assert phase(kube_api, "job-1") == "Running" and kube_api.get("Pod", "web-1", "default") is not None
+    # the 429s were asked again pass after pass, counted by both sides, and never failed the job
+    assert sample(running.registry, "koordbus_migration_evictions_total", answer="429") >= 2
+    assert sample(running.registry, "koordbus_k8s_writes_total", object="eviction", outcome="blocked") >= 2
     kube_api.eviction_blocked.clear()
     await eventually(lambda: phase(kube_api, "job-1") == "Succeeded", timeout=20)
+    assert sample(running.registry, "koordbus_k8s_writes_total", object="eviction", outcome="evicted") == 2
+    assert sample(running.registry, "koordbus_migration_bridge_unanswered_total", verb="k8s.pod.get") == 0
 
 
 async def test_evictions_keep_to_evict_qps(
@@ -268,3 +294,80 @@ async def test_dry_run_records_without_evicting(
     assert (kube_api.get("PodMigrationJob", "job-0") or {})["status"]["reason"] == "DryRun"
     assert kube_api.get("Pod", "web-0", "default") is not None
     assert not any(r.verb == "evict" for r in kube_api.requests)
+
+
+async def test_a_job_waits_while_the_bridge_does_not_answer(
+    koordbus_bus: JetStreamBus, kube_api: FakeKubeApi, kube_client: ApiClient, stopper: list[Running]
+) -> None:
+    """No responder on the verb subject: the passed job is asked about pass after pass (each counted), stays as it
+    was — never Failed, its pod untouched — and is carried out once the bridge answers."""
+    kube_api.put("ReplicaSet", replica_set(10))
+    kube_api.put("Pod", pod(0))
+    kube_api.put("PodMigrationJob", evict_directly(0))
+    running = await run(koordbus_bus, kube_client, NO_LIMITER, bridge=False)
+    stopper.append(running)
+
+    def unanswered() -> float:
+        return sample(running.registry, "koordbus_migration_bridge_unanswered_total", verb="k8s.pod.get")
+
+    await eventually(lambda: running.executor.state.passed() == {"job-0"}, timeout=20)
+    await eventually(lambda: unanswered() >= 5, timeout=20)
+    job = running.executor.state.jobs["job-0"]
+    assert migration.phase_of(job) == migration.PHASE_PENDING
+    assert phase(kube_api, "job-0") == "" and kube_api.get("Pod", "web-0", "default") is not None
+    assert not any(r.verb == "evict" for r in kube_api.requests)
+    await running.verbs.start()
+    await eventually(lambda: phase(kube_api, "job-0") == "Succeeded", timeout=20)
+    assert kube_api.get("Pod", "web-0", "default") is None
+
+
+async def test_a_bridge_that_answers_too_late_is_not_a_failure(
+    koordbus_bus: JetStreamBus, kube_api: FakeKubeApi, kube_client: ApiClient, stopper: list[Running]
+) -> None:
+    """A responder that never answers in time: each ask times out, is counted, and the job is not failed."""
+    kube_api.put("ReplicaSet", replica_set(10))
+    kube_api.put("Pod", pod(0))
+    kube_api.put("PodMigrationJob", evict_directly(0))
+    stuck = asyncio.Event()
+
+    async def never(data: bytes) -> bytes:
+        await stuck.wait()
+        return b""
+
+    responder = await koordbus_bus.serve(subjects.K8S_RPC_VERB, never, queue="k8s-verbs", concurrency=4)
+    running = await run(koordbus_bus, kube_client, NO_LIMITER, bridge=False)
+    stopper.append(running)
+    running.executor._bridge_timeout = 0.2
+    try:
+        await eventually(
+            lambda: sample(running.registry, "koordbus_migration_bridge_unanswered_total", verb="k8s.pod.get") >= 3,
+            timeout=20,
+        )
+        assert migration.phase_of(running.executor.state.jobs["job-0"]) == migration.PHASE_PENDING
+        assert phase(kube_api, "job-0") == ""
+    finally:
+        stuck.set()
+        await responder.stop()
+
+
+async def test_the_responder_answers_what_the_api_server_said(kube_api: FakeKubeApi, kube_client: ApiClient) -> None:
+    """Called directly: a read's object as sent, a 404 with its message, a 429 counted as blocked, and a request
+    that is no verb answered as such (status 0), never raised."""
+    kube_api.put("Pod", pod(0))
+    kube_api.put("Pod", pod(1))
+    kube_api.eviction_blocked.add(("default", "web-1"))
+    registry = new_registry()
+    responder = VerbResponder(None, KubeVerbs(kube_client), registry=registry)  # type: ignore[arg-type]
+
+    async def ask(verb: k8s_verbs.Verb) -> k8s_verbs.VerbAnswer:
+        return k8s_verbs.ANSWER_DECODER.decode(await responder.answer(msgspec.json.encode(verb)))
+
+    read = await ask(k8s_verbs.GetPod(namespace="default", name="web-0"))
+    assert read.status == 200 and msgspec.json.decode(read.object)["metadata"]["uid"] == "uid-web-0"
+    gone = await ask(k8s_verbs.GetPod(namespace="default", name="ghost"))
+    assert gone.status == 404 and gone.error and msgspec.json.decode(gone.object) is None
+    blocked = await ask(k8s_verbs.EvictPod(namespace="default", name="web-1"))
+    assert blocked.status == 429
+    assert sample(registry, "koordbus_k8s_writes_total", object="eviction", outcome="blocked") == 1
+    junk = k8s_verbs.ANSWER_DECODER.decode(await responder.answer(b'{"type": "k8s.pod.explode.v1"}'))
+    assert junk.status == 0 and "not a cluster verb" in junk.error

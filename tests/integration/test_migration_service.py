@@ -19,7 +19,8 @@ from schemas import kube, migration
 from schemas import migration_events as ev
 from schemas.cluster import PodObserved, WorkloadObserved
 from services.common.metrics import new_registry
-from services.migration.service import MigrationService, MigrationSettings
+from services.migration.service import MigrationService
+from services.migration.settings import MigrationSettings
 from tests.support.migration import job, pod
 from tests.support.waiting import eventually
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -12,8 +14,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-import services.nodemetric.store
-import services.noderesource.store  # noqa: F401  (registers the noderesource tables on Base.metadata)
+from migrations import models
 from services.common import db
 
 EXPECTED_TABLES = {
@@ -69,10 +70,43 @@ async def test_concurrent_start_ups_migrate_once_without_errors(database_url: st
 async def test_migrated_schema_matches_the_models(migrated_engine: AsyncEngine) -> None:
     def differences(sync: sa.Connection) -> list[Any]:
         context = MigrationContext.configure(sync, opts={"compare_type": True})
-        return list(compare_metadata(context, db.Base.metadata))
+        return list(compare_metadata(context, models.metadata()))
 
     async with migrated_engine.connect() as connection:
         assert await connection.run_sync(differences) == []
+
+
+def _python(code: str, *args: str) -> str:
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_migrating_loads_no_service(database_url: str) -> None:
+    """Start-up migrates without the stores' models: migrations/env.py loads them for autogenerate only."""
+    code = (
+        "import asyncio, sys\n"
+        "from services.common import db\n"
+        "asyncio.run(db.run_migrations(sys.argv[1]))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('services.') and not m.startswith('services.common')))"
+    )
+    assert _python(code, database_url).strip() == "[]"
+
+
+def test_the_alembic_cli_path_compares_every_store(database_url: str) -> None:
+    """What `alembic check` and `alembic revision --autogenerate` run: env.py without a connection, with the models
+    migrations.models finds. At head they differ from the database in nothing (a store it missed would show as
+    tables to drop)."""
+    code = (
+        "import sys\n"
+        "from alembic import command\n"
+        "from services.common import db\n"
+        "config = db.alembic_config(sys.argv[1])\n"
+        "command.upgrade(config, 'head')\n"
+        "command.check(config)\n"
+        "print(sorted(m for m in sys.modules if m.endswith('.store')))"
+    )
+    stores = ["services.migration.store", "services.nodemetric.store", "services.noderesource.store"]
+    expected = ["No new upgrade operations detected.", str([*stores, "services.quota.store"])]
+    assert _python(code, database_url).splitlines() == expected
 
 
 async def test_downgrade_to_base_then_upgrade_again(database_url: str) -> None:

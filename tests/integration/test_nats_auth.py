@@ -12,11 +12,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from agent.allocatable_watch import AllocatableSource
 from agent.slo_watch import SloSource
 from bus import auth, streams, subjects
 from bus.errors import BusError
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
+from schemas.noderesource import NodeResourceComputed
 from schemas.qos import NODE_SLO_DECODER, NodeSloRendered
 from tests.integration.test_agent_qos import v1_tree
 from tests.support.waiting import eventually
@@ -78,6 +80,19 @@ async def test_agents_act_only_as_their_node(tmp_path: Path) -> None:
 
             source = SloSource(agent, "node-a.example", state_dir="", now=0.0)
             assert await source.refresh(1.0) and source.revision > 0  # what the agent runs with these rights
+
+            # its own node's last batch/mid decision (the allocatable evictions' input), and no other node's
+            for node, cpu in (("node-a.example", 12000), ("b", 3000)):
+                decided = _decision(node, cpu)
+                await admin.publish(subjects.noderesource_computed(node), msgspec.json.encode(decided), msg_id=node)
+            allocatable = AllocatableSource(agent, "node-a.example")
+            await allocatable.refresh()
+            assert allocatable.allocatable == {"kubernetes.io/batch-cpu": 12000, "kubernetes.io/batch-memory": 2**34}
+            with pytest.raises(DENIED):
+                await asyncio.wait_for(
+                    agent.last_on_subject(streams.KOORD_NODERESOURCE, subjects.noderesource_computed("b"), direct=True),
+                    2,
+                )
         finally:
             await agent.close()
             await admin.close()
@@ -143,3 +158,15 @@ async def test_the_agent_process_runs_with_its_node_credentials(tmp_path: Path) 
             assert "Permissions Violation" not in output, output
         await admin.close()
         await server.stop()
+
+
+def _decision(node: str, batch_cpu: int) -> NodeResourceComputed:
+    return NodeResourceComputed(
+        node=node,
+        computed_at=1.0,
+        trigger=("nodemetric",),
+        outcome="computed",
+        resources={"kubernetes.io/batch-cpu": batch_cpu, "kubernetes.io/batch-memory": 2**34},
+        write_due=True,
+        write_reason="first write",
+    )

@@ -17,11 +17,14 @@ from bus import streams, subjects
 from bus.memory import MemoryBus
 from schemas import vocab
 from schemas.noderesource import NodeResourceComputed, ResourceExplanation
-from services.api import auth
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
+from services.common import auth
+from services.common.component import RouteSettings
 from services.common.metrics import new_registry
+from services.nodemetric import component as nodemetric_component
 from services.nodemetric.store import NodeMetricStore
+from services.noderesource import component as noderesource_component
 from services.noderesource.service import PROJECTOR_CONSUMER, NodeResourceService
 from services.noderesource.settings import NodeResourceSettings
 from services.noderesource.store import NodeResourceStore
@@ -54,10 +57,11 @@ def decision(at: float, *, batch_memory: int | None, **fields: Any) -> NodeResou
 def client_for(engine: AsyncEngine, store: NodeResourceStore | None) -> httpx.AsyncClient:
     context = ApiContext(
         settings=ApiSettings(),
-        nodemetric_store=NodeMetricStore(engine),
+        components=(
+            nodemetric_component.reads(NodeMetricStore(engine), RouteSettings(clock=lambda: T0)),
+            noderesource_component.reads(store),
+        ),
         registry=new_registry(),
-        clock=lambda: T0,
-        noderesource_store=store,
         tokens=api_auth.token_store(),
     )
     transport = httpx.ASGITransport(app=create_app(context), raise_app_exceptions=False)

@@ -23,6 +23,7 @@ from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
 from services.common import db
 from services.common.metrics import new_registry
+from services.nodemetric import component as nodemetric_component
 from services.nodemetric.service import NodeMetricService
 from services.nodemetric.settings import NodeMetricSettings
 from services.nodemetric.store import NodeMetricStore
@@ -84,7 +85,12 @@ async def test_agent_to_api_on_a_generated_cgroup_tree(
 
         api_settings = ApiSettings(stale_after_seconds=180)
         app = create_app(
-            ApiContext(settings=api_settings, nodemetric_store=store, registry=registry, tokens=api_auth.token_store())
+            ApiContext(
+                settings=api_settings,
+                components=(nodemetric_component.reads(store),),
+                registry=registry,
+                tokens=api_auth.token_store(),
+            )
         )
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), headers=api_auth.headers(), base_url="http://t"

@@ -16,11 +16,11 @@ import pytest
 import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.api import auth
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
-from services.common import db
+from services.common import auth, db
 from services.common.metrics import new_registry
+from services.quota import component as quota_component
 from services.quota.service import QuotaService
 from services.quota.store import QuotaStore
 from tests.integration.test_quota_service import SETTINGS
@@ -260,7 +260,12 @@ POD = {"kind": "Pod", "metadata": {"name": "p", "namespace": "apps"}}
 
 @pytest.mark.parametrize(("path", "body"), [("/api/v1/quotas", ORG), ("/api/v1/quotas/check", POD)])
 async def test_without_a_quota_service_writes_are_503(path: str, body: dict[str, Any]) -> None:
-    context = ApiContext(settings=ApiSettings(), registry=new_registry(), tokens=api_auth.token_store())
+    context = ApiContext(
+        settings=ApiSettings(),
+        registry=new_registry(),
+        tokens=api_auth.token_store(),
+        components=(quota_component.routes_over(None, None),),
+    )
     transport = httpx.ASGITransport(app=create_app(context), raise_app_exceptions=False)
     async with httpx.AsyncClient(
         transport=transport, base_url="http://api", headers=api_auth.headers(auth.QUOTA_ADMIN)
@@ -270,7 +275,10 @@ async def test_without_a_quota_service_writes_are_503(path: str, body: dict[str,
 
 
 def test_openapi_documents_every_quota_body() -> None:
-    spec = create_app(ApiContext(settings=ApiSettings(), registry=new_registry())).openapi()
+    context = ApiContext(
+        settings=ApiSettings(), registry=new_registry(), components=(quota_component.routes_over(None, None),)
+    )
+    spec = create_app(context).openapi()
     writes = [
         ("/api/v1/quotas", "post"),
         ("/api/v1/quotas/import", "post"),

@@ -16,7 +16,7 @@ import yaml
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from koordbus import cli, runtime
-from services.api import auth
+from services.common import auth
 from tests.fakes.kube_api import FakeKubeApi
 from tests.support import api_auth
 from tests.support.quota_stack import quota_stack

@@ -20,10 +20,9 @@ from schemas import migration
 from schemas.node import encode_node_event
 from schemas.qos import PodEvictionRequested
 from schemas.quota_service import CheckReply, CheckRequest
-from services.api import auth
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
-from services.common import db
+from services.common import auth, db
 from services.common.metrics import new_registry, render
 from services.k8s.eviction_executor import EvictionExecutor, RecordingEvictor
 from services.k8s.nodeslo_mirror import NodeSloMirror, RecordingNodeSloSink
@@ -37,7 +36,7 @@ from services.noderesource.service import CLUSTER_CONSUMER as NODERESOURCE_CLUST
 from services.noderesource.service import NodeResourceService
 from services.noderesource.settings import NodeResourceSettings
 from services.quota.service import QuotaService
-from services.slo.reader import SloReader
+from services.slo import component as slo_component
 from services.slo.service import CLUSTER_CONSUMER as SLO_CLUSTER
 from services.slo.service import SloService
 from tests.integration import test_migration_service as migration_support
@@ -212,7 +211,10 @@ async def test_api_requests_are_timed_by_route_template_not_path(koordbus_bus: J
     await slo.stop()
     registry = new_registry()
     context = ApiContext(
-        settings=ApiSettings(), registry=registry, slo_reader=SloReader(koordbus_bus), tokens=api_auth.token_store()
+        settings=ApiSettings(),
+        registry=registry,
+        components=(slo_component.reads(koordbus_bus),),
+        tokens=api_auth.token_store(),
     )
     transport = httpx.ASGITransport(app=create_app(context), raise_app_exceptions=False)
     async with httpx.AsyncClient(

@@ -3,12 +3,14 @@
 The real path here is the agent itself (AgentService: the collector on a generated cgroup tree, the sampler, the pod
 identity join with a kubelet-shaped pod list served over HTTP, the batch builder). Its inputs are built from what the
 simulated batch says: each pod it reports gets a cgroup (UID, kube QoS, its memory) and a kubelet list entry carrying
-everything the simulation claims about it (namespace, name, priority, priorityClassName, every label). Whatever the
+everything the simulation claims about it (namespace, name, priority, priorityClassName, every label, its requests,
+creation time and whether it is terminating). Whatever the
 real agent then leaves empty, field by field and per pod, the simulation must leave empty too.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 
@@ -29,16 +31,18 @@ START = 1_750_000_020.0  # a window boundary
 
 def kubelet_item(ref: PodRef, node: str) -> dict[str, object]:
     """The kubelet's entry for a pod, stating all the simulated batch says about it."""
-    spec: dict[str, object] = {"nodeName": node, "containers": [{"name": "main"}]}
+    requests = {"cpu": f"{ref.cpu_request}m", "memory": str(ref.memory_request)}
+    spec: dict[str, object] = {"nodeName": node, "containers": [{"name": "main", "resources": {"requests": requests}}]}
     if ref.priority is not None:
         spec["priority"] = ref.priority
     if ref.priority_class_name:
         spec["priorityClassName"] = ref.priority_class_name
-    return {
-        "metadata": {"uid": ref.uid, "namespace": ref.namespace, "name": ref.name, "labels": ref.labels},
-        "spec": spec,
-        "status": {"phase": "Running", "qosClass": ref.kube_qos},
-    }
+    metadata: dict[str, object] = {"uid": ref.uid, "namespace": ref.namespace, "name": ref.name, "labels": ref.labels}
+    if ref.created_at is not None:
+        metadata["creationTimestamp"] = dt.datetime.fromtimestamp(ref.created_at, dt.UTC).isoformat()
+    if ref.terminating:
+        metadata["deletionTimestamp"] = dt.datetime.fromtimestamp(START, dt.UTC).isoformat()
+    return {"metadata": metadata, "spec": spec, "status": {"phase": "Running", "qosClass": ref.kube_qos}}
 
 
 def empty(value: object) -> bool:

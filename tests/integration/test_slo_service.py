@@ -15,12 +15,13 @@ from bus import streams, subjects
 from bus.jetstream import JetStreamBus
 from schemas.cluster import NodeObserved
 from schemas.qos import NODE_SLO_DECODER, SLO_CONFIG_STATUS_DECODER, ActuationApplied, Change, NodeSloRendered
-from services.api import auth
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
+from services.common import auth
+from services.common.kv import is_delete_marker
 from services.common.metrics import new_registry
-from services.slo.reader import SloReader
-from services.slo.service import SloService, is_delete_marker
+from services.slo import component as slo_component
+from services.slo.service import SloService
 from tests.support import api_auth
 from tests.support.events import publish_events
 from tests.support.waiting import eventually
@@ -105,7 +106,7 @@ def _api(bus: JetStreamBus | None) -> httpx.AsyncClient:
     context = ApiContext(
         settings=ApiSettings(),
         registry=new_registry(),
-        slo_reader=SloReader(bus) if bus is not None else None,
+        components=(slo_component.reads(bus),),
         tokens=api_auth.token_store(),
     )
     transport = httpx.ASGITransport(app=create_app(context), raise_app_exceptions=False)

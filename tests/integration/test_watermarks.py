@@ -13,16 +13,19 @@ from typing import Any
 import httpx
 
 from bus.jetstream import JetStreamBus
+from koordbus.common import watermark_defaults
 from schemas.cluster import ConfigMapObserved, NodeObserved
-from services.api import auth
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
+from services.common import auth
 from services.common.metrics import new_registry
+from services.common.watermark_feed import WatermarkReader
 from services.loadaware.http import create_app as create_extender
-from services.loadaware.service import LoadAwareService, LoadAwareSettings
+from services.loadaware.service import LoadAwareService
+from services.loadaware.settings import LoadAwareSettings
 from services.migration.lownodeload import LowNodeLoadArgs
-from services.migration.service import MigrationService, MigrationSettings
-from services.slo.reader import SloReader
+from services.migration.service import MigrationService
+from services.migration.settings import MigrationSettings
 from tests.support import api_auth
 from tests.support.events import publish_events
 from tests.support.loadaware import GI, node, pod_json, report
@@ -70,7 +73,11 @@ async def test_one_watermark_model_across_scheduler_descheduler_and_node_qos(koo
         transport=httpx.ASGITransport(app=create_extender(scheduler, scheduler._registry)), base_url="http://x"
     )
     context = ApiContext(
-        settings=ApiSettings(), registry=new_registry(), slo_reader=SloReader(bus), tokens=api_auth.token_store()
+        settings=ApiSettings(),
+        registry=new_registry(),
+        watermark_reader=WatermarkReader(bus),
+        watermark_defaults=watermark_defaults(),
+        tokens=api_auth.token_store(),
     )
     api = httpx.AsyncClient(
         transport=httpx.ASGITransport(app=create_app(context)),

@@ -16,7 +16,7 @@ import pytest_asyncio
 import websockets
 
 from bus.jetstream import JetStreamBus
-from services.api import auth
+from services.common import auth
 from tests.support import api_auth, live_api
 
 BAD_SINCE = ["inf", "-inf", "nan", "1e12", "-1", "1e400", "9999-12-31T23:59:59-14:00"]

@@ -17,7 +17,8 @@ from bus.jetstream import JetStreamBus
 from schemas.cluster import NodeObserved
 from services.common.metrics import new_registry
 from services.loadaware.http import MAX_BODY_BYTES, create_app
-from services.loadaware.service import LoadAwareService, LoadAwareSettings
+from services.loadaware.service import LoadAwareService
+from services.loadaware.settings import LoadAwareSettings
 from tests.integration.test_loadaware_http import full_node, scheduler_pod
 from tests.security.test_bodies_api import CountingBody
 from tests.support.events import publish_events

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.api import auth
+from services.common import auth
 from tests.security.test_bodies_api import ROUTES
 from tests.support import api_auth, live_api
 

@@ -15,7 +15,8 @@ from bus.jetstream import JetStreamBus
 from schemas.cluster import NodeObserved, PodObserved
 from services.common.metrics import new_registry
 from services.loadaware.http import create_app
-from services.loadaware.service import LoadAwareService, LoadAwareSettings
+from services.loadaware.service import LoadAwareService
+from services.loadaware.settings import LoadAwareSettings
 from tests.support.events import publish_events
 from tests.support.loadaware import GI, node, pod, pod_json, report
 from tests.support.waiting import eventually

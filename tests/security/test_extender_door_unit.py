@@ -12,7 +12,7 @@ import pytest
 from services.loadaware import state
 from services.loadaware.args import DEFAULT_ARGS
 from services.loadaware.extender import Extender
-from services.loadaware.service import LoadAwareSettings
+from services.loadaware.settings import LoadAwareSettings
 from tests.support.loadaware import node, pod, pod_json, report
 
 NOW = 1_800_000_000.0

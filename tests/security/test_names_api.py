@@ -20,7 +20,7 @@ import websockets
 
 from bus import subjects
 from bus.jetstream import JetStreamBus
-from services.api import auth
+from services.common import auth
 from tests.support import api_auth, live_api
 
 LONG = "x" * 5000

@@ -16,8 +16,7 @@ import pytest_asyncio
 
 from bus import streams
 from schemas import quota
-from services.api import auth
-from services.common import db
+from services.common import auth, db
 from tests.support import api_auth
 from tests.support.quota_stack import QuotaStack, quota_stack
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from services.api import auth
+from services.common import auth
 from tests.security.test_schemathesis_api import LEFT_OUT, _document
 from tests.support import api_auth, live_api
 

@@ -25,9 +25,9 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 
-from services.api import auth
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
+from services.common import auth
 from services.common.metrics import new_registry
 from tests.support import api_auth, live_api
 
@@ -45,7 +45,9 @@ codes, content types, headers and response schemas, refusal of schema-invalid da
 
 def _document() -> dict[str, Any]:
     """The OpenAPI document as the app builds it (it does not depend on the stores behind the routes)."""
-    return create_app(ApiContext(settings=ApiSettings(), registry=new_registry())).openapi()
+    return create_app(
+        ApiContext(settings=ApiSettings(), registry=new_registry(), components=live_api.routes_only())
+    ).openapi()
 
 
 def _cases() -> list[Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.api import auth
+from services.common import auth
 
 TOKENS = {
     auth.VIEWER: "test-viewer-token",

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from schemas import koordinator, migration, node, quota
+from services.common import sloconfig
 from services.k8s import nodeslo_mirror, quota_writes, writes
 from services.migration import reconcile
 from services.nodemetric import core
@@ -178,9 +179,9 @@ KOORDINATOR_NODESLO: Json = {
 def nodeslos() -> Iterator[tuple[str, Json]]:
     yield (
         "defaults",
-        nodeslo_mirror.desired_nodeslo("n1", slo_render.render_node_slo(slo_render.parse_slo_config({}), {}, {})),
+        nodeslo_mirror.desired_nodeslo("n1", slo_render.render_node_slo(sloconfig.parse_slo_config({}), {}, {})),
     )
-    config = slo_render.parse_slo_config(SLO_CONFIG)
+    config = sloconfig.parse_slo_config(SLO_CONFIG)
     assert not config.errors, config.errors
     for labels in ({}, {"pool": "gpu"}):
         annotations = {slo_render.ANNOTATION_NETWORK_BANDWIDTH: "25Gi"}
@@ -275,7 +276,7 @@ KOORDINATOR_PMJ: Json = {
 
 
 def _executor_status() -> Json:
-    """The status the migration executor writes for a finished eviction (services.k8s.migration_executor)."""
+    """The status the migration executor writes for a finished eviction (services.migration.executor)."""
     stamp = dt.datetime(2026, 1, 1, 12, 0, 30, tzinfo=dt.UTC)
     conditions = reconcile.with_condition(
         job("job-0", "web-0", phase="Running", passed=True),

@@ -1,7 +1,8 @@
 """The whole REST API served over HTTP from a thread of its own, for tests that call it blocking (schemathesis,
 hypothesis): a nats-server with koordbus's streams, SQLite migrated to head, the quota service with its projections,
 the event hub, the NodeSLO reader and the migration, nodemetric and noderesource stores, as `koordbus up` wires them,
-plus the load-aware extender, which answers the scheduler state export
+plus the load-aware extender, which answers the scheduler state export, and the migration service, which answers the
+descheduler's plan
 (tests/security/test_schemathesis_api.py, test_bodies_fuzz_api.py)."""
 
 from __future__ import annotations
@@ -16,21 +17,35 @@ from bus import streams
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
 from koordbus import runtime
+from koordbus.common import watermark_defaults
 from services.api.app import ApiContext, create_app
 from services.api.event_hub import EventHub
 from services.api.settings import ApiSettings
 from services.common import db
+from services.common.component import Component
 from services.common.metrics import new_registry
+from services.common.watermark_feed import WatermarkReader
+from services.k8s import component as k8s_component
+from services.loadaware import component as loadaware_component
 from services.loadaware.client import LoadAwareClient
-from services.loadaware.service import LoadAwareService, LoadAwareSettings
+from services.loadaware.service import LoadAwareService
+from services.loadaware.settings import LoadAwareSettings
+from services.migration import component as migration_component
 from services.migration.client import MigrationClient
+from services.migration.service import MigrationService
+from services.migration.settings import MigrationSettings
 from services.migration.store import MigrationStore
+from services.nodemetric import component as nodemetric_component
+from services.nodemetric.service import NodeMetricService
+from services.nodemetric.settings import NodeMetricSettings
 from services.nodemetric.store import NodeMetricStore
+from services.noderesource import component as noderesource_component
 from services.noderesource.store import NodeResourceStore
+from services.quota import component as quota_component
 from services.quota.client import QuotaClient
 from services.quota.service import QuotaService
 from services.quota.store import QuotaStore
-from services.slo.reader import SloReader
+from services.slo import component as slo_component
 from tests.integration.test_quota_cli import free_port
 from tests.integration.test_quota_service import SETTINGS, node, observe
 from tests.support import api_auth
@@ -56,22 +71,34 @@ async def _serve(tmp: Path, port: int, ready: threading.Event, stop: asyncio.Eve
         extender = LoadAwareService(bus, LoadAwareSettings(startup_timeout_seconds=5), registry=new_registry())
         await extender.start()  # answers the scheduler state export
         stack.push_async_callback(extender.stop)
+        nodemetric_store = NodeMetricStore(engine)
+        nodemetric = NodeMetricService(bus, nodemetric_store, NodeMetricSettings(), registry=new_registry())
+        await nodemetric.start()  # answers the prediction route (404: no node has sent a training round)
+        stack.push_async_callback(nodemetric.stop)
+        migration_store = MigrationStore(engine)
+        arbiter = MigrationService(
+            bus, MigrationSettings(startup_timeout_seconds=10), registry=new_registry(), store=migration_store
+        )
+        await arbiter.start()  # answers the descheduler's plan (200, "no lowNodeLoadArgs": nothing configured)
+        stack.push_async_callback(arbiter.stop)
         hub = EventHub(bus)
         stack.push_async_callback(hub.close)
         context = ApiContext(
             settings=ApiSettings(),
             registry=new_registry(),
             tokens=api_auth.token_store(),
-            nodemetric_store=NodeMetricStore(engine),
-            noderesource_store=NodeResourceStore(engine),
-            quota_store=quota_store,
-            quota_client=QuotaClient(bus, timeout=5),
-            loadaware_client=LoadAwareClient(bus, timeout=5),
-            migration_store=MigrationStore(engine),
-            migration_client=MigrationClient(bus),
-            slo_reader=SloReader(bus),
+            components=(
+                nodemetric_component.reads(nodemetric_store, bus=bus),
+                noderesource_component.reads(NodeResourceStore(engine)),
+                quota_component.routes_over(quota_store, QuotaClient(bus, timeout=5)),
+                migration_component.routes_over(migration_store, MigrationClient(bus)),
+                k8s_component.recorded_writes(lambda: {"items": []}),
+                loadaware_component.queries(LoadAwareClient(bus, timeout=5)),
+                slo_component.reads(bus),
+            ),
+            watermark_reader=WatermarkReader(bus),
+            watermark_defaults=watermark_defaults(),
             event_hub=hub,
-            recorded_writes=lambda: {"items": []},
         )
         await runtime.serve_http(stack, create_app(context), host="127.0.0.1", port=port)
         ready.set()
@@ -108,6 +135,20 @@ def live_api(tmp: Path) -> Iterator[str]:
         thread.join(30)
 
 
+def routes_only() -> tuple[Component, ...]:
+    """Every component's routes with nothing behind them (they answer 503): the API's OpenAPI document as the live
+    API above serves it."""
+    return (
+        nodemetric_component.reads(None),
+        noderesource_component.reads(None),
+        quota_component.routes_over(None, None),
+        migration_component.routes_over(None, None),
+        k8s_component.recorded_writes(lambda: {"items": []}),
+        loadaware_component.queries(None),
+        slo_component.reads(None),
+    )
+
+
 async def serve_events_api(stack: contextlib.AsyncExitStack, bus: JetStreamBus) -> str:
     """The API with only the event hub and the NodeSLO reader, served on the caller's loop until `stack` closes (small
     hub caps so capacity is reachable); returns its base URL. Used by tests/security/test_names_api.py and
@@ -119,7 +160,9 @@ async def serve_events_api(stack: contextlib.AsyncExitStack, bus: JetStreamBus) 
         registry=new_registry(),
         tokens=api_auth.token_store(),
         event_hub=hub,
-        slo_reader=SloReader(bus),
+        components=(slo_component.reads(bus),),
+        watermark_reader=WatermarkReader(bus),
+        watermark_defaults=watermark_defaults(),
     )
     stack.push_async_callback(hub.close)
     port = free_port()

@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 
 from schemas import kube, migration
+from schemas.scheduling import SchedulingPod
 
 T0 = "2026-01-01T12:00:00Z"
 
@@ -45,7 +46,7 @@ def pod(
         document["spec"]["priority"] = priority
     if volumes is not None:
         document["spec"]["volumes"] = volumes
-    return msgspec.convert(document, kube.Pod)
+    return msgspec.convert(document, SchedulingPod)  # a kube.Pod that keeps nodeSelector, affinity, tolerations
 
 
 def job(

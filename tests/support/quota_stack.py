@@ -17,6 +17,8 @@ from bus.server import EmbeddedNatsServer
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
 from services.common.metrics import new_registry
+from services.migration import component as migration_component
+from services.quota import component as quota_component
 from services.quota.client import QuotaClient
 from services.quota.service import QuotaService
 from services.quota.store import QuotaStore
@@ -48,8 +50,11 @@ async def quota_stack(tmp_path: Path, engine: AsyncEngine) -> AsyncIterator[Quot
             settings=ApiSettings(),
             registry=new_registry(),
             tokens=api_auth.token_store(),
-            quota_store=store,
-            quota_client=QuotaClient(bus),
+            # the migration routes with nothing behind them: their bodies are checked before anything is asked
+            components=(
+                quota_component.routes_over(store, QuotaClient(bus)),
+                migration_component.routes_over(None, None),
+            ),
         )
         yield QuotaStack(app=create_app(context), bus=bus, service=service, nats_url=server.url)
     finally:

@@ -9,7 +9,9 @@ import msgspec
 
 from agent import evict
 from agent.actuate import NodePod
+from agent.allocatable_watch import allocatable_in_force
 from schemas import kube
+from schemas.noderesource import NodeResourceComputed
 from tests.unit.test_agent_actuate import be_pod
 
 GI = 1 << 30
@@ -168,3 +170,67 @@ def test_cpu_victims_by_priority_then_usage_over_request() -> None:
 
 def test_unknown_types_are_not_pods() -> None:
     assert isinstance(pod(1).pod, kube.Pod)
+
+
+def test_node_cpu_victims_average_the_window_and_skip_what_is_taken() -> None:
+    """CPUEvict (§5.5.3): int(avg) × 100 / capacity against the threshold; release capacity × (percent − lower)."""
+    a, b = _cpu_evict_pod("a", 1000), _cpu_evict_pod("b", 1000)
+    window = [(1.0, 6000), (2.0, 8000)]  # avg 7000m of 8000m = 87 %
+    victims, why = evict.node_cpu_victims(
+        capacity_milli=8000,
+        window=window,
+        pod_cpu={a.uid: 900, b.uid: 2000},
+        pods=[a, b],
+        threshold_percent=80,
+        lower_percent=None,  # threshold − 2 = 78 %: release 8000 × 9 / 100 = 720m
+        priority_threshold=5000,
+    )
+    assert "node CPU 87% over 2 samples" in why and "release 720m (to 78%)" in why
+    assert [v.pod.uid for v in victims] == [b.uid]  # the most CPU first; 2000m covers 720m
+    victims, _ = evict.node_cpu_victims(
+        capacity_milli=8000, window=window, pod_cpu={a.uid: 900, b.uid: 2000}, pods=[a, b], threshold_percent=80,
+        lower_percent=None, priority_threshold=5000, taken=[b.uid],
+    )  # fmt: skip
+    assert [v.pod.uid for v in victims] == [a.uid]
+    under, why = evict.node_cpu_victims(
+        capacity_milli=8000, window=[(1.0, 6000)], pod_cpu={a.uid: 900}, pods=[a], threshold_percent=80,
+        lower_percent=None, priority_threshold=5000,
+    )  # fmt: skip
+    assert under == [] and why == "node CPU 75% < threshold 80%"
+
+
+def _cpu_evict_pod(name: str, priority: int) -> NodePod:
+    pod = msgspec.convert(
+        {
+            "metadata": {
+                "name": name,
+                "namespace": "default",
+                "uid": f"uid-{name}",
+                "labels": {"koordinator.sh/eviction-enabled": "true"},
+            },
+            "spec": {"priority": priority},
+            "status": {"phase": "Running"},
+        },
+        kube.Pod,
+    )
+    return NodePod(pod=pod)
+
+
+def test_the_allocatable_in_force_is_the_last_due_write() -> None:
+    def decision(write_due: bool) -> NodeResourceComputed:
+        return NodeResourceComputed(
+            node="n1",
+            computed_at=1.0,
+            trigger=("nodemetric",),
+            outcome="computed",
+            resources={"kubernetes.io/batch-cpu": 9000, "kubernetes.io/batch-memory": None},
+            write_due=write_due,
+            write_reason="first write" if write_due else "up to date",
+            last_write_resources={"kubernetes.io/batch-cpu": 8000, "kubernetes.io/batch-memory": 2**30},
+        )
+
+    assert allocatable_in_force(decision(True)) == {"kubernetes.io/batch-cpu": 9000}  # None: removed
+    assert allocatable_in_force(decision(False)) == {
+        "kubernetes.io/batch-cpu": 8000,
+        "kubernetes.io/batch-memory": 2**30,
+    }

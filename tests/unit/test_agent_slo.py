@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from agent.slo import AGENT_DEFAULTS, effective_slo, spec_problems
-from services.slo.render import parse_slo_config, render_node_slo
+from services.common.sloconfig import parse_slo_config
+from services.slo.render import render_node_slo
 
 
 def test_no_nodeslo_yet_means_the_defaults_with_every_class_disabled() -> None:
@@ -82,6 +83,9 @@ def test_spec_problems_accepts_rendered_specs_and_refuses_bad_values() -> None:
             "enable": "yes",
             "cpuSuppressThresholdPercent": "65",
             "memoryEvictThresholdPercent": 120,
+            "cpuEvictThresholdPercent": -5,
+            "evictEnabledPriorityThreshold": "high",
+            "cpuEvictTimeWindowSeconds": 1e9,
         },
         "resourceQOSStrategy": {"beClass": {"resctrlQOS": {"enable": True, "mbaPercent": -1}}},
         "cpuBurstStrategy": {"policy": "sometimes", "cfsQuotaBurstPeriodSeconds": 1.5},
@@ -89,6 +93,9 @@ def test_spec_problems_accepts_rendered_specs_and_refuses_bad_values() -> None:
     problems = spec_problems(bad)
     assert any("cpuSuppressThresholdPercent: '65'" in p for p in problems)
     assert any("memoryEvictThresholdPercent: 120" in p for p in problems)
+    assert any("cpuEvictThresholdPercent: -5" in p for p in problems)
+    assert any("evictEnabledPriorityThreshold: 'high' is not an integer" in p for p in problems)
+    assert any("cpuEvictTimeWindowSeconds: 1000000000.0 is not an integer" in p for p in problems)
     assert any("enable is not a boolean" in p for p in problems)
     assert any("beClass.resctrlQOS.mbaPercent: -1" in p for p in problems)
     assert any("policy: 'sometimes'" in p for p in problems)

@@ -3,10 +3,15 @@ band and growth cap, the cpuset policy's size and CPU choice, and the kernel's c
 
 from __future__ import annotations
 
+import json
+
+import msgspec
 import pytest
 
 from agent import suppress
+from agent.actuate import NodePod
 from agent.suppress import Cpu
+from schemas import kube
 from tests.unit.test_agent_actuate import be_pod
 
 BE_UID = "3f1e2d3c-0000-4000-8000-000000000001"
@@ -91,3 +96,98 @@ def test_cpu_lists(text: str, ids: set[int]) -> None:
 def test_bad_cpu_lists(bad: str) -> None:
     with pytest.raises(ValueError):
         suppress.parse_cpuset(bad)
+
+
+# --- the opt-in PSI rule (issue 23, point 6)
+
+RULE = suppress.PsiRule(threshold=0.3, step_percent=10)
+
+
+def test_psi_step_is_off_without_a_rule_and_under_the_threshold() -> None:
+    pods = [be_pod(BE_UID), be_pod(LS_UID, label="LS", name="web", kube_qos="Burstable")]
+    kwargs = dict(pods=pods, capacity_milli=8000)
+    assert suppress.psi_step(None, cpu_some={LS_UID: 0.9}, **kwargs) is None  # off by default
+    assert suppress.psi_step(RULE, cpu_some={LS_UID: 0.29}, **kwargs) is None
+    assert suppress.psi_step(RULE, cpu_some={}, **kwargs) is None  # no PSI: nothing, not zero pressure
+    # only LS pods count: a stalled BE pod (or one the list does not know) raises nothing
+    assert suppress.psi_step(RULE, cpu_some={BE_UID: 0.9, "unknown": 0.9}, **kwargs) is None
+
+
+def test_psi_step_lowers_the_allowance_before_the_floor_and_says_why() -> None:
+    pods = [be_pod(BE_UID), be_pod(LS_UID, label="LS", name="web", kube_qos="Burstable")]
+    step = suppress.psi_step(RULE, cpu_some={LS_UID: 0.3, BE_UID: 0.9}, pods=pods, capacity_milli=8000)
+    assert step is not None and step.milli == 800
+    assert f"pod {LS_UID} cpu some 0.300 ≥ 0.3" in step.explanation
+    kwargs = dict(capacity_milli=8000, node_used_milli=4000, pod_used_milli={LS_UID: 2000}, pods=pods)
+    plain = suppress.be_allowance(**kwargs, threshold_percent=65, min_percent=None)
+    pressed = suppress.be_allowance(**kwargs, threshold_percent=65, min_percent=None, pressure=step)
+    assert pressed.milli == plain.milli - 800
+    assert "LS CPU pressure step 800m" in pressed.explanation and pressed.explanation.endswith(f"= {pressed.milli}m")
+    floored = suppress.be_allowance(**kwargs, threshold_percent=20, min_percent=10, pressure=step)
+    assert floored.milli == 800  # cpuSuppressMinPercent still holds
+
+
+def test_a_kube_guaranteed_pod_without_a_koord_label_counts_as_ls() -> None:
+    pods = [be_pod(LS_UID, label="", name="db", kube_qos="Guaranteed")]
+    assert suppress.psi_step(RULE, cpu_some={LS_UID: 0.5}, pods=pods, capacity_milli=4000) is not None
+
+
+# --- CPUs BE must not get (issue 23, point 3)
+
+
+def _allocated(uid: str, qos: str, cpuset: str, *, phase: str = "Running") -> NodePod:
+    pod = msgspec.convert(
+        {
+            "metadata": {
+                "name": f"pod-{uid}",
+                "namespace": "default",
+                "uid": uid,
+                "labels": {"koordinator.sh/qosClass": qos},
+                "annotations": {"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": cpuset})},
+            },
+            "status": {"phase": phase, "qosClass": "Guaranteed"},
+        },
+        kube.Pod,
+    )
+    return NodePod(pod=pod)
+
+
+EIGHT = [suppress.Cpu(id=i, core=i % 4, socket=0, numa=0) for i in range(8)]
+
+
+def test_be_pools_leave_out_reserved_and_lse_cpus_and_set_the_lsr_pool_apart() -> None:
+    pods = [
+        _allocated("lse", "LSE", "2-3"),
+        _allocated("lsr", "LSR", "4-5"),
+        _allocated("done", "LSE", "6", phase="Succeeded"),  # a finished pod holds nothing
+        _allocated("ls", "LS", "7"),  # only LSE and LSR allocations count
+    ]
+    pools = suppress.be_cpu_pools(EIGHT, pods, reserved=frozenset({0}))
+    assert [c.id for c in pools.lsr] == [4, 5]
+    assert [c.id for c in pools.ls] == [1, 6, 7]
+    assert pools.excluded == {0: "reserved", 2: "LSE pods'", 3: "LSE pods'"}
+    assert pools.why_not() == "; not LSE pods' 2-3, reserved 0"
+    # koordlet's split: lsrCount = floor(n × |LSR| / (|LSR| + |LS|)) = floor(4 × 2 / 5) = 1, the rest from LS
+    picked = suppress.pick_be_cpus(pools, 4)
+    assert len(picked) == 4 and len(set(picked) & {4, 5}) == 1 and not set(picked) & {0, 2, 3}
+    assert suppress.pick_be_cpus(pools, 99) == [1, 4, 5, 6, 7]  # never more than the pools hold
+
+
+def test_a_short_pool_is_made_up_from_the_other() -> None:
+    pools = suppress.be_cpu_pools(EIGHT, [_allocated("lsr", "LSR", "1-7")], reserved=frozenset())
+    assert [c.id for c in pools.ls] == [0]
+    # lsrCount = floor(3 × 7 / 8) = 2, LS gives its one CPU
+    picked = suppress.pick_be_cpus(pools, 3)
+    assert len(picked) == 3 and 0 in picked
+
+
+@pytest.mark.parametrize("cpuset", ["0-999999999", "7-3", "x", "-1"])
+def test_a_hostile_or_broken_allocation_excludes_nothing(cpuset: str) -> None:
+    pools = suppress.be_cpu_pools(EIGHT, [_allocated("lse", "LSE", cpuset)], reserved=frozenset())
+    assert pools.ids == set(range(8)) and pools.excluded == {}
+
+
+def test_cpu_lists_are_bounded() -> None:
+    with pytest.raises(ValueError, match="above 8191"):
+        suppress.parse_cpuset("0-100000000")
+    assert suppress.parse_cpuset("8191") == {8191}

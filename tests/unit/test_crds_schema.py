@@ -1,4 +1,5 @@
-"""koordbus.crds' conversion of msgspec schemas into Kubernetes structural schemas, construct by construct."""
+"""koordbus.crd_schema's conversion of msgspec schemas into Kubernetes structural schemas, construct by construct
+(through koordbus.crds.struct_schema, which keeps the structs of its OPEN_STRUCTS open)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from typing import Any, Literal
 import msgspec
 import pytest
 
-from koordbus import crds
+from koordbus import crd_schema, crds
 from schemas import migration, quantity
-from services.slo import gojson
+from services.common import gojson
 
 BOOL = {"type": "boolean"}
 QUANTITY = {
@@ -76,7 +77,7 @@ class Pair(msgspec.Struct):
     ],
 )
 def test_what_a_crd_cannot_express_is_refused_with_its_place(struct: type[msgspec.Struct], message: str) -> None:
-    with pytest.raises(crds.SchemaError, match=message):
+    with pytest.raises(crd_schema.SchemaError, match=message):
         crds.struct_schema(struct)
 
 
@@ -118,11 +119,11 @@ def test_any_is_any_json_value_kept_whole() -> None:
     ],
 )
 def test_nodeslo_field_kinds(kind: Any, expected: dict[str, Any]) -> None:
-    assert crds._field_schema(kind) == expected
+    assert crd_schema.field_schema(kind) == expected
 
 
 def test_the_nodeslo_spec_bounds_are_the_renderers() -> None:
-    spec = crds.nodeslo_schema()["properties"]["spec"]
+    spec = crd_schema.nodeslo_schema()["properties"]["spec"]
     burst = spec["properties"]["cpuBurstStrategy"]["properties"]["cpuBurstPercent"]
     assert (burst["minimum"], burst["maximum"]) == (0, 10000)
     assert spec["x-kubernetes-preserve-unknown-fields"] is True

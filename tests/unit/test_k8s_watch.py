@@ -17,7 +17,7 @@ from bus.api import PublishAck
 from bus.errors import BusUnavailableError
 from schemas import cluster
 from services.k8s import core
-from services.k8s.observer import KIND_NODE, ClusterObserver, observed_message
+from services.k8s.observer import KIND_NODE, KIND_POD, ClusterObserver, observed_message
 from services.k8s.settings import K8sSettings
 from services.k8s.watch import ApiStatusError, Reflector
 
@@ -356,3 +356,38 @@ async def test_latest_state_waits_for_the_bus_and_is_published_when_it_returns()
     assert isinstance(latest, cluster.NodeObserved) and latest.resource_version == "7"
     assert set(bus.stored) == {subjects.cluster_node("a"), subjects.cluster_node("b")}
     assert observer.stats.published == 2
+
+
+def test_the_scheduling_fields_nodefit_reads_cross_the_bridge() -> None:
+    """A Node's taints and unschedulable flag, a Pod's nodeSelector, required node affinity and tolerations reach
+    the cluster stream (the descheduler's nodeFit and the arbiter's read them there)."""
+    node = {
+        **obj("node-a", 5),
+        "spec": {"unschedulable": True, "taints": [{"key": "gpu", "value": "yes", "effect": "NoSchedule"}]},
+    }
+    change = core.Change(key=("", "node-a"), seen=core.Seen("5"), raw=json.dumps(node).encode())
+    decoded = cluster.CLUSTER_EVENT_DECODER.decode(observed_message(KIND_NODE, change, observed_at=1.0)[1])
+    assert isinstance(decoded, cluster.NodeObserved) and decoded.node is not None
+    assert decoded.node.spec.unschedulable
+    assert [(t.key, t.value, t.effect) for t in decoded.node.spec.taints or ()] == [("gpu", "yes", "NoSchedule")]
+    term = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    pod = {
+        "metadata": {"name": "web-1", "namespace": "default", "uid": "u1", "resourceVersion": "7"},
+        "spec": {
+            "nodeName": "node-a",
+            "nodeSelector": {"disk": "ssd"},
+            "affinity": {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+            },
+            "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        },
+    }
+    change = core.Change(key=("default", "web-1"), seen=core.Seen("7"), raw=json.dumps(pod).encode())
+    decoded = cluster.CLUSTER_EVENT_DECODER.decode(observed_message(KIND_POD, change, observed_at=1.0)[1])
+    assert isinstance(decoded, cluster.PodObserved) and decoded.pod is not None
+    spec = decoded.pod.spec
+    assert spec.node_selector == {"disk": "ssd"}
+    assert [(t.key, t.operator, t.effect) for t in spec.tolerations or ()] == [("gpu", "Exists", "NoSchedule")]
+    required = spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution  # type: ignore[union-attr]
+    assert required is not None and required.node_selector_terms is not None
+    assert required.node_selector_terms[0].match_expressions[0].values == ["a"]  # type: ignore[index]

@@ -218,3 +218,54 @@ def test_the_validator_catches_mistakes(validator: jsonschema.protocols.Validato
 def test_status_struct_survives_a_json_round_trip() -> None:
     status = _status()
     assert msgspec.json.decode(msgspec.json.encode(status), type=node.NodeMetricStatus) == status
+
+
+# --- hostApplicationMetric
+
+
+def _with_host_applications() -> node.NodeMetricStatus:
+    apps = [
+        node.HostApplicationMetric(
+            name="nginx",
+            usage=node.ResourceMap(resources={"cpu": 1250, "memory": 3 * 2**30}),
+            priority="koord-prod",
+            qos="LS",
+        ),
+        node.HostApplicationMetric(name="sshd", usage=node.ResourceMap(resources={"cpu": 5, "memory": 2**20})),
+    ]
+    return msgspec.structs.replace(_status(), host_applications=apps)
+
+
+def test_host_application_metric_is_rendered_in_koordinators_shape() -> None:
+    out = koordinator.nodemetric_status_to_json(_with_host_applications(), quantities=True)
+    assert out["hostApplicationMetric"] == [
+        {
+            "name": "nginx",
+            "usage": {"resources": {"cpu": "1250m", "memory": "3Gi"}},
+            "priority": "koord-prod",
+            "qos": "LS",
+        },
+        {"name": "sshd", "usage": {"resources": {"cpu": "5m", "memory": "1Mi"}}, "priority": "", "qos": ""},
+    ]
+    integers = koordinator.nodemetric_status_to_json(_with_host_applications(), quantities=False)
+    assert integers["hostApplicationMetric"][0]["usage"] == {"resources": {"cpu": 1250, "memory": 3 * 2**30}}
+    assert "hostApplicationMetric" not in koordinator.nodemetric_status_to_json(_status(), quantities=True)
+
+
+def test_host_application_metric_validates_against_the_crd(validator: jsonschema.protocols.Validator) -> None:
+    obj = koordinator.nodemetric_object("node-a", node.MetricCollectPolicy(), _with_host_applications())
+    assert _errors(validator, obj) == []
+    misspelt = copy.deepcopy(obj)
+    misspelt["status"]["hostApplicationMetric"][0]["podUsage"] = misspelt["status"]["hostApplicationMetric"][0].pop(
+        "usage"
+    )
+    assert _errors(validator, misspelt)
+
+
+def test_a_status_without_host_applications_decodes_as_before() -> None:
+    """Statuses published before host applications existed carry no such field; they decode with none."""
+    encoded = msgspec.json.encode(_status())
+    assert b"host_applications" not in encoded
+    assert msgspec.json.decode(encoded, type=node.NodeMetricStatus).host_applications == []
+    status = _with_host_applications()
+    assert msgspec.json.decode(msgspec.json.encode(status), type=node.NodeMetricStatus) == status

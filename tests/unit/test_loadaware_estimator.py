@@ -7,8 +7,9 @@ import json
 import msgspec
 import pytest
 
+from services.common.args import ArgsError, duration_seconds
 from services.loadaware import estimator
-from services.loadaware.args import DEFAULT_ARGS, ArgsError, LoadAwareArgs, duration_seconds, load_args, with_defaults
+from services.loadaware.args import DEFAULT_ARGS, LoadAwareArgs, load_args, with_defaults
 from tests.support.loadaware import GI, node, pod
 
 MI = 1 << 20

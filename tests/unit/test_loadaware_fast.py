@@ -10,10 +10,10 @@ import random
 import msgspec
 import pytest
 
+from services.common import watermarks
 from services.loadaware import core, fast, state
 from services.loadaware.args import AggregatedArgs, LoadAwareArgs, apply_watermarks, with_defaults
 from services.loadaware.state import AssignedPod, LoadState
-from services.slo import watermarks
 from tests.support.loadaware import GI, node, pod, report
 
 NOW = 1_900_000_000.0

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from schemas.node import ResourceMap
+from services.common.args import ArgsError
 from services.loadaware import core, estimator, fast, source, state
-from services.loadaware.args import ArgsError, load_args, with_defaults
 from services.loadaware.args import LoadAwareArgs as Args
+from services.loadaware.args import load_args, with_defaults
 from services.loadaware.state import LoadState
 from tests.support.loadaware import GI, node, pod, report
 

@@ -11,10 +11,11 @@ import msgspec
 import pytest
 
 from schemas.node import ResourceMap
+from services.common import watermarks
+from services.common.args import ArgsError
 from services.loadaware import core, estimator, snapshot, state
-from services.loadaware.args import ArgsError, LoadAwareArgs, apply_watermarks, with_defaults
+from services.loadaware.args import LoadAwareArgs, apply_watermarks, with_defaults
 from services.loadaware.state import LoadState
-from services.slo import watermarks
 from tests.support.loadaware import GI, node, node_json, pod, pod_json, report
 
 NOW = "2026-06-01T12:00:00Z"

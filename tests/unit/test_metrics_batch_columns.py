@@ -168,3 +168,66 @@ def test_columns_pack_with_the_standard_library_and_refuse_values_that_do_not_fi
     assert columns.memory == np.asarray([7, 2**40], "<i8").tobytes()
     with pytest.raises(ValueError, match="does not fit a <u2 column"):
         PodSampleColumns.of(pod=[70_000], t=[1.0], cpu=[0.0], memory=[0])
+
+
+# --- host applications
+
+
+def _app(name: str = "nginx", **changes: Any) -> dict[str, Any]:
+    app: dict[str, Any] = {
+        "name": name,
+        "samples": [[1.0, 0.5, 100], [2.0, 0.25, 120]],
+        "memory_with_page_cache": [150, 170],
+        "priority": "koord-prod",
+        "qos": "LS",
+    }
+    return app | changes
+
+
+def test_host_applications_round_trip_and_are_optional() -> None:
+    event = decode(wire(host_applications=[_app(), _app("sshd", memory_with_page_cache=[], priority="", qos="")]))
+    nginx, sshd = event.host_applications
+    assert (nginx.name, nginx.priority, nginx.qos, nginx.samples[1]) == ("nginx", "koord-prod", "LS", (2.0, 0.25, 120))
+    assert sshd.memory_with_page_cache == [] and sshd.priority == ""
+    assert NODE_EVENT_DECODER.decode(encode_node_event(event)) == event
+    assert decode(wire()).host_applications == []  # batches from before host applications decode as before
+
+
+@pytest.mark.parametrize(
+    ("apps", "message"),
+    [
+        ([_app("../etc")], "host_applications[0].name"),
+        ([_app("a/b")], "host_applications[0].name"),
+        ([_app("")], "host_applications[0].name"),
+        ([_app("x" * 129)], "host_applications[0].name"),
+        ([_app(priority="koord-root")], "at `$.host_applications[0].priority`"),
+        ([_app(qos="Guaranteed")], "at `$.host_applications[0].qos`"),
+        ([_app(samples=[[1.0, -0.5, 100]])], "at `$.host_applications[0].samples[0][1]`"),
+        ([_app(samples=[[1.0, 0.5, -1]], memory_with_page_cache=[])], "at `$.host_applications[0].samples[0][2]`"),
+        ([_app(samples=[])], "at `$.host_applications[0].samples`"),
+        ([_app(memory_with_page_cache=[-1, 0])], "at `$.host_applications[0].memory_with_page_cache[0]`"),
+        (
+            [_app(), _app("b", memory_with_page_cache=[1])],
+            "host application 'b': `memory_with_page_cache` is optional but then needs 2 values, one per sample, "
+            "it has 1 - at `$.host_applications[1]`",
+        ),
+        (
+            [_app("a"), _app("b"), _app("a")],
+            "host_applications: 'a' appears twice (entries 0 and 2) - at `$.host_applications[2]`",
+        ),
+        ([_app(f"app-{i}") for i in range(65)], "at `$.host_applications`"),
+    ],
+)
+def test_bad_host_applications_fail_decoding_naming_the_field(apps: list[dict[str, Any]], message: str) -> None:
+    with pytest.raises(msgspec.ValidationError) as raised:
+        decode(wire(host_applications=apps))
+    assert message in str(raised.value)
+
+
+def test_the_wire_classes_are_koordinators() -> None:
+    from typing import get_args
+
+    from schemas import node, vocab
+
+    assert set(get_args(node.PriorityClassName)) == {vocab.PRIORITY_NONE, *vocab.PRIORITY_RANGES}
+    assert set(get_args(node.QoSClassName)) == {vocab.QOS_NONE, *vocab.KOORD_QOS_CLASSES}

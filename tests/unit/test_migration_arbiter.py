@@ -155,3 +155,38 @@ def test_a_pod_evicted_but_still_in_the_view_counts_as_unavailable() -> None:
     replaced = [msgspec.structs.replace(pods[0], metadata=msgspec.structs.replace(pods[0].metadata, uid="new"))]
     fresh = run([_succeeded("j0", "p0"), job("j1", "p1")], replaced + pods[1:], maxUnavailablePerWorkload=1)
     assert fresh.names("passed") == ["j1"]
+
+
+def small_node(name: str, cpu: str) -> kube.Node:
+    return msgspec.convert(
+        {"metadata": {"name": name}, "status": {"allocatable": {"cpu": cpu, "memory": "8Gi", "pods": "110"}}},
+        kube.Node,
+    )
+
+
+def test_node_fit_fails_a_pod_that_fits_no_other_node() -> None:
+    """nodeFit: the pod (2 cores) must fit some node other than its own; n2 has 3 cores with 2 requested by the pod
+    there, n1 is the pod's own. With n3 (4 free cores) known it passes; without, it fails with the NodeFit filter;
+    with no nodes known at all it waits; with nodeFit off (or its gate skipped) nodes are not looked at."""
+    cores = [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]
+    pods = [pod("p", node="n1", containers=cores), pod("q", node="n2", containers=cores)]
+    workloads = [workload("rs-1", 10)]
+    args = MigrationArgs(node_fit=True)
+
+    def decide(nodes: list[kube.Node], given: MigrationArgs = args) -> arbiter.Decision:
+        view = arbiter.ClusterView.build(pods, workloads, given, nodes=nodes)
+        return arbiter.arbitrate([job("j", "p")], view, given).decisions[0]
+
+    assert decide([small_node("n1", "8"), small_node("n2", "3"), small_node("n3", "4")]).outcome == "passed"
+    refused = decide([small_node("n1", "8"), small_node("n2", "3")])
+    assert (refused.outcome, refused.filter) == ("failed", "NodeFit")
+    assert refused.message.startswith("pod default/p fits none of the 1 other node(s)")
+    waiting = decide([])
+    assert (waiting.outcome, waiting.filter) == ("waiting", "NodeFit")
+    assert decide([small_node("n1", "8")], MigrationArgs()).outcome == "passed"
+    assert decide([small_node("n1", "8")], MigrationArgs(node_fit=True, skip_eviction_gates=["NodeFit"])).outcome == (
+        "passed"
+    )
+    forced = pod("p", node="n1", containers=cores, annotations={migration.ANNOTATION_EVICT: "true"})
+    view = arbiter.ClusterView.build([forced, pods[1]], workloads, args, nodes=[small_node("n1", "8")])
+    assert arbiter.arbitrate([job("j", "p")], view, args).decisions[0].outcome == "passed"  # the evict annotation

@@ -6,12 +6,13 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from services.common.args import ArgsError
 from services.migration.args import (
-    ArgsError,
     MigrationArgs,
     check_args,
     duration_seconds,
     get_max_unavailable,
+    load_args,
     scaled,
 )
 
@@ -95,3 +96,22 @@ def test_load_args_reads_yaml_and_names_what_is_wrong() -> None:
         with pytest.raises(ArgsError) as info:
             load_args(text, source="a.yaml")
         assert message in str(info.value), str(info.value)
+
+
+def test_eviction_policy_and_default_delete_options() -> None:
+    assert load_args("{}").eviction_policy == "Eviction" and load_args("{}").default_delete_options is None
+    for policy in ("Eviction", "Delete", "SoftEviction"):
+        assert load_args(f"evictionPolicy: {policy}").eviction_policy == policy
+    with pytest.raises(
+        ArgsError, match=r"evictionPolicy: unknown policy 'Drain' \(known: Eviction, Delete, SoftEviction\)"
+    ):
+        load_args("evictionPolicy: Drain")
+    args = load_args("defaultDeleteOptions: {gracePeriodSeconds: 30, propagationPolicy: Background}")
+    assert args.default_delete_options is not None and args.default_delete_options.grace_period_seconds == 30
+    for bad, message in (
+        ("{gracePeriodSeconds: -1}", ">= 0"),
+        ("{unsafe: true}", "unknown field `unsafe`"),
+        ("{propagationPolicy: Orphan, orphanDependents: true}", "may not both be set"),
+    ):
+        with pytest.raises(ArgsError, match=message):
+            load_args(f"defaultDeleteOptions: {bad}")

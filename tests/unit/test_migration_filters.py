@@ -138,3 +138,14 @@ def test_workload_views_count_unready_and_terminating_pods() -> None:
     }
     views = filters.workload_views({"rs-1": workload()}, pods, args())
     assert views["rs-1"].unready == {"default/b", "default/c"}
+
+
+def test_the_pods_own_jobs_are_left_out_of_every_count() -> None:
+    """Spec §4.5: any job of the pod under arbitration (another PMJ for the same pod) counts against no limit; the
+    global and per-namespace counts included them before."""
+    own_and_one = migrating_with(("default/p", pod("p", node="n1", owner="rs-2")), ("default/x", pod("x", node="n2")))
+    assert held(pod("p", node="n1", owner="rs-2"), own_and_one, args(maxMigratingGlobally=2)) is None
+    assert held(pod("p", node="n1", owner="rs-2"), own_and_one, args(maxMigratingPerNamespace=2)) is None
+    assert held(pod("q", node="n1", owner="rs-2"), own_and_one, args(maxMigratingGlobally=2)) == "MaxMigratingGlobally"
+    twice = migrating_with(("default/p", pod("p", node="n1")), ("default/p", pod("p", node="n1")))
+    assert held(pod("p", node="n1"), twice, args(maxMigratingGlobally=1, maxMigratingPerNamespace=1)) is None

@@ -12,7 +12,15 @@ import pytest
 from schemas import migration
 from services.migration.args import MigrationArgs
 from services.migration.limiter import EvictionRate
-from services.migration.reconcile import Step, next_step, reservation_for, with_condition
+from services.migration.reconcile import (
+    Step,
+    next_step,
+    reservation_for,
+    reservation_name,
+    reservation_problem,
+    reservation_ref,
+    with_condition,
+)
 from tests.support.crd import crd_errors, crd_validator
 from tests.support.migration import job, pod
 
@@ -130,9 +138,115 @@ def test_the_default_reservation_template_is_crd_valid() -> None:
     spec: Any = body["spec"]
     assert "nodeName" not in spec["template"]["spec"]
     term = spec["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert term["nodeSelectorTerms"][0]["matchExpressions"][0] == {
+    assert term["nodeSelectorTerms"][0]["matchFields"][0] == {
         "key": "metadata.name",
         "operator": "NotIn",
         "values": ["n1"],
     }
     assert spec["owners"] == [{"object": {"namespace": "default", "name": "p", "uid": "uid-p"}}]
+
+
+def with_ref(ref: object) -> migration.PodMigrationJob:
+    j = passed("Running", mode="ReservationFirst")
+    return msgspec.structs.replace(j, spec=msgspec.structs.replace(j.spec, reservation_options={"reservationRef": ref}))
+
+
+def test_a_jobs_reservation_ref_is_used_instead_of_a_new_reservation() -> None:
+    j = with_ref({"apiVersion": "v1alpha1", "kind": "Reservation", "name": "spare-7"})
+    assert reservation_ref(j) == ("spare-7", "") and reservation_name(j) == "spare-7"
+    assert reservation_name(passed()) == "j" and reservation_ref(passed()) == ("", "")
+    missing = rstep(j, None)
+    assert missing is not None and (missing.phase, missing.reason) == ("Failed", "MissingReservation")
+    assert "spare-7" in missing.message
+    assert rstep(j, {"status": {}}) is None  # never "reserve": it waits for the given one to be scheduled
+    scheduled = rstep(j, {"status": {"nodeName": "n7", "phase": "Available"}})
+    assert scheduled is not None and scheduled.action == "evict"
+    assert [(c.type, c.message) for c in scheduled.conditions] == [
+        ("ReservationCreated", "uses Reservation spare-7"),
+        ("ReservationScheduled", "n7"),
+    ]
+
+
+@pytest.mark.parametrize("ref", ["spare-7", {"name": ""}, {"name": 7}, {"name": "../pods/x"}, {"name": "A" * 300}])
+def test_an_unusable_reservation_ref_fails_the_job(ref: object) -> None:
+    j = with_ref(ref)
+    name, problem = reservation_ref(j)
+    assert name == "" and problem.startswith("spec.reservationOptions.reservationRef")
+    assert reservation_name(j) == "j"
+    failed = rstep(j, {"status": {"nodeName": "n7"}})
+    assert failed is not None and (failed.phase, failed.reason, failed.message) == (
+        "Failed",
+        "MissingReservation",
+        problem,
+    )
+
+
+def with_template(template: object) -> migration.PodMigrationJob:
+    j = passed("Running", mode="ReservationFirst")
+    return msgspec.structs.replace(j, spec=msgspec.structs.replace(j.spec, reservation_options={"template": template}))
+
+
+def test_a_jobs_reservation_template_is_filled_in_as_koordinator_does() -> None:
+    p = pod("p", node="n1", labels={"app": "web"})
+    own_pod = {
+        "metadata": {"labels": {"tier": "gold"}},
+        "spec": {
+            "nodeName": "n1",
+            "containers": [{"name": "c", "image": "web"}],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]},
+                        ]
+                    }
+                }
+            },
+        },
+    }
+    j = with_template(
+        {
+            "metadata": {"name": "spare-for-p", "labels": {"team": "x"}},
+            "spec": {"template": own_pod, "expires": "2026-01-02T00:00:00Z", "allocatePolicy": "Restricted"},
+        }
+    )
+    assert reservation_problem(j) == "" and reservation_name(j) == "spare-for-p"
+    body: Any = reservation_for(j, p, ttl="5m")
+    assert crd_errors(crd_validator("scheduling.koordinator.sh_reservations.yaml"), body) == []
+    assert body["metadata"] == {"name": "spare-for-p", "labels": {"team": "x", "koordbus.io/migration-job": "j"}}
+    spec = body["spec"]
+    assert spec["allocatePolicy"] == "Restricted" and spec["allocateOnce"] is True
+    assert "ttl" not in spec  # the template sets expires
+    assert spec["owners"] == [{"object": {"namespace": "default", "name": "p", "uid": "uid-p"}}]
+    assert spec["template"]["metadata"] == {"labels": {"tier": "gold"}} and "nodeName" not in spec["template"]["spec"]
+    terms = spec["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    away = {"key": "metadata.name", "operator": "NotIn", "values": ["n1"]}
+    assert [t["matchFields"] for t in terms["nodeSelectorTerms"]] == [[away], [away]]  # every term avoids n1
+    assert own_pod["spec"]["nodeName"] == "n1"  # the job's template itself is left as it was
+    plain: Any = reservation_for(with_template({"spec": {"ttl": "1h"}}), p, ttl="5m")
+    assert plain["metadata"]["name"] == "j" and plain["spec"]["ttl"] == "1h"
+    assert plain["spec"]["template"]["metadata"] == {"namespace": "default", "labels": {"app": "web"}}
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "spare",
+        {"metadata": "x"},
+        {"spec": ["x"]},
+        {"metadata": {"name": "Not_A_Name"}},
+        {"metadata": {"name": 5}},
+        {"metadata": {"labels": {"a": 1}}},
+    ],
+)
+def test_an_unusable_reservation_template_fails_the_job(template: object) -> None:
+    j = with_template(template)
+    problem = reservation_problem(j)
+    assert problem.startswith("spec.reservationOptions.template") and reservation_name(j) == "j"
+    failed = rstep(j, None)
+    assert failed is not None and (failed.phase, failed.reason, failed.message) == (
+        "Failed",
+        "MissingReservation",
+        problem,
+    )

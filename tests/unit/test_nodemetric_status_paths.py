@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from schemas import node
+from schemas import node, percentile
 from services.nodemetric import aggregate, core
 from services.nodemetric.aggregate import FloatArray
 
@@ -49,7 +49,7 @@ def _reference_maps(
     def value(values: FloatArray, kind: str) -> float:
         if kind == aggregate.AVG:
             return float(values.sum() / values.size)
-        return sorted(values.tolist())[aggregate.nearest_rank_index(values.size, aggregate.PERCENTILES[kind])]
+        return sorted(values.tolist())[percentile.nearest_rank_index(values.size, aggregate.PERCENTILES[kind])]
 
     return {
         kind: node.ResourceMap(resources={"cpu": int(value(cpu_v, kind) * 1000), "memory": int(value(mem_v, kind))})
@@ -238,7 +238,7 @@ def test_status_values_match_a_full_sort(seed: int) -> None:
         values = np.round(rng.uniform(-5, 5, n), 1)  # ties and zeros
         ordered = sorted(values.tolist())
         expected = [float(values.sum() / n)] + [
-            ordered[aggregate.nearest_rank_index(n, p)] for p in aggregate.PERCENTILES.values()
+            ordered[percentile.nearest_rank_index(n, p)] for p in aggregate.PERCENTILES.values()
         ]
         assert aggregate.status_values(values) == expected
         assert aggregate.status_aggregates(values) == dict(zip(aggregate.STATUS_AGGREGATIONS, expected, strict=True))

@@ -16,6 +16,7 @@ import pytest
 from schemas import koordinator, kube, topology, vocab
 from schemas.cluster import ConfigMapObserved, NodeObserved, NodeTopologyObserved, PodObserved
 from schemas.node import (
+    HostApplicationMetric,
     MetricCollectPolicy,
     NodeMetricComputed,
     NodeMetricInfo,
@@ -456,6 +457,25 @@ def test_snapshot_from_computed() -> None:
         ("default/c", {"cpu": 2_000, "memory": 4 * GI}, "koord-prod", "LS"),
     ]
     assert snapshot.host_applications == () and snapshot.prod_reclaimable is None
+
+
+def test_snapshot_from_computed_carries_host_applications_for_the_batch_calculation() -> None:
+    event = metric_event()
+    apps = [
+        HostApplicationMetric(name="nginx", usage=usage(2, 3), priority="koord-prod", qos="LS"),
+        HostApplicationMetric(name="backup", usage=usage(1, 1), priority="koord-batch", qos="BE"),
+        HostApplicationMetric(name="empty", usage=ResourceMap()),
+    ]
+    snapshot = snapshot_from_computed(
+        msgspec.structs.replace(event, status=msgspec.structs.replace(event.status, host_applications=apps))
+    )
+    assert [(a.name, a.usage, a.priority, a.qos) for a in snapshot.host_applications] == [
+        ("nginx", {"cpu": 2_000, "memory": 3 * GI}, "koord-prod", "LS"),
+        ("backup", {"cpu": 1_000, "memory": GI}, "koord-batch", "BE"),
+        ("empty", {}, "", ""),
+    ]
+    # spec §2.4: host applications above koord-batch (prod and mid) count as system usage; batch ones do not
+    assert core.host_apps_used_above(snapshot, vocab.PRIORITY_BATCH) == {"cpu": 2_000, "memory": 3 * GI}
 
 
 def test_snapshot_from_computed_keeps_no_data_apart_from_zero() -> None:

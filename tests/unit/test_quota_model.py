@@ -12,7 +12,7 @@ import pytest
 from schemas import kube, quota
 from schemas import quota_events as ev
 from services.quota.admission import CheckOptions
-from services.quota.aggregate import DEFAULT_TREE, Rejected
+from services.quota.core import DEFAULT_TREE, Rejected
 from services.quota.model import ModelOptions, QuotaModel
 from tests.unit.test_quota_validation import eq
 

@@ -11,7 +11,7 @@ import pytest
 from schemas import kube, quota
 from schemas import quota_events as ev
 from services.quota import validation
-from services.quota.aggregate import QuotaTreeState, Rejected, decide
+from services.quota.core import QuotaTreeState, Rejected, decide
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 

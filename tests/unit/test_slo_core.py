@@ -8,7 +8,8 @@ import msgspec
 
 from schemas import kube
 from schemas.cluster import ConfigMapObserved, NodeObserved
-from services.slo.core import CONFIGMAP_NAME, CONFIGMAP_NAMESPACE, SloState
+from services.common.sloconfig import CONFIGMAP_NAME, CONFIGMAP_NAMESPACE
+from services.slo.core import SloState
 from services.slo.render import ANNOTATION_NETWORK_BANDWIDTH
 
 T0 = 1_700_000_000.0

@@ -1,4 +1,4 @@
-"""services.slo.gojson: Go's encoding/json decoding, re-encoding and MergeCfg on a small field table."""
+"""services.common.gojson: Go's encoding/json decoding, re-encoding and MergeCfg on a small field table."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from services.slo import gojson
-from services.slo.gojson import UNSET, Inline, ListOf, ValueStruct
+from services.common import gojson
+from services.common.gojson import UNSET, Inline, ListOf, ValueStruct
 
 FIELDS: dict[str, Any] = {
     "on": "bool",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from services.common import sloconfig
 from services.slo import preview, render
 
 THRESHOLD = json.dumps(
@@ -16,7 +17,7 @@ THRESHOLD = json.dumps(
 
 
 def _current(data: dict[str, str], labels: dict[str, str]) -> dict[str, object]:
-    return render.render_node_slo(render.parse_slo_config(data), labels, {})
+    return render.render_node_slo(sloconfig.parse_slo_config(data), labels, {})
 
 
 def test_nodes_are_grouped_by_spec_current_spec_and_entries() -> None:

@@ -1,4 +1,5 @@
-"""services.slo.render: defaults, cluster/node overlay, first match, bad keys keeping the last good value, CRD.
+"""services.common.sloconfig and services.slo.render: defaults, cluster/node overlay, first match, bad keys keeping
+the last good value, CRD.
 
 Go's decoding rules themselves (types, nulls, duplicates, quantities) are in test_slo_gojson.py; the cases taken from
 Koordinator's own nodeslo tests are in test_slo_render_koordinator.py."""
@@ -11,12 +12,8 @@ from typing import Any
 import pytest
 
 from schemas.jsonmerge import overlay
-from services.slo.render import (
-    ANNOTATION_NETWORK_BANDWIDTH,
-    default_config,
-    parse_slo_config,
-    render_node_slo,
-)
+from services.common.sloconfig import default_config, parse_slo_config
+from services.slo.render import ANNOTATION_NETWORK_BANDWIDTH, render_node_slo
 from tests.support.crd import crd_errors, crd_validator
 
 

@@ -1,4 +1,4 @@
-"""One watermark model (services.slo.watermarks): the load-watermarks-config key, the caps node QoS eviction puts on
+"""One watermark model (services.common.watermarks): the load-watermarks-config key, the caps node QoS eviction puts on
 the scheduler, the findings, and how the extender, the descheduler and the API's view apply them."""
 
 from __future__ import annotations
@@ -7,16 +7,17 @@ import json
 
 import pytest
 
+from koordbus.common import watermark_defaults
 from koordbus.scheduler import render_watermarks
 from schemas.qos import WatermarksInEffect
 from services.api.watermarks import build_view
+from services.common import watermarks
+from services.common.watermarks import EvictionFacts, Watermarks, WatermarksError, parse_watermarks
 from services.loadaware import core
 from services.loadaware.args import DEFAULT_ARGS, apply_watermarks
 from services.loadaware.state import LoadState
 from services.migration.lownodeload import LowNodeLoadArgs
 from services.migration.lownodeload import apply_watermarks as apply_deschedule_watermarks
-from services.slo import watermarks
-from services.slo.watermarks import EvictionFacts, Watermarks, WatermarksError, parse_watermarks
 from tests.support.loadaware import GI, node, pod, report
 
 NOW = 1_900_000_000.0
@@ -217,7 +218,9 @@ def test_the_view_puts_the_three_side_by_side() -> None:
             from_configmap=["usageThresholds"],
         )
     }
-    view = build_view(configmap={"found": True}, data=data, stated=stated, dashboard_stale_seconds=180)
+    view = build_view(
+        configmap={"found": True}, data=data, stated=stated, defaults=watermark_defaults(), dashboard_stale_seconds=180
+    )
     memory = next(row for row in view.resources if row["resource"] == "memory")
     assert memory["schedule"] == 90 and memory["descheduleHigh"] == 90 and memory["descheduleLow"] == 40
     assert memory["nodeQoS"] == [{"strategy": "cluster", "suppress": None, "evict": 65, "capForBEPods": None}]
@@ -233,7 +236,9 @@ def test_the_view_puts_the_three_side_by_side() -> None:
 
 def test_the_cli_prints_the_view_as_a_table_with_its_findings() -> None:
     data = {"resource-threshold-config": json.dumps({"clusterStrategy": {"enable": True}})}
-    view = build_view(configmap={"found": True}, data=data, stated={}, dashboard_stale_seconds=180).model_dump()
+    view = build_view(
+        configmap={"found": True}, data=data, stated={}, defaults=watermark_defaults(), dashboard_stale_seconds=180
+    ).model_dump()
     text = render_watermarks(view)
     lines = text.splitlines()
     assert lines[0].split() == ["RESOURCE", "SCHEDULE", "PROD", "DRAIN", "ABOVE", "FILL", "BELOW", "NODE", "QOS"]

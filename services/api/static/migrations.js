@@ -1,8 +1,10 @@
 // Pod migration: the queue (jobs not finished), recent jobs with their arbitration outcome and reason, jobs by
 // phase, and for a picked job its whole decision trail (each round's outcome, the filter that held it and why).
-// Migration events re-read the list (at most once a second) and the open trail.
+// Next to the queue, the descheduler's last LowNodeLoad round (each node's class and why, each pool's outcome, the
+// pods it asked to move), or on "Plan now" one computed for the current state without acting.
+// Migration events re-read the list (at most once a second), the open trail and the descheduler's round.
 
-import {api, events} from "./api.js";
+import {ApiError, api, events} from "./api.js";
 import {barChart} from "./chart.js";
 import {clock, h} from "./format.js";
 
@@ -14,12 +16,15 @@ export function migrationsPage(root, {signal, params}) {
   const queue = h("div", {id: "migration-queue"});
   const recent = h("div", {id: "migration-jobs"});
   const trail = h("div", {id: "migration-trail"});
+  const descheduler = h("div", {id: "descheduler-round"});
+  const planButton = h("button", {type: "button", id: "descheduler-plan"}, "Plan now (dry run)");
   const error = h("p", {class: "error", hidden: true});
   root.replaceChildren(
     h("h1", {}, "Migrations"),
     error,
     h("section", {}, h("h2", {}, "Jobs by phase"), chart),
     h("section", {}, h("h2", {}, "Queue (pending and running)"), queue),
+    h("section", {}, h("h2", {}, "Descheduler (LowNodeLoad) ", planButton), descheduler),
     h("section", {}, h("h2", {}, "Decision trail"), trail),
     h("section", {}, h("h2", {}, "Recent jobs"), recent),
   );
@@ -53,6 +58,55 @@ export function migrationsPage(root, {signal, params}) {
     root.dataset.loaded = "true";
   }
 
+  const CLASSES = {highNodes: "high", prodHighNodes: "prodHigh", lowNodes: "low", bothLowNodes: "bothLow",
+    prodLowNodes: "prodLow", normal: "normal", unusable: "unusable"};
+
+  function roundView(round) {
+    const kind = round.planned ? "plan for now, nothing acted on" : round.dryRun ? "dry run" : "round";
+    const head = h("p", {}, h("b", {}, kind), ` at ${clock(round.at)}`, round.paused ? " — paused" : "");
+    if (round.problems.length) return [head, h("p", {class: "error"}, `not run: ${round.problems.join("; ")}`)];
+    const pools = round.pools.map((p) => h("p", {"data-pool": p.name}, h("b", {}, p.name), `: ${p.nodes} nodes — `,
+      Object.entries(CLASSES).map(([k, label]) => `${label} ${p.counts[k] || 0}`).join(", "),
+      `, abnormal ${p.counts.abnormal || 0} — ${p.outcome}`));
+    const nodes = round.nodes.filter((n) => n.nodeClass !== "normal");
+    const nodeTable = nodes.length === 0 ? h("p", {class: "muted"}, "every node is between its thresholds") :
+      h("table", {class: "grid-table"},
+        h("thead", {}, h("tr", {}, ["node", "pool", "class", "abnormal", "why"].map((c) => h("th", {}, c)))),
+        h("tbody", {}, nodes.map((n) => h("tr", {"data-node": n.node},
+          h("td", {}, h("a", {href: `#/node/${encodeURIComponent(n.node)}`}, n.node)),
+          h("td", {}, n.pool),
+          h("td", {}, h("span", {class: `badge ${["highNodes", "prodHighNodes"].includes(n.nodeClass) ? "bad" : ""}`},
+            CLASSES[n.nodeClass])),
+          h("td", {}, n.abnormal ? "yes" : "–"),
+          h("td", {}, n.why)))));
+    const moves = round.evictions.length === 0 ? h("p", {class: "muted"}, "no pod to move") :
+      h("table", {class: "grid-table"},
+        h("thead", {}, h("tr", {}, ["pod", "from node", "job", "reason"].map((c) => h("th", {}, c)))),
+        h("tbody", {}, round.evictions.map((e) => h("tr", {"data-eviction": e.pod},
+          h("td", {}, e.pod), h("td", {}, e.node),
+          h("td", {}, e.job ? h("a", {href: `#/migrations/${encodeURIComponent(e.job)}`}, e.job) : "–"),
+          h("td", {}, e.reason)))));
+    const omitted = round.nodesOmitted ? h("p", {class: "muted"}, `${round.nodesOmitted} more nodes not listed`) : null;
+    return [head, ...pools, nodeTable, omitted, h("h3", {}, "Pods to move"), moves];
+  }
+
+  let planned = false;
+  async function loadDescheduler() {
+    if (planned) return;  // a plan stays on screen until the page is left
+    try {
+      descheduler.replaceChildren(...roundView(await api("/api/v1/descheduler/rounds/latest", {signal})));
+    } catch (e) {
+      if (!(e instanceof ApiError) || e.status !== 404) throw e;
+      descheduler.replaceChildren(h("p", {class: "muted"}, e.message));
+    }
+  }
+  planButton.addEventListener("click", () => {
+    planned = true;
+    api("/api/v1/descheduler/plan", {signal})
+      .then((round) => descheduler.replaceChildren(...roundView(round)))
+      .catch(fail);
+  });
+
   async function loadTrail() {
     if (!selected) {
       trail.replaceChildren(h("p", {class: "muted"}, "pick a job to see every arbitration decision about it"));
@@ -74,12 +128,12 @@ export function migrationsPage(root, {signal, params}) {
     if (timer) return;
     timer = setTimeout(() => {
       timer = 0;
-      Promise.all([loadJobs(), loadTrail()]).catch(fail);
+      Promise.all([loadJobs(), loadTrail(), loadDescheduler()]).catch(fail);
     }, 1000);
   }
 
   events({type: ["migration.event"]}, signal, () => refreshSoon());
-  Promise.all([loadJobs(), loadTrail()]).catch(fail);
+  Promise.all([loadJobs(), loadTrail(), loadDescheduler()]).catch(fail);
   const poll = setInterval(() => {
     if (document.body.dataset.stream !== "live") refreshSoon();
   }, 15000);

@@ -1,0 +1,1 @@
+"""koord-manager's admission webhooks (issue 24): the ClusterColocationProfile Pod mutation (colocation.py)."""
