@@ -147,7 +147,13 @@ def node_eviction(node: str) -> str:
     return f"{PREFIX}.node.{encode_token(node)}.eviction"
 
 
+def node_topology(node: str) -> str:
+    """NodeTopologyReported: the node's NUMA zones, CPUs and kubelet CPU manager, for its NodeResourceTopology."""
+    return f"{PREFIX}.node.{encode_token(node)}.topology"
+
+
 NODE_ACTUATION_ALL = f"{PREFIX}.node.*.actuation.*"
+NODE_TOPOLOGY_ALL = f"{PREFIX}.node.*.topology.*"
 NODE_EVICTION_ALL = f"{PREFIX}.node.*.eviction.*"
 
 
