@@ -1,11 +1,14 @@
 """The node's batch and mid allocatable as the noderesource service last wrote it, for the allocatable evictions
-(MemoryAllocatableEvict, CPUAllocatableEvict; spec §5.5.2–5.5.3).
+(MemoryAllocatableEvict, CPUAllocatableEvict; spec §5.5.2–5.5.3), and its CPU normalization ratio, for the BE
+pods' CFS quota (§5.7: divided by the ratio when it is above 1).
 
 koordlet reads them from its Node object; the agent reads no Kubernetes object, so it reads the decision the bridge
 writes on the Node: its own NodeResourceComputed on KOORD_NODERESOURCE, one direct read of its own subject (the only
 read of that stream a node's NATS user is allowed, bus.auth.node_permissions). The allocatable in force is the last
 decision that was due for a write (`resources` when `write_due`, else the `last_write_resources` it compared with);
-a decision that removed them leaves none. Unreadable or undecodable: the last one read stays (None before any).
+a decision that removed them leaves none. The ratio is the decision's `node.koordinator.sh/cpu-normalization-ratio`
+annotation (the value the bridge writes on the Node, which koordlet reads); a decision that leaves the annotation
+alone keeps the last ratio read. Unreadable or undecodable: the last one read stays (None before any).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import msgspec
 from bus import streams, subjects
 from bus.api import Delivery
 from bus.errors import BusError
+from schemas.koordinator import ANNOTATION_CPU_NORMALIZATION_RATIO, parse_cpu_normalization_ratio
 from schemas.noderesource import NODERESOURCE_COMPUTED_DECODER, NodeResourceComputed
 
 log = logging.getLogger(__name__)
@@ -39,6 +43,8 @@ class AllocatableSource:
         self._node = node
         self.allocatable: dict[str, int] | None = None
         """The node's batch/mid allocatable (kubernetes.io/batch-cpu in millicores, …); None: none read yet."""
+        self.cpu_normalization_ratio: float | None = None
+        """The node's CPU normalization ratio; None: none read yet, or not a number."""
         self.revision = 0
         self.read_failures = 0
 
@@ -61,4 +67,7 @@ class AllocatableSource:
             self.revision = stored.stream_seq
             return
         self.allocatable = allocatable_in_force(computed)
+        ratio_text = computed.annotations.get(ANNOTATION_CPU_NORMALIZATION_RATIO)
+        if ratio_text is not None:
+            self.cpu_normalization_ratio = parse_cpu_normalization_ratio(ratio_text)
         self.revision = stored.stream_seq

@@ -60,6 +60,10 @@ class ConfigMapObserved(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.conf
     data: dict[str, str] = {}
 
 
+MAX_CPU_BASIC_INFO = 4096
+"""koordlet's cpu-basic-info annotation is a few hundred bytes; a longer one is not read."""
+
+
 class NodeTopologyObserved(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.nrt_observed.v1"):
     """A NodeResourceTopology (topology.node.k8s.io/v1alpha1, named after its node) as listed or watched, with its
     zones, or its tombstone."""
@@ -69,6 +73,9 @@ class NodeTopologyObserved(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.n
     resource_version: str = ""
     deleted: bool = False
     zones: list[topology.Zone] | None = None
+    cpu_basic_info: Annotated[str, msgspec.Meta(max_length=MAX_CPU_BASIC_INFO)] = ""
+    """Its `node.koordinator.sh/cpu-basic-info` annotation (the node's CPU model, hyper-threading and turbo, as its
+    agent reports them), for CPU normalization; empty when absent or longer than MAX_CPU_BASIC_INFO."""
 
 
 class WorkloadObserved(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.workload_observed.v1"):

@@ -293,6 +293,9 @@ def nodemetric_object(
 
 ANNOTATION_NODE_RESERVATION: Final = "node.koordinator.sh/reservation"
 ANNOTATION_CPU_NORMALIZATION_RATIO: Final = "node.koordinator.sh/cpu-normalization-ratio"
+LABEL_CPU_NORMALIZATION_ENABLED: Final = "node.koordinator.sh/cpu-normalization-enabled"
+ANNOTATION_CPU_BASIC_INFO: Final = "node.koordinator.sh/cpu-basic-info"
+"""On the NodeResourceTopology: the node's CPU model, hyper-threading and turbo (what CPU normalization keys on)."""
 ANNOTATION_ORIGIN_EXTENDED_ALLOCATABLE: Final = "node.koordinator.sh/originExtendedAllocatable"
 ANNOTATION_THIRD_PARTY_ALLOCATIONS: Final = "node.koordinator.sh/thirdPartyAllocations"
 

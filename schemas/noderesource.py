@@ -106,6 +106,12 @@ class NodeResourceComputed(msgspec.Struct, frozen=True, kw_only=True, tag="noder
     kubernetes.io/batch-memory (bytes, rounded up from the milli-unit quantity Koordinator writes)."""
     zone_explanation: dict[str, dict[str, ResourceExplanation]] = {}
     """Per zone and resource, the formula with its numbers (as `explanation` for the node)."""
+    meta_due: bool = False
+    """Koordinator's needSyncMeta (§2.3 step 7.3): the node's `cpu-normalization-ratio` annotation differs from the
+    one decided (services.noderesource.cpu_normalization), so the node's annotations are written even when its
+    resources are not due."""
+    cpu_normalization: str = ""
+    """Why the node's cpu-normalization-ratio annotation is decided as it is, or left alone."""
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.resources) - set(RESOURCE_NAMES))
@@ -117,6 +123,11 @@ class NodeResourceComputed(msgspec.Struct, frozen=True, kw_only=True, tag="noder
             raise ValueError("trigger must name at least one cause")
         if not self.write_reason:
             raise ValueError("write_reason must not be empty")
+
+    @property
+    def node_write_due(self) -> bool:
+        """Whether the Node is to be written: its resources (`write_due`) or only its annotations (`meta_due`)."""
+        return self.write_due or self.meta_due
 
     @property
     def written_amounts(self) -> dict[str, int]:

@@ -70,8 +70,10 @@ class Round:
     now: float
     tick: Tick | None
     static: bool
-    """The static loops' pass is due (pods or NodeSLO changed, or reconcile_interval passed)."""
+    """The static loops' pass is due (pods, NodeSLO or the batch/mid decision changed, or reconcile_interval passed)."""
     budget: int
+    cpu_normalization_ratio: float | None = None
+    """The node's CPU normalization ratio (agent.allocatable_watch); BE CFS quotas are divided by it when above 1."""
 
 
 class Actuator:

@@ -18,7 +18,9 @@ MIN_QUOTA_US = 2000
 
 
 def be_cgroups(act: Actuator, rnd: Round) -> LoopResult:
-    wants, problems = actuate.be_cgroup_wants(rnd.pods, rnd.layout, rnd.slo)
+    wants, problems = actuate.be_cgroup_wants(
+        rnd.pods, rnd.layout, rnd.slo, cpu_normalization_ratio=rnd.cpu_normalization_ratio
+    )
     result = LoopResult(problems=[Problem(target=p.target, reason=p.reason) for p in problems])
     act.apply_wants(wants, result, rnd)
     return result

@@ -30,7 +30,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from agent import actuate, collect, evict, suppress
+from agent import actuate, collect, suppress
 from agent.allocatable_watch import AllocatableSource
 from agent.cgroup_watch import CgroupWatch
 from agent.core import Tick
@@ -93,7 +93,7 @@ class QosLoops:
         self.stats = QosStats()
         self.slo = SloSource(bus, self.node, state_dir=settings.state_dir, now=clock())
         self.allocatable = AllocatableSource(bus, self.node)
-        """The node's batch/mid allocatable, read only when an eviction feature that may need it is on."""
+        """The node's batch/mid allocatable and CPU normalization ratio, read with the NodeSLO."""
         self._agent_settings = agent_settings
         self._bus = bus
         self._pods = pods
@@ -128,7 +128,7 @@ class QosLoops:
         self._layout_found: tuple[float, actuate.Layout] | None = None
         self._last_event: dict[str, tuple[Any, ...]] = {}
         self._stopping = False
-        self._reconciled: tuple[int, int] | None = None
+        self._reconciled: tuple[int, int, int] | None = None
         """(NodeSLO revision, pod list digest) of the last full pass of the static loops."""
         self._next_reconcile = 0.0
         self._fresh_pods_until = 0.0
@@ -209,8 +209,9 @@ class QosLoops:
         now = self._clock()
         if now >= self._next_slo_read:
             await self.slo.refresh(now)
-            if self.settings.evict_feature_set & {evict.MEMORY_ALLOCATABLE, evict.CPU_ALLOCATABLE, evict.BE_CPU}:
-                await self.allocatable.refresh()  # BECPUEvict reads it under cpuEvictPolicy evictByAllocatable
+            # the allocatable evictions and BECPUEvict's evictByAllocatable read the allocatable; the be-cgroup loop
+            # the CPU normalization ratio
+            await self.allocatable.refresh()
             self._next_slo_read = now + self.settings.slo_poll_interval
         if self._effective is None or self._effective[0] != self.slo.revision:
             self._effective = (self.slo.revision, effective_slo(self.slo.spec))
@@ -229,6 +230,7 @@ class QosLoops:
             # without the kubelet's pods the per-pod loops wait; the node-level ones (fail-safe, suppress) go on
             static=pods is not None and self._reconcile_due(pods, now),
             budget=self.settings.max_writes_per_round,
+            cpu_normalization_ratio=self.allocatable.cpu_normalization_ratio,
         )
         results = self._run_loops(rnd)
         events: list[ActuationApplied] = []
@@ -288,7 +290,7 @@ class QosLoops:
         return layout
 
     def _reconcile_due(self, pods: list[actuate.NodePod], now: float) -> bool:
-        key = (self.slo.revision, hash(tuple(_pod_identity(p) for p in pods)))
+        key = (self.slo.revision, self.allocatable.revision, hash(tuple(_pod_identity(p) for p in pods)))
         if key != self._reconciled or now >= self._next_reconcile:
             self._reconciled = key
             return True

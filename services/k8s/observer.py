@@ -37,6 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from bus import subjects
 from bus.api import Bus, msg_id
 from schemas import cluster, kube, migration, migration_events, names, scheduling, topology
+from schemas.koordinator import ANNOTATION_CPU_BASIC_INFO
 from services.common.tasks import cancel_and_wait
 from services.k8s import core
 from services.k8s.settings import K8sSettings
@@ -190,6 +191,7 @@ def observed_message(kind: str, change: core.Change, *, observed_at: float) -> O
             resource_version=seen.resource_version,
             deleted=change.deleted,
             zones=None if nrt is None else nrt.zones,
+            cpu_basic_info=_cpu_basic_info(nrt),
         )
         subject = subjects.cluster_topology(name)
     else:
@@ -482,3 +484,9 @@ class _ObserverCollector:
         yield GaugeMetricFamily(
             "koordbus_k8s_ready", "1 once the first list of every kind is published", value=int(observer.ready.is_set())
         )
+
+
+def _cpu_basic_info(nrt: topology.NodeResourceTopology | None) -> str:
+    """The NodeResourceTopology's cpu-basic-info annotation, or "" when absent or too long to be koordlet's."""
+    text = "" if nrt is None else nrt.metadata.annotations.get(ANNOTATION_CPU_BASIC_INFO, "")
+    return text if len(text) <= cluster.MAX_CPU_BASIC_INFO else ""

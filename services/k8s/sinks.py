@@ -155,7 +155,7 @@ class KubeSink:
 
     async def write_node_resources(self, decision: NodeResourceComputed) -> writes.WriteResult:
         name = decision.node
-        if not decision.write_due:
+        if not decision.node_write_due:
             return writes.not_due(decision)
         changes: list[str] = []
         for _ in range(self._attempts):

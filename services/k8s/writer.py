@@ -275,7 +275,7 @@ class ClusterWriter:
                     # §2.7: zone values go with the node's due writes, and at once for zones not written yet.
                     self._zones_written[intent.node] = set(intent.zones)
                     self._queue((writes.OBJECT_TOPOLOGY, intent.node), intent, now)
-                if not intent.write_due:
+                if not intent.node_write_due:
                     self._writes.labels(OBJECT_NODE, "skipped").inc()
                     return
                 self._queue((OBJECT_NODE, intent.node), intent, now)

@@ -272,7 +272,7 @@ def node_status_patch(node: Json, decision: NodeResourceComputed) -> NodeWrite |
 def node_annotation_patch(node: Json, decision: NodeResourceComputed) -> NodeWrite | None:
     """The merge patch of the Node's metadata setting the decision's annotations; None when not due or already
     set. Annotations of other writers are left alone (a merge patch only names the keys it sets)."""
-    if not decision.write_due or not decision.annotations:
+    if not decision.node_write_due or not decision.annotations:
         return None
     stored: Mapping[str, str] = (node.get("metadata") or {}).get("annotations") or {}
     changed = {key: value for key, value in sorted(decision.annotations.items()) if stored.get(key) != value}
@@ -419,7 +419,7 @@ class WriteRecorder:
 
     def node_resources(self, decision: NodeResourceComputed, *, now: float) -> WriteResult:
         name = decision.node
-        if not decision.write_due:
+        if not decision.node_write_due:
             return not_due(decision)
         node = self.nodes.get(name) or {"metadata": {"name": name}, "status": {}}
         changes: list[str] = []

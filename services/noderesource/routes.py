@@ -71,6 +71,14 @@ class NodeResources(BaseModel):
     lastWriteAt: str | None = Field(description="RFC 3339: the previous due write this decision was compared with")
     lastWriteResources: dict[str, ResourceValue]
     annotations: dict[str, str] = Field(description="node annotations written with the resources")
+    metaDue: bool = Field(
+        default=False,
+        description="whether the node's annotations are written although its resources are not due (its "
+        "cpu-normalization-ratio changed)",
+    )
+    cpuNormalization: str = Field(
+        default="", description="why the node's cpu-normalization-ratio annotation is what it is, or is left alone"
+    )
     nodeConfig: str = Field(description="the nodeConfigs entry whose selector matched; empty: the cluster strategy")
     warnings: list[str]
     pods: dict[str, int] = Field(description="how the calculation classified the node's pods and pod metrics")
@@ -186,6 +194,8 @@ def render_resources(record: DecisionRecord) -> NodeResources:
         lastWriteAt=None if decision.last_write_at is None else rfc3339(decision.last_write_at),
         lastWriteResources=last_written,
         annotations=dict(decision.annotations),
+        metaDue=decision.meta_due,
+        cpuNormalization=decision.cpu_normalization,
         nodeConfig=decision.node_config,
         warnings=list(decision.warnings),
         pods=_plain(decision.pods),

@@ -22,18 +22,19 @@ due, is a repeat (`is_repeat`) and not published.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 import msgspec
 
 from schemas import kube, resources, topology
 from schemas.cluster import ConfigMapObserved, NodeObserved, NodeTopologyObserved, PodObserved
+from schemas.koordinator import ANNOTATION_CPU_NORMALIZATION_RATIO
 from schemas.node import NodeMetricComputed
 from schemas.nodemetric_json import NodeUsageSnapshot, snapshot_from_computed
 from schemas.noderesource import NodeResourceComputed, Outcome, Trigger
 from services.noderesource import config as colocation
-from services.noderesource import core, numa
+from services.noderesource import core, cpu_normalization, numa
 from services.noderesource.smoothing import SmoothingPolicy, smooth
 
 StateEvent = NodeObserved | PodObserved | ConfigMapObserved | NodeTopologyObserved | NodeMetricComputed
@@ -105,6 +106,12 @@ class ClusterState:
         self.zones: dict[str, tuple[topology.NumaZone, ...]] = {}
         """Node → the NUMA zones of its NodeResourceTopology (absent: none, or none listing cpu or memory)."""
         self.config = colocation.ColocationConfigState()
+        self.cpu_normalization: cpu_normalization.CpuNormalizationConfig | None = None
+        """The ConfigMap's cpu-normalization-config (None before the ConfigMap or its absence is known)."""
+        self.cpu_normalization_error: str | None = None
+        """Why the key's current content is not in effect (the previous one is kept); None when it is."""
+        self.cpu_basic_info: dict[str, str] = {}
+        """Node → its NodeResourceTopology's cpu-basic-info annotation (absent: none seen)."""
         self.config_seen = False
         """Whether any version of the ConfigMap (or its tombstone) was applied."""
         self.problems: list[str] = []
@@ -185,14 +192,37 @@ class ClusterState:
         self.config = change.state
         if change.error is not None:
             self.problems.append(PROBLEM_CONFIG_ERROR)
-        return set(self.nodes) if change.changed else set()
+        normalization_changed = self._apply_cpu_normalization(None if event.deleted else event.data)
+        return set(self.nodes) if change.changed or normalization_changed else set()
+
+    def _apply_cpu_normalization(self, data: Mapping[str, str] | None) -> bool:
+        """Take the ConfigMap's cpu-normalization-config in (a bad one keeps the previous); whether it changed."""
+        text = None if data is None else data.get(cpu_normalization.CONFIG_KEY)
+        try:
+            parsed = cpu_normalization.parse_config(text)
+        except cpu_normalization.CpuNormalizationConfigError as err:
+            self.cpu_normalization_error = (
+                f"invalid {cpu_normalization.CONFIG_KEY}, keeping the previous configuration: {err}"
+            )
+            self.problems.append(PROBLEM_CONFIG_ERROR)
+            return False
+        self.cpu_normalization_error = None
+        changed = parsed != self.cpu_normalization
+        self.cpu_normalization = parsed
+        return changed
 
     def _apply_topology(self, event: NodeTopologyObserved) -> set[str]:
         if not self._accept("nrt", event.name, event.resource_version, event.deleted):
             return set()
         zones = () if event.deleted else topology.numa_zones(topology.NodeResourceTopology(zones=event.zones))
+        basic_info = "" if event.deleted else event.cpu_basic_info
+        basic_info_changed = basic_info != self.cpu_basic_info.get(event.name, "")
+        if basic_info:
+            self.cpu_basic_info[event.name] = basic_info
+        else:
+            self.cpu_basic_info.pop(event.name, None)
         if zones == self.zones.get(event.name, ()):
-            return set()
+            return {event.name} if basic_info_changed else set()
         if zones:
             self.zones[event.name] = zones
         else:
@@ -239,6 +269,7 @@ class ClusterState:
         self.pods_by_node = {node: keys for node, keys in self.pods_by_node.items() if owns(node)}
         self.snapshots = {node: snapshot for node, snapshot in self.snapshots.items() if owns(node)}
         self.zones = {node: zones for node, zones in self.zones.items() if owns(node)}
+        self.cpu_basic_info = {node: info for node, info in self.cpu_basic_info.items() if owns(node)}
         self._versions = {
             (kind, key): held
             for (kind, key), held in self._versions.items()
@@ -258,7 +289,8 @@ class ClusterState:
             return set()
         change = self.config.apply(None)
         self.config = change.state
-        return set(self.nodes) if change.changed else set()
+        normalization_changed = self._apply_cpu_normalization(None)
+        return set(self.nodes) if change.changed or normalization_changed else set()
 
     # --- deciding
 
@@ -280,7 +312,11 @@ class ClusterState:
         strategy = msgspec.structs.replace(placement.strategy, enable=placement.colocation_enabled)
         pods = [self.pods[key] for key in sorted(self.pods_by_node.get(node, ()))]
         result = core.calculate(node_object, pods, self.snapshots.get(node), strategy, now)
-        patch = core.prepare(node_object, result)
+        ratio = cpu_normalization.node_ratio(self.cpu_normalization, meta.labels, self.cpu_basic_info.get(node))
+        patch = core.prepare(node_object, result, cpu_normalization_ratio=ratio.ratio)
+        annotations = dict(patch.annotations)
+        if ratio.ratio is not None:
+            annotations[ANNOTATION_CPU_NORMALIZATION_RATIO] = ratio.ratio
         outcome, reason = _outcome(result)
         snapshot, zones = self.snapshots.get(node), self.zones.get(node)
         by_zone = None
@@ -306,7 +342,9 @@ class ClusterState:
             last_synced_at=last_written.at if last_written else None,
             now=now,
         )
-        warnings = placement.warnings + ((self.config.error,) if self.config.error else ())
+        warnings = placement.warnings + tuple(
+            error for error in (self.config.error, self.cpu_normalization_error) if error
+        )
         return NodeResourceComputed(
             node=node,
             computed_at=now,
@@ -314,7 +352,7 @@ class ClusterState:
             outcome=outcome,
             reason=reason,
             resources=final,
-            annotations=dict(patch.annotations),
+            annotations=annotations,
             explanation=dict(result.resources),
             prepare_steps={name: steps for name, steps in patch.steps.items() if steps},
             pods=result.pods,
@@ -328,6 +366,8 @@ class ClusterState:
             nodemetric_spec=None if self.config.error else colocation.metric_collect_policy(strategy),
             zones=by_zone.values() if by_zone else {},
             zone_explanation={z.zone: dict(z.resources) for z in by_zone.zones} if by_zone else {},
+            meta_due=cpu_normalization.annotation_differs(meta.annotations, ratio.ratio),
+            cpu_normalization=ratio.reason,
         )
 
 

@@ -26,8 +26,9 @@ from bus import streams, subjects
 from bus.api import Delivery
 from bus.errors import BusUnavailableError
 from bus.memory import MemoryBus
-from schemas import kube
+from schemas import koordinator, kube
 from schemas.node import PodRef
+from schemas.noderesource import NodeResourceComputed
 from schemas.psi import PsiSample
 from schemas.qos import ACTUATION_DECODER, ActuationApplied, NodeSloRendered
 from tests.support.waiting import eventually
@@ -200,6 +201,40 @@ async def test_dry_run_writes_nothing_and_publishes_the_plan_once(tmp_path: Path
     assert values(files) == before
     assert await qos_loops.round() == []  # the same plan is not published again
     assert qos_loops.stats.writes == 0
+
+
+async def _publish_ratio(bus: MemoryBus, ratio: str, seq: int) -> None:
+    """The noderesource service's decision for the node, carrying the CPU normalization ratio it writes on the Node."""
+    decision = NodeResourceComputed(
+        node=NODE,
+        computed_at=T0 + seq,
+        trigger=("topology",),
+        outcome="computed",
+        resources={},
+        annotations={koordinator.ANNOTATION_CPU_NORMALIZATION_RATIO: ratio},
+        write_due=False,
+        meta_due=True,
+        write_reason="up to date",
+    )
+    await bus.publish(subjects.noderesource_computed(NODE), msgspec.json.encode(decision), msg_id=f"decision-{seq}")
+
+
+async def test_be_cfs_quota_is_divided_by_the_nodes_cpu_normalization_ratio(tmp_path: Path) -> None:
+    files = v1_tree(tmp_path / "cg")
+    clock = Clock()
+    bus = await slo_bus({})
+    await bus.ensure_streams([streams.noderesource_stream()])
+    await _publish_ratio(bus, "1.60", 1)
+    qos_loops = loops(tmp_path, bus, StaticPods(be_pod()), cgroup_root=tmp_path / "cg", clock=clock)
+    await qos_loops.round()
+    pod = f"kubepods/besteffort/pod{UID}"
+    for directory in (pod, f"{pod}/{CID}"):  # a 4-core batch-cpu limit on CPUs 1.6 times a standard core (§5.7)
+        assert values(files)[f"cpu/{directory}/cpu.cfs_quota_us"] == "250000"
+        assert values(files)[f"cpu/{directory}/cpu.shares"] == "2048"  # shares are not normalized
+    await _publish_ratio(bus, "1.00", 2)  # normalization turned off: the quota goes back at the next NodeSLO poll
+    clock.now += 6
+    await qos_loops.round()
+    assert values(files)[f"cpu/{pod}/cpu.cfs_quota_us"] == "400000"
 
 
 async def test_bad_input_is_skipped_per_object_and_nothing_partial_is_written(tmp_path: Path) -> None:

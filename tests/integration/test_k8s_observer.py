@@ -406,11 +406,15 @@ async def test_node_resource_topologies_are_published_with_their_zones(
     kube_api: FakeKubeApi, koordbus_bus: JetStreamBus, start_observer: Callable[[], Any]
 ) -> None:
     kube_api.put("nodes", node("node-a"))
-    kube_api.put("noderesourcetopologies", topology_object("node-a", [("node-0", "4", "8Gi"), ("node-1", "4", "8Gi")]))
+    nrt = topology_object("node-a", [("node-0", "4", "8Gi"), ("node-1", "4", "8Gi")])
+    basic_info = '{"cpuModel":"Intel(R) Xeon(R) Gold 6348 CPU @ 2.60GHz","hyperThreadEnabled":true}'
+    nrt["metadata"]["annotations"] = {"node.koordinator.sh/cpu-basic-info": basic_info}
+    kube_api.put("noderesourcetopologies", nrt)
     observer: ClusterObserver = await start_observer()
     event = await last_event(koordbus_bus, subjects.cluster_topology("node-a"))
     assert isinstance(event, cluster.NodeTopologyObserved) and not event.deleted
     assert [zone.name for zone in event.zones or []] == ["node-0", "node-1"]
+    assert event.cpu_basic_info == basic_info  # what CPU normalization keys on (services.noderesource)
     assert observer.stats.observed[KIND_TOPOLOGY] == 1
     kube_api.remove("noderesourcetopologies", "node-a")
 

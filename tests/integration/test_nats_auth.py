@@ -88,6 +88,7 @@ async def test_agents_act_only_as_their_node(tmp_path: Path) -> None:
             allocatable = AllocatableSource(agent, "node-a.example")
             await allocatable.refresh()
             assert allocatable.allocatable == {"kubernetes.io/batch-cpu": 12000, "kubernetes.io/batch-memory": 2**34}
+            assert allocatable.cpu_normalization_ratio == 1.25  # and its CPU normalization ratio, for BE quotas
             with pytest.raises(DENIED):
                 await asyncio.wait_for(
                     agent.last_on_subject(streams.KOORD_NODERESOURCE, subjects.noderesource_computed("b"), direct=True),
@@ -169,4 +170,5 @@ def _decision(node: str, batch_cpu: int) -> NodeResourceComputed:
         resources={"kubernetes.io/batch-cpu": batch_cpu, "kubernetes.io/batch-memory": 2**34},
         write_due=True,
         write_reason="first write",
+        annotations={"node.koordinator.sh/cpu-normalization-ratio": "1.25"},
     )

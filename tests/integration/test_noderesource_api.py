@@ -88,6 +88,8 @@ async def seeded(migrated_engine: AsyncEngine) -> AsyncIterator[httpx.AsyncClien
                     write_reason="resources removed",
                     last_write_at=T0 + 60,
                     last_write_resources={vocab.BATCH_CPU: 25_000, vocab.BATCH_MEMORY: 100 * GI},
+                    meta_due=True,
+                    cpu_normalization="disabled (cpu-normalization-config enable: false)",
                 ),
             ),
         ],
@@ -120,6 +122,8 @@ async def test_current_resources_show_degraded_with_the_last_write(seeded: httpx
         "value": 25_000,
     }  # batch-cpu counts millicores
     assert body["streamSeq"] == 3
+    assert body["metaDue"] is True
+    assert body["cpuNormalization"] == "disabled (cpu-normalization-config enable: false)"
 
 
 async def test_unknown_node_is_a_404_on_both_resource_routes(seeded: httpx.AsyncClient) -> None:
