@@ -49,6 +49,17 @@ def _pod_key(job: migration.PodMigrationJob) -> str:
     return f"{ref.namespace}/{ref.name}" if ref is not None else ""
 
 
+@dataclass(frozen=True, slots=True)
+class JobFacts:
+    """What a round reads of a job through the view: its pod (None: not in the view), the pod's key, its controller
+    and its sort key (None with no pod)."""
+
+    pod: kube.Pod | None
+    key: str
+    owner: kube.OwnerReference | None
+    sort_key: order.PodKey | None
+
+
 @dataclass
 class ClusterView:
     """The pods and workloads as the arbiter reads them, indexed once: the migration service keeps one up to date
@@ -67,6 +78,8 @@ class ClusterView:
     _static: dict[str, tuple[str, filters.Verdict] | None] = field(default_factory=dict, repr=False, compare=False)
     """pod key → static_verdict's answer, for the view's life."""
     _static_args: MigrationArgs | None = field(default=None, repr=False, compare=False)
+    _facts: dict[tuple[str, ...], JobFacts] = field(default_factory=dict, repr=False, compare=False)
+    """(job name, pod reference) → job_facts' answer, for the view's life."""
 
     @classmethod
     def build(
@@ -133,6 +146,21 @@ class ClusterView:
         self._static[key] = answer
         return answer
 
+    def job_facts(self, job: migration.PodMigrationJob) -> JobFacts:
+        """The job's pod, key, controller and sort key in this view; looked up once per job reference and view."""
+        ref = job.spec.pod_ref
+        cache_key = (job.metadata.name, ref.namespace, ref.name, ref.uid) if ref is not None else (job.metadata.name,)
+        facts = self._facts.get(cache_key)
+        if facts is None:
+            pod = self.pod_of(job)
+            if pod is None:
+                facts = JobFacts(pod=None, key=_pod_key(job), owner=None, sort_key=None)
+            else:
+                key = kube.pod_key(pod)
+                facts = JobFacts(pod=pod, key=key, owner=self.owners.get(key), sort_key=self.sort_keys.get(key))
+            self._facts[cache_key] = facts
+        return facts
+
     def pod_of(self, job: migration.PodMigrationJob) -> kube.Pod | None:
         ref = job.spec.pod_ref
         if ref is None:
@@ -154,14 +182,7 @@ def arbitrate_objects(
 
 def arbitrate(jobs: Iterable[migration.PodMigrationJob], view: ClusterView, args: MigrationArgs) -> Round:
     jobs = list(jobs)
-    job_pods: dict[str, kube.Pod | None] = {}
-    job_keys: dict[str, str] = {}
-    owners: dict[str, kube.OwnerReference | None] = {}
-    for job in jobs:
-        name = job.metadata.name
-        pod = job_pods[name] = view.pod_of(job)
-        key = job_keys[name] = kube.pod_key(pod) if pod is not None else _pod_key(job)
-        owners[name] = view.owners.get(key) if pod is not None else None
+    facts = {job.metadata.name: view.job_facts(job) for job in jobs}
     migrating = filters.Migrating()
     in_batch_job: dict[str, int] = {}
     waiting: list[migration.PodMigrationJob] = []
@@ -169,10 +190,10 @@ def arbitrate(jobs: Iterable[migration.PodMigrationJob], view: ClusterView, args
         phase = job.status.phase or migration.PHASE_PENDING
         passed = migration.passed_arbitration(job)
         if phase == migration.PHASE_RUNNING or (phase == migration.PHASE_PENDING and passed):
-            name = job.metadata.name
+            fact = facts[job.metadata.name]
             ref = job.spec.pod_ref
-            migrating.add(job_keys[name], job_pods[name], ref.namespace if ref else "", owner=owners[name])
-            batch_owner = order.batch_job_owner(owners[name])
+            migrating.add(fact.key, fact.pod, ref.namespace if ref else "", owner=fact.owner)
+            batch_owner = order.batch_job_owner(fact.owner)
             if batch_owner is not None:
                 in_batch_job[batch_owner] = in_batch_job.get(batch_owner, 0) + 1
             continue
@@ -183,31 +204,30 @@ def arbitrate(jobs: Iterable[migration.PodMigrationJob], view: ClusterView, args
             if owner is not None:
                 migrating.by_workload.setdefault(owner.uid, set()).add(kube.pod_key(gone))
     names = [job.metadata.name for job in waiting]
-    batch_owners = {name: order.batch_job_owner(owners[name]) for name in names}
-    sort_keys = {name: view.sort_keys.get(job_keys[name]) if job_pods[name] is not None else None for name in names}
+    batch_owners = {name: order.batch_job_owner(facts[name].owner) for name in names}
+    sort_keys = {name: facts[name].sort_key for name in names}
     result = Round()
     for job in order.sort_jobs(waiting, sort_keys, batch_owners, in_batch_job):
         name = job.metadata.name
         result.order.append(name)
-        pod, owner = job_pods[name], owners[name]
+        fact = facts[name]
+        pod, owner, key = fact.pod, fact.owner, fact.key
         if pod is None:
             result.decisions.append(Decision(name, "passed", message="pod not found: the reconcile fails it"))
             ref = job.spec.pod_ref
-            migrating.add(job_keys[name], None, ref.namespace if ref else "", owner=None)
+            migrating.add(key, None, ref.namespace if ref else "", owner=None)
             continue
-        static = view.static_verdict(job_keys[name], args)
+        static = view.static_verdict(key, args)
         if static is not None:
             outcome, held = static
             result.decisions.append(Decision(name, outcome, held.filter, held.message))
             continue
         workload = view.views.get(owner.uid) if owner is not None else None
         owner_known = owner is None or owner.uid in view.workloads
-        verdict = filters.retryable(
-            pod, args, migrating, workload, owner=owner, owner_known=owner_known, key=job_keys[name]
-        )
+        verdict = filters.retryable(pod, args, migrating, workload, owner=owner, owner_known=owner_known, key=key)
         if verdict is not None:
             result.decisions.append(Decision(name, "waiting", verdict.filter, verdict.message))
             continue
         result.decisions.append(Decision(name, "passed"))
-        migrating.add(job_keys[name], pod, pod.metadata.namespace, owner=owner)
+        migrating.add(key, pod, pod.metadata.namespace, owner=owner)
     return result
