@@ -1,8 +1,9 @@
-"""The node agent's Prometheus metrics: its metrics half's and QoS loops' counters (AgentStats, QosStats) exported
+"""The node agent's Prometheus metrics: its metrics half's, QoS loops' and topology reporter's counters (AgentStats,
+QosStats, TopologyStats) exported
 as they stand at each scrape, plus its NodeSLO revision and how long the control plane has been silent.
 
-`AgentMetrics(agent, loops, clock)` is a custom collector; `koordbus agent --port` registers it and serves /metrics
-with /healthz and /readyz, for the DaemonSet's probes and for whoever is paged at 3 a.m.
+`AgentMetrics(agent, loops, topology=, clock=)` is a custom collector; `koordbus agent --port` registers it and
+serves /metrics with /healthz and /readyz, for the DaemonSet's probes and for whoever is paged at 3 a.m.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from agent.loops.runner import QosLoops
 from agent.service import AgentService
+from agent.topology_watch import TopologyReporter
 
 PREFIX = "koordbus_agent_"
-_GAUGES = frozenset({"buffered_batches", "bus_available", "failsafe_active", "last_round_seconds"})
+_GAUGES = frozenset({"buffered_batches", "bus_available", "failsafe_active", "last_round_seconds", "report_problems"})
 _HELP = {
     "collections": "Node readings taken",
     "collect_errors": "Node readings that failed (procfs or cgroups unreadable)",
@@ -39,13 +41,24 @@ _HELP = {
     "evictions_killed_locally": "pods whose containers were killed on the node (bus away, --evict-locally)",
     "failsafe_active": "1 while the fail-safe pins BE CPU (no NodeSLO readable for too long)",
     "last_round_seconds": "duration of the last QoS round",
+    "reads": "topology reads",
+    "reports_sent": "NodeTopologyReported published",
+    "report_problems": "problems the latest topology report names (a file missing, unreadable or malformed)",
 }
 
 
 class AgentMetrics:
-    def __init__(self, agent: AgentService, loops: QosLoops | None, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        agent: AgentService,
+        loops: QosLoops | None,
+        *,
+        topology: TopologyReporter | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._agent = agent
         self._loops = loops
+        self._topology = topology
         self._clock = clock
 
     def describe(self) -> list[Metric]:
@@ -54,7 +67,12 @@ class AgentMetrics:
     def collect(self) -> Iterator[Metric]:
         families = self._families()
         node = self._agent.settings.node_name
-        for stats, part in ((self._agent.stats, "metrics"), (self._loops.stats if self._loops else None, "qos")):
+        parts = (
+            (self._agent.stats, "metrics"),
+            (self._loops.stats if self._loops else None, "qos"),
+            (self._topology.stats if self._topology else None, "topology"),
+        )
+        for stats, part in parts:
             if stats is None:
                 continue
             for f in fields(stats):

@@ -16,6 +16,10 @@ CgroupVersion = Literal["auto", 1, 2]
 CgroupDriver = Literal["auto", "cgroupfs", "systemd"]
 
 
+TOPOLOGY_REFRESH_MAX_SECONDS = 3600.0
+"""Half of KOORD_NODE's 2 h max age (bus.streams.node_stream): the stream always holds a node's latest report."""
+
+
 class AgentSettingsError(ValueError):
     """A setting of the agent is out of range or malformed."""
 
@@ -51,13 +55,31 @@ class AgentSettings:
     """Seconds between NodeStateReported re-sends when nothing changed."""
     publish_timeout: float = 5.0
     """Seconds one publish may take before the bus counts as unavailable and batches are buffered."""
+    topology_report: bool = True
+    """Publish the node's NUMA zones, CPUs and kubelet CPU manager (NodeTopologyReported, agent.topology_watch), from
+    which the bridge writes its NodeResourceTopology."""
+    kubelet_root_dir: str = "/var/lib/kubelet"
+    """The kubelet's root directory (its --root-dir), where its CPU manager's `cpu_manager_state` is read; in a
+    container, the host's, mounted read-only."""
+    topology_interval_seconds: float = 60.0
+    """Seconds between two reads of the topology; a change is published at the read that sees it."""
+    topology_refresh_seconds: float = 600.0
+    """An unchanged topology is published again after this many seconds (at most TOPOLOGY_REFRESH_MAX_SECONDS), so
+    the bridge finds a recent report in KOORD_NODE whenever it starts."""
 
     def __post_init__(self) -> None:
         try:
             names.node_name(self.node_name, "node_name")
         except names.InvalidName as e:
             raise AgentSettingsError(str(e)) from None
-        for name in ("collect_interval", "publish_interval", "state_interval", "publish_timeout"):
+        for name in (
+            "collect_interval",
+            "publish_interval",
+            "state_interval",
+            "publish_timeout",
+            "topology_interval_seconds",
+            "topology_refresh_seconds",
+        ):
             value = getattr(self, name)
             if not value > 0:
                 raise AgentSettingsError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -78,7 +100,12 @@ class AgentSettings:
             raise AgentSettingsError(
                 f"cgroup_driver must be 'auto', 'cgroupfs' or 'systemd', got {self.cgroup_driver!r}"
             )
-        for name in ("proc_root", "cgroup_root", "sys_root"):
+        if not self.topology_interval_seconds <= self.topology_refresh_seconds <= TOPOLOGY_REFRESH_MAX_SECONDS:
+            raise AgentSettingsError(
+                f"topology_refresh_seconds {self.topology_refresh_seconds} must be between topology_interval_seconds "
+                f"{self.topology_interval_seconds} and {TOPOLOGY_REFRESH_MAX_SECONDS}"
+            )
+        for name in ("proc_root", "cgroup_root", "sys_root", "kubelet_root_dir"):
             if not getattr(self, name).startswith("/"):
                 raise AgentSettingsError(f"{name} must be an absolute path, got {getattr(self, name)!r}")
         try:

@@ -103,6 +103,7 @@ async def run_agent(args: argparse.Namespace) -> int:
     from agent.service import AgentService
     from agent.settings import AgentSettings, QosSettings
     from agent.slo_watch import SloSource, refresh_forever
+    from agent.topology_watch import reporter_for
     from bus import streams, subjects
     from koordbus import runtime
 
@@ -155,6 +156,10 @@ async def run_agent(args: argparse.Namespace) -> int:
             host_applications=host_applications,
         )
         runtime.background(stack, agent.run(), name="agent")
+        reporter = None
+        if settings.topology_report:
+            reporter = reporter_for(settings, bus, reserved_cpus=qos_settings.reserved_cpus)
+            runtime.background(stack, reporter.run(), name="topology")
         loops = None
         if qos_settings.qos_mode != "off":
             loops = QosLoops(settings, qos_settings, bus, pods=pods, usage=lambda: agent.latest_tick)
@@ -164,7 +169,7 @@ async def run_agent(args: argparse.Namespace) -> int:
             slo = SloSource(bus, settings.node_name, state_dir=qos_settings.state_dir, now=time.time())
             runtime.background(stack, refresh_forever(slo, interval=qos_settings.slo_poll_interval), name="slo")
         registry = CollectorRegistry(auto_describe=True)
-        registry.register(AgentMetrics(agent, loops))
+        registry.register(AgentMetrics(agent, loops, topology=reporter))
 
         async def bus_answers() -> None:  # the one read an agent's NATS user may make: its own NodeSLO key
             await bus.last_on_subject(streams.KV_KOORD_SLO, subjects.slo_key(settings.node_name), direct=True)

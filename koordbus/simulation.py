@@ -2,7 +2,9 @@
 
 Every publish interval (aligned to wall-clock multiples, like a real agent) each simulated node
 publishes one NodeMetricsReported batch, after one NodeStateReported with its capacity at start;
-`backfill_seconds` of history are published first so windows, percentiles and charts have data right away.
+`backfill_seconds` of history are published first so windows, percentiles and charts have data right away. Each
+node's NodeTopologyReported (agent.simulate_topology: what a real agent on a machine of its size reports) is
+published at start and again every `topology_refresh_seconds` of the agent's settings, as a real agent refreshes it.
 
 With `close_loop` the simulation follows the noderesource service's decisions (NodeResourceComputed on the bus) and
 gives each simulated node its current batch allocatable: its batch pods are then placed only within it and evicted
@@ -33,12 +35,14 @@ from agent.loops import evict as evict_loop
 from agent.loops.base import actuation_message
 from agent.settings import AgentSettings
 from agent.simulate import SimulatedNode, simulated_node_names
+from agent.simulate_topology import simulated_topology
 from bus import streams, subjects
 from bus.api import Bus, FollowFrom, msg_id
 from bus.errors import BusError
 from schemas import kube, vocab
 from schemas.cluster import ConfigMapObserved, NodeObserved
 from schemas.node import NodeStateReported, encode_node_event
+from schemas.node_topology import encode_topology
 from schemas.noderesource import NODERESOURCE_COMPUTED_DECODER, NodeResourceComputed
 from schemas.scheduling import SchedulingNode
 from services.noderesource import config as colocation
@@ -47,6 +51,7 @@ log = logging.getLogger(__name__)
 RETRY_BACKOFF_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
 """Between attempts at a start-up publish (the last one repeats)."""
 POD_LIST_RESEND_BATCHES = AgentSettings.pod_list_resend_batches
+TOPOLOGY_REFRESH_SECONDS = AgentSettings.topology_refresh_seconds
 
 
 def make_nodes(count: int, *, pods_per_node: int, seed: int = 7) -> list[SimulatedNode]:
@@ -103,6 +108,15 @@ async def publish_states(bus: Bus, nodes: list[SimulatedNode], *, at: float) -> 
         )
         for node in nodes
     ]
+    await bus.publish_many(messages)
+
+
+async def publish_topologies(bus: Bus, nodes: list[SimulatedNode], *, at: float) -> None:
+    """Each node's NodeTopologyReported read at `at`, with the message id a real agent's report of then has."""
+    messages = []
+    for node in nodes:
+        report = simulated_topology(node.name, cpu_cores=node.cpu_cores, memory_bytes=node.memory_bytes, at=at)
+        messages.append((subjects.node_topology(node.name), encode_topology(report), msg_id(node.name, "topology", at)))
     await bus.publish_many(messages)
 
 
@@ -183,10 +197,11 @@ async def run_simulation(
     cluster: bool = False,
     close_loop: bool = False,
     clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
 ) -> None:
-    """Backfill, then publish every `interval` forever (until cancelled). `cluster`: also publish the nodes as the
-    Kubernetes bridge would (only where no real cluster is connected). `close_loop`: place batch pods within each
-    node's batch allocatable as the noderesource service decides it."""
+    """Backfill, then publish every `interval` forever (until cancelled; `sleep` waits for the next window).
+    `cluster`: also publish the nodes as the Kubernetes bridge would (only where no real cluster is connected).
+    `close_loop`: place batch pods within each node's batch allocatable as the noderesource service decides it."""
     now = clock()
     if close_loop:
         for node in nodes:
@@ -194,7 +209,13 @@ async def run_simulation(
         follow = asyncio.create_task(follow_batch_allocatable(bus, nodes, since=now), name="simulation-allocatable")
     try:
         await _publish_forever(
-            bus, nodes, interval=interval, backfill_seconds=backfill_seconds, cluster=cluster, clock=clock
+            bus,
+            nodes,
+            interval=interval,
+            backfill_seconds=backfill_seconds,
+            cluster=cluster,
+            clock=clock,
+            sleep=sleep,
         )
     finally:
         if close_loop:
@@ -211,6 +232,7 @@ async def _publish_forever(
     backfill_seconds: float,
     cluster: bool,
     clock: Callable[[], float],
+    sleep: Callable[[float], Awaitable[object]],
 ) -> None:
     now = clock()
     current = (now // interval) * interval
@@ -220,6 +242,8 @@ async def _publish_forever(
     if cluster:
         await _until_published("the cluster's nodes", functools.partial(publish_cluster, bus, nodes, at=now))
     await _until_published("the node states", functools.partial(publish_states, bus, nodes, at=start))
+    await _until_published("the node topologies", functools.partial(publish_topologies, bus, nodes, at=now))
+    topology_due = now + TOPOLOGY_REFRESH_SECONDS
     while window < current:
         await _until_published(
             f"the backfill window at {window:.0f}",
@@ -230,12 +254,18 @@ async def _publish_forever(
         log.info("simulation: backfilled %d s of history for %d nodes", int(current - start), len(nodes))
     while True:
         next_end = window + interval
-        await asyncio.sleep(max(next_end - clock(), 0.0))
+        await sleep(max(next_end - clock(), 0.0))
         try:
             await publish_window(bus, nodes, window, next_end, thinners=thinners)
         except Exception as e:  # the bus may be away; the simulation skips the window like a lossy agent would
             log.warning("simulation: could not publish window %s: %s", window, e)
         window = next_end
+        if (at := clock()) >= topology_due:
+            try:
+                await publish_topologies(bus, nodes, at=at)
+                topology_due = at + TOPOLOGY_REFRESH_SECONDS
+            except Exception as e:  # tried again after the next window, as an agent retries at its next round
+                log.warning("simulation: could not publish the node topologies: %s", e)
 
 
 async def _until_published(what: str, publish: Callable[[], Awaitable[object]]) -> None:

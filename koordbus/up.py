@@ -92,7 +92,8 @@ def prepare_data_dir(path: str) -> Path:
 
 async def run_up(args: argparse.Namespace) -> int:
     from agent.service import AgentService
-    from agent.settings import AgentSettings
+    from agent.settings import AgentSettings, QosSettings
+    from agent.topology_watch import reporter_for
     from koordbus import runtime, simulation
     from services.api.app import ApiContext, create_app
     from services.api.settings import ApiSettings
@@ -185,8 +186,13 @@ async def run_up(args: argparse.Namespace) -> int:
         )
         await runtime.serve_http(stack, app, host=api_settings.host, port=api_settings.port)
         if not args.no_agent:
-            agent = AgentService(settings_loader.load(AgentSettings, {"node_name": local_node_name()}), bus)
+            agent_settings = settings_loader.load(AgentSettings, {"node_name": local_node_name()})
+            agent = AgentService(agent_settings, bus)
             runtime.background(stack, agent.run(), name="agent")
+            if agent_settings.topology_report:
+                reserved = settings_loader.load(QosSettings).reserved_cpus
+                reporter = reporter_for(agent_settings, bus, reserved_cpus=reserved)
+                runtime.background(stack, reporter.run(), name="topology")
         if args.simulate_nodes:
             nodes = simulation.make_nodes(args.simulate_nodes, pods_per_node=args.simulate_pods)
             # Without a real cluster the simulation publishes its nodes, so the noderesource service decides their

@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from agent.settings import QosSettings
+from agent.settings import AgentSettings, QosSettings
 from bus import auth, server
 from koordbus import cli
 from services.common import observe
@@ -94,10 +94,20 @@ def test_the_agent_mounts_only_what_it_needs_read_only_unless_it_applies() -> No
         agent = by_kind(render(values), "DaemonSet")["prod-koordbus-agent"]["spec"]["template"]["spec"]
         assert agent["hostPID"] is False
         paths = {v["name"]: v["hostPath"]["path"] for v in agent["volumes"] if "hostPath" in v}
-        expected = {"proc": "/proc", "cgroup": "/sys/fs/cgroup", "state": "/var/lib/koordbus"}
+        expected = {
+            "proc": "/proc",
+            "cgroup": "/sys/fs/cgroup",
+            "state": "/var/lib/koordbus",
+            "kubelet": "/var/lib/kubelet",
+        }
         assert paths == ({**expected, "resctrl": "/sys/fs/resctrl"} if writable else expected)
         mounts = {m["name"]: m.get("readOnly", False) for m in agent["containers"][0]["volumeMounts"]}
-        assert mounts["proc"] is True and mounts["cgroup"] is (not writable)
+        assert mounts["proc"] is True and mounts["cgroup"] is (not writable) and mounts["kubelet"] is True
+        # the topology report reads the kubelet's CPU manager state where the host's kubelet directory is mounted
+        kubelet_mount = next(m for m in agent["containers"][0]["volumeMounts"] if m["name"] == "kubelet")
+        env = {e["name"]: e["value"] for e in agent["containers"][0]["env"] if "value" in e}
+        agent_settings = settings_loader.load(AgentSettings, {"node_name": "n1"}, env=env)
+        assert agent_settings.kubelet_root_dir == kubelet_mount["mountPath"]
         args = agent["containers"][0]["args"]
         assert ("--apply" if writable else "--dry-run") in args
 

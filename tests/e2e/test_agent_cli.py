@@ -1,7 +1,7 @@
 """`koordbus agent` as a DaemonSet runs it: a real process against a real nats-server, reading its NodeSLO from the
 KOORD_SLO bucket and its pods from a kubelet pod list (the fake API's pods of the node), on a generated cgroup tree:
 `--apply` writes the BE pod's cgroups and publishes what it did, `--dry-run` publishes the plan and writes nothing,
-Ctrl-C stops it cleanly."""
+the node's topology report (with the kubelet's CPU manager state) lands in KOORD_NODE, Ctrl-C stops it cleanly."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import pytest
 from bus import streams, subjects
 from bus.jetstream import JetStreamBus
 from schemas.node import NODE_EVENT_DECODER, NodeMetricsReported
+from schemas.node_topology import TOPOLOGY_DECODER
 from schemas.qos import ACTUATION_DECODER, ActuationApplied, NodeSloRendered
 from tests.e2e.test_qos_e2e import _be_pod
 from tests.e2e.test_up import free_port
@@ -71,8 +72,13 @@ async def test_the_agent_command_applies_or_plans_the_be_cgroups(
     kube_api.put("pods", _be_pod())
     slo = NodeSloRendered(node=NODE, spec={}, rendered_at=1.0)
     await koordbus_bus.publish(subjects.slo_key(NODE), msgspec.json.encode(slo), msg_id="slo")
+    kubelet = tmp_path / "kubelet"
+    kubelet.mkdir()
+    (kubelet / "cpu_manager_state").write_text('{"policyName": "static", "defaultCpuSet": "0", "checksum": 1}')
     port = free_port()
-    process = await _run_agent(tmp_path, koordbus_nats_url, kube_api, mode, port)
+    process = await _run_agent(
+        tmp_path, koordbus_nats_url, kube_api, mode, port, KOORDBUS_AGENT_KUBELET_ROOT_DIR=str(kubelet)
+    )
     try:
 
         async def reported() -> bool:
@@ -80,6 +86,12 @@ async def test_the_agent_command_applies_or_plans_the_be_cgroups(
             return any(e.loop == "be-cgroup" for e in await _events(koordbus_bus))
 
         await eventually(reported, timeout=30)
+        topology = subjects.stored(subjects.node_topology(NODE))
+        await eventually(lambda: koordbus_bus.last_on_subject(streams.KOORD_NODE, topology), timeout=30)
+        stored = await koordbus_bus.last_on_subject(streams.KOORD_NODE, topology)
+        assert stored is not None
+        report = TOPOLOGY_DECODER.decode(stored.data)
+        assert report.node == NODE and report.cpus and report.kubelet.policy == "static"
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
             assert (await http.get("/readyz")).status_code == 200
             metrics = (await http.get("/metrics")).text
@@ -88,6 +100,7 @@ async def test_the_agent_command_applies_or_plans_the_be_cgroups(
         assert f"koordbus_agent_writes_total{{{labels}}} {writes}" in metrics
         assert f"koordbus_agent_slo_revision{{{labels}}} 1.0" in metrics
         assert f'koordbus_agent_collections_total{{node="{NODE}",part="metrics"}}' in metrics
+        assert f'koordbus_agent_reports_sent_total{{node="{NODE}",part="topology"}}' in metrics
     finally:
         output = await _stop(process)
     assert process.returncode == 0, output

@@ -2,7 +2,8 @@
 
 Under load a publish timed out while `koordbus up --simulate-nodes 1000` backfilled its history, and the whole
 simulation ended there: no more reports, for good. Its one-off publishes (the cluster's nodes, the node states, each
-backfill window) are now retried with backoff; the live loop already skips a window it cannot publish.
+backfill window) are now retried with backoff; the live loop already skips a window it cannot publish. The node
+topologies are published at start too, and again every refresh, as a real agent does.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from bus import streams
+from bus import streams, subjects
 from bus.api import PublishAck
 from bus.errors import BusUnavailableError
 from bus.memory import MemoryBus
 from koordbus import simulation
+from schemas.node_topology import TOPOLOGY_DECODER, NodeTopologyReported
 from services.common.tasks import cancel_and_wait
 from tests.support.waiting import eventually
 
@@ -41,7 +43,9 @@ class FlakyBus(MemoryBus):
 
 
 async def test_the_backfill_goes_on_after_publishes_time_out() -> None:
-    bus = FlakyBus(failing={1, 2, 4})  # the first backfill window twice, the second once
+    bus = FlakyBus(
+        failing={2, 3, 5}
+    )  # after the states and topologies: the first backfill window twice, the second once
     await bus.ensure_streams(streams.all_streams())
     nodes = simulation.make_nodes(2, pods_per_node=1)
     now = 100_000 * INTERVAL + 0.001  # a window just begun, and a clock that stands still: the live loop's first
@@ -50,8 +54,45 @@ async def test_the_backfill_goes_on_after_publishes_time_out() -> None:
         simulation.run_simulation(bus, nodes, interval=INTERVAL, backfill_seconds=3 * INTERVAL, clock=lambda: now)
     )
     try:
-        await eventually(lambda: len(bus.published) >= 4, timeout=20)  # the states and the three windows
-        assert bus.attempts == 7 and not run.done()
-        assert bus.published[0] == len(nodes)  # one state per node, then each window's batches
+        await eventually(lambda: len(bus.published) >= 5, timeout=20)  # states, topologies and the three windows
+        assert bus.attempts == 8 and not run.done()
+        assert bus.published[:2] == [len(nodes), len(nodes)]  # one state, one topology per node; then the windows
+    finally:
+        await cancel_and_wait(run)
+
+
+async def test_the_node_topologies_are_published_at_start_and_at_every_refresh() -> None:
+    bus = MemoryBus()
+    await bus.ensure_streams(streams.all_streams())
+    nodes = simulation.make_nodes(2, pods_per_node=1)
+    start = 100_000 * INTERVAL + 0.001
+    now = [start]
+    stop_at = start + simulation.TOPOLOGY_REFRESH_SECONDS + 5 * INTERVAL
+
+    async def sleep(seconds: float) -> None:
+        """Time passes as the simulation sleeps, until `stop_at`, where it stands still for good."""
+        if now[0] + seconds > stop_at:
+            await asyncio.Event().wait()
+        now[0] += seconds
+        await asyncio.sleep(0)
+
+    async def topology(node: str) -> NodeTopologyReported | None:
+        stored = await bus.last_on_subject(streams.KOORD_NODE, subjects.stored(subjects.node_topology(node)))
+        return None if stored is None else TOPOLOGY_DECODER.decode(stored.data)
+
+    async def all_at(at: float) -> bool:
+        return [getattr(await topology(n.name), "at", None) for n in nodes] == [at, at]
+
+    run = asyncio.create_task(
+        simulation.run_simulation(bus, nodes, interval=INTERVAL, clock=lambda: now[0], sleep=sleep)
+    )
+    try:
+        await eventually(lambda: now[0] + INTERVAL > stop_at, timeout=60)
+        # refreshed once, at the end of the first window a refresh after the start
+        refreshed = (100_000 + simulation.TOPOLOGY_REFRESH_SECONDS // INTERVAL + 1) * INTERVAL
+        assert await all_at(refreshed)
+        report = await topology(nodes[0].name)
+        assert report is not None and report.problems == []
+        assert sum(z.cpu_count for z in report.zones) == nodes[0].cpu_cores
     finally:
         await cancel_and_wait(run)

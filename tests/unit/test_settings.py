@@ -207,3 +207,24 @@ def test_the_psi_suppress_rule_settings_are_checked(fields: dict[str, float], me
     assert QosSettings().psi_suppress_threshold == 0.0  # off by default
     with pytest.raises(ValueError, match=message):
         QosSettings(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"topology_interval_seconds": 0}, "topology_interval_seconds must be a positive number of seconds"),
+        ({"topology_refresh_seconds": -1}, "topology_refresh_seconds must be a positive number of seconds"),
+        ({"topology_interval_seconds": 120, "topology_refresh_seconds": 60}, "must be between"),
+        ({"topology_refresh_seconds": 7200}, "must be between topology_interval_seconds 60.0 and 3600.0"),
+        ({"kubelet_root_dir": "var/lib/kubelet"}, "kubelet_root_dir must be an absolute path"),
+    ],
+)
+def test_the_topology_report_settings_are_checked(fields: dict[str, object], message: str) -> None:
+    defaults = AgentSettings(node_name="n1")
+    assert (defaults.topology_report, defaults.kubelet_root_dir) == (True, "/var/lib/kubelet")
+    assert (defaults.topology_interval_seconds, defaults.topology_refresh_seconds) == (60.0, 600.0)
+    with pytest.raises(ValueError, match=message):
+        AgentSettings(node_name="n1", **fields)  # type: ignore[arg-type]
+    env = {"KOORDBUS_AGENT_TOPOLOGY_REPORT": "false", "KOORDBUS_KUBELET_ROOT_DIR": "/host/var/lib/kubelet"}
+    loaded = load(AgentSettings, {"node_name": "n1"}, env=env)
+    assert (loaded.topology_report, loaded.kubelet_root_dir) == (False, "/host/var/lib/kubelet")
