@@ -42,6 +42,7 @@ async def bridge_cluster(
     from services.k8s.quota_mirror import KubeQuotaSink, QuotaMirror
     from services.k8s.settings import K8sSettings
     from services.k8s.sinks import KubeSink, RecordingSink
+    from services.k8s.topology_mirror import KubeTopologySink, TopologyMirror
     from services.k8s.verbs import KubeVerbs, VerbResponder
     from services.k8s.writer import ClusterWriter
 
@@ -96,6 +97,18 @@ async def bridge_cluster(
     await nodeslo_mirror.start()
     stack.push_async_callback(nodeslo_mirror.stop)
     readiness.append(("kubernetes-nodeslos", nodeslo_mirror.readiness))
+    if settings.mirror_topologies:
+        topology_mirror = TopologyMirror(
+            bus,
+            KubeTopologySink(
+                api, conflict_retries=settings.write_conflict_retries, request_timeout=settings.write_timeout_seconds
+            ),
+            settings=settings,
+            registry=registry,
+        )
+        await topology_mirror.start()
+        stack.push_async_callback(topology_mirror.stop)
+        readiness.append(("kubernetes-topologies", topology_mirror.readiness))
     evictions = EvictionExecutor(
         bus, KubeEvictor(api, request_timeout=settings.write_timeout_seconds), registry=registry
     )
@@ -122,11 +135,12 @@ async def bridge_cluster(
 async def record_quotas(
     stack: AsyncExitStack, bus: Any, registry: Any, settings: Any, nodes_export: Any
 ) -> Callable[[], Any]:
-    """Record-only mode for the quota and NodeSLO mirrors and the agents' evictions too: what the recorded-writes
-    route shows, ElasticQuotas, NodeSLOs and evictions included."""
+    """Record-only mode for the quota, NodeSLO and topology mirrors and the agents' evictions too: what the
+    recorded-writes route shows, ElasticQuotas, NodeSLOs, NodeResourceTopologies and evictions included."""
     from services.k8s.eviction_executor import EvictionExecutor, RecordingEvictor
     from services.k8s.nodeslo_mirror import NodeSloMirror, RecordingNodeSloSink
     from services.k8s.quota_mirror import QuotaMirror, RecordingQuotaSink
+    from services.k8s.topology_mirror import RecordingTopologySink, TopologyMirror
 
     evictor = RecordingEvictor(keep=settings.recorded_writes_kept)
     executor = EvictionExecutor(bus, evictor, registry=registry)
@@ -136,6 +150,12 @@ async def record_quotas(
     nodeslo_mirror = NodeSloMirror(bus, nodeslo_sink, settings=settings, registry=registry)
     await nodeslo_mirror.start()
     stack.push_async_callback(nodeslo_mirror.stop)
+    topology_sink = None
+    if settings.mirror_topologies:
+        topology_sink = RecordingTopologySink(keep=settings.recorded_writes_kept)
+        topology_mirror = TopologyMirror(bus, topology_sink, settings=settings, registry=registry)
+        await topology_mirror.start()
+        stack.push_async_callback(topology_mirror.stop)
     quota_sink = None
     if settings.mirror_quotas:
         quota_sink = RecordingQuotaSink(keep=settings.recorded_writes_kept)
@@ -145,6 +165,13 @@ async def record_quotas(
 
     def export() -> Any:
         quotas = {"quotas": quota_sink.export()} if quota_sink is not None else {}
-        return {**nodes_export(), **quotas, "nodeslos": nodeslo_sink.export(), "evictions": evictor.export()}
+        topologies = {"noderesourcetopologies": topology_sink.export()} if topology_sink is not None else {}
+        return {
+            **nodes_export(),
+            **quotas,
+            **topologies,
+            "nodeslos": nodeslo_sink.export(),
+            "evictions": evictor.export(),
+        }
 
     return export

@@ -8,7 +8,7 @@ it but keeps its backoff (failures count and retry time), so intents arriving fa
 into one write each while the API server fails (a write storm the fault tests showed, tests/faults/). A
 non-retryable failure or any other exception is logged and dropped. After `unhealthy_after` consecutive failures
 `healthy` is False until one succeeds (for /readyz). `Mirror` wraps it with the consumer that feeds it: the base of
-services.k8s.quota_mirror and services.k8s.nodeslo_mirror.
+services.k8s.quota_mirror, services.k8s.nodeslo_mirror and services.k8s.topology_mirror.
 """
 
 from __future__ import annotations

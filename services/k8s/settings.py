@@ -45,6 +45,9 @@ class K8sSettings:
     mirror_quotas: bool = True
     """Mirror koordbus's quota trees to ElasticQuota objects (so koord-scheduler consumes them); false leaves the
     cluster's ElasticQuotas alone."""
+    mirror_topologies: bool = True
+    """Write each node's NodeResourceTopology from its agent's topology report (services.k8s.topology_mirror), as
+    koordlet does; false leaves the cluster's NodeResourceTopologies to another writer (a koordlet)."""
     bind_pods: bool = True
     """Answer the load-aware extender's bind requests (koord.v1.rpc.k8s.bind) by creating pods/binding; needs that
     right (the Helm chart grants it with loadaware.bind). Only when the bridge writes to a cluster."""

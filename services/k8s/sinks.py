@@ -34,11 +34,13 @@ _TOPOLOGIES: Final = (writes.TOPOLOGY_GROUP, writes.TOPOLOGY_VERSION, writes.TOP
 
 
 class WriteFailedError(Exception):
-    """A write that did not go through. `retry` is False when repeating it cannot help (422 Invalid, 403 …)."""
+    """A write that did not go through. `retry` is False when repeating it cannot help (422 Invalid, 403 …);
+    `status` is the API server's answer when it gave one."""
 
-    def __init__(self, message: str, *, retry: bool = True) -> None:
+    def __init__(self, message: str, *, retry: bool = True, status: int | None = None) -> None:
         super().__init__(message)
         self.retry = retry
+        self.status = status
 
 
 class WriteSink(Protocol):
@@ -254,7 +256,8 @@ async def upsert_custom_object(
 ) -> str:
     """Make the custom object (group, version, plural) `desired` names exist as `update(current, desired)` wants
     it: created when missing, replaced (guarded by the resourceVersion `update` keeps) when `update` returns a new
-    object, left alone when it returns None. A 409 (created or changed meanwhile) reads it again, `attempts` times.
+    object, left alone when it returns None. A 409 (created or changed meanwhile) or a 404 to the replace (deleted
+    meanwhile) reads it again, `attempts` times; a 404 to the create (the kind is not served) raises.
     Namespaced when `desired` has a namespace, else cluster-scoped. Returns created / updated / unchanged."""
     group, version, plural = resource
     meta = desired["metadata"]
@@ -282,7 +285,7 @@ async def upsert_custom_object(
         if replacement is None:
             return "unchanged"
         status, body = await raw_request(replace(*scope, name, replacement, **options))
-        if status == HTTP_CONFLICT:
+        if status in RETRY_AT_ONCE:  # changed or deleted since our read: read it again
             continue
         parsed(status, body, f"replace {what}")
         return "updated"
@@ -305,7 +308,7 @@ def parsed(status: int, body: bytes, what: str) -> Json:
     """The JSON object of a successful response; WriteFailedError (retryable for 429 and 5xx) otherwise."""
     if not 200 <= status <= 299:
         retry = status == HTTP_TOO_MANY_REQUESTS or status >= 500
-        raise WriteFailedError(f"{what}: HTTP {status}: {core.error_status(body)}", retry=retry)
+        raise WriteFailedError(f"{what}: HTTP {status}: {core.error_status(body)}", retry=retry, status=status)
     try:
         return core.json_object(body)
     except ValueError as err:

@@ -294,6 +294,7 @@ def _topology() -> dict[str, Any]:
         "apiVersion": "topology.node.k8s.io/v1alpha1",
         "kind": "NodeResourceTopology",
         "metadata": {"name": NODE},
+        "topologyPolicies": ["None"],
         "zones": [{"name": f"node-{i}", "type": "Node", "resources": resources} for i in range(2)],
     }
 

@@ -74,6 +74,7 @@ def test_up_serves_nodemetrics_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         assert [o["metadata"]["name"] for o in recorded["nodemetrics"]] == names
         assert all(o["kind"] == "NodeMetric" and o["status"]["nodeMetric"] for o in recorded["nodemetrics"])
         assert recorded["writes"]
+        assert set(recorded["noderesourcetopologies"]) == {"objects", "writes"}  # the topology mirror records too
         # The simulated nodes are a simulated cluster too (Nodes and a colocation config with colocation on): the
         # node status writes that would be made carry their batch resources.
         while time.monotonic() < deadline and len(recorded.get("nodes", [])) < 3:

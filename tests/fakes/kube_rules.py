@@ -31,6 +31,7 @@ CRD_FILES = (
     "scheduling.koordinator.sh_podmigrationjobs.yaml",
     "scheduling.koordinator.sh_reservations.yaml",
 )
+TOPOLOGY_CRD = "topology.node.k8s.io_noderesourcetopologies.yaml"
 QUANTITY = re.compile(
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
@@ -95,7 +96,8 @@ CORE_KINDS = (
         group="apps", version="v1", plural="statefulsets", kind="StatefulSet", namespaced=True, has_status=True
     ),
     ResourceKind(group="batch", version="v1", plural="jobs", kind="Job", namespaced=True, has_status=True),
-    # Cluster-scoped, no status subresource; its CRD is not among the reference YAMLs, so no schema.
+    # Cluster-scoped, no status subresource. Served as v1alpha1, the version koordlet and koordbus write (the reference
+    # CRD stores v1alpha2), and checked against that version's schema.
     ResourceKind(
         group="topology.node.k8s.io",
         version="v1alpha1",
@@ -103,6 +105,7 @@ CORE_KINDS = (
         kind="NodeResourceTopology",
         namespaced=False,
         has_status=False,
+        crd_file=TOPOLOGY_CRD,
     ),
 )
 
@@ -113,9 +116,12 @@ def load_crd(filename: str) -> Json:
     return crd
 
 
-def served_version(crd: Json) -> Json:
-    """The storage version among the served ones (every reference CRD serves exactly one)."""
+def served_version(crd: Json, name: str | None = None) -> Json:
+    """The served version called `name`; without one, the storage version among the served ones (every reference
+    CRD but NodeResourceTopology's serves exactly one)."""
     served = [v for v in crd["spec"]["versions"] if v.get("served")]
+    if name is not None:
+        return next(v for v in served if v["name"] == name)
     return next((v for v in served if v.get("storage")), served[0])
 
 
@@ -204,8 +210,9 @@ FORMATS.checks("date-time", raises=ValueError)(_is_date_time)
 
 
 @functools.cache
-def crd_validator(filename: str) -> jsonschema.Draft7Validator:
-    return schema_validator(served_version(load_crd(filename))["schema"]["openAPIV3Schema"])
+def crd_validator(filename: str, version: str | None = None) -> jsonschema.Draft7Validator:
+    """For the served `version` of a CRD (default: its storage version)."""
+    return schema_validator(served_version(load_crd(filename), version)["schema"]["openAPIV3Schema"])
 
 
 def schema_validator(openapi_schema: Json) -> jsonschema.Draft7Validator:
@@ -235,7 +242,7 @@ def validation_errors(kind: ResourceKind, obj: Json) -> list[tuple[str, str]]:
         if isinstance(value, str) and (len(value) > 63 or not LABEL_VALUE.match(value)):
             errors.append((f"metadata.labels.{key}", f"Invalid value: {value!r}: not a valid label value"))
     if kind.crd_file:
-        validator = crd_validator(kind.crd_file)
+        validator = crd_validator(kind.crd_file, kind.version)
         errors += [(_field_path(e.absolute_path), e.message) for e in validator.iter_errors(obj)]
     elif kind.plural == "pods":
         containers = (obj.get("spec") or {}).get("containers")

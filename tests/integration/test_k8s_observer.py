@@ -388,6 +388,7 @@ def topology_object(name: str, zones: list[tuple[str, str, str]]) -> dict[str, A
         "apiVersion": "topology.node.k8s.io/v1alpha1",
         "kind": "NodeResourceTopology",
         "metadata": {"name": name},
+        "topologyPolicies": ["None"],
         "zones": [
             {
                 "name": zone,

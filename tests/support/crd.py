@@ -16,14 +16,17 @@ import pytest
 from tests.fakes import kube_rules
 
 NODEMETRIC_CRD = "slo.koordinator.sh_nodemetrics.yaml"
+TOPOLOGY_CRD = kube_rules.TOPOLOGY_CRD
+TOPOLOGY_VERSION = "v1alpha1"
+"""The NodeResourceTopology version koordlet and koordbus write (the CRD serves v1alpha2 too)."""
 
 
-def crd_validator(filename: str) -> jsonschema.Draft7Validator:
-    """A validator for the served version of one CRD."""
+def crd_validator(filename: str, version: str | None = None) -> jsonschema.Draft7Validator:
+    """A validator for a served version of one CRD (default: its storage version)."""
     path = kube_rules.CRD_DIR / filename
     if not path.is_file():
         pytest.skip(f"CRD not found at {path}: ../shared is missing next to the repository")
-    return kube_rules.crd_validator(filename)
+    return kube_rules.crd_validator(filename, version)
 
 
 def crd_errors(validator: jsonschema.protocols.Validator, obj: dict[str, Any]) -> list[str]:
@@ -32,3 +35,8 @@ def crd_errors(validator: jsonschema.protocols.Validator, obj: dict[str, Any]) -
 
 def assert_valid_nodemetric(obj: dict[str, Any]) -> None:
     assert crd_errors(crd_validator(NODEMETRIC_CRD), obj) == []
+
+
+def assert_valid_topology(obj: dict[str, Any]) -> None:
+    """A NodeResourceTopology as the v1alpha1 schema takes it."""
+    assert crd_errors(crd_validator(TOPOLOGY_CRD, TOPOLOGY_VERSION), obj) == []
