@@ -1,5 +1,6 @@
-"""The node agent's Prometheus metrics: its metrics half's and QoS loops' counters (AgentStats, QosStats) exported
-as they stand at each scrape, plus its NodeSLO revision and how long the control plane has been silent.
+"""The node agent's Prometheus metrics: its metrics half's, CPI rounds' and QoS loops' counters (AgentStats, CpiStats,
+QosStats) exported as they stand at each scrape, plus its NodeSLO revision and how long the control plane has been
+silent.
 
 `AgentMetrics(agent, loops, clock)` is a custom collector; `koordbus agent --port` registers it and serves /metrics
 with /healthz and /readyz, for the DaemonSet's probes and for whoever is paged at 3 a.m.
@@ -17,7 +18,9 @@ from agent.loops.runner import QosLoops
 from agent.service import AgentService
 
 PREFIX = "koordbus_agent_"
-_GAUGES = frozenset({"buffered_batches", "bus_available", "failsafe_active", "last_round_seconds"})
+_GAUGES = frozenset(
+    {"buffered_batches", "bus_available", "failsafe_active", "last_round_seconds", "cpi_unavailable", "cpi_pods"}
+)
 _HELP = {
     "collections": "Node readings taken",
     "collect_errors": "Node readings that failed (procfs or cgroups unreadable)",
@@ -39,6 +42,10 @@ _HELP = {
     "evictions_killed_locally": "pods whose containers were killed on the node (bus away, --evict-locally)",
     "failsafe_active": "1 while the fail-safe pins BE CPU (no NodeSLO readable for too long)",
     "last_round_seconds": "duration of the last QoS round",
+    "cpi_unavailable": "1 while CPI collection is on but the kernel does not let the agent count (reason in the log)",
+    "cpi_rounds": "CPI counting windows completed",
+    "cpi_pods": "pods whose CPI the last counting window counted",
+    "cpi_pod_failures": "pods whose CPI counters the kernel refused to open or read",
 }
 
 
@@ -54,7 +61,12 @@ class AgentMetrics:
     def collect(self) -> Iterator[Metric]:
         families = self._families()
         node = self._agent.settings.node_name
-        for stats, part in ((self._agent.stats, "metrics"), (self._loops.stats if self._loops else None, "qos")):
+        parts = (
+            (self._agent.stats, "metrics"),
+            (self._agent.cpi_stats, "metrics"),
+            (self._loops.stats if self._loops else None, "qos"),
+        )
+        for stats, part in parts:
             if stats is None:
                 continue
             for f in fields(stats):

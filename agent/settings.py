@@ -11,6 +11,7 @@ from typing import ClassVar, Literal
 from agent import core, evict
 from agent.suppress import parse_cpuset
 from schemas import names
+from schemas.cpi import MAX_WINDOW_SECONDS
 
 CgroupVersion = Literal["auto", 1, 2]
 CgroupDriver = Literal["auto", "cgroupfs", "systemd"]
@@ -51,13 +52,24 @@ class AgentSettings:
     """Seconds between NodeStateReported re-sends when nothing changed."""
     publish_timeout: float = 5.0
     """Seconds one publish may take before the bus counts as unavailable and batches are buffered."""
+    cpi_collect: bool = False
+    """Count each pod's cycles and instructions with perf counters for its CPI (koordlet's CPICollector; agent.cpi).
+    Off by default, as Koordinator's feature gate is: it holds one descriptor per event, CPU and pod for a window
+    every interval, competes for the PMU's few counters with anyone else profiling the node, and needs CAP_PERFMON
+    (or CAP_SYS_ADMIN) and perf_event_open allowed by the pod's seccomp profile. Where the kernel does not allow it
+    the agent says so once and reports no CPI."""
+    cpi_interval: float = 60.0
+    """Seconds between the starts of two CPI counting windows (koordlet's cpiCollectorInterval)."""
+    cpi_window: float = 10.0
+    """Seconds the CPI counters run in each interval (koordlet's cpiCollectorTimeWindowSeconds); at most
+    `cpi_interval`, and at most an hour."""
 
     def __post_init__(self) -> None:
         try:
             names.node_name(self.node_name, "node_name")
         except names.InvalidName as e:
             raise AgentSettingsError(str(e)) from None
-        for name in ("collect_interval", "publish_interval", "state_interval", "publish_timeout"):
+        for name in ("collect_interval", "publish_interval", "state_interval", "publish_timeout", "cpi_interval"):
             value = getattr(self, name)
             if not value > 0:
                 raise AgentSettingsError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -65,6 +77,11 @@ class AgentSettings:
             raise AgentSettingsError(
                 f"publish_interval {self.publish_interval} must not be shorter than collect_interval "
                 f"{self.collect_interval}"
+            )
+        if not 0 < self.cpi_window <= min(self.cpi_interval, MAX_WINDOW_SECONDS):
+            raise AgentSettingsError(
+                f"cpi_window must be more than 0 seconds and at most cpi_interval ({self.cpi_interval:g}) and "
+                f"{MAX_WINDOW_SECONDS:g}, got {self.cpi_window!r}"
             )
         if self.pod_list_resend_batches < 1:
             raise AgentSettingsError(f"pod_list_resend_batches must be at least 1, got {self.pod_list_resend_batches}")
