@@ -1,6 +1,7 @@
-"""Pure batching for the node agent: the join of measured pods with the kubelet's pod list (`attribute_pods`),
-samples (the node's, its pods' and containers', its NodeSLO host applications') into one NodeMetricsReported per
-publish window, and the bounded outbox that holds batches while the bus is away.
+"""Pure batching for the node agent: the join of measured pods with the kubelet's pod list (`attribute_pods`) and with
+the CPI counts that finished (`attach_cpi`), samples (the node's, its pods' and containers', its NodeSLO host
+applications') into one NodeMetricsReported per publish window, and the bounded outbox that holds batches while the
+bus is away.
 
 Called by agent/service.py. Windows are aligned to wall-clock multiples of the publish interval, so the
 nodemetric service's reports fall on batch boundaries; the same ticks always build the same batches.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -18,7 +19,9 @@ import msgspec
 
 from agent.actuate import NodePod
 from agent.core import HostAppSample, PodSample, Tick
+from agent.cpi import CpiCount
 from schemas import kube, resources, vocab
+from schemas.cpi import PodCpiSample
 from schemas.node import (
     TRAINING_PERCENTILE,
     ContainerRef,
@@ -78,6 +81,14 @@ def attribute_pods(measured: Sequence[PodSample], listed: Iterable[NodePod] | No
     )
 
 
+def attach_cpi(samples: Sequence[PodSample], counts: Mapping[str, CpiCount]) -> tuple[PodSample, ...]:
+    """The pods' samples with the CPI counts (by pod uid) that finished since the previous collection; a count of a
+    pod without a sample in this collection (gone, or just appeared) is dropped."""
+    if not counts:
+        return tuple(samples)
+    return tuple(msgspec.structs.replace(s, cpi=counts[s.pod.uid]) if s.pod.uid in counts else s for s in samples)
+
+
 def window_start_of(at: float, interval: float) -> float:
     """Start of the wall-clock aligned window [k·interval, (k+1)·interval) holding `at`."""
     return math.floor(at / interval) * interval
@@ -109,6 +120,7 @@ class _PodAccumulator:
     samples: _Series = field(default_factory=_Series)
     containers: dict[str, _Series] = field(default_factory=dict)
     psi: list[PsiSample] = field(default_factory=list)
+    cpi: list[CpiCount] = field(default_factory=list)
 
 
 def _pod_columns(pods: list[_PodAccumulator]) -> PodSampleColumns:
@@ -302,6 +314,13 @@ class BatchBuilder:
         pod_psi = [(i, sample) for i, acc in enumerate(pods) for sample in acc.psi]
         if pod_psi:  # left at the default otherwise, so that nothing goes on the wire
             batch = msgspec.structs.replace(batch, pod_psi=PodPsiColumns.of(pod_psi))
+        pod_cpi = [
+            PodCpiSample(pod=i, t=c.t, seconds=c.seconds, cycles=c.cycles, instructions=c.instructions)
+            for i, acc in enumerate(pods)
+            for c in acc.cpi
+        ]
+        if pod_cpi:  # as pod_psi: nothing on the wire without CPI
+            batch = msgspec.structs.replace(batch, pod_cpi=pod_cpi)
         empty = not (self._node or self._system or self._pods or self._host_apps or self._node_psi)
         self._start, self._node, self._system, self._pods, self._numa = None, [], [], {}, []
         self._node_with_cache, self._node_with_hot_page, self._host_apps, self._node_psi = [], [], {}, []
@@ -328,6 +347,8 @@ class BatchBuilder:
             acc.samples.append(ps.sample, ps.memory_with_page_cache)
             if ps.psi is not None:
                 acc.psi.append(ps.psi)
+            if ps.cpi is not None:
+                acc.cpi.append(ps.cpi)
             for cs in ps.containers:
                 acc.containers.setdefault(cs.container_id, _Series()).append(cs.sample)
         for app in tick.host_apps:

@@ -209,6 +209,33 @@ def _pod_dirs(base: str, driver: core.Driver) -> Iterator[tuple[str, str, str]]:
             yield os.path.join(qos_rel, name), parsed[0], kube_qos
 
 
+def perf_event_pod_dirs(settings: AgentSettings, layout: CgroupLayout) -> tuple[list[tuple[str, str]], str]:
+    """(uid, directory) of every pod cgroup in the hierarchy that holds the perf_event controller, for the CPI
+    counters (agent.cpi_collect), and what is wrong when there is no such hierarchy ("" otherwise, also when kubepods
+    does not exist yet). On v2 that is the unified hierarchy (perf_event is always on there); on v1 the `perf_event`
+    hierarchy, or, where perf_event is not mounted on v1 (a hybrid host, where it then belongs to the unified
+    hierarchy), `unified` when it holds kubepods (the systemd driver's slices are there too)."""
+    if layout.driver not in ("cgroupfs", "systemd") or layout.cpu_base is None:
+        return [], ""
+    driver: core.Driver = "systemd" if layout.driver == "systemd" else "cgroupfs"
+    if layout.version == 2:
+        base = layout.cpu_base
+    else:
+        root = settings.cgroup_root
+        rel = os.path.join(core.validate_parent(settings.kubepods_parent), core.KUBEPODS_DIR[driver])
+        candidates = [os.path.join(root, name) for name in ("perf_event", "unified")]
+        hierarchy = next((c for c in candidates if os.path.isdir(os.path.join(c, rel))), None)
+        if hierarchy is None:
+            return [], (
+                f"no {rel} in a perf_event hierarchy ({root}/perf_event, or {root}/unified on a hybrid host): "
+                "the kernel counts perf events only for cgroups of the hierarchy that has the perf_event controller"
+            )
+        base = os.path.join(hierarchy, rel)
+    if not _inside(base, settings.cgroup_root):
+        return [], f"{base} resolves outside the cgroup root {settings.cgroup_root}"
+    return [(uid, f"{base}/{pod}") for pod, uid, _qos in _pod_dirs(base, driver)], ""
+
+
 class OpenFiles:
     """Keeps the files a collection reads open until the next one and re-reads them with one pread at offset 0
     (a cgroup file regenerates its content on every read from the start): one syscall per file and collection

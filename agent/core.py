@@ -16,6 +16,7 @@ from typing import Final, Literal
 import msgspec
 
 from agent import kidled, numa
+from agent.cpi import CpiCount
 from agent.psi import PsiReading, PsiSampler
 from schemas import names, vocab
 from schemas.node import (
@@ -266,6 +267,9 @@ class PodSample(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     containers: tuple[ContainerSample, ...] = ()
     psi: PsiSample | None = None
     """The pod's PSI stall ratios over the interval (agent.psi); None without pressure files or a previous reading."""
+    cpi: CpiCount | None = None
+    """The pod's cycles and instructions over a CPI counting window that ended since the previous collection
+    (agent.cpi_collect; agent.service attaches it); None almost always."""
 
 
 class HostAppSample(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -1,5 +1,6 @@
 """The node's logical CPUs and their topology (core, socket, NUMA node) from sysfs, for the cpuset suppress policy,
-and its NUMA nodes' CPUs and used memory for the NodeMetric's numaUsages (`NumaNodes`, read by agent.collect).
+and its NUMA nodes' CPUs and used memory for the NodeMetric's numaUsages (`NumaNodes`, read by agent.collect); the
+online CPUs alone for the CPI counters (`online_cpus`, agent.cpi_collect).
 
 Reads `<sys_root>/devices/system/cpu/online`, each online CPU's `topology/core_id` and `topology/physical_package_id`,
 and `<sys_root>/devices/system/node/node*/cpulist`. A CPU whose topology files are missing counts as its own core
@@ -29,6 +30,11 @@ def _read(path: str) -> str | None:
             return f.read().strip()
     except OSError:
         return None
+
+
+def online_cpus(sys_root: str) -> list[int]:
+    """The online CPUs' ids (`<sys_root>/devices/system/cpu/online`); OSError / ValueError when unreadable."""
+    return sorted(parse_cpuset(_text(os.path.join(sys_root, "devices/system/cpu/online"))))
 
 
 def read_cpus(sys_root: str) -> list[Cpu]:

@@ -1,6 +1,6 @@
-"""The node agent's Prometheus metrics: its metrics half's, QoS loops' and topology reporter's counters (AgentStats,
-QosStats, TopologyStats) exported
-as they stand at each scrape, plus its NodeSLO revision and how long the control plane has been silent.
+"""The node agent's Prometheus metrics: its metrics half's, CPI rounds', QoS loops' and topology reporter's counters
+(AgentStats, CpiStats, QosStats, TopologyStats) exported as they stand at each scrape, plus its NodeSLO revision and
+how long the control plane has been silent.
 
 `AgentMetrics(agent, loops, topology=, clock=)` is a custom collector; `koordbus agent --port` registers it and
 serves /metrics with /healthz and /readyz, for the DaemonSet's probes and for whoever is paged at 3 a.m.
@@ -19,7 +19,17 @@ from agent.service import AgentService
 from agent.topology_watch import TopologyReporter
 
 PREFIX = "koordbus_agent_"
-_GAUGES = frozenset({"buffered_batches", "bus_available", "failsafe_active", "last_round_seconds", "report_problems"})
+_GAUGES = frozenset(
+    {
+        "buffered_batches",
+        "bus_available",
+        "failsafe_active",
+        "last_round_seconds",
+        "report_problems",
+        "cpi_unavailable",
+        "cpi_pods",
+    }
+)
 _HELP = {
     "collections": "Node readings taken",
     "collect_errors": "Node readings that failed (procfs or cgroups unreadable)",
@@ -44,6 +54,10 @@ _HELP = {
     "reads": "topology reads",
     "reports_sent": "NodeTopologyReported published",
     "report_problems": "problems the latest topology report names (a file missing, unreadable or malformed)",
+    "cpi_unavailable": "1 while CPI collection is on but the kernel does not let the agent count (reason in the log)",
+    "cpi_rounds": "CPI counting windows completed",
+    "cpi_pods": "pods whose CPI the last counting window counted",
+    "cpi_pod_failures": "pods whose CPI counters the kernel refused to open or read",
 }
 
 
@@ -69,6 +83,7 @@ class AgentMetrics:
         node = self._agent.settings.node_name
         parts = (
             (self._agent.stats, "metrics"),
+            (self._agent.cpi_stats, "metrics"),
             (self._loops.stats if self._loops else None, "qos"),
             (self._topology.stats if self._topology else None, "topology"),
         )

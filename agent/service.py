@@ -12,7 +12,9 @@ collection's pod samples are joined with the latest list (agent.batch.attribute_
 by the first batch closed after a list names it, at most pods_poll_interval + publish_interval later (15 s by
 default). A failed read keeps the last good list (it only names cgroups that exist) and is logged once per outage.
 The NodeSLO's host applications are measured when given a source of them (`host_applications`: the composition root
-hands it the NodeSLO the agent reads, agent/slo_watch.py).
+hands it the NodeSLO the agent reads, agent/slo_watch.py). With `cpi_collect` on, `run` also runs the CPI rounds
+(agent/cpi_collect.py) as a background task, cancelled (and awaited) when it returns; each collection attaches the
+counts that finished since the previous one to the pods' samples, and so they reach the batch as `pod_cpi`.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ import msgspec
 
 from agent import core
 from agent.actuate import NodePod
-from agent.batch import BatchBuilder, Outbox, PodListThinner, attribute_pods
+from agent.batch import BatchBuilder, Outbox, PodListThinner, attach_cpi, attribute_pods
 from agent.collect import Collector
+from agent.cpi_collect import CpiCollector, CpiStats
 from agent.pods import PodSource
 from agent.settings import AgentSettings
 from bus import api, subjects
@@ -81,9 +84,11 @@ class AgentService:
         pods: PodSource | None = None,
         pods_poll_interval: float = 5.0,
         host_applications: Callable[[], object] | None = None,
+        cpi: CpiCollector | None = None,
     ) -> None:
         """`host_applications`: the `hostApplications` of the NodeSLO in effect (None: none), measured by the
-        collector built here (a `collector` given instead reads what it reads)."""
+        collector built here (a `collector` given instead reads what it reads). `cpi`: the CPI rounds to run (default:
+        built here when `cpi_collect` is on)."""
         self.settings = settings
         self.stats = AgentStats()
         self._publisher = publisher
@@ -107,6 +112,9 @@ class AgentService:
         self._pods_failing = False
         self.latest_tick: core.Tick | None = None
         """The samples of the latest collection (the QoS loops read current usage from it)."""
+        self._cpi = cpi if cpi is not None else (CpiCollector(settings) if settings.cpi_collect else None)
+        self.cpi_stats = self._cpi.stats if self._cpi is not None else CpiStats()
+        """The CPI rounds' counters (all zero while CPI is off)."""
 
     async def stop(self) -> None:
         """Ask `run` to return after the current iteration. The open window is not published: a partial batch
@@ -116,17 +124,23 @@ class AgentService:
     async def run(self) -> None:
         """Collect every collect interval until `stop()`; missed ticks are skipped, not caught up."""
         interval = self.settings.collect_interval
-        next_at = self._clock()
-        while not self._stopping:
-            await self.collect_once()
-            next_at += interval
-            now = self._clock()
-            if next_at < now:
-                next_at = now
-            await self._sleep(next_at - now)
-        close = getattr(self._collect, "close", None)
-        if close is not None:
-            close()  # the collector's open cgroup files
+        cpi_task = asyncio.create_task(self._cpi.run(), name="agent-cpi") if self._cpi is not None else None
+        try:
+            next_at = self._clock()
+            while not self._stopping:
+                await self.collect_once()
+                next_at += interval
+                now = self._clock()
+                if next_at < now:
+                    next_at = now
+                await self._sleep(next_at - now)
+        finally:
+            if cpi_task is not None:
+                cpi_task.cancel()
+                await asyncio.gather(cpi_task, return_exceptions=True)  # its failure, if any, was logged by run()
+            close = getattr(self._collect, "close", None)
+            if close is not None:
+                close()  # the collector's open cgroup files
 
     async def collect_once(self) -> None:
         """One iteration: read the node, sample, close a finished window, then publish what is due."""
@@ -137,6 +151,8 @@ class AgentService:
             listed = await self._list_pods(now)
             if listed is not None and tick.pods:
                 tick = msgspec.structs.replace(tick, pods=attribute_pods(tick.pods, listed))
+            if self._cpi is not None and (counts := self._cpi.take()):
+                tick = msgspec.structs.replace(tick, pods=attach_cpi(tick.pods, counts))
             self.latest_tick = tick
             self._enqueue(self._builder.add(tick, dropped_batches=self._dropped_unreported))
             self._note_state(reading)

@@ -11,6 +11,7 @@ from typing import ClassVar, Literal
 from agent import core, evict
 from agent.suppress import parse_cpuset
 from schemas import names
+from schemas.cpi import MAX_WINDOW_SECONDS
 
 CgroupVersion = Literal["auto", 1, 2]
 CgroupDriver = Literal["auto", "cgroupfs", "systemd"]
@@ -66,6 +67,17 @@ class AgentSettings:
     topology_refresh_seconds: float = 600.0
     """An unchanged topology is published again after this many seconds (at most TOPOLOGY_REFRESH_MAX_SECONDS), so
     the bridge finds a recent report in KOORD_NODE whenever it starts."""
+    cpi_collect: bool = False
+    """Count each pod's cycles and instructions with perf counters for its CPI (koordlet's CPICollector; agent.cpi).
+    Off by default, as Koordinator's feature gate is: it holds one descriptor per event, CPU and pod for a window
+    every interval, competes for the PMU's few counters with anyone else profiling the node, and needs CAP_PERFMON
+    (or CAP_SYS_ADMIN) and perf_event_open allowed by the pod's seccomp profile. Where the kernel does not allow it
+    the agent says so once and reports no CPI."""
+    cpi_interval: float = 60.0
+    """Seconds between the starts of two CPI counting windows (koordlet's cpiCollectorInterval)."""
+    cpi_window: float = 10.0
+    """Seconds the CPI counters run in each interval (koordlet's cpiCollectorTimeWindowSeconds); at most
+    `cpi_interval`, and at most an hour."""
 
     def __post_init__(self) -> None:
         try:
@@ -79,6 +91,7 @@ class AgentSettings:
             "publish_timeout",
             "topology_interval_seconds",
             "topology_refresh_seconds",
+            "cpi_interval",
         ):
             value = getattr(self, name)
             if not value > 0:
@@ -87,6 +100,11 @@ class AgentSettings:
             raise AgentSettingsError(
                 f"publish_interval {self.publish_interval} must not be shorter than collect_interval "
                 f"{self.collect_interval}"
+            )
+        if not 0 < self.cpi_window <= min(self.cpi_interval, MAX_WINDOW_SECONDS):
+            raise AgentSettingsError(
+                f"cpi_window must be more than 0 seconds and at most cpi_interval ({self.cpi_interval:g}) and "
+                f"{MAX_WINDOW_SECONDS:g}, got {self.cpi_window!r}"
             )
         if self.pod_list_resend_batches < 1:
             raise AgentSettingsError(f"pod_list_resend_batches must be at least 1, got {self.pod_list_resend_batches}")

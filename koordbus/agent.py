@@ -60,6 +60,14 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="do not verify the kubelet's certificate (self-signed by default)",
     )
+    agent.add_argument(
+        "--cpi",
+        dest="cpi_collect",
+        action="store_true",
+        default=None,
+        help="count each pod's cycles and instructions with perf counters (koordlet's CPICollector; default off, or "
+        "KOORDBUS_AGENT_CPI_COLLECT); where the kernel does not allow it the agent says so once and reports none",
+    )
     agent.add_argument("--resctrl-root", default=None, help="resctrl mount (default /sys/fs/resctrl)")
     agent.add_argument(
         "--port",
@@ -114,6 +122,7 @@ async def run_agent(args: argparse.Namespace) -> int:
         "proc_root": args.proc_root,
         "cgroup_root": args.cgroup_root,
         "publish_interval": args.publish_interval,
+        "cpi_collect": args.cpi_collect,
     }
     settings = settings_loader.load(AgentSettings, overrides)
     qos_settings = settings_loader.load(

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 import msgspec
 
 from schemas import names
+from schemas.cpi import PodCpiSamples, check_pod_cpi
 from schemas.psi import PodPsiColumns, PsiMetric, PsiSamples
 
 if TYPE_CHECKING:
@@ -438,6 +439,9 @@ class NodeMetricsReported(
     pod_psi: PodPsiColumns = PodPsiColumns()
     """The pods' PSI stall ratios, rows by index into `pods` like `pod_samples`; empty where cgroups have no
     pressure files."""
+    pod_cpi: PodCpiSamples = []
+    """The pods' cycles and instructions over the agent's CPI counting windows (schemas.cpi), by index into `pods`;
+    empty where CPI is off or the kernel does not allow it (left off the wire then)."""
 
     def check(self) -> None:
         """ValueError, saying what is wrong, when the sample columns are inconsistent, out of range, or point
@@ -469,6 +473,8 @@ class NodeMetricsReported(
                 self.pod_psi.check(len(self.pods) if self.pods or not self.pods_digest else None)
             except ValueError as e:
                 raise ValueError(f"{e} - at `$.pod_psi`") from None
+        if self.pod_cpi:
+            check_pod_cpi(self.pod_cpi, len(self.pods) if self.pods or not self.pods_digest else None)
 
 
 _NO_POD_PSI = PodPsiColumns()

@@ -131,6 +131,18 @@ def _kubelet_settings(container: dict[str, Any]) -> QosSettings:
     return settings_loader.load(QosSettings, overrides, env=env)
 
 
+def test_the_agent_counts_cpi_only_when_asked_and_then_may_open_perf_events() -> None:
+    _spec, plain = _agent_container(DEFAULTS)
+    assert "--cpi" not in plain["args"]
+    assert plain["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["DAC_OVERRIDE", "KILL"]}
+    values = {**DEFAULTS, "agent": {"cpi": True}}
+    _spec, counting = _agent_container(values)
+    assert cli.build_parser().parse_args(counting["args"]).cpi_collect is True
+    assert counting["securityContext"]["capabilities"]["add"] == ["DAC_OVERRIDE", "KILL", "PERFMON"]
+    daemonset = by_kind(render(values), "DaemonSet")["prod-koordbus-agent"]
+    kubernetes_validate.validate(daemonset, KUBERNETES, strict=True)
+
+
 SA = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 

@@ -228,3 +228,19 @@ def test_the_topology_report_settings_are_checked(fields: dict[str, object], mes
     env = {"KOORDBUS_AGENT_TOPOLOGY_REPORT": "false", "KOORDBUS_KUBELET_ROOT_DIR": "/host/var/lib/kubelet"}
     loaded = load(AgentSettings, {"node_name": "n1"}, env=env)
     assert (loaded.topology_report, loaded.kubelet_root_dir) == (False, "/host/var/lib/kubelet")
+
+
+def test_cpi_collection_is_off_by_default_and_its_window_fits_its_interval() -> None:
+    default = AgentSettings(node_name="n1")
+    assert (default.cpi_collect, default.cpi_interval, default.cpi_window) == (False, 60.0, 10.0)  # koordlet's
+    env = {"KOORDBUS_AGENT_CPI_COLLECT": "true", "KOORDBUS_CPI_WINDOW": "5"}
+    on = load(AgentSettings, {"node_name": "n1"}, env=env)
+    assert on.cpi_collect and on.cpi_window == 5.0
+    with pytest.raises(ValueError, match=r"cpi_window must be more than 0 seconds and at most cpi_interval \(60\)"):
+        AgentSettings(node_name="n1", cpi_window=61.0)
+    with pytest.raises(ValueError, match="cpi_window must be more than 0"):
+        AgentSettings(node_name="n1", cpi_window=0.0)
+    with pytest.raises(ValueError, match="and 3600"):
+        AgentSettings(node_name="n1", cpi_interval=7200.0, cpi_window=4000.0)
+    with pytest.raises(ValueError, match="cpi_interval must be a positive number of seconds"):
+        AgentSettings(node_name="n1", cpi_interval=0.0)
