@@ -9,10 +9,12 @@ PriorityClass (priority, priorityClassName, preemptionPolicy; an unknown one is 
 label and the strategic merge patch. After every matched profile (§10.4), unless one of them carries the
 skip-update-resources annotation or the feature gate says so, a koord-batch (koord-mid) Pod's native cpu and memory
 requests, limits and overhead become batch (mid) resources, cpu as an integer milli-core count, and a limit without a
-request gets the request. Resource amounts in the result are integers by the calc unit rule (cpu millicores, the rest
-Value()), so a translated and an untranslated Pod read the same way.
+request gets the request. `mutate_pod` answers the Pod as Kubernetes reads it (the webhook's patch is computed from
+it); `mutate` gives every resource amount as an integer by the calc unit rule (cpu millicores, the rest Value()), so
+a translated and an untranslated Pod read the same way.
 
-Used by `koordbus calc colocation-profile` (koordbus.calc_profile).
+Used by the webhook service (services.webhook.admission, `mutate_pod`) and `koordbus calc colocation-profile`
+(koordbus.calc_profile, `mutate`).
 """
 
 from __future__ import annotations
@@ -240,7 +242,7 @@ def _class_with_default(pod: Mapping[str, Any]) -> str:
 def _translate_list(resources_: dict[str, Any], cpu_name: str, memory_name: str) -> bool:
     changed = False
     if "cpu" in resources_:
-        resources_[cpu_name] = quantity.milli_value(quantity.parse_quantity(resources_.pop("cpu")))
+        resources_[cpu_name] = str(quantity.milli_value(quantity.parse_quantity(resources_.pop("cpu"))))
         changed = True
     if "memory" in resources_:
         resources_[memory_name] = resources_.pop("memory")
@@ -290,7 +292,7 @@ def integer_amounts(pod: dict[str, Any]) -> None:
                 raise ValueError(f"resource {name!r}: {e}") from None
 
 
-def mutate(
+def mutate_pod(
     pod: Mapping[str, Any],
     profiles: Sequence[Mapping[str, Any]],
     *,
@@ -299,8 +301,11 @@ def mutate(
     skip_mutating_resources: bool,
     draw: Callable[[], int],
 ) -> tuple[dict[str, Any], bool]:
-    """The Pod after every matched profile and the resource translation, and whether a profile was applied or a
-    resource translated. ProfileError for what the webhook refuses; ValueError when `pod` is not a Pod."""
+    """The Pod after every matched profile and the resource translation, as the webhook answers it (amounts as the
+    Pod wrote them, a translated cpu as the decimal string of its milli-core count, Koordinator's
+    resource.NewQuantity(milli, DecimalSI)), and whether a profile was applied or a resource translated.
+    ProfileError for what the webhook refuses; ValueError when `pod` is not a Pod (an unparsable quantity among
+    them)."""
     _as_pod(pod)
     out = copy.deepcopy(dict(pod))
     labels = _strings((out.get("metadata") or {}).get("labels"), "the Pod's labels")
@@ -321,5 +326,26 @@ def mutate(
     )
     if matched and not skip:
         mutated |= translate_resources(out)
+    return out, mutated
+
+
+def mutate(
+    pod: Mapping[str, Any],
+    profiles: Sequence[Mapping[str, Any]],
+    *,
+    namespace_labels: Mapping[str, str] | None,
+    priority_classes: Mapping[str, PriorityClass],
+    skip_mutating_resources: bool,
+    draw: Callable[[], int],
+) -> tuple[dict[str, Any], bool]:
+    """`mutate_pod` with every amount as the calc unit rule's integer (`koordbus calc colocation-profile`)."""
+    out, mutated = mutate_pod(
+        pod,
+        profiles,
+        namespace_labels=namespace_labels,
+        priority_classes=priority_classes,
+        skip_mutating_resources=skip_mutating_resources,
+        draw=draw,
+    )
     integer_amounts(out)
     return out, mutated
