@@ -4,7 +4,6 @@ Pod mutation handler (services.webhook.admission), the view the bridge's events 
 from __future__ import annotations
 
 import base64
-import copy
 import json
 from typing import Any
 
@@ -21,45 +20,7 @@ from schemas.cluster import (
 )
 from services.webhook import admission, colocation, jsonpatch
 from services.webhook.state import AdmissionView
-
-# --- a tiny RFC 6902 applier (add, remove, replace), independent of the diff
-
-
-def _unescape(token: str) -> str:
-    return token.replace("~1", "/").replace("~0", "~")
-
-
-def apply_patch(document: Any, operations: list[dict[str, Any]]) -> Any:
-    document = copy.deepcopy(document)
-    for operation in operations:
-        path = operation["path"]
-        if path == "":
-            assert operation["op"] == "replace"
-            document = copy.deepcopy(operation["value"])
-            continue
-        *parents, last = [_unescape(t) for t in path.split("/")[1:]]
-        target = document
-        for token in parents:
-            target = target[int(token)] if isinstance(target, list) else target[token]
-        op = operation["op"]
-        if isinstance(target, list):
-            index = len(target) if last == "-" else int(last)
-            if op == "add":
-                assert 0 <= index <= len(target), operation
-                target.insert(index, copy.deepcopy(operation["value"]))
-            elif op == "remove":
-                del target[index]
-            else:
-                target[index] = copy.deepcopy(operation["value"])
-        elif op == "add":
-            target[last] = copy.deepcopy(operation["value"])
-        elif op == "remove":
-            assert last in target, operation
-            del target[last]
-        else:
-            assert last in target, operation  # replace needs the member to exist
-            target[last] = copy.deepcopy(operation["value"])
-    return document
+from tests.support.webhook import apply_patch
 
 
 def strictly_equal(a: Any, b: Any) -> bool:
