@@ -90,6 +90,8 @@ def _matches(raw_selector: Any, labels: Mapping[str, str] | None) -> bool:
 def profile_matches(profile: Mapping[str, Any], pod_labels: Mapping[str, str], namespace_labels: Any) -> bool:
     """§10.2: `namespace_labels` None means the Namespace could not be read."""
     spec = profile.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        return True  # unreadable: apply_profile refuses it
     if spec.get("namespaceSelector") is not None and not _matches(spec["namespaceSelector"], namespace_labels):
         return False
     return spec.get("selector") is None or _matches(spec["selector"], pod_labels)
@@ -117,11 +119,29 @@ def _strings(raw: Any, where: str) -> dict[str, str]:
     return raw
 
 
+_STRING_FIELDS: Final = ("schedulerName", "qosClass", "priorityClassName")
+
+
+def _checked_spec(profile: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The profile's spec with the types of Koordinator's Go struct (the CRD's schema guarantees them on a real
+    cluster; a profile built otherwise is refused rather than half applied)."""
+    spec = profile.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        raise ProfileError("spec must be an object")
+    for field in _STRING_FIELDS:
+        if spec.get(field) is not None and not isinstance(spec[field], str):
+            raise ProfileError(f"spec.{field} must be a string, got {spec[field]!r}")
+    priority = spec.get("koordinatorPriority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise ProfileError(f"spec.koordinatorPriority must be an integer, got {priority!r}")
+    return spec
+
+
 def apply_profile(
     pod: dict[str, Any], profile: Mapping[str, Any], priority_classes: Mapping[str, PriorityClass]
 ) -> dict[str, Any]:
     """§10.3 step 2: the mutations of one profile, in their fixed order; the patched Pod."""
-    spec = profile.get("spec") or {}
+    spec = _checked_spec(profile)
     metadata = pod.setdefault("metadata", {})
     pod_spec = pod.setdefault("spec", {})
     if spec.get("labels"):
@@ -156,7 +176,7 @@ def apply_profile(
         else:
             pod_spec["preemptionPolicy"] = found.preemption_policy
     if spec.get("koordinatorPriority") is not None:
-        metadata.setdefault("labels", {})[PRIORITY_LABEL] = str(int(spec["koordinatorPriority"]))
+        metadata.setdefault("labels", {})[PRIORITY_LABEL] = str(spec["koordinatorPriority"])
     patch = spec.get("patch")
     if patch is not None:
         pod = strategic_merge(pod, _patch_object(patch))

@@ -124,5 +124,16 @@ def problems(
     return [
         KeyProblem(key=key, path=path, reason=reason)
         for key in keys_to_check(new, old, validators)
-        for path, reason in validators[key](new[key])
+        for path, reason in _checked(validators[key], new[key])
     ]
+
+
+def _checked(validator: KeyValidator, text: str) -> list[Problem]:
+    """The validator's problems; a value its parser cannot even read (nested deeper than Python recurses, text that
+    is not Unicode) is one problem at "$" rather than an error: the services would not read it either."""
+    try:
+        return list(validator(text))
+    except RecursionError:
+        return [("$", "nested too deep to be read")]
+    except ValueError as err:
+        return [("$", f"cannot be read: {err}")]

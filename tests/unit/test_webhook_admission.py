@@ -253,3 +253,44 @@ def test_the_view_follows_changes_and_tombstones() -> None:
     assert the_view.namespace_labels("jobs") is None
     assert the_view.priority_classes["koord-batch"] == colocation.PriorityClass(value=6000)
     assert the_view.counts() == {"clustercolocationprofile": 1, "namespace": 0, "priorityclass": 1}
+
+
+_any_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) | st.sampled_from(["", "1", "x", "BE"]),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                ["metadata", "spec", "labels", "containers", "resources", "requests", "cpu", "name", "app"]
+            ),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=25,
+)
+_profile_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "labels": _any_json,
+        "annotations": _any_json,
+        "labelKeysMapping": _any_json,
+        "labelSuffixes": _any_json,
+        "schedulerName": _any_json,
+        "qosClass": _any_json,
+        "priorityClassName": _any_json,
+        "koordinatorPriority": _any_json,
+        "probability": _any_json,
+        "patch": _any_json,
+        "selector": _any_json,
+        "namespaceSelector": _any_json,
+    },
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_any_json, _profile_fields)
+def test_whatever_the_pod_or_the_profile_holds_the_answer_is_an_answer(pod: Any, spec: dict[str, Any]) -> None:
+    for obj in (pod, {**spark_pod(), "spec": pod} if isinstance(pod, dict) else pod):
+        response = answer(pod_request(obj), view(profile_event("fuzz", **spec)))
+        assert response.allowed or (response.status is not None and response.status.code == 400)

@@ -161,6 +161,13 @@ def test_every_bad_key_is_listed_in_one_refusal() -> None:
         assert f"data.{key}: $" in message
 
 
+def test_a_value_no_parser_can_read_is_a_problem_not_an_error() -> None:
+    deep = '{"a":' * 20000 + "1" + "}" * 20000
+    found = configmap.problems({key: deep for key in SLO_CONFIG_VALIDATORS}, None, SLO_CONFIG_VALIDATORS)
+    assert {problem.key for problem in found} >= {"colocation-config", "load-watermarks-config"}
+    assert all(problem.path.startswith("$") for problem in found)
+
+
 def test_an_update_checks_only_the_keys_it_adds_or_changes() -> None:
     bad_burst = json.dumps({"clusterStrategy": {"cpuBurstPercent": 20000}})
     old = {**GOOD, "cpu-burst-config": bad_burst}
