@@ -198,6 +198,9 @@ CLUSTER_PODS = f"{PREFIX}.k8s.pod.*.*"
 CLUSTER_CONFIGMAPS = f"{PREFIX}.k8s.configmap.*.*"
 CLUSTER_TOPOLOGIES = f"{PREFIX}.k8s.nrt.*"
 CLUSTER_WORKLOADS = f"{PREFIX}.k8s.workload.*.*"
+CLUSTER_PROFILES = f"{PREFIX}.k8s.ccp.*"
+CLUSTER_NAMESPACES = f"{PREFIX}.k8s.namespace.*"
+CLUSTER_PRIORITY_CLASSES = f"{PREFIX}.k8s.priorityclass.*"
 
 
 def cluster_node(name: str) -> str:
@@ -220,6 +223,21 @@ def cluster_workload(namespace: str, name: str) -> str:
 def cluster_topology(name: str) -> str:
     """The NodeResourceTopology of node `name`."""
     return f"{PREFIX}.k8s.nrt.{encode_token(name)}"
+
+
+def cluster_profile(name: str) -> str:
+    """The ClusterColocationProfile `name` (cluster-scoped)."""
+    return f"{PREFIX}.k8s.ccp.{encode_token(name)}"
+
+
+def cluster_namespace(name: str) -> str:
+    """The Namespace `name` (its labels)."""
+    return f"{PREFIX}.k8s.namespace.{encode_token(name)}"
+
+
+def cluster_priority_class(name: str) -> str:
+    """The PriorityClass `name`."""
+    return f"{PREFIX}.k8s.priorityclass.{encode_token(name)}"
 
 
 # --- noderesource service (stream KOORD_NODERESOURCE)

@@ -262,13 +262,22 @@ class MutualTls:
 
 
 async def serve_http(
-    stack: AsyncExitStack, app: FastAPI, *, host: str, port: int, tls: MutualTls | None = None
+    stack: AsyncExitStack,
+    app: FastAPI,
+    *,
+    host: str,
+    port: int,
+    tls: MutualTls | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> uvicorn.Server:
-    """Run uvicorn inside this event loop until the stack closes (over mutual TLS when `tls` is given)."""
+    """Run uvicorn inside this event loop until the stack closes (over mutual TLS when `tls` is given, or over HTTPS
+    with `ssl_context`, which the caller keeps: services.webhook.tls swaps certificates through it)."""
     import uvicorn
 
     ssl_options: dict[str, object] = {}
-    if tls is not None:
+    if ssl_context is not None:
+        ssl_options = {"ssl_context_factory": lambda _config, _default: ssl_context}
+    elif tls is not None:
         ssl_options = {
             "ssl_certfile": tls.cert_file,
             "ssl_keyfile": tls.key_file,

@@ -13,7 +13,7 @@ import logging
 from contextlib import AsyncExitStack
 from typing import Any
 
-from koordbus import natsauth
+from koordbus import natsauth, webhook
 from koordbus.bridge import bridge_cluster
 from koordbus.common import (
     ServiceProcess,
@@ -55,11 +55,15 @@ def add_parser(sub: Any) -> None:
         "load-aware kube-scheduler extender (filter, prioritize, assume, bind, explain on --port; with "
         "KOORDBUS_TLS_CERT_FILE, KOORDBUS_TLS_KEY_FILE and KOORDBUS_TLS_CLIENT_CA_FILE the verbs move to HTTPS on "
         "KOORDBUS_EXTENDER_PORT (default 9443), served only to client certificates from that CA; "
-        "LoadAwareSchedulingArgs from --args-file or KOORDBUS_ARGS_FILE; no database).",
+        "LoadAwareSchedulingArgs from --args-file or KOORDBUS_ARGS_FILE; no database). webhook: the admission "
+        "webhook kube-apiserver calls over HTTPS on KOORDBUS_WEBHOOK_PORT (default 9443) with the certificate "
+        "KOORDBUS_WEBHOOK_TLS_CERT_FILE / KOORDBUS_WEBHOOK_TLS_KEY_FILE (reloaded when they change): POST "
+        "/mutate-pods applies the ClusterColocationProfiles to Pods at CREATE, POST /validate-configmaps refuses a "
+        "bad slo-controller-config key with its JSON path (no database; docs/webhook.md).",
     )
     service.add_argument(
         "name",
-        choices=["nodemetric", "noderesource", "slo", "quota", "migration", "k8s", "natsauth", "loadaware"],
+        choices=["nodemetric", "noderesource", "slo", "quota", "migration", "k8s", "natsauth", "loadaware", "webhook"],
         help="which service",
     )
     add_common(service, embedded=False)
@@ -68,7 +72,7 @@ def add_parser(sub: Any) -> None:
         type=int,
         default=9090,
         help="nodemetric, noderesource, quota: health, metrics and the API's read routes on this port (default 9090; "
-        "0 = off)",
+        "0 = off); loadaware, webhook: health, readiness and metrics",
     )
     service.add_argument(
         "--kubeconfig",
@@ -269,5 +273,6 @@ SERVICES: dict[str, ServiceRunner] = {
         natsauth.build_natsauth, prepare=natsauth.natsauth_settings, ensure_streams=False, liveness=False
     ),
     "loadaware": ServiceRunner(_build_loadaware, prepare=_loadaware_settings),
+    "webhook": ServiceRunner(webhook.build_webhook, prepare=webhook.webhook_settings),
 }
 """Every `koordbus service <name>` (the parser's choices)."""

@@ -6,13 +6,13 @@ subject, then follows changes. A deleted object leaves a tombstone (`deleted=Tru
 `resource_version` is the object's resourceVersion when seen; `observed_at` is the bridge's clock (unix seconds).
 
 Published by services.k8s; read by services.noderesource (nodes, pods, the slo-controller-config ConfigMap, node
-resource topologies) and by
-the later slo, quota and migration services.
+resource topologies), the slo, quota, loadaware and migration services, and services.webhook (ClusterColocationProfiles,
+Namespaces and PriorityClasses: what a Pod's mutation at CREATE reads, ADMISSION_EVENT_DECODER).
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -99,3 +99,57 @@ CLUSTER_EVENT_DECODER: msgspec.json.Decoder[ClusterEvent] = msgspec.json.Decoder
 PodWorkloadOrNode = PodObserved | WorkloadObserved | NodeObserved | ConfigMapObserved
 POD_WORKLOAD_OR_NODE_DECODER: msgspec.json.Decoder[PodWorkloadOrNode] = msgspec.json.Decoder(PodWorkloadOrNode)
 """What services.migration reads of KOORD_CLUSTER."""
+
+
+class ProfileMeta(msgspec.Struct, frozen=True, kw_only=True):
+    """The metadata of a ClusterColocationProfile the webhook reads: its name (profiles apply in name order) and
+    annotations (config.koordinator.sh/skip-update-resources)."""
+
+    name: ObjectName
+    annotations: dict[str, str] = {}
+
+
+class ColocationProfile(msgspec.Struct, frozen=True, kw_only=True):
+    """A ClusterColocationProfile (config.koordinator.sh/v1alpha1, cluster-scoped): its `spec` as written (the CRD's
+    schema checked it; what each field does is services.webhook.colocation's, which refuses a value it cannot use
+    when a Pod matches)."""
+
+    metadata: ProfileMeta
+    spec: dict[str, Any] = {}
+
+
+class ColocationProfileObserved(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.ccp_observed.v1"):
+    """A ClusterColocationProfile as listed or watched, or its tombstone."""
+
+    name: ObjectName
+    observed_at: UnixSeconds
+    resource_version: str = ""
+    deleted: bool = False
+    profile: ColocationProfile | None = None
+
+
+class NamespaceObserved(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.namespace_observed.v1"):
+    """A Namespace's labels (what a profile's namespaceSelector matches), or its tombstone."""
+
+    name: ObjectName
+    observed_at: UnixSeconds
+    resource_version: str = ""
+    deleted: bool = False
+    labels: dict[str, str] = {}
+
+
+class PriorityClassObserved(msgspec.Struct, frozen=True, kw_only=True, tag="k8s.priorityclass_observed.v1"):
+    """A PriorityClass (scheduling.k8s.io/v1): the priority and preemption policy a profile's priorityClassName
+    gives a Pod, or its tombstone. `preemption_policy` None: the PriorityClass leaves it unset."""
+
+    name: ObjectName
+    observed_at: UnixSeconds
+    resource_version: str = ""
+    deleted: bool = False
+    value: Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)] = 0
+    preemption_policy: str | None = None
+
+
+AdmissionEvent = ColocationProfileObserved | NamespaceObserved | PriorityClassObserved
+ADMISSION_EVENT_DECODER: msgspec.json.Decoder[AdmissionEvent] = msgspec.json.Decoder(AdmissionEvent)
+"""What services.webhook reads of KOORD_CLUSTER."""

@@ -2,7 +2,8 @@
 
 Used by the colocation config's nodeConfigs (services.noderesource.config), ElasticQuotaProfiles' node selectors
 (schemas.quota, services.quota.profiles) and anything else that picks nodes or objects by labels.
-`selector_problems` says why Kubernetes would refuse a selector; `selector_matches` applies one (an absent or
+`selector_problems` says why Kubernetes would refuse a selector (`node_profile_problems` adds the slo-controller-config
+webhook's rule for a per-node entry's); `selector_matches` applies one (an absent or
 invalid selector matches nothing, an empty one everything).
 """
 
@@ -67,6 +68,16 @@ def selector_problems(selector: LabelSelector | None) -> list[str]:
             problems.append(f"{where}: invalid label key {req.key!r}")
         problems += [f"{where}: invalid label value {value!r}" for value in values if not _label_value_ok(value)]
     return problems
+
+
+def node_profile_problems(selector: LabelSelector | None) -> list[str]:
+    """Koordinator's webhook rule for a nodeStrategies / nodeConfigs entry of the slo-controller-config: a nodeSelector
+    that is present, not empty and one Kubernetes can build; [] when it is."""
+    if selector is None:
+        return ["required: an entry without a nodeSelector matches no node"]
+    if not selector.match_labels and not selector.match_expressions:
+        return ["must not be empty (it would match every node: set the cluster strategy instead)"]
+    return selector_problems(selector)
 
 
 def selector_matches(selector: LabelSelector | None, labels: Mapping[str, str]) -> bool:

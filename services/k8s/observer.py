@@ -1,21 +1,24 @@
 """The observing half of the Kubernetes bridge: Nodes, Pods, the colocation ConfigMap, NodeResourceTopologies, pod
-controllers and PodMigrationJobs.
+controllers, PodMigrationJobs, and what the webhook's Pod mutation reads (ClusterColocationProfiles, Namespaces,
+PriorityClasses).
 
 `ClusterObserver` runs four reflectors (services.k8s.watch): all Nodes, Pods of all namespaces, the one `slo-
 controller-config` ConfigMap (a fieldSelector on its name) and all NodeResourceTopologies (optional: a cluster
 without that CRD keeps the reflector retrying, and readiness does not wait for it), and, optional likewise,
-ReplicaSets, StatefulSets and Jobs (WorkloadObserved with their expected replicas) and PodMigrationJobs (each a
-MigrationRequested on KOORD_MIGRATION, its deletion a MigrationAborted). Each change is decoded into
+ReplicaSets, StatefulSets and Jobs (WorkloadObserved with their expected replicas), PodMigrationJobs (each a
+MigrationRequested on KOORD_MIGRATION, its deletion a MigrationAborted), ClusterColocationProfiles, Namespaces
+(their labels) and PriorityClasses (value, preemptionPolicy) for services.webhook. Each change is decoded into
 schemas.kube here and only here (an object that does not decode, e.g. a bad quantity, or whose name or namespace
 Kubernetes' rules refuse, schemas.names, is logged, counted and skipped: never published) and becomes a
-NodeObserved / PodObserved / ConfigMapObserved / NodeTopologyObserved on its own last-value subject, with a
+NodeObserved / PodObserved / ConfigMapObserved / NodeTopologyObserved / ColocationProfileObserved /
+NamespaceObserved / PriorityClassObserved on its own last-value subject, with a
 Nats-Msg-Id derived from kind, namespace, name, resourceVersion and deletion, so republishing an unchanged object
 is deduplicated.
 
 Publishing never blocks the watches: the latest state per object waits in a pending map (bounded by the number of
 objects, a newer state replaces an unpublished older one) and a publisher task drains it, retrying with backoff
 while the bus is away. `ready` is set once the first list of every required kind is published. Started by the
-composition root (koordbus) with an ApiClient from services.k8s.client; read back by services.noderesource.
+composition root (koordbus) with an ApiClient from services.k8s.client; read back by the services (schemas.cluster).
 """
 
 from __future__ import annotations
@@ -27,10 +30,17 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Annotated, Final
 
 import msgspec
-from kubernetes_asyncio.client import ApiClient, AppsV1Api, BatchV1Api, CoreV1Api, CustomObjectsApi
+from kubernetes_asyncio.client import (
+    ApiClient,
+    AppsV1Api,
+    BatchV1Api,
+    CoreV1Api,
+    CustomObjectsApi,
+    SchedulingV1Api,
+)
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -53,18 +63,33 @@ KIND_REPLICASET: Final = "replicaset"
 KIND_STATEFULSET: Final = "statefulset"
 KIND_JOB: Final = "job"
 KIND_MIGRATION_JOB: Final = "podmigrationjob"
+KIND_PROFILE: Final = "clustercolocationprofile"
+KIND_NAMESPACE: Final = "namespace"
+KIND_PRIORITY_CLASS: Final = "priorityclass"
+ADMISSION_KINDS: Final = (KIND_PROFILE, KIND_NAMESPACE, KIND_PRIORITY_CLASS)
+"""What the webhook's Pod mutation reads (services.webhook)."""
 WORKLOAD_KINDS: Final = {
     KIND_REPLICASET: ("apps/v1", "ReplicaSet"),
     KIND_STATEFULSET: ("apps/v1", "StatefulSet"),
     KIND_JOB: ("batch/v1", "Job"),
 }
 """Pod controllers the migration arbiter counts replicas of."""
-KINDS: Final = (KIND_NODE, KIND_POD, KIND_CONFIGMAP, KIND_TOPOLOGY, *WORKLOAD_KINDS, KIND_MIGRATION_JOB)
-OPTIONAL_KINDS: Final = frozenset({KIND_TOPOLOGY, *WORKLOAD_KINDS, KIND_MIGRATION_JOB})
-"""Kinds whose CRD a cluster may lack: readiness does not wait for their first list (the reflector keeps retrying,
-so installing the CRD later is picked up)."""
+KINDS: Final = (
+    KIND_NODE,
+    KIND_POD,
+    KIND_CONFIGMAP,
+    KIND_TOPOLOGY,
+    *WORKLOAD_KINDS,
+    KIND_MIGRATION_JOB,
+    *ADMISSION_KINDS,
+)
+OPTIONAL_KINDS: Final = frozenset({KIND_TOPOLOGY, *WORKLOAD_KINDS, KIND_MIGRATION_JOB, *ADMISSION_KINDS})
+"""Kinds whose CRD a cluster may lack, or which only a part of koordbus reads (the webhook's, which a bridge with the
+RBAC of an older chart may not list): readiness does not wait for their first list (the reflector keeps retrying,
+so installing the CRD or granting the right later is picked up)."""
 TOPOLOGY_API: Final = {"group": "topology.node.k8s.io", "version": "v1alpha1", "plural": "noderesourcetopologies"}
 MIGRATION_JOB_API: Final = {"group": "scheduling.koordinator.sh", "version": "v1alpha1", "plural": "podmigrationjobs"}
+PROFILE_API: Final = {"group": "config.koordinator.sh", "version": "v1alpha1", "plural": "clustercolocationprofiles"}
 
 
 class _WorkloadSpec(msgspec.Struct, frozen=True):
@@ -81,12 +106,28 @@ class _ConfigMap(msgspec.Struct, frozen=True):
     data: dict[str, str] | None = None
 
 
+class _Labels(msgspec.Struct, frozen=True):
+    labels: dict[str, str] | None = None
+
+
+class _Namespace(msgspec.Struct, frozen=True):
+    metadata: _Labels = _Labels()
+
+
+class _PriorityClass(msgspec.Struct, frozen=True, rename="camel"):
+    value: Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)] = 0
+    preemption_policy: str | None = None
+
+
 _NODE_DECODER: Final = msgspec.json.Decoder(scheduling.SchedulingNode)  # spec.taints and unschedulable for nodeFit
 _POD_DECODER: Final = msgspec.json.Decoder(scheduling.SchedulingPod)  # nodeSelector, affinity, tolerations
 _CONFIGMAP_DECODER: Final = msgspec.json.Decoder(_ConfigMap)
 _TOPOLOGY_DECODER: Final = msgspec.json.Decoder(topology.NodeResourceTopology)
 _WORKLOAD_DECODER: Final = msgspec.json.Decoder(_Workload)
 _MIGRATION_JOB_DECODER: Final = msgspec.json.Decoder(migration.PodMigrationJob)
+_PROFILE_DECODER: Final = msgspec.json.Decoder(cluster.ColocationProfile)
+_NAMESPACE_DECODER: Final = msgspec.json.Decoder(_Namespace)
+_PRIORITY_CLASS_DECODER: Final = msgspec.json.Decoder(_PriorityClass)
 
 Outgoing = tuple[str, bytes, str]
 """(subject, data, msg id) of one observed state."""
@@ -132,6 +173,47 @@ def _migration_job_message(change: core.Change, *, observed_at: float) -> Outgoi
     return subjects.MIGRATION_REQUESTS, migration_events.encode_migration_event(requested), identity
 
 
+def _admission_message(kind: str, change: core.Change, *, observed_at: float) -> Outgoing:
+    """A ClusterColocationProfile, Namespace or PriorityClass (cluster-scoped, each on its own subject)."""
+    _, name = change.key
+    seen = change.seen
+    gone = change.deleted or change.raw is None
+    event: cluster.AdmissionEvent
+    if kind == KIND_PROFILE:
+        profile = None if gone else _PROFILE_DECODER.decode(change.raw or b"")
+        event = cluster.ColocationProfileObserved(
+            name=name,
+            observed_at=observed_at,
+            resource_version=seen.resource_version,
+            deleted=change.deleted,
+            profile=profile,
+        )
+        subject = subjects.cluster_profile(name)
+    elif kind == KIND_NAMESPACE:
+        labels = {} if gone else _NAMESPACE_DECODER.decode(change.raw or b"").metadata.labels or {}
+        event = cluster.NamespaceObserved(
+            name=name,
+            observed_at=observed_at,
+            resource_version=seen.resource_version,
+            deleted=change.deleted,
+            labels=labels,
+        )
+        subject = subjects.cluster_namespace(name)
+    else:
+        found = _PriorityClass() if gone else _PRIORITY_CLASS_DECODER.decode(change.raw or b"")
+        event = cluster.PriorityClassObserved(
+            name=name,
+            observed_at=observed_at,
+            resource_version=seen.resource_version,
+            deleted=change.deleted,
+            value=found.value,
+            preemption_policy=found.preemption_policy,
+        )
+        subject = subjects.cluster_priority_class(name)
+    identity = msg_id("k8s.observed", kind, "", name, seen.resource_version, change.deleted)
+    return subject, msgspec.json.encode(event), identity
+
+
 def observed_message(kind: str, change: core.Change, *, observed_at: float) -> Outgoing:
     """The event for one change, on its subject, with its deterministic msg id.
 
@@ -146,6 +228,8 @@ def observed_message(kind: str, change: core.Change, *, observed_at: float) -> O
         return _workload_message(kind, change, observed_at=observed_at)
     if kind == KIND_MIGRATION_JOB:
         return _migration_job_message(change, observed_at=observed_at)
+    if kind in ADMISSION_KINDS:
+        return _admission_message(kind, change, observed_at=observed_at)
     namespace, name = change.key
     seen = change.seen
     event: cluster.ClusterEvent
@@ -311,6 +395,28 @@ class ClusterObserver:
                 watch_timeout_seconds=timeout,
                 read_grace_seconds=grace,
                 **MIGRATION_JOB_API,
+            ),
+            KIND_PROFILE: KubeCollection(
+                KIND_PROFILE,
+                CustomObjectsApi(self._api).list_cluster_custom_object,
+                namespaced=False,
+                watch_timeout_seconds=timeout,
+                read_grace_seconds=grace,
+                **PROFILE_API,
+            ),
+            KIND_NAMESPACE: KubeCollection(
+                KIND_NAMESPACE,
+                core_api.list_namespace,
+                namespaced=False,
+                watch_timeout_seconds=timeout,
+                read_grace_seconds=grace,
+            ),
+            KIND_PRIORITY_CLASS: KubeCollection(
+                KIND_PRIORITY_CLASS,
+                SchedulingV1Api(self._api).list_priority_class,
+                namespaced=False,
+                watch_timeout_seconds=timeout,
+                read_grace_seconds=grace,
             ),
         }
 

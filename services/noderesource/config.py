@@ -2,8 +2,9 @@
 
 Pure: text or decoded JSON in, frozen values out. Callers: the noderesource service (ColocationConfigState fed with
 the `slo-controller-config` ConfigMap; node_strategy per node; metric_collect_policy for NodeMetric specs), the API
-(config_to_json, the warnings on each nodeConfigs entry) and `koordbus calc batch-resource`
-(effective_strategy_from_json). Decoding follows Go's encoding/json as Koordinator uses it: unknown fields are
+(config_to_json, the warnings on each nodeConfigs entry), `koordbus calc batch-resource`
+(effective_strategy_from_json) and the webhook's validation of the ConfigMap (config_problems, which the
+composition root hands services.webhook). Decoding follows Go's encoding/json as Koordinator uses it: unknown fields are
 ignored, keys match field names case-insensitively, `null` means absent, a wrong type fails the whole document.
 Merging follows Koordinator's MergeCfg: present fields win, nested objects merge, maps merge by key, lists replace
 (an empty list is dropped, as Go's `omitempty` drops it, so it keeps the base list).
@@ -20,7 +21,7 @@ import msgspec
 import msgspec.inspect as msgspec_inspect
 
 from schemas import koordinator, node
-from schemas.selectors import LabelSelector, selector_matches, selector_problems
+from schemas.selectors import LabelSelector, node_profile_problems, selector_matches, selector_problems
 from services.noderesource import strategy as strategy_module
 from services.noderesource.strategy import ColocationStrategy
 
@@ -165,6 +166,42 @@ def _node_config(cluster: ColocationStrategy, entry: NodeConfigJSON, path: str) 
     return NodeColocationConfig(
         name=entry.name or "", node_selector=entry.node_selector, strategy=merged, warnings=tuple(warnings)
     )
+
+
+WEBHOOK_MAX_RESOURCE_DIFF_THRESHOLD: Final = 1.0
+"""Koordinator's webhook bound on resourceDiffThreshold (the strategy itself only needs it > 0)."""
+
+
+def config_problems(text: str) -> list[Problem]:
+    """What Koordinator's slo-controller-config webhook refuses in the key, each with its JSON path: what
+    parse_colocation_config refuses; a nodeConfigs entry whose merge with the cluster strategy is invalid (the
+    service would keep the cluster strategy for it) or whose nodeSelector is absent, empty or one Kubernetes
+    refuses; a resourceDiffThreshold over WEBHOOK_MAX_RESOURCE_DIFF_THRESHOLD. [] when the key is good."""
+    problems: list[Problem] = []
+    try:
+        cluster = parse_colocation_config(text).strategy
+    except ColocationConfigError as err:
+        if err.malformed:
+            return list(err.problems)
+        problems += err.problems
+        cluster = ColocationStrategy()  # the entries are checked on their own fields
+    decoded = msgspec.json.decode(text) if text else None
+    if decoded is None:
+        return problems
+    raw = _decode(decoded, ColocationConfigJSON, _CONFIG_TYPE_INFO)
+    for path, overrides in (("$", raw), *((f"$.nodeConfigs[{i}]", e) for i, e in enumerate(raw.node_configs or ()))):
+        threshold = overrides.resource_diff_threshold
+        if threshold is not None and threshold > WEBHOOK_MAX_RESOURCE_DIFF_THRESHOLD:
+            reason = f"must be ≤ {WEBHOOK_MAX_RESOURCE_DIFF_THRESHOLD:g}, got {threshold!r}"
+            problems.append((f"{path}.resourceDiffThreshold", reason))
+    for index, entry in enumerate(raw.node_configs or ()):
+        path = f"$.nodeConfigs[{index}]"
+        problems += [(f"{path}.nodeSelector", reason) for reason in node_profile_problems(entry.node_selector)]
+        try:
+            merge_strategy(cluster, entry, path=path)
+        except ColocationConfigError as err:
+            problems += err.problems
+    return problems
 
 
 # --- decoding

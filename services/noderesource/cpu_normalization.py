@@ -13,7 +13,8 @@ ParseBool) overrides the strategy's `enable`; disabled → "1.00" (the ratio tha
 is the model's entry for the node's hyper-threading/turbo state (the CPU basic info the node's agent reports on its
 NodeResourceTopology, `node.koordinator.sh/cpu-basic-info`), which must lie in [1, 5], written with two decimals.
 Anything missing (config not loaded, no basic info, an unknown model, a missing ratio, one out of range, an
-unreadable label) decides nothing: the node keeps the annotation it has, and `reason` says why. Pure.
+unreadable label) decides nothing: the node keeps the annotation it has, and `reason` says why. `config_problems` is
+what the webhook refuses in the key (the composition root hands it to services.webhook). Pure.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from schemas.koordinator import (
     LABEL_CPU_NORMALIZATION_ENABLED,
     parse_cpu_normalization_ratio,
 )
-from schemas.selectors import LabelSelector, selector_matches
+from schemas.selectors import LabelSelector, node_profile_problems, selector_matches
 
 CONFIG_KEY: Final = "cpu-normalization-config"
 LABEL_ENABLED: Final = LABEL_CPU_NORMALIZATION_ENABLED
@@ -114,6 +115,31 @@ def parse_config(text: str | None) -> CpuNormalizationConfig:
             )
         )
     return CpuNormalizationConfig(cluster=cluster, nodes=tuple(nodes))
+
+
+def config_problems(text: str) -> list[tuple[str, str]]:
+    """(JSON path, reason) for what the key's readers refuse: a document that does not decode, a ratio outside
+    [MIN_RATIO, MAX_RATIO] (which node_ratio would never write), a nodeConfigs entry without a usable nodeSelector
+    (Koordinator's webhook rule). [] when the key is good."""
+    try:
+        raw = msgspec.json.decode(text, type=_ConfigJSON)
+    except msgspec.ValidationError as err:
+        reason, _, path = str(err).rpartition(" - at `")
+        return [(path.rstrip("`"), reason[:1].lower() + reason[1:].replace("`", ""))] if reason else [("$", str(err))]
+    except msgspec.DecodeError as err:
+        return [("$", f"not JSON: {err}")]
+    problems: list[tuple[str, str]] = []
+    for prefix, strategy in (("$", raw), *((f"$.nodeConfigs[{i}]", e) for i, e in enumerate(raw.node_configs or ()))):
+        for model, ratios in (strategy.ratio_model or {}).items():
+            for field in msgspec.structs.fields(ModelRatio):
+                ratio = getattr(ratios, field.name)
+                if ratio is not None and not (math.isfinite(ratio) and MIN_RATIO <= ratio <= MAX_RATIO):
+                    where = f"{prefix}.ratioModel[{msgspec.json.encode(model).decode()}].{field.encode_name}"
+                    problems.append((where, f"must be between {MIN_RATIO:g} and {MAX_RATIO:g}, got {ratio!r}"))
+    for index, entry in enumerate(raw.node_configs or ()):
+        reasons = node_profile_problems(entry.node_selector)
+        problems += [(f"$.nodeConfigs[{index}].nodeSelector", reason) for reason in reasons]
+    return problems
 
 
 def node_strategy(config: CpuNormalizationConfig, labels: Mapping[str, str]) -> Strategy:

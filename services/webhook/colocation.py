@@ -9,10 +9,12 @@ PriorityClass (priority, priorityClassName, preemptionPolicy; an unknown one is 
 label and the strategic merge patch. After every matched profile (§10.4), unless one of them carries the
 skip-update-resources annotation or the feature gate says so, a koord-batch (koord-mid) Pod's native cpu and memory
 requests, limits and overhead become batch (mid) resources, cpu as an integer milli-core count, and a limit without a
-request gets the request. Resource amounts in the result are integers by the calc unit rule (cpu millicores, the rest
-Value()), so a translated and an untranslated Pod read the same way.
+request gets the request. `mutate_pod` answers the Pod as Kubernetes reads it (the webhook's patch is computed from
+it); `mutate` gives every resource amount as an integer by the calc unit rule (cpu millicores, the rest Value()), so
+a translated and an untranslated Pod read the same way.
 
-Used by `koordbus calc colocation-profile` (koordbus.calc_profile).
+Used by the webhook service (services.webhook.admission, `mutate_pod`) and `koordbus calc colocation-profile`
+(koordbus.calc_profile, `mutate`).
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ def _matches(raw_selector: Any, labels: Mapping[str, str] | None) -> bool:
 def profile_matches(profile: Mapping[str, Any], pod_labels: Mapping[str, str], namespace_labels: Any) -> bool:
     """§10.2: `namespace_labels` None means the Namespace could not be read."""
     spec = profile.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        return True  # unreadable: apply_profile refuses it
     if spec.get("namespaceSelector") is not None and not _matches(spec["namespaceSelector"], namespace_labels):
         return False
     return spec.get("selector") is None or _matches(spec["selector"], pod_labels)
@@ -115,11 +119,29 @@ def _strings(raw: Any, where: str) -> dict[str, str]:
     return raw
 
 
+_STRING_FIELDS: Final = ("schedulerName", "qosClass", "priorityClassName")
+
+
+def _checked_spec(profile: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The profile's spec with the types of Koordinator's Go struct (the CRD's schema guarantees them on a real
+    cluster; a profile built otherwise is refused rather than half applied)."""
+    spec = profile.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        raise ProfileError("spec must be an object")
+    for field in _STRING_FIELDS:
+        if spec.get(field) is not None and not isinstance(spec[field], str):
+            raise ProfileError(f"spec.{field} must be a string, got {spec[field]!r}")
+    priority = spec.get("koordinatorPriority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise ProfileError(f"spec.koordinatorPriority must be an integer, got {priority!r}")
+    return spec
+
+
 def apply_profile(
     pod: dict[str, Any], profile: Mapping[str, Any], priority_classes: Mapping[str, PriorityClass]
 ) -> dict[str, Any]:
     """§10.3 step 2: the mutations of one profile, in their fixed order; the patched Pod."""
-    spec = profile.get("spec") or {}
+    spec = _checked_spec(profile)
     metadata = pod.setdefault("metadata", {})
     pod_spec = pod.setdefault("spec", {})
     if spec.get("labels"):
@@ -154,7 +176,7 @@ def apply_profile(
         else:
             pod_spec["preemptionPolicy"] = found.preemption_policy
     if spec.get("koordinatorPriority") is not None:
-        metadata.setdefault("labels", {})[PRIORITY_LABEL] = str(int(spec["koordinatorPriority"]))
+        metadata.setdefault("labels", {})[PRIORITY_LABEL] = str(spec["koordinatorPriority"])
     patch = spec.get("patch")
     if patch is not None:
         pod = strategic_merge(pod, _patch_object(patch))
@@ -240,7 +262,7 @@ def _class_with_default(pod: Mapping[str, Any]) -> str:
 def _translate_list(resources_: dict[str, Any], cpu_name: str, memory_name: str) -> bool:
     changed = False
     if "cpu" in resources_:
-        resources_[cpu_name] = quantity.milli_value(quantity.parse_quantity(resources_.pop("cpu")))
+        resources_[cpu_name] = str(quantity.milli_value(quantity.parse_quantity(resources_.pop("cpu"))))
         changed = True
     if "memory" in resources_:
         resources_[memory_name] = resources_.pop("memory")
@@ -290,7 +312,7 @@ def integer_amounts(pod: dict[str, Any]) -> None:
                 raise ValueError(f"resource {name!r}: {e}") from None
 
 
-def mutate(
+def mutate_pod(
     pod: Mapping[str, Any],
     profiles: Sequence[Mapping[str, Any]],
     *,
@@ -299,8 +321,11 @@ def mutate(
     skip_mutating_resources: bool,
     draw: Callable[[], int],
 ) -> tuple[dict[str, Any], bool]:
-    """The Pod after every matched profile and the resource translation, and whether a profile was applied or a
-    resource translated. ProfileError for what the webhook refuses; ValueError when `pod` is not a Pod."""
+    """The Pod after every matched profile and the resource translation, as the webhook answers it (amounts as the
+    Pod wrote them, a translated cpu as the decimal string of its milli-core count, Koordinator's
+    resource.NewQuantity(milli, DecimalSI)), and whether a profile was applied or a resource translated.
+    ProfileError for what the webhook refuses; ValueError when `pod` is not a Pod (an unparsable quantity among
+    them)."""
     _as_pod(pod)
     out = copy.deepcopy(dict(pod))
     labels = _strings((out.get("metadata") or {}).get("labels"), "the Pod's labels")
@@ -321,5 +346,26 @@ def mutate(
     )
     if matched and not skip:
         mutated |= translate_resources(out)
+    return out, mutated
+
+
+def mutate(
+    pod: Mapping[str, Any],
+    profiles: Sequence[Mapping[str, Any]],
+    *,
+    namespace_labels: Mapping[str, str] | None,
+    priority_classes: Mapping[str, PriorityClass],
+    skip_mutating_resources: bool,
+    draw: Callable[[], int],
+) -> tuple[dict[str, Any], bool]:
+    """`mutate_pod` with every amount as the calc unit rule's integer (`koordbus calc colocation-profile`)."""
+    out, mutated = mutate_pod(
+        pod,
+        profiles,
+        namespace_labels=namespace_labels,
+        priority_classes=priority_classes,
+        skip_mutating_resources=skip_mutating_resources,
+        draw=draw,
+    )
     integer_amounts(out)
     return out, mutated

@@ -423,6 +423,43 @@ def test_the_loadaware_extender_is_wired_for_kube_scheduler() -> None:
     assert _env(container)["KOORDBUS_BIND_TIMEOUT_SECONDS"] == "0.8"
 
 
+def test_the_webhook_is_opt_in_serves_its_certificate_and_the_bridge_reads_what_it_needs() -> None:
+    values = {
+        **DEFAULTS,
+        "services": {"webhook": {"enabled": True, "replicas": 2}},
+        "webhook": {"tls": {"secretName": "webhook-serving"}},
+    }
+    objects = render(values)
+    for obj in objects:
+        kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+    pod = by_kind(objects, "Deployment")["prod-koordbus-webhook"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["args"] == ["service", "webhook", "--port", "9090"]
+    env = _env(container)
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert env["KOORDBUS_WEBHOOK_TLS_CERT_FILE"] == f"{mounts['webhook-tls']}/tls.crt"
+    assert env["KOORDBUS_WEBHOOK_TLS_KEY_FILE"] == f"{mounts['webhook-tls']}/tls.key"
+    assert env["KOORDBUS_WEBHOOK_PORT"] == "9443" and env["KOORDBUS_WEBHOOK_SKIP_MUTATING_RESOURCES"] == "false"
+    assert env["KOORDBUS_INSTANCE"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # replicas each keep the view
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "webhook-tls"]
+    assert volume["secret"]["secretName"] == "webhook-serving"
+    assert {"name": "webhook", "containerPort": 9443} in container["ports"]
+    ports = by_kind(objects, "Service")["prod-koordbus-webhook"]["spec"]["ports"]
+    assert {"name": "webhook", "port": 443, "targetPort": "webhook"} in ports
+    assert pod["automountServiceAccountToken"] is False  # it reads the cluster through the bridge's events
+    nats = by_kind(objects, "ConfigMap")["prod-koordbus-nats"]["data"]["nats.conf"]
+    assert '{user: "service-webhook", password: $PASSWORD_WEBHOOK}' in nats
+    assert not any(o["metadata"]["name"].endswith("-webhook") for o in render(DEFAULTS))
+    with pytest.raises(Exception, match=r"services.webhook needs webhook.tls.secretName"):
+        render({**DEFAULTS, "services": {"webhook": {"enabled": True}}})
+    rules = by_kind(render(DEFAULTS), "ClusterRole")["prod-koordbus-k8s"]["rules"]
+    readable = {
+        (g, r) for rule in rules if "watch" in rule["verbs"] for g in rule["apiGroups"] for r in rule["resources"]
+    }
+    assert {("", "namespaces"), ("config.koordinator.sh", "clustercolocationprofiles")} <= readable
+    assert ("scheduling.k8s.io", "priorityclasses") in readable
+
+
 def test_the_loadaware_extender_admits_only_kube_scheduler() -> None:
     """Issue #19 point 5: a NetworkPolicy lets only kube-scheduler's pods reach the verbs; with loadaware.tls the
     verbs move to an HTTPS port served to client certificates from the Secret's CA, and the snippet tells

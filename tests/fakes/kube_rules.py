@@ -30,6 +30,7 @@ CRD_FILES = (
     "quota.koordinator.sh_elasticquotaprofiles.yaml",
     "scheduling.koordinator.sh_podmigrationjobs.yaml",
     "scheduling.koordinator.sh_reservations.yaml",
+    "config.koordinator.sh_clustercolocationprofiles.yaml",
 )
 TOPOLOGY_CRD = "topology.node.k8s.io_noderesourcetopologies.yaml"
 QUANTITY = re.compile(
@@ -91,6 +92,15 @@ CORE_KINDS = (
     ResourceKind(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True, has_status=False),
     ResourceKind(group="", version="v1", plural="secrets", kind="Secret", namespaced=True, has_status=False),
     ResourceKind(group="", version="v1", plural="events", kind="Event", namespaced=True, has_status=False),
+    ResourceKind(group="", version="v1", plural="namespaces", kind="Namespace", namespaced=False, has_status=False),
+    ResourceKind(
+        group="scheduling.k8s.io",
+        version="v1",
+        plural="priorityclasses",
+        kind="PriorityClass",
+        namespaced=False,
+        has_status=False,
+    ),
     ResourceKind(group="apps", version="v1", plural="replicasets", kind="ReplicaSet", namespaced=True, has_status=True),
     ResourceKind(
         group="apps", version="v1", plural="statefulsets", kind="StatefulSet", namespaced=True, has_status=True

@@ -21,7 +21,16 @@ from bus.jetstream import JetStreamBus
 from schemas import cluster, kube
 from services.common.metrics import new_registry, render
 from services.k8s.client import KubeConfigError, api_client
-from services.k8s.observer import KIND_CONFIGMAP, KIND_NODE, KIND_POD, KIND_TOPOLOGY, ClusterObserver
+from services.k8s.observer import (
+    ADMISSION_KINDS,
+    KIND_CONFIGMAP,
+    KIND_NODE,
+    KIND_POD,
+    KIND_PRIORITY_CLASS,
+    KIND_PROFILE,
+    KIND_TOPOLOGY,
+    ClusterObserver,
+)
 from services.k8s.settings import K8sSettings
 from tests.fakes.kube_api import FakeKubeApi
 
@@ -438,5 +447,81 @@ async def test_a_cluster_without_the_topology_crd_still_becomes_ready(
             await observer.ready.wait()
         assert await node_event(koordbus_bus, "node-a") is not None
         assert not observer.reflectors[KIND_TOPOLOGY].listed.is_set()
+    finally:
+        await observer.stop()
+
+
+def colocation_profile(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "config.koordinator.sh/v1alpha1",
+        "kind": "ClusterColocationProfile",
+        "metadata": {"name": name, "annotations": {"config.koordinator.sh/skip-update-resources": ""}},
+        "spec": spec,
+    }
+
+
+async def test_what_the_webhook_reads_is_published_profiles_namespaces_and_priority_classes(
+    kube_api: FakeKubeApi, koordbus_bus: JetStreamBus, start_observer: Callable[[], Any]
+) -> None:
+    batch = colocation_profile(
+        "batch", selector={"matchLabels": {"app": "spark"}}, qosClass="BE", priorityClassName="koord-batch"
+    )
+    kube_api.put("clustercolocationprofiles", batch)
+    kube_api.put("namespaces", {"metadata": {"name": "jobs", "labels": {"team": "data"}}})
+    kube_api.put("priorityclasses", {"metadata": {"name": "koord-batch"}, "value": 5999})
+    kube_api.put("priorityclasses", {"metadata": {"name": "koord-prod"}, "value": 9000, "preemptionPolicy": "Never"})
+    observer: ClusterObserver = await start_observer()
+
+    event = await last_event_of(koordbus_bus, subjects.cluster_profile("batch"))
+    assert isinstance(event, cluster.ColocationProfileObserved) and event.profile is not None
+    assert event.profile.spec == batch["spec"]
+    assert event.profile.metadata.annotations == {"config.koordinator.sh/skip-update-resources": ""}
+    namespace = await last_event_of(koordbus_bus, subjects.cluster_namespace("jobs"))
+    assert isinstance(namespace, cluster.NamespaceObserved) and namespace.labels == {"team": "data"}
+    classes = [
+        await last_event_of(koordbus_bus, subjects.cluster_priority_class(n)) for n in ("koord-batch", "koord-prod")
+    ]
+    assert [(c.value, c.preemption_policy) for c in classes if isinstance(c, cluster.PriorityClassObserved)] == [
+        (5999, None),
+        (9000, "Never"),
+    ]
+    assert observer.stats.observed[KIND_PROFILE] == 1 and observer.stats.observed[KIND_PRIORITY_CLASS] == 2
+
+    kube_api.put("namespaces", {"metadata": {"name": "jobs", "labels": {"team": "web"}}})
+    kube_api.remove("clustercolocationprofiles", "batch")
+
+    async def changed() -> bool:
+        seen = await last_event_of(koordbus_bus, subjects.cluster_namespace("jobs"))
+        gone = await last_event_of(koordbus_bus, subjects.cluster_profile("batch"))
+        return (
+            isinstance(seen, cluster.NamespaceObserved)
+            and seen.labels == {"team": "web"}
+            and isinstance(gone, cluster.ColocationProfileObserved)
+            and gone.deleted
+            and gone.profile is None
+        )
+
+    await eventually(changed)
+
+
+async def last_event_of(bus: JetStreamBus, subject: str) -> cluster.AdmissionEvent | None:
+    delivery = await bus.last_on_subject(streams.KOORD_CLUSTER, subject)
+    return None if delivery is None else cluster.ADMISSION_EVENT_DECODER.decode(delivery.data)
+
+
+async def test_a_cluster_without_the_profile_crd_or_the_rights_to_list_namespaces_still_becomes_ready(
+    kube_api: FakeKubeApi, koordbus_bus: JetStreamBus, kube_client: ApiClient
+) -> None:
+    kube_api.put("nodes", node("node-a"))
+    kube_api.fail_next("list", "clustercolocationprofiles", status=404, times=1000)
+    kube_api.fail_next("list", "namespaces", status=403, times=1000)
+    kube_api.fail_next("list", "priorityclasses", status=403, times=1000)
+    observer = ClusterObserver(koordbus_bus, kube_client, SETTINGS, registry=new_registry())
+    await observer.start()
+    try:
+        async with asyncio.timeout(10):
+            await observer.ready.wait()
+        assert await node_event(koordbus_bus, "node-a") is not None
+        assert not any(observer.reflectors[kind].listed.is_set() for kind in ADMISSION_KINDS)
     finally:
         await observer.stop()

@@ -19,6 +19,7 @@ from services.natsauth.settings import NatsAuthSettings
 from services.nodemetric.settings import NodeMetricSettings
 from services.noderesource.settings import NodeResourceSettings
 from services.quota.settings import QuotaSettings
+from services.webhook.settings import WebhookSettings
 
 SERVICE_SETTINGS: dict[type, str] = {
     NodeMetricSettings: "KOORDBUS_NODEMETRIC_",
@@ -26,6 +27,7 @@ SERVICE_SETTINGS: dict[type, str] = {
     QuotaSettings: "KOORDBUS_QUOTA_",
     MigrationSettings: "KOORDBUS_MIGRATION_",
     LoadAwareSettings: "KOORDBUS_LOADAWARE_",
+    WebhookSettings: "KOORDBUS_WEBHOOK_",
     K8sSettings: "KOORDBUS_K8S_",
     NatsAuthSettings: "KOORDBUS_NATSAUTH_",
     ApiSettings: "KOORDBUS_API_",
@@ -103,6 +105,17 @@ def test_loadaware_settings_from_the_environment() -> None:
     assert (settings.args_file, settings.extender_port, settings.tls) == ("/etc/args.yaml", 8443, False)
     with pytest.raises(SettingsError, match="tls_cert_file needs"):
         load(LoadAwareSettings, env={"KOORDBUS_TLS_CERT_FILE": "/tls/cert.pem"})
+
+
+def test_the_webhook_needs_its_certificate_and_reads_its_port() -> None:
+    with pytest.raises(SettingsError, match="tls_cert_file and tls_key_file are required"):
+        load(WebhookSettings, env={})
+    env = {"KOORDBUS_WEBHOOK_TLS_CERT_FILE": "/c", "KOORDBUS_TLS_KEY_FILE": "/k", "KOORDBUS_WEBHOOK_PORT": "8443"}
+    settings = load(WebhookSettings, env=env)
+    assert (settings.tls_cert_file, settings.tls_key_file, settings.webhook_port) == ("/c", "/k", 8443)
+    assert env_names(WebhookSettings, "webhook_port") == ("KOORDBUS_WEBHOOK_PORT",)
+    with pytest.raises(SettingsError, match="tls_reload_seconds must be positive"):
+        load(WebhookSettings, {"tls_reload_seconds": 0}, env=env)
 
 
 def test_a_services_own_variable_wins_over_the_shared_one() -> None:

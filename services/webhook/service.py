@@ -1,0 +1,206 @@
+"""The webhook service shell: the bridge's ClusterColocationProfiles, Namespaces and PriorityClasses in, AdmissionReview
+answers out.
+
+One durable consumer on KOORD_CLUSTER (the three subject families, last value per subject, reset at every start:
+the view lives in memory and is rebuilt, like services.loadaware) folds services.webhook.state.AdmissionView;
+`start` returns once that replay is done, so the composition root opens the HTTPS port only when a Pod would see
+every profile. The admission routes are a table (`routes`: path → handler of an AdmissionRequest), answered by
+`answer` on the event loop between deliveries, so each answer reads one consistent view: POST /mutate-pods
+(services.webhook.admission.mutate_pod) and POST /validate-configmaps (validate_configmap, with the validators the
+composition root hands in); another webhook (an ElasticQuota validation asking the quota service) is one more
+entry, given to the constructor as `extra_routes`. Each request is counted and timed by route and outcome
+(koordbus_webhook_requests_total, koordbus_webhook_request_seconds) and every refusal logged with its reason.
+Built by koordbus.webhook (`koordbus service webhook`) and the tests.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from bus import streams, subjects
+from bus.api import Bus, Consumer, ConsumerSpec, Delivery
+from schemas.cluster import ADMISSION_EVENT_DECODER
+from services.common import bodies, observe
+from services.common.startup import wait_replayed
+from services.webhook import admission, configmap
+from services.webhook.admission import AdmissionRequest, AdmissionResponse, BadReview
+from services.webhook.settings import WebhookSettings
+from services.webhook.state import AdmissionView
+
+log = logging.getLogger(__name__)
+
+SERVICE: Final = "webhook"
+CLUSTER_CONSUMER: Final = "webhook-cluster"
+MUTATE_PODS: Final = "/mutate-pods"
+VALIDATE_CONFIGMAPS: Final = "/validate-configmaps"
+INSTANCE_DURABLE_TTL_SECONDS: Final = 3600.0
+"""A replica's durable (named after its pod) is dropped by the server this long after the replica went away."""
+
+Handler = Callable[[AdmissionRequest], AdmissionResponse | Awaitable[AdmissionResponse]]
+"""An admission route's decision: the request → the response (or an awaitable of it, for a handler that asks
+another service)."""
+
+
+class _Instruments:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "koordbus_webhook_requests_total",
+            "AdmissionReviews answered, by route and outcome: allowed (unchanged), patched (allowed with a JSON "
+            "patch), refused (allowed: false), bad_request (HTTP 400: not an AdmissionReview v1)",
+            ["route", "outcome"],
+            registry=registry,
+        )
+        self.seconds = Histogram(
+            "koordbus_webhook_request_seconds",
+            "Time to answer an AdmissionReview (decode, decide, encode), by route",
+            ["route"],
+            registry=registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+        )
+        self.objects = Gauge(
+            "koordbus_webhook_objects",
+            "Objects in the webhook's view, by kind (clustercolocationprofile, namespace, priorityclass)",
+            ["kind"],
+            registry=registry,
+        )
+
+
+class _Handler:
+    def __init__(self, owner: WebhookService) -> None:
+        self._owner = owner
+
+    async def handle(self, delivery: Delivery) -> None:
+        self._owner.apply(delivery.data)
+
+    async def flush(self) -> None:
+        self._owner.refresh_gauges()
+
+
+class WebhookService:
+    def __init__(
+        self,
+        bus: Bus,
+        settings: WebhookSettings,
+        *,
+        registry: CollectorRegistry,
+        validators: Mapping[str, configmap.KeyValidator] = configmap.COMMON_VALIDATORS,
+        extra_routes: Mapping[str, Handler] | None = None,
+        draw: Callable[[], int] | None = None,
+    ) -> None:
+        """`validators`: the slo-controller-config keys checked and how (koordbus.webhook gives every service's);
+        `draw`: a profile's probability draw in 0–99 (default: random, as Koordinator's rand.Intn(100))."""
+        self.bus = bus
+        self.settings = settings
+        self.view = AdmissionView()
+        self.replayed = False
+        self._validators = validators
+        self._draw = draw or _random_draw()
+        self._registry = registry
+        self._metrics = _Instruments(registry)
+        self._consumer: Consumer | None = None
+        self.routes: dict[str, Handler] = {
+            MUTATE_PODS: self.mutate_pods,
+            VALIDATE_CONFIGMAPS: self.validate_configmaps,
+            **(extra_routes or {}),
+        }
+        """Path → handler: every admission route the HTTPS server serves."""
+
+    async def start(self) -> None:
+        durable = f"{CLUSTER_CONSUMER}-{self.settings.instance}" if self.settings.instance else CLUSTER_CONSUMER
+        spec = ConsumerSpec(
+            durable=durable,
+            stream=streams.KOORD_CLUSTER,
+            filter_subjects=(subjects.CLUSTER_PROFILES, subjects.CLUSTER_NAMESPACES, subjects.CLUSTER_PRIORITY_CLASSES),
+            service=SERVICE,
+            deliver_policy="last_per_subject",
+            batch_size=512,
+            inactive_threshold_seconds=INSTANCE_DURABLE_TTL_SECONDS if self.settings.instance else None,
+        )
+        self._consumer = self.bus.consume(spec, _Handler(self), reset=True)
+        observe.watch_consumers(self._registry, service=SERVICE, consumers={CLUSTER_CONSUMER: self._consumer})
+        timeout = self.settings.startup_timeout_seconds
+        if not await wait_replayed(self._consumer, what="webhook: cluster", stall_seconds=timeout):
+            log.warning("webhook: the cluster replay stalled for %.0f s; serving with what was read", timeout)
+        self.replayed = True
+        self.refresh_gauges()
+        counts = self.view.counts()
+        log.info(
+            "webhook: serving with %d ClusterColocationProfiles, %d Namespaces, %d PriorityClasses",
+            counts["clustercolocationprofile"],
+            counts["namespace"],
+            counts["priorityclass"],
+        )
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            observe.retire_consumers(self._registry, service=SERVICE, names=(CLUSTER_CONSUMER,))
+            self._consumer = None
+
+    @property
+    def consumer(self) -> Consumer | None:
+        return self._consumer
+
+    def apply(self, data: bytes) -> None:
+        self.view.apply(ADMISSION_EVENT_DECODER.decode(data))
+
+    def refresh_gauges(self) -> None:
+        for kind, count in self.view.counts().items():
+            self._metrics.objects.labels(kind).set(count)
+
+    # --- the admission handlers
+
+    def mutate_pods(self, request: AdmissionRequest) -> AdmissionResponse:
+        return admission.mutate_pod(
+            request, self.view, skip_mutating_resources=self.settings.skip_mutating_resources, draw=self._draw
+        )
+
+    def validate_configmaps(self, request: AdmissionRequest) -> AdmissionResponse:
+        target = (self.settings.configmap_namespace, self.settings.configmap_name)
+        return admission.validate_configmap(request, target=target, validators=self._validators)
+
+    async def answer(self, route: str, body: bytes) -> bytes:
+        """The AdmissionReview answering `body` on `route` (one of `routes`); BadReview (an HTTP 400) when the body
+        is not an AdmissionReview v1."""
+        started = time.perf_counter()
+        try:
+            request = admission.review_request(bodies.decode_json(body))
+        except (bodies.BodyError, BadReview) as err:
+            self._metrics.requests.labels(route, "bad_request").inc()
+            log.info("webhook %s: not an AdmissionReview v1: %s", route, err)
+            raise BadReview(str(err)) from None
+        decided = self.routes[route](request)
+        response = await decided if inspect.isawaitable(decided) else decided
+        encoded = admission.encode_review(response)
+        outcome = "patched" if response.patch else "allowed" if response.allowed else "refused"
+        self._metrics.requests.labels(route, outcome).inc()
+        self._metrics.seconds.labels(route).observe(time.perf_counter() - started)
+        if not response.allowed:
+            shown = f"{request.namespace}/{request.name}" if request.namespace else request.name or "(unnamed)"
+            message = response.status.message if response.status else ""
+            log.info(
+                "webhook %s: refused %s %s %s (uid %s): %s",
+                route,
+                request.operation,
+                request.kind.kind,
+                shown,
+                request.uid,
+                message,
+            )
+        return encoded
+
+
+def _random_draw() -> Callable[[], int]:
+    generator = random.Random()
+
+    def draw() -> int:
+        return generator.randrange(100)
+
+    return draw
