@@ -43,6 +43,12 @@ r"""A DNS-1123 subdomain for a msgspec.Meta pattern (msgspec searches: `\Z`, as 
 through); with max_length=MAX_OBJECT_NAME it is `object_name` in a schema."""
 
 
+NAMESPACE_PATTERN: Final = rf"^{_LABEL}\Z"
+"""A namespace (a DNS-1123 label) for a msgspec.Meta pattern, with max_length=MAX_LABEL."""
+UID_PATTERN: Final = r"^[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?\Z"
+"""An object's uid for a msgspec.Meta pattern (what `uid` takes), with max_length=MAX_OBJECT_NAME."""
+
+
 HOST_APPLICATION_NAME_PATTERN: Final = rf"^{_HOST_APPLICATION_NAME}\Z"
 """A host application's name for a msgspec.Meta pattern (with max_length=MAX_HOST_APPLICATION_NAME)."""
 

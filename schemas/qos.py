@@ -11,9 +11,11 @@ every round of a QoS loop that changed something, failed on something, or (in dr
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+
+from schemas import names
 
 ActuationLoop = Literal[
     "be-cgroup",
@@ -103,17 +105,19 @@ class ActuationApplied(msgspec.Struct, frozen=True, kw_only=True, tag="node.actu
 
 class PodEvictionRequested(msgspec.Struct, frozen=True, kw_only=True, tag="node.pod_eviction_requested.v1"):
     """A node's agent asks for a pod's eviction; the bridge executes it through the Eviction API (agents hold no
-    cluster credentials). The uid is a precondition: a new pod of the same name is never evicted by mistake."""
+    cluster credentials). The uid is a precondition: a new pod of the same name is never evicted by mistake. It
+    comes from a node, outside the control plane's trust: every field is bounded and every name checked, and the
+    bridge evicts only a pod bound to the node whose subject the request came on (services.k8s.eviction_executor)."""
 
-    node: str
-    at: float
-    namespace: str
-    name: str
-    uid: str
-    feature: str
+    node: Annotated[str, msgspec.Meta(max_length=names.MAX_OBJECT_NAME, pattern=names.SUBDOMAIN_PATTERN)]
+    at: Annotated[float, msgspec.Meta(ge=0, le=4_102_444_800)]
+    namespace: Annotated[str, msgspec.Meta(max_length=names.MAX_LABEL, pattern=names.NAMESPACE_PATTERN)]
+    name: Annotated[str, msgspec.Meta(max_length=names.MAX_OBJECT_NAME, pattern=names.SUBDOMAIN_PATTERN)]
+    uid: Annotated[str, msgspec.Meta(max_length=names.MAX_OBJECT_NAME, pattern=names.UID_PATTERN)]
+    feature: Annotated[str, msgspec.Meta(max_length=64)]
     """BEMemoryEvict, MemoryEvict or BECPUEvict from an agent; CPUAllocatableEvict or MemoryAllocatableEvict from a
     simulated node (agent.simulate: batch pods past the node's batch allocatable)."""
-    reason: str
+    reason: Annotated[str, msgspec.Meta(max_length=4096)]
 
 
 QOS_EVENT_DECODER: msgspec.json.Decoder[NodeSloRendered | SloConfigStatus | ActuationApplied] = msgspec.json.Decoder(

@@ -2,14 +2,18 @@
 Eviction API, since agents hold no cluster credentials.
 
 A durable consumer on KOORD_NODE (created to start at new messages, then resumed where it stopped, so a restart
-neither loses nor repeats requests) hands each request to an Evictor: `KubeEvictor` POSTs a policy/v1 Eviction with
-the pod's uid as a precondition (a new pod that took the name is never evicted by mistake); `RecordingEvictor`
-keeps them in record-only mode. Answers: evicted (201), gone (404), replaced (409, the uid did not match), blocked
-(429, a PodDisruptionBudget; the agent asks again while the pressure lasts), expired (the request is older than
-`max_age_seconds`, e.g. delivered after a long outage: the agent's view it came from is stale). A 5xx or an
-unreachable API server is retried with the consumer's backoff. Every answer is counted by feature; each one goes to
-the log at DEBUG, a failed one at WARNING, and once a minute one INFO line sums them up (services.k8s.instruments.
-WriteSummary: a thousand nodes' expired requests after an outage used to be a thousand WARNING lines).
+neither loses nor repeats requests) hands each request to an Evictor: `KubeEvictor` reads the pod, and POSTs a
+policy/v1 Eviction with the pod's uid as a precondition (a new pod that took the name is never evicted by mistake)
+only when the pod is bound to the node the request came from; `RecordingEvictor` keeps them in record-only mode.
+A request comes from a node, outside the control plane's trust: one whose `node` is not its subject's (an agent may
+publish only under its own node) is dead-lettered, and one naming a pod of another node is refused (wrong-node),
+so one node's agent can never evict another node's pods. Answers: evicted (201), gone (404), replaced (409, the uid
+did not match), wrong-node, blocked (429, a PodDisruptionBudget; the agent asks again while the pressure lasts),
+expired (the request is older than `max_age_seconds`, e.g. delivered after a long outage: the agent's view it came
+from is stale). A 5xx or an unreachable API server is retried with the consumer's backoff. Every answer is counted
+by feature; each one goes to the log at DEBUG, a failed or refused one at WARNING, and once a minute one INFO line
+sums them up (services.k8s.instruments.WriteSummary: a thousand nodes' expired requests after an outage used to be a
+thousand WARNING lines).
 Built by the composition root.
 """
 
@@ -26,7 +30,8 @@ from prometheus_client import CollectorRegistry, Counter
 
 from bus import streams, subjects
 from bus.api import Bus, Consumer, ConsumerSpec, Delivery
-from bus.errors import TemporaryError
+from bus.errors import PermanentError, TemporaryError
+from schemas import names
 from schemas.qos import EVICTION_DECODER, PodEvictionRequested
 from services.common import observe
 from services.k8s import instruments, sinks
@@ -35,7 +40,17 @@ log = logging.getLogger(__name__)
 
 SERVICE: Final = "k8s-evictions"
 CONSUMER: Final = "k8s-evictions"
-ANSWERS: Final = {201: "evicted", 200: "evicted", 404: "gone", 409: "replaced", 429: "blocked"}
+NOT_ON_NODE: Final = -2
+"""Not an HTTP status: what an Evictor answers for a pod that is not bound to the requesting node."""
+ANSWERS: Final = {
+    201: "evicted",
+    200: "evicted",
+    404: "gone",
+    409: "replaced",
+    429: "blocked",
+    NOT_ON_NODE: "wrong-node",
+}
+REFUSED: Final = frozenset({"wrong-node"})
 
 
 class Evictor(Protocol):
@@ -50,6 +65,19 @@ class KubeEvictor:
         self._timeout = request_timeout
 
     async def evict(self, request: PodEvictionRequested) -> int:
+        what = f"read pod {request.namespace}/{request.name}"
+        status, text = await sinks.raw_request(
+            self._core.read_namespaced_pod(
+                request.name, request.namespace, _preload_content=False, _request_timeout=self._timeout
+            )
+        )
+        if status == 404:
+            return 404
+        pod = sinks.parsed(status, text, what)
+        if (pod.get("metadata") or {}).get("uid") != request.uid:
+            return 409
+        if (pod.get("spec") or {}).get("nodeName") != request.node:
+            return NOT_ON_NODE
         body: Any = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
@@ -94,7 +122,13 @@ class _Handler:
         self._executor = executor
 
     async def handle(self, delivery: Delivery) -> None:
-        await self._executor.execute(EVICTION_DECODER.decode(delivery.data))
+        request = EVICTION_DECODER.decode(delivery.data)
+        node = subjects.node_of(delivery.subject)
+        if request.node != node:  # the subject is the agent's own (its permissions); the payload is not checked
+            raise PermanentError(
+                f"an eviction request naming node {names.shown(request.node)} came on {node!r}'s subject"
+            )
+        await self._executor.execute(request)
 
     async def flush(self) -> None:
         return None
@@ -163,7 +197,7 @@ class EvictionExecutor:
         self._writes.labels(object=instruments.OBJECT_EVICTION, outcome=answer).inc()
         self._summary.count(instruments.OBJECT_EVICTION, answer)
         log.log(
-            logging.WARNING if answer in instruments.FAILED_OUTCOMES else logging.DEBUG,
+            logging.WARNING if answer in instruments.FAILED_OUTCOMES | REFUSED else logging.DEBUG,
             "evictions: %s from node %s (%s): %s — %s",
             pod,
             request.node,

@@ -55,8 +55,11 @@ def memory_tick(at: float, *, node_gib: float, pods: dict[str, float]) -> Tick:
     return Tick(at=at, node=(at, 4.0, int(node_gib * GI)), node_memory_with_page_cache=0, system=None, pods=samples)
 
 
-def pod_object(node_pod: actuate.NodePod) -> dict[str, Any]:
-    return msgspec.to_builtins(node_pod.pod)  # type: ignore[no-any-return]
+def pod_object(node_pod: actuate.NodePod, *, node: str = NODE) -> dict[str, Any]:
+    """The pod as the API server holds it: bound to `node` (the agent's, by default)."""
+    obj: dict[str, Any] = msgspec.to_builtins(node_pod.pod)
+    obj["spec"]["nodeName"] = node
+    return obj
 
 
 async def requests(bus: MemoryBus) -> list[PodEvictionRequested]:
@@ -141,15 +144,18 @@ async def test_the_executor_answers_blocked_replaced_and_expired(kube_api: FakeK
     await bus.ensure_streams([streams.node_stream()])
     executor = EvictionExecutor(bus, KubeEvictor(kube_client), registry=new_registry(), clock=lambda: now[0])
 
-    def request(uid: str, at: float) -> PodEvictionRequested:
+    def request(uid: str, at: float, node: str = NODE) -> PodEvictionRequested:
         return PodEvictionRequested(
-            node="n1", at=at, namespace="jobs", name="big", uid=uid, feature="BEMemoryEvict", reason="test"
+            node=node, at=at, namespace="jobs", name="big", uid=uid, feature="BEMemoryEvict", reason="test"
         )
 
     kube_api.eviction_blocked.add(("jobs", "big"))
     assert await executor.execute(request(BIG_UID, T0)) == "blocked"
     kube_api.eviction_blocked.clear()
     assert await executor.execute(request(str(uuid.uuid4()), T0)) == "replaced"  # a new pod took the name
+    assert kube_api.get("Pod", "big", "jobs") is not None
+    # another node's agent cannot evict this node's pod, whatever it names
+    assert await executor.execute(request(BIG_UID, T0, node="other-node")) == "wrong-node"
     assert kube_api.get("Pod", "big", "jobs") is not None
     now[0] = T0 + 3600
     assert await executor.execute(request(BIG_UID, T0)) == "expired"
@@ -352,3 +358,35 @@ async def test_local_kill_when_the_bus_is_away_on_real_cgroup_v1(tmp_path: Path)
                 for directory in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
                     directory.rmdir()
                 top.rmdir()
+
+
+async def test_a_request_naming_another_node_than_its_subject_is_dead_lettered_not_executed(
+    kube_api: FakeKubeApi, kube_client: ApiClient
+) -> None:
+    kube_api.put("pods", pod_object(be_pod(BIG_UID, name="big"), node="victim-node"))
+    bus = MemoryBus()
+    await bus.ensure_streams([streams.node_stream(), streams.dlq_stream()])
+    executor = EvictionExecutor(bus, KubeEvictor(kube_client), registry=new_registry(), clock=lambda: T0 + 1)
+    await executor.start()
+    try:
+        # published on the agent's own subject (all its NATS user may publish), naming the victim's node
+        spoofed = PodEvictionRequested(
+            node="victim-node", at=T0, namespace="jobs", name="big", uid=BIG_UID, feature="BEMemoryEvict", reason="x"
+        )
+        await bus.publish(subjects.node_eviction(NODE), msgspec.json.encode(spoofed), msg_id="spoofed")
+
+        async def dead_lettered() -> bool:
+            return bool(await bus.read_recent(streams.KOORD_DLQ, subjects.DLQ_ALL, since=0, limit=10))
+
+        await eventually(dead_lettered)
+        assert kube_api.get("Pod", "big", "jobs") is not None
+        # a malformed name never reaches the API server either
+        bad = msgspec.json.encode(spoofed).replace(b'"big"', b'"../big"')
+        await bus.publish(subjects.node_eviction(NODE), bad, msg_id="malformed")
+
+        async def both() -> bool:
+            return len(await bus.read_recent(streams.KOORD_DLQ, subjects.DLQ_ALL, since=0, limit=10)) == 2
+
+        await eventually(both)
+    finally:
+        await executor.stop()
