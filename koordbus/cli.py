@@ -1,5 +1,5 @@
 """The `koordbus` command line (composition root): `up`, `agent`, `service`, `api`, `quota`, `migration`, `events`,
-`calc`, `crds`, `scheduler`, `slo`.
+`calc`, `certs`, `crds`, `scheduler`, `slo`.
 
 Each subcommand builds its settings at the edge, wires the bus, stores and services, and
 runs until interrupted. Nothing below `koordbus` knows which subcommand started it.
@@ -25,12 +25,13 @@ def build_parser(*, command: str | None = None) -> argparse.ArgumentParser:
     if command == "agent":  # the node agent's process loads only its own subcommand's module
         agent.add_parser(sub)
     else:
-        from koordbus import api, calc, crds, creds, db, events, migration, quota, scheduler, service, slo, up
+        from koordbus import api, calc, certs, crds, creds, db, events, migration, quota, scheduler, service, slo, up
 
         up.add_parser(sub)
         agent.add_parser(sub)
         service.add_parser(sub)
         creds.add_parser(sub)
+        certs.add_parser(sub)
         db.add_parser(sub)
         api.add_parser(sub)
         quota.add_parser(sub)

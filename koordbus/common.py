@@ -25,6 +25,20 @@ def local_node_name() -> str:
     return name[:253]
 
 
+async def kube_client(stack: AsyncExitStack, kubeconfig: str | None, command: str) -> Any:
+    """A kubernetes-asyncio ApiClient for the cluster (`kubeconfig`, else in-cluster), closed with `stack`; a
+    SystemExit naming `command` when there is no usable cluster."""
+    from services.k8s.client import KubeConfigError, api_client
+    from services.k8s.settings import K8sSettings
+
+    try:
+        client = await api_client(settings_loader.load(K8sSettings, {"kubeconfig": kubeconfig}))
+    except KubeConfigError as e:
+        raise SystemExit(f"koordbus {command}: needs a cluster: {e}") from None
+    stack.push_async_callback(client.close)
+    return client
+
+
 def common_settings(args: argparse.Namespace) -> CommonSettings:
     return settings_loader.load(
         CommonSettings,

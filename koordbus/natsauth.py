@@ -12,7 +12,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from koordbus.common import ServiceProcess
+from koordbus.common import ServiceProcess, kube_client
 from services.common import settings as settings_loader
 
 SERVICE_USERS = ("natsauth", "nodemetric", "noderesource", "slo", "quota", "migration", "k8s", "api")
@@ -22,18 +22,6 @@ COMPOSE_SERVICE_USERS = tuple(name for name in SERVICE_USERS if name != "natsaut
 COMPOSE_NATS_DIR = "nats"
 """Where in the compose directory the identities go: the directory is this user's only (0700), the files in it
 readable by anyone (0644) because each container reads its own through a bind mount as an unprivileged user."""
-
-
-async def _kube_client(stack: AsyncExitStack, kubeconfig: str | None, command: str) -> Any:
-    from services.k8s.client import KubeConfigError, api_client
-    from services.k8s.settings import K8sSettings
-
-    try:
-        client = await api_client(settings_loader.load(K8sSettings, {"kubeconfig": kubeconfig}))
-    except KubeConfigError as e:
-        raise SystemExit(f"koordbus {command}: needs a cluster: {e}") from None
-    stack.push_async_callback(client.close)
-    return client
 
 
 def natsauth_settings(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -57,7 +45,7 @@ async def build_natsauth(process: ServiceProcess) -> dict[str, Any]:
     from services.natsauth.service import NatsAuthService
 
     settings, issuer = process.prepared
-    client = await _kube_client(process.stack, process.args.kubeconfig, "service natsauth")
+    client = await kube_client(process.stack, process.args.kubeconfig, "service natsauth")
     audiences = [settings.token_audience] if settings.token_audience else None
     service = NatsAuthService(
         process.bus,
@@ -77,7 +65,7 @@ async def run_ensure_cluster_secret(args: argparse.Namespace) -> int:
 
     services = tuple(s.strip() for s in (args.services or ",".join(SERVICE_USERS)).split(",") if s.strip())
     async with AsyncExitStack() as stack:
-        client = await _kube_client(stack, args.kubeconfig, "creds ensure-cluster-secret")
+        client = await kube_client(stack, args.kubeconfig, "creds ensure-cluster-secret")
         added = await k8s_secrets.ensure_keys(
             client,
             namespace=args.namespace,

@@ -18,11 +18,13 @@ from services.k8s import sinks
 ATTEMPTS = 5
 
 
-def _decoded(data: Mapping[str, str] | None) -> dict[str, str]:
+def decoded(data: Mapping[str, str] | None) -> dict[str, str]:
+    """A Secret's `data` (base64 values) as text."""
     return {k: base64.b64decode(v).decode() for k, v in (data or {}).items()}
 
 
-def _encoded(data: Mapping[str, str]) -> dict[str, str]:
+def encoded(data: Mapping[str, str]) -> dict[str, str]:
+    """Text values as a Secret's `data` (base64)."""
     return {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
 
 
@@ -49,7 +51,7 @@ async def ensure_keys(
                 "kind": "Secret",
                 "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
                 "type": "Opaque",
-                "data": _encoded(data),
+                "data": encoded(data),
             }
             status, body = await sinks.raw_request(core_api.create_namespaced_secret(namespace, secret, **options))
             if status == sinks.HTTP_CONFLICT:
@@ -57,11 +59,11 @@ async def ensure_keys(
             sinks.parsed(status, body, f"create {what}")
             return sorted(data)
         current = sinks.parsed(status, body, f"get {what}")
-        existing = _decoded(current.get("data"))
+        existing = decoded(current.get("data"))
         added = {k: v for k, v in additions(existing).items() if k not in existing}
         if not added:
             return []
-        replacement: Any = {**current, "data": {**(current.get("data") or {}), **_encoded(added)}}
+        replacement: Any = {**current, "data": {**(current.get("data") or {}), **encoded(added)}}
         call = core_api.replace_namespaced_secret(name, namespace, replacement, **options)
         status, body = await sinks.raw_request(call)
         if status == sinks.HTTP_CONFLICT:

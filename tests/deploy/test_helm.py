@@ -427,7 +427,7 @@ def test_the_webhook_is_opt_in_serves_its_certificate_and_the_bridge_reads_what_
     values = {
         **DEFAULTS,
         "services": {"webhook": {"enabled": True, "replicas": 2}},
-        "webhook": {"tls": {"secretName": "webhook-serving"}},
+        "webhook": {"tls": {"secretName": "webhook-serving", "caBundle": "Y2E="}},  # configurations: test_helm_webhook
     }
     objects = render(values)
     for obj in objects:
@@ -450,8 +450,11 @@ def test_the_webhook_is_opt_in_serves_its_certificate_and_the_bridge_reads_what_
     nats = by_kind(objects, "ConfigMap")["prod-koordbus-nats"]["data"]["nats.conf"]
     assert '{user: "service-webhook", password: $PASSWORD_WEBHOOK}' in nats
     assert not any(o["metadata"]["name"].endswith("-webhook") for o in render(DEFAULTS))
-    with pytest.raises(Exception, match=r"services.webhook needs webhook.tls.secretName"):
-        render({**DEFAULTS, "services": {"webhook": {"enabled": True}}})
+    # no Secret of the user's: the one the chart's hook Job makes (or cert-manager: tests/deploy/test_helm_webhook.py)
+    made = by_kind(render({**DEFAULTS, "services": {"webhook": {"enabled": True}}}), "Deployment")
+    made = made["prod-koordbus-webhook"]
+    (volume,) = [v for v in made["spec"]["template"]["spec"]["volumes"] if v["name"] == "webhook-tls"]
+    assert volume["secret"]["secretName"] == "prod-koordbus-webhook-tls"
     rules = by_kind(render(DEFAULTS), "ClusterRole")["prod-koordbus-k8s"]["rules"]
     readable = {
         (g, r) for rule in rules if "watch" in rule["verbs"] for g in rule["apiGroups"] for r in rule["resources"]

@@ -106,6 +106,23 @@ CORE_KINDS = (
         group="apps", version="v1", plural="statefulsets", kind="StatefulSet", namespaced=True, has_status=True
     ),
     ResourceKind(group="batch", version="v1", plural="jobs", kind="Job", namespaced=True, has_status=True),
+    # the webhook configurations `koordbus certs webhook` patches the caBundle of (cluster-scoped)
+    ResourceKind(
+        group="admissionregistration.k8s.io",
+        version="v1",
+        plural="mutatingwebhookconfigurations",
+        kind="MutatingWebhookConfiguration",
+        namespaced=False,
+        has_status=False,
+    ),
+    ResourceKind(
+        group="admissionregistration.k8s.io",
+        version="v1",
+        plural="validatingwebhookconfigurations",
+        kind="ValidatingWebhookConfiguration",
+        namespaced=False,
+        has_status=False,
+    ),
     # Cluster-scoped, no status subresource. Served as v1alpha1, the version koordlet and koordbus write (the reference
     # CRD stores v1alpha2), and checked against that version's schema.
     ResourceKind(

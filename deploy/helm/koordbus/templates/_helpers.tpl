@@ -111,3 +111,71 @@ seccompProfile:
       {{- end }}
 {{- end }}
 {{- end -}}
+
+{{/* Where the admission webhook's certificate comes from: "secret" (the user's, webhook.tls.secretName),
+"cert-manager" (webhook.certManager.enabled) or "job" (the hook Job running `koordbus certs webhook`). */}}
+{{- define "koordbus.webhookCertMode" -}}
+{{- $w := .Values.webhook -}}
+{{- if and $w.certManager.enabled $w.tls.secretName -}}
+{{- fail "webhook.certManager.enabled and webhook.tls.secretName exclude each other: cert-manager writes the chart's own Secret (set an issuer with webhook.certManager.issuerRef)" -}}
+{{- else if $w.tls.secretName -}}
+secret
+{{- else if $w.certManager.enabled -}}
+cert-manager
+{{- else -}}
+job
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret with the webhook's tls.crt and tls.key: the user's, or the one cert-manager or the hook Job writes. */}}
+{{- define "koordbus.webhookSecret" -}}
+{{- .Values.webhook.tls.secretName | default (printf "%s-webhook-tls" (include "koordbus.fullname" .)) -}}
+{{- end -}}
+
+{{/* The caBundle of a user's certificate (webhook.tls.caBundle: PEM, or PEM in base64 as the field holds it). */}}
+{{- define "koordbus.webhookCaBundle" -}}
+{{- $ca := .Values.webhook.tls.caBundle | trim -}}
+{{- if hasPrefix "-----BEGIN" $ca -}}
+{{ printf "%s\n" $ca | b64enc }}
+{{- else -}}
+{{ $ca }}
+{{- end -}}
+{{- end -}}
+
+{{/* One webhook's clientConfig: the webhook Service's HTTPS port (443) at `path`, and the CA that kube-apiserver
+trusts for it when the chart knows it (a user's certificate); cert-manager injects it, the hook Job patches it in. */}}
+{{- define "koordbus.webhookClientConfig" -}}
+service:
+  name: {{ include "koordbus.fullname" .root }}-webhook
+  namespace: {{ .root.Release.Namespace }}
+  path: {{ .path | quote }}
+  port: 443
+{{- if eq (include "koordbus.webhookCertMode" .root) "secret" }}
+caBundle: {{ include "koordbus.webhookCaBundle" .root }}
+{{- end }}
+{{- end -}}
+
+{{/* The namespaces never sent to the webhooks: webhook.excludeNamespaces (kube-system) and the release's own. */}}
+{{- define "koordbus.webhookNamespaceSelector" -}}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: NotIn
+    values: {{ uniq (append .Values.webhook.excludeNamespaces .Release.Namespace) | toJson }}
+{{- end -}}
+
+{{/* failurePolicy and timeoutSeconds of one webhook (`name`: its values key), refused at render when kube-apiserver
+would refuse them. */}}
+{{- define "koordbus.webhookPolicy" -}}
+{{- $hook := index .root.Values.webhook .name -}}
+{{- if not (has $hook.failurePolicy (list "Ignore" "Fail")) -}}
+{{- fail (printf "webhook.%s.failurePolicy must be Ignore or Fail, got %v" .name $hook.failurePolicy) -}}
+{{- end -}}
+{{- if or (lt (int $hook.timeoutSeconds) 1) (gt (int $hook.timeoutSeconds) 30) -}}
+{{- fail (printf "webhook.%s.timeoutSeconds must be 1–30 (kube-apiserver's bounds; keep it well under 10), got %v" .name $hook.timeoutSeconds) -}}
+{{- end -}}
+admissionReviewVersions: [v1]
+sideEffects: None
+matchPolicy: Equivalent
+failurePolicy: {{ $hook.failurePolicy }}
+timeoutSeconds: {{ int $hook.timeoutSeconds }}
+{{- end -}}
