@@ -1,7 +1,7 @@
 """The dashboard in headless Chromium against `koordbus up --simulate-nodes 50`: sign-in, each page loads and its
 charts have data, a node page counts its pods, the quota tree's total is the nodes' allocatable and a quota change
 made through the REST API shows in the tree view without a reload, a migration request shows in the queue with its
-arbitration, the watermarks page lays out the thresholds with its findings, the charts'
+arbitration, the watermarks page lays out the thresholds the running extender stated with its findings, the charts'
 y axes read distinct labels whatever the range, and a screenshot of each page lands in test-artifacts/browser/."""
 
 from __future__ import annotations
@@ -238,6 +238,10 @@ def test_watermarks_page_shows_the_lines_side_by_side_with_the_findings(tab: Pag
     codes = tab.page.locator("#watermark-findings li").evaluate_all("items => items.map(i => i.dataset.code)")
     assert codes == [f["code"] for f in view["findings"]] and "no-shared-watermarks" in codes
     assert "descheduler" in tab.page.inner_text("#watermark-staleness")
+    # `koordbus up` runs the load-aware extender: the scheduler's line is what it stated, not the defaults
+    assert view["scheduler"]["reported"] is True
+    assert "scheduler: reported;" in tab.page.inner_text("#watermark-staleness")
+    assert not [f for f in view["findings"] if f["code"] == "not-reported" and "scheduler" in f["message"]]
     assert tab.page.get_attribute("nav a[data-tab=watermarks]", "class") == "active"
     tab.screenshot("watermarks")
     assert tab.errors == []
