@@ -136,6 +136,8 @@ async def run_up(args: argparse.Namespace) -> int:
     if not runtime.port_is_free(args.host, args.port):
         raise SystemExit(f"koordbus up: port {args.port} on {args.host} is in use; pass --port")
     extender_port = None if args.no_extender else extender.pick_port(args.host, args.extender_port)
+    if extender_port is None:  # `koordbus scheduler explain` must not find an extender this `up` does not run
+        (data_dir / extender.URL_FILE).unlink(missing_ok=True)
     api_settings = settings_loader.load(
         ApiSettings, {"host": args.host, "port": args.port, "api_tokens_file": args.api_tokens_file}
     )
