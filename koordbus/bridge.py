@@ -135,8 +135,10 @@ async def bridge_cluster(
 async def record_quotas(
     stack: AsyncExitStack, bus: Any, registry: Any, settings: Any, nodes_export: Any
 ) -> Callable[[], Any]:
-    """Record-only mode for the quota, NodeSLO and topology mirrors and the agents' evictions too: what the
-    recorded-writes route shows, ElasticQuotas, NodeSLOs, NodeResourceTopologies and evictions included."""
+    """Record-only mode for the quota, NodeSLO and topology mirrors, the agents' evictions and the load-aware
+    extender's bindings too: what the recorded-writes route shows, ElasticQuotas, NodeSLOs, NodeResourceTopologies,
+    evictions and Bindings included."""
+    from services.k8s.binder import BindResponder, RecordingBinder
     from services.k8s.eviction_executor import EvictionExecutor, RecordingEvictor
     from services.k8s.nodeslo_mirror import NodeSloMirror, RecordingNodeSloSink
     from services.k8s.quota_mirror import QuotaMirror, RecordingQuotaSink
@@ -146,6 +148,11 @@ async def record_quotas(
     executor = EvictionExecutor(bus, evictor, registry=registry)
     await executor.start()
     stack.push_async_callback(executor.stop)
+    binder = RecordingBinder(keep=settings.recorded_writes_kept)
+    if settings.bind_pods:
+        responder = BindResponder(bus, binder, registry=registry)
+        await responder.start()
+        stack.push_async_callback(responder.stop)
     nodeslo_sink = RecordingNodeSloSink(keep=settings.recorded_writes_kept)
     nodeslo_mirror = NodeSloMirror(bus, nodeslo_sink, settings=settings, registry=registry)
     await nodeslo_mirror.start()
@@ -172,6 +179,7 @@ async def record_quotas(
             **topologies,
             "nodeslos": nodeslo_sink.export(),
             "evictions": evictor.export(),
+            "bindings": binder.export(),
         }
 
     return export

@@ -1,5 +1,6 @@
 """`koordbus scheduler explain POD NODE`: the load-aware extender's filter verdict and score of a pod on a node, with
-the arithmetic behind both, asked of a running extender (`koordbus service loadaware`, its /explain route), or with
+the arithmetic behind both, asked of a running extender (`koordbus service loadaware` or `koordbus up`, its /explain
+route; `up`'s over mutual TLS, with the URL and client certificate it wrote to .koordbus/), or with
 `--offline -f STATE` replayed from a node's saved state (`koordbus scheduler state NODE`, the API's
 /api/v1/scheduler/nodes/NODE/state, or any `koordbus calc loadaware` input) through the same code.
 `koordbus scheduler state NODE`: that state now, from the koordbus API (role viewer), to save and replay later.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import ssl
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,13 +27,30 @@ import httpx
 import msgspec
 import yaml
 
-from koordbus import apiclient, calc_input
+from koordbus import apiclient, calc_input, extender
 from koordbus.calc_errors import InputError
 from schemas import kube, names
 from services.common.args import ArgsError
 from services.loadaware import core, snapshot
 
 DEFAULT_URL = "http://127.0.0.1:9090"
+UP_DIR = Path(".koordbus")
+"""Where `koordbus up` run from this directory writes its extender's URL and client certificate (koordbus.extender)."""
+
+
+def _default_url() -> str:
+    """KOORDBUS_LOADAWARE_URL, else the extender of a `koordbus up` run from here, else the service's plain port."""
+    if url := os.environ.get("KOORDBUS_LOADAWARE_URL"):
+        return url
+    try:
+        return (UP_DIR / extender.URL_FILE).read_text(encoding="ascii").strip() or DEFAULT_URL
+    except (OSError, UnicodeDecodeError):
+        return DEFAULT_URL
+
+
+def _up_file(name: str) -> str | None:
+    path = UP_DIR / name
+    return str(path) if path.is_file() else None
 
 
 def add_parser(sub: Any) -> None:
@@ -51,8 +70,26 @@ def add_parser(sub: Any) -> None:
     explain.add_argument("-f", "--file", metavar="STATE", help="the saved state (JSON or YAML) for --offline")
     explain.add_argument(
         "--url",
-        default=os.environ.get("KOORDBUS_LOADAWARE_URL", DEFAULT_URL),
-        help=f"the extender (default {DEFAULT_URL} or KOORDBUS_LOADAWARE_URL)",
+        default=None,
+        help=f"the extender (default KOORDBUS_LOADAWARE_URL, else the one `koordbus up` run from this directory "
+        f"wrote to {UP_DIR / extender.URL_FILE}, else {DEFAULT_URL})",
+    )
+    explain.add_argument(
+        "--cacert",
+        metavar="FILE",
+        help=f"with an https URL: the CA of the extender's certificate (default {UP_DIR / extender.CA_FILE} when "
+        "there, else the system's)",
+    )
+    explain.add_argument(
+        "--cert",
+        metavar="FILE",
+        help=f"with an https URL: the client certificate to present (default {UP_DIR / extender.CLIENT_CERT_FILE} "
+        "when there)",
+    )
+    explain.add_argument(
+        "--key",
+        metavar="FILE",
+        help=f"the client certificate's key (default {UP_DIR / extender.CLIENT_KEY_FILE} when there)",
     )
     explain.add_argument("--json", action="store_true", help="print the extender's answer as JSON")
     explain.set_defaults(run=run_explain)
@@ -202,6 +239,18 @@ def _explain_offline(args: argparse.Namespace) -> dict[str, Any]:
     return core.explain(load, pod, node, now=now)
 
 
+def _tls(args: argparse.Namespace, url: str) -> ssl.SSLContext | bool:
+    """For an https URL: an SSL context trusting --cacert and presenting --cert/--key (each defaulting to what
+    `koordbus up` wrote to .koordbus/, when there); for plain http, nothing."""
+    if not url.startswith("https://"):
+        return True
+    context = ssl.create_default_context(cafile=args.cacert or _up_file(extender.CA_FILE))
+    cert = args.cert or _up_file(extender.CLIENT_CERT_FILE)
+    if cert is not None:
+        context.load_cert_chain(cert, args.key or _up_file(extender.CLIENT_KEY_FILE))
+    return context
+
+
 def run_explain(args: argparse.Namespace) -> int:
     if args.offline:
         answer = _explain_offline(args)
@@ -210,10 +259,15 @@ def run_explain(args: argparse.Namespace) -> int:
     if args.pod is None or args.node is None:
         raise SystemExit("koordbus scheduler explain: POD and NODE are required (or --offline -f STATE)")
     pod = _read_pod(args.pod)
+    url = args.url or _default_url()
     try:
-        response = httpx.post(f"{args.url.rstrip('/')}/explain", json={"pod": pod, "node": args.node}, timeout=10)
+        response = httpx.post(
+            f"{url.rstrip('/')}/explain", json={"pod": pod, "node": args.node}, timeout=10, verify=_tls(args, url)
+        )
     except httpx.HTTPError as err:
-        raise SystemExit(f"koordbus: the extender at {args.url} did not answer: {err}") from None
+        raise SystemExit(f"koordbus: the extender at {url} did not answer: {err}") from None
+    except (OSError, ssl.SSLError) as err:  # a certificate or key file that cannot be read or used
+        raise SystemExit(f"koordbus: cannot use the TLS files for {url}: {err}") from None
     if response.status_code != 200:
         raise SystemExit(f"koordbus: the extender refused: {response.status_code} {response.text}")
     answer = response.json()

@@ -10,11 +10,13 @@ import argparse
 import asyncio
 import logging
 import os
+import time
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 from bus import streams
+from koordbus import extender
 from koordbus.api import API_TOKEN_FILE, api_tokens, event_hub
 from koordbus.bridge import bridge_cluster
 from koordbus.common import add_common, common_settings, local_node_name, routes_of, watermark_defaults
@@ -39,7 +41,9 @@ def add_parser(sub: Any) -> None:
         "up",
         help="run everything on this machine: embedded NATS, SQLite, services, a local agent and the API",
         description="Start the embedded default: nats-server from the wheel (JetStream, data in --data-dir), SQLite "
-        "in the same directory, the nodemetric service, an agent for this host and the API. Ctrl-C stops it.",
+        "in the same directory, the nodemetric, noderesource, slo, quota and migration services, the load-aware "
+        "scheduler extender (mutual TLS on --extender-port), the Kubernetes bridge, an agent for this host and the "
+        "API. Ctrl-C stops it.",
     )
     add_common(up, embedded=True)
     up.add_argument("--data-dir", help="where the NATS store, logs and SQLite live (default .koordbus)")
@@ -50,6 +54,15 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="API token file ('token role [name]' per line; default: an admin token generated in the data dir)",
     )
+    up.add_argument(
+        "--extender-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="the load-aware kube-scheduler extender's port on --host, over mutual TLS with credentials in the data "
+        f"dir (default {extender.DEFAULT_PORT}, or a free port when that one is taken; 0: a free port)",
+    )
+    up.add_argument("--no-extender", action="store_true", help="do not run the load-aware scheduler extender")
     up.add_argument("--simulate-nodes", type=int, default=0, metavar="N", help="also run N synthetic nodes")
     up.add_argument("--simulate-pods", type=int, default=20, metavar="P", help="pods per synthetic node (default 20)")
     up.add_argument(
@@ -93,6 +106,7 @@ def prepare_data_dir(path: str) -> Path:
 async def run_up(args: argparse.Namespace) -> int:
     from agent.service import AgentService
     from agent.settings import AgentSettings, QosSettings
+    from agent.simulate import simulated_node_names
     from agent.topology_watch import reporter_for
     from koordbus import runtime, simulation
     from services.api.app import ApiContext, create_app
@@ -121,6 +135,9 @@ async def run_up(args: argparse.Namespace) -> int:
     data_dir = prepare_data_dir(common.data_dir)
     if not runtime.port_is_free(args.host, args.port):
         raise SystemExit(f"koordbus up: port {args.port} on {args.host} is in use; pass --port")
+    extender_port = None if args.no_extender else extender.pick_port(args.host, args.extender_port)
+    if extender_port is None:  # `koordbus scheduler explain` must not find an extender this `up` does not run
+        (data_dir / extender.URL_FILE).unlink(missing_ok=True)
     api_settings = settings_loader.load(
         ApiSettings, {"host": args.host, "port": args.port, "api_tokens_file": args.api_tokens_file}
     )
@@ -159,6 +176,11 @@ async def run_up(args: argparse.Namespace) -> int:
         )
         if cluster.recorded_writes is None:  # the bridge writes to a cluster: passed jobs are carried out
             await start_migration_executor(stack, bus, registry, migration)
+        scheduler = None
+        if extender_port is not None:
+            scheduler = await extender.start(
+                stack, bus, registry, data_dir=data_dir, host=args.host, port=extender_port, now=time.time()
+            )
         app = create_app(
             ApiContext(
                 settings=api_settings,
@@ -218,6 +240,7 @@ async def run_up(args: argparse.Namespace) -> int:
             else "NONE: authentication disabled"
         )
         generated = not api_settings.api_tokens_file and api_settings.auth_enabled
+        try_node = simulated_node_names(1)[0] if args.simulate_nodes else local_node_name()
         # the token rides in the URL fragment, which a browser never sends to the server (nor to its logs)
         sign_in = f"{base}/#token={(data_dir / API_TOKEN_FILE).read_text().strip()}" if generated else f"{base}/"
         print(
@@ -232,6 +255,8 @@ async def run_up(args: argparse.Namespace) -> int:
             f"  agent       {'off' if args.no_agent else local_node_name()}"
             f"   simulated nodes: {args.simulate_nodes}\n"
             f"  cluster     {cluster.banner}\n"
+            f"{_extender_banner(scheduler, node=try_node)}"
+            f"  not running {_not_running(cluster_connected=cluster.recorded_writes is None)}\n"
             f"NodeMetrics appear after the first report interval ({nm_settings.report_interval_seconds} s of samples)."
             f" Ctrl-C stops.",
             flush=True,
@@ -239,6 +264,32 @@ async def run_up(args: argparse.Namespace) -> int:
         await stop.wait()
         print("koordbus: shutting down …", flush=True)
     return 0
+
+
+def _extender_banner(running: extender.RunningExtender | None, *, node: str) -> str:
+    """The extender's banner lines: where it answers, its credentials, and a request to try."""
+    if running is None:
+        return "  extender    off (--no-extender): `koordbus scheduler explain` has nothing to ask\n"
+    tls = running.tls
+    return (
+        f"  extender    {running.url}   (the load-aware kube-scheduler extender: filter, prioritize, bind, explain)\n"
+        f"              (mutual TLS: CA {tls.ca}, client certificate and key {tls.client_cert.name},"
+        f" {tls.client_key.name} next to it)\n"
+        f"              try: {extender.try_it(running, node=node)}\n"
+    )
+
+
+def _not_running(*, cluster_connected: bool) -> str:
+    """What `up` leaves out, for the banner."""
+    parts = [
+        "the admission webhook (services/webhook: not built yet, so ElasticQuota, slo-controller-config and "
+        "ClusterColocationProfile changes made with kubectl are not checked)",
+        "the NATS auth callout (natsauth, for agents signing in with ServiceAccount tokens: `up` connects as one "
+        "NATS user)",
+    ]
+    if not cluster_connected:
+        parts.append("the migration executor (no cluster: passed migration jobs are arbitrated, not carried out)")
+    return ";\n              ".join(parts)
 
 
 def _caps_banner(caps: streams.SizeCaps) -> str:

@@ -6,13 +6,18 @@ POSTing a core/v1 Binding of the pod to the node, the pod's uid in the Binding's
 to bind a pod recreated under the same name. The reply carries the API server's status and message: 201 bound, 404
 the pod is gone, 409 it is already bound (or the uid did not match); an unreachable API server is status 0. Nothing
 is retried here: kube-scheduler retries a pod whose binding failed. Every answer is counted in
-`koordbus_k8s_writes{object="binding"}`. Started by the composition root only when the bridge writes to a cluster.
+`koordbus_k8s_writes{object="binding"}`. Started by the composition root when the bridge writes to a cluster with
+KubeBinder, and in record-only mode (`koordbus up` without a cluster) with RecordingBinder, which keeps the Binding
+it would have created (shown under `bindings` at /api/v1/k8s/recorded-writes) and answers 201.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Final
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final, Protocol
 
 import msgspec
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
@@ -29,18 +34,28 @@ QUEUE: Final = "k8s-bind"
 OUTCOMES: Final = {200: "bound", 201: "bound", 404: "gone", 409: "conflict"}
 
 
+class Binder(Protocol):
+    async def bind(self, request: wire.PodBindRequest) -> wire.PodBindReply: ...
+
+
+def binding_object(request: wire.PodBindRequest) -> dict[str, Any]:
+    """The core/v1 Binding of the pod to its node, its uid in the metadata (the API server then refuses to bind a pod
+    recreated under the same name)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": request.name, "namespace": request.namespace, "uid": request.uid},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": request.node},
+    }
+
+
 class KubeBinder:
     def __init__(self, api_client: ApiClient, *, request_timeout: float = 30.0) -> None:
         self._core = CoreV1Api(api_client)
         self._timeout = request_timeout
 
     async def bind(self, request: wire.PodBindRequest) -> wire.PodBindReply:
-        body: Any = {
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": {"name": request.name, "namespace": request.namespace, "uid": request.uid},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": request.node},
-        }
+        body: Any = binding_object(request)
         try:
             status, text = await sinks.raw_request(
                 self._core.create_namespaced_pod_binding(
@@ -54,8 +69,23 @@ class KubeBinder:
         return wire.PodBindReply(status=status, error=f"HTTP {status}: {core.error_status(text)}")
 
 
+class RecordingBinder:
+    """Record-only mode: the Bindings that would have been created (the newest `keep`), each answered as bound."""
+
+    def __init__(self, *, keep: int = 1000, clock: Callable[[], float] = time.time) -> None:
+        self.log: deque[dict[str, Any]] = deque(maxlen=keep)
+        self._clock = clock
+
+    async def bind(self, request: wire.PodBindRequest) -> wire.PodBindReply:
+        self.log.append({"at": self._clock(), "binding": binding_object(request)})
+        return wire.PodBindReply(status=201)
+
+    def export(self) -> list[dict[str, Any]]:
+        return list(self.log)
+
+
 class BindResponder:
-    def __init__(self, bus: Bus, binder: KubeBinder, *, registry: CollectorRegistry, concurrency: int = 16) -> None:
+    def __init__(self, bus: Bus, binder: Binder, *, registry: CollectorRegistry, concurrency: int = 16) -> None:
         self.bus = bus
         self.binder = binder
         self._concurrency = concurrency

@@ -33,7 +33,8 @@ class RecordedWrites:
     description="NodeMetric objects, nodes' batch/mid status and annotations as they would be after the writes, the "
     "Kubernetes Events that would be created (`events`, e.g. for a rejected colocation ConfigMap), and the log of "
     "writes (oldest first); the mirrors' objects and writes under `quotas`, `nodeslos` and `noderesourcetopologies`, "
-    "and the agents' evictions under `evictions`. Only in record-only mode: with a real cluster this answers 404.",
+    "the agents' evictions under `evictions`, and the Bindings the load-aware extender's bind verb asked for under "
+    "`bindings`. Only in record-only mode: with a real cluster this answers 404.",
 )
 async def recorded_writes(request: Request) -> Any:
     recorded = provided(request, RecordedWrites)

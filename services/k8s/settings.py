@@ -50,7 +50,7 @@ class K8sSettings:
     koordlet does; false leaves the cluster's NodeResourceTopologies to another writer (a koordlet)."""
     bind_pods: bool = True
     """Answer the load-aware extender's bind requests (koord.v1.rpc.k8s.bind) by creating pods/binding; needs that
-    right (the Helm chart grants it with loadaware.bind). Only when the bridge writes to a cluster."""
+    right (the Helm chart grants it with loadaware.bind). In record-only mode the Bindings are recorded instead."""
     recorded_writes_kept: int = 1000
     """Record-only mode: how many of the latest writes it would have made are kept in its log."""
 

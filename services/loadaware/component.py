@@ -1,6 +1,6 @@
 """The load-aware extender's API route (services.loadaware.routes: a node's extender state, asked over the bus) as the
-composition root assembles it (koordbus.up, koordbus.api). The extender itself runs as `koordbus service loadaware`
-with its own HTTP app (services.loadaware.http)."""
+composition root assembles it (koordbus.up, koordbus.api). The extender itself runs as `koordbus service loadaware`,
+or inside `koordbus up` (koordbus.extender), with its own HTTP app (services.loadaware.http)."""
 
 from __future__ import annotations
 

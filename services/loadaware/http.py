@@ -5,7 +5,8 @@ Bodies are decoded and encoded with msgspec by services.loadaware.extender (no p
 400 with `{"error": message}`; a body over MAX_BODY_BYTES a 413 before it is read (services.common.bodies).
 `create_app(..., verbs=False)` leaves out the scheduling verbs: the plain port of an extender that serves them over
 mutual TLS (LoadAwareSettings.tls_cert_file) keeps only health, readiness, metrics and explain.
-Served by `koordbus service loadaware`; exercised by tests/integration/test_loadaware_http.py and bench/loadaware.py.
+Served by `koordbus service loadaware` and `koordbus up` (koordbus.extender, over mutual TLS); exercised by
+tests/integration/test_loadaware_http.py and bench/loadaware.py.
 """
 
 from __future__ import annotations

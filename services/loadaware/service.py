@@ -15,7 +15,7 @@ export (request/reply on koord.v1.rpc.loadaware.state, the queue group of every 
 with services.loadaware.snapshot's document. `bind` records the placement at once, then asks
 the Kubernetes bridge to create the Binding (request/reply on koord.v1.rpc.k8s.bind, services.k8s.binder) and takes
 the placement back when that fails or no answer comes within `bind_timeout_seconds`. Called by `koordbus service
-loadaware` and tests.
+loadaware`, `koordbus up` (koordbus.extender) and tests.
 """
 
 from __future__ import annotations

@@ -109,7 +109,10 @@ class NodeLiveness(BaseModel):
     cgroupDriver: str
     cpuCores: float
     memoryTotalBytes: int
-    pods: int
+    pods: int = Field(
+        description="the pods in the node's latest NodeMetric (podsMetric: those its agent measured in the report's "
+        "window, as the node page's usage charts); before its first NodeMetric, the pods its agent's state report named"
+    )
     agentVersion: str
     droppedBatches: int = Field(description="batches the agent dropped while the bus was away")
 
@@ -124,7 +127,13 @@ class NodeLivenessList(BaseModel):
     items: list[NodeLiveness]
 
 
-def node_liveness(node: NodeRecord, *, now: float, stale_after: float) -> NodeLiveness:
+def pods_on(node: NodeRecord, usage: UsageSummary | None) -> int:
+    """The node's pods as its latest NodeMetric names them (the same report as its usage); before its first
+    NodeMetric, as its agent's state report named them."""
+    return usage.pods if usage is not None else node.pods
+
+
+def node_liveness(node: NodeRecord, usage: UsageSummary | None, *, now: float, stale_after: float) -> NodeLiveness:
     return NodeLiveness(
         name=node.node,
         firstSampleTime=rfc3339(node.first_seen),
@@ -135,7 +144,7 @@ def node_liveness(node: NodeRecord, *, now: float, stale_after: float) -> NodeLi
         cgroupDriver=node.cgroup_driver,
         cpuCores=node.cpu_cores,
         memoryTotalBytes=node.memory_total,
-        pods=node.pods,
+        pods=pods_on(node, usage),
         agentVersion=node.agent_version,
         droppedBatches=node.dropped_batches,
     )
@@ -162,7 +171,8 @@ async def list_nodes(
     # Filtering after the page is cut keeps the token on the last *scanned* name, so no node is skipped.
     page, token = split_page(rows, limit=limit, name=lambda n: n.node)
     now, stale_after = ctx.settings.clock(), ctx.settings.stale_after_seconds
-    items = [node_liveness(n, now=now, stale_after=stale_after) for n in page]
+    usages = {u.node: u for u in await ctx.store.usage_summaries_of(n.node for n in page)}
+    items = [node_liveness(n, usages.get(n.node), now=now, stale_after=stale_after) for n in page]
     if stale is not None:
         items = [item for item in items if item.stale == stale]
     return NodeLivenessList(metadata=ListMeta.model_validate({"continue": token}), items=items)
@@ -175,7 +185,8 @@ async def get_node(request: Request, node: str) -> NodeLiveness:
     found = await ctx.store.nodes_by_name([node])
     if not found:
         raise HTTPException(404, f"node {node!r} has never reported (no metrics batch or state from its agent)")
-    return node_liveness(found[0], now=ctx.settings.clock(), stale_after=ctx.settings.stale_after_seconds)
+    usage = next(iter(await ctx.store.usage_summaries_of([node])), None)
+    return node_liveness(found[0], usage, now=ctx.settings.clock(), stale_after=ctx.settings.stale_after_seconds)
 
 
 # --- the prod predictor (spec §1.7), as the replica owning the node holds it
@@ -228,7 +239,7 @@ def overview_columns(node: NodeRecord, usage: UsageSummary | None, *, now: float
         "stale": now - node.last_seen > stale_after,
         "cpuCores": node.cpu_cores,
         "memoryTotal": node.memory_total,
-        "pods": node.pods,
+        "pods": pods_on(node, usage),
         "reportTime": usage.report_time if usage is not None else None,
         "cpuUsed": usage.cpu if usage is not None else None,
         "memoryUsed": usage.memory if usage is not None else None,

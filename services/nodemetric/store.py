@@ -135,6 +135,8 @@ class UsageSummary:
     batch_memory: int
     mid_cpu: int
     mid_memory: int
+    pods: int = 0
+    """The pods the NodeMetric names (podsMetric): those the node's agent measured in the report's window."""
 
 
 class _PodUsageView(msgspec.Struct, frozen=True, kw_only=True):
@@ -266,6 +268,16 @@ class NodeMetricStore:
         query = sa.select(_METRICS.c.node, _METRICS.c.report_time, _METRICS.c.status).where(_METRICS.c.node <= through)
         if after is not None:
             query = query.where(_METRICS.c.node > after)
+        async with self._engine.connect() as connection:
+            rows = (await connection.execute(query.order_by(_METRICS.c.node))).all()
+        return [_usage_summary(row.node, float(row.report_time), row.status) for row in rows]
+
+    async def usage_summaries_of(self, names: Iterable[str]) -> builtins.list[UsageSummary]:
+        """The NodeMetrics of the nodes among `names` that have one, ordered by name, as overview summaries."""
+        wanted = sorted(set(names))
+        if not wanted:
+            return []
+        query = sa.select(_METRICS.c.node, _METRICS.c.report_time, _METRICS.c.status).where(_METRICS.c.node.in_(wanted))
         async with self._engine.connect() as connection:
             rows = (await connection.execute(query.order_by(_METRICS.c.node))).all()
         return [_usage_summary(row.node, float(row.report_time), row.status) for row in rows]
@@ -493,4 +505,5 @@ def _usage_summary(node: str, report_time: float, status_json: str) -> UsageSumm
         batch_memory=sums[vocab.PRIORITY_BATCH, "memory"],
         mid_cpu=sums[vocab.PRIORITY_MID, "cpu"],
         mid_memory=sums[vocab.PRIORITY_MID, "memory"],
+        pods=len(view.pods_metric),
     )

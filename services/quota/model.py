@@ -362,7 +362,11 @@ class QuotaModel:
                 note(DEFAULT_TREE, [name])  # deleted: the service publishes its removal
         self._touched.clear()
         if self._totals_dirty:
-            self._set_totals()
+            for key in self._set_totals():
+                # the root's runtime is the tree's total (less the system and default quotas' used), and the tree's
+                # status carries the total: both change with it even when no child's runtime does (the three
+                # system quotas alone, or every child capped at its max), so both are published again
+                note(key, [quota.ROOT_QUOTA])
         for key, tree in self.trees.items():
             note(key, tree.refresh())
         changed = {k: v for k, v in changed.items() if v}
@@ -385,9 +389,12 @@ class QuotaModel:
             else:
                 self.problems.pop(name, None)
 
-    def _set_totals(self) -> None:
+    def _set_totals(self) -> list[str]:
+        """Each tree's total from the nodes and the tree roots' total-resource; returns the trees whose total
+        changed."""
         self._totals_dirty = False
         default_total = dict(self._node_total)
+        totals: dict[str, resources.ResourceList] = {}
         for key, tree in self.trees.items():
             if key == DEFAULT_TREE:
                 continue
@@ -397,8 +404,15 @@ class QuotaModel:
                 total = resources.add(total, spec.total_resource or {})
                 if not spec.ignore_default_tree:
                     default_total = resources.sub(default_total, spec.total_resource or {})
-            tree.set_total(total)
-        self.tree(DEFAULT_TREE).set_total({k: max(v, 0) for k, v in default_total.items()})
+            totals[key] = total
+        totals[DEFAULT_TREE] = {k: max(v, 0) for k, v in default_total.items()}
+        changed = []
+        for key, total in totals.items():
+            tree = self.tree(key)
+            if tree.total != total:
+                changed.append(key)
+                tree.set_total(total)
+        return changed
 
     def state_of(self, name: str) -> quota.QuotaState | None:
         key = self._tree_of.get(name)

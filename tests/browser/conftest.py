@@ -1,6 +1,7 @@
 """Fixtures for the dashboard tests in a real browser: Debian's Chromium (/usr/bin/chromium) driven by Playwright
-(never a downloaded browser), `koordbus up --simulate-nodes 50` as a real process, and the artefact directory for
-screenshots (test-artifacts/browser/ at the repository root, git-ignored).
+(never a downloaded browser), `koordbus up --simulate-nodes 50` as a real process (its load-aware extender on a
+free port), and the artefact directory for screenshots (test-artifacts/browser/ at the repository root,
+git-ignored).
 
 Without /usr/bin/chromium every test here is skipped and the terminal summary says so in a banner, like the
 PostgreSQL skips; `.ci/run` installs the package (`apt-get install -y chromium`).
@@ -88,7 +89,7 @@ def koordbus_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Koordbus]:
     log = data / "koordbus-up.log"
     command = [
         sys.executable, "-m", "koordbus.cli", "up", "--data-dir", str(data / "data"), "--port", str(port),
-        "--simulate-nodes", str(SIMULATED_NODES), "--no-agent",
+        "--simulate-nodes", str(SIMULATED_NODES), "--no-agent", "--extender-port", "0",
     ]  # fmt: skip
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, text=True)

@@ -1,7 +1,8 @@
 """The dashboard in headless Chromium against `koordbus up --simulate-nodes 50`: sign-in, each page loads and its
-charts have data, a quota change made through the REST API shows in the tree view without a reload, a migration
-request shows in the queue with its arbitration, the watermarks page lays out the thresholds with its findings,
-and a screenshot of each page lands in test-artifacts/browser/."""
+charts have data, a node page counts its pods, the quota tree's total is the nodes' allocatable and a quota change
+made through the REST API shows in the tree view without a reload, a migration request shows in the queue with its
+arbitration, the watermarks page lays out the thresholds the running extender stated with its findings, the charts'
+y axes read distinct labels whatever the range, and a screenshot of each page lands in test-artifacts/browser/."""
 
 from __future__ import annotations
 
@@ -143,6 +144,10 @@ def test_node_page_charts_percentiles_now_and_over_time(tab: Page, koordbus_up: 
     )
     prediction = tab.page.text_content("#node-prediction") or ""
     assert re.search(r"reclaimable [0-9.]+ cores", prediction) and "null" not in prediction, prediction
+    # its pods: those its NodeMetric names (issue 27: "pods 0" next to cores of pod usage)
+    pods = int(tab.page.inner_text("[data-card=pods] .card-value"))
+    metric = koordbus_up.call("GET", "/api/v1/nodemetrics/sim-node-0001")
+    assert pods > 0 and abs(pods - len(metric["status"]["podsMetric"])) <= 2, (pods, metric["status"]["podsMetric"])
     tab.screenshot("node")
     assert tab.errors == []
 
@@ -151,6 +156,14 @@ def test_a_quota_change_through_the_api_appears_in_the_tree_without_reload(tab: 
     tab.page.goto(koordbus_up.base + "/#/quotas")
     wait_loaded(tab, "quotasPage")
     assert tab.page.locator("tr[data-quota=koordinator-root-quota]").count() == 1
+    # the default tree's total is the simulated nodes' allocatable (issue 27: "total –"), the root's runtime too
+    (default,) = [t for t in koordbus_up.call("GET", "/api/v1/quota-trees")["items"] if t["tree"] == "default"]
+    total = re.search(r"total cpu (\d+), memory", tab.page.inner_text("#tree-summary"))
+    assert total and int(total.group(1)) == int(default["total"]["cpu"]) >= SIMULATED_NODES, default
+    assert tab.page.inner_text("tr[data-quota=koordinator-root-quota] td[data-figure=runtime]") == total.group(1)
+    # a y axis of distinct labels (it read "0.00" five times)
+    ticks = tab.page.locator("#quota-chart text.y-tick").evaluate_all("ts => ts.map((t) => t.textContent)")
+    assert len(ticks) >= 3 and len(set(ticks)) == len(ticks) and ticks[0] == "0", ticks
     tab.page.evaluate("window.__sameDocument = true")
     koordbus_up.call(
         "POST",
@@ -225,8 +238,56 @@ def test_watermarks_page_shows_the_lines_side_by_side_with_the_findings(tab: Pag
     codes = tab.page.locator("#watermark-findings li").evaluate_all("items => items.map(i => i.dataset.code)")
     assert codes == [f["code"] for f in view["findings"]] and "no-shared-watermarks" in codes
     assert "descheduler" in tab.page.inner_text("#watermark-staleness")
+    # `koordbus up` runs the load-aware extender: the scheduler's line is what it stated, not the defaults
+    assert view["scheduler"]["reported"] is True
+    assert "scheduler: reported;" in tab.page.inner_text("#watermark-staleness")
+    assert not [f for f in view["findings"] if f["code"] == "not-reported" and "scheduler" in f["message"]]
     assert tab.page.get_attribute("nav a[data-tab=watermarks]", "class") == "active"
     tab.screenshot("watermarks")
+    assert tab.errors == []
+
+
+def test_chart_y_axis_ticks_in_the_browser(tab: Page, koordbus_up: Koordbus) -> None:
+    """chart.js's y axis: a zero or empty range still reads 0, 0.5, 1 (the quotas chart once read "0.00" five
+    times), a small range gets the decimals its step needs, a large one whole numbers, counts whole steps; every
+    label distinct, and a bar chart of zeros draws those labels."""
+    tab.page.goto(koordbus_up.base + "/")
+    result = tab.page.evaluate(
+        """async () => {
+          const {AXES, yTicks, barChart} = await import('/ui/chart.js');
+          const labels = (max, axis) => {
+            const {step, ticks} = yTicks(max, axis);
+            return ticks.map((v) => axis.label(v, step));
+          };
+          const cases = {};
+          for (const [name, axis, max] of [
+            ["zero cores", AXES.cores, 0], ["no data", AXES.cores, NaN], ["3 millicores", AXES.cores, 3],
+            ["1.3 cores", AXES.cores, 1300], ["17 cores", AXES.cores, 17038], ["1600 cores", AXES.cores, 1600000],
+            ["zero jobs", AXES.count, 0], ["3 jobs", AXES.count, 3], ["49 nodes", AXES.count, 49],
+            ["zero bytes", AXES.bytes, 0], ["64 GiB", AXES.bytes, 64 * 2 ** 30], ["0.42 %", AXES.ratio, 0.0042],
+            ["0.3", AXES.plain, 0.3],
+          ]) cases[name] = labels(max, axis);
+          const zeros = barChart([{label: "q", values: [{name: "used", value: 0}]}], {y: AXES.cores});
+          cases["bar chart of zeros"] = [...zeros.querySelectorAll("text.y-tick")].map((t) => t.textContent);
+          return cases;
+        }"""
+    )
+    assert result == {
+        "zero cores": ["0", "0.5", "1"],
+        "no data": ["0", "0.5", "1"],
+        "3 millicores": ["0", "0.001", "0.002", "0.003"],
+        "1.3 cores": ["0", "0.5", "1", "1.5"],
+        "17 cores": ["0", "5", "10", "15", "20"],
+        "1600 cores": ["0", "500", "1000", "1500", "2000"],
+        "zero jobs": ["0", "1"],
+        "3 jobs": ["0", "1", "2", "3"],
+        "49 nodes": ["0", "20", "40", "60"],
+        "zero bytes": ["0B", "512Mi", "1Gi"],
+        "64 GiB": ["0B", "20Gi", "40Gi", "60Gi", "80Gi"],
+        "0.42 %": ["0%", "0.2%", "0.4%", "0.6%"],
+        "0.3": ["0", "0.1", "0.2", "0.3"],
+        "bar chart of zeros": ["0", "0.5", "1"],
+    }
     assert tab.errors == []
 
 

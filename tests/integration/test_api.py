@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,6 +22,7 @@ from bus.api import ConsumerStats, StreamSpec
 from bus.jetstream import JetStreamBus
 from bus.memory import MemoryBus
 from schemas.node import (
+    NodeMetricComputedRecord,
     NodeMetricsReported,
     NodeStateReported,
     PodRef,
@@ -37,6 +39,7 @@ from services.nodemetric.settings import NodeMetricSettings
 from services.nodemetric.store import NodeMetricStore, NodeSeen
 from tests.support import api_auth
 from tests.support.crd import assert_valid_nodemetric
+from tests.support.events import nodemetric_computed
 from tests.support.events import nodemetric_record as computed
 
 NOW = 1_750_000_000.0
@@ -197,13 +200,31 @@ async def test_nodes_show_liveness_capacity_and_cgroup_layout(seeded: httpx.Asyn
         "cgroupDriver": "systemd",
         "cpuCores": 16.0,
         "memoryTotalBytes": 64 << 30,
-        "pods": 2,
+        "pods": 1,  # its NodeMetric's one pod (the state report, older, named two)
         "agentVersion": "0.1.0",
         "droppedBatches": 2,
     }
     assert (stale["name"], stale["stale"], stale["secondsSinceLastSample"]) == (STALE_NODE, True, 600.0)
     one = (await seeded.get(f"/api/v1/nodes/{STALE_NODE}")).json()
     assert one == stale
+
+
+async def test_a_nodes_pods_are_its_nodemetrics_and_its_state_reports_before_the_first(
+    store: NodeMetricStore,
+) -> None:
+    """The node page's pod count comes from the same report as its usage (issue 27: a simulated node showed
+    "pods 0" next to 15 cores of pod usage, its state report naming no pods); before the first NodeMetric it is
+    what the agent's state report named."""
+    node = "node-new.example"
+    await store.apply_node_events([(1, state(node, NOW - 20))], consumer=INGEST_CONSUMER, stream=streams.KOORD_NODE)
+    async with client_for(make_context(store)) as client:
+        assert (await client.get(f"/api/v1/nodes/{node}")).json()["pods"] == 2
+        report = nodemetric_computed(node, NOW - 60)
+        three = msgspec.structs.replace(report.status, pods_metric=[*report.status.pods_metric] * 3)
+        record = NodeMetricComputedRecord.of(msgspec.structs.replace(report, status=three))
+        await store.apply_computed([(1, record)], consumer=PROJECTOR_CONSUMER, stream=streams.KOORD_NODEMETRIC)
+        assert (await client.get(f"/api/v1/nodes/{node}")).json()["pods"] == 3
+        assert [n["pods"] for n in (await client.get("/api/v1/nodes")).json()["items"]] == [3]
 
 
 async def test_staleness_follows_the_clock(store: NodeMetricStore) -> None:

@@ -106,6 +106,8 @@ async def test_overview_rows_join_liveness_usage_and_batch_resources(migrated_en
     assert rows["a-quiet"]["stale"] is True and rows["a-quiet"]["cpuUsed"] == 1500
     assert rows["a-quiet"]["batchCpu"] is None and rows["a-quiet"]["outcome"] is None
     assert rows["z-new"]["cpuUsed"] is None and rows["z-new"]["reportTime"] is None
+    # pods: the NodeMetric's (three on NODE, one on a-quiet); z-new, without one yet, its state report's two
+    assert [row["pods"] for row in rows.values()] == [1, 3, 2]
 
 
 async def test_overview_pages_by_name_and_joins_within_each_page(migrated_engine: AsyncEngine) -> None:

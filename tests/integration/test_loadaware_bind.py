@@ -19,7 +19,7 @@ from bus import subjects
 from bus.jetstream import JetStreamBus
 from schemas.cluster import NodeObserved
 from services.common.metrics import new_registry
-from services.k8s.binder import BindResponder, KubeBinder
+from services.k8s.binder import BindResponder, KubeBinder, RecordingBinder
 from services.loadaware.http import create_app
 from services.loadaware.service import LoadAwareService
 from services.loadaware.settings import LoadAwareSettings
@@ -146,6 +146,37 @@ async def test_a_pod_no_filter_request_carried_is_still_bound(
     assert (await client.post("/bind", json=BINDING)).json() == {"Error": ""}
     assert kube_api.get("Pod", POD, "default")["spec"]["nodeName"] == "cold"
     assert assigned(service) == []  # its requests are unknown: the watch counts it when it publishes the pod
+
+
+async def test_without_a_cluster_the_binding_is_recorded_and_the_pod_counted(
+    client: httpx.AsyncClient, service: LoadAwareService, koordbus_nats_url: str
+) -> None:
+    """`koordbus up` without a kubeconfig: the bridge's record-only binder answers, keeping the Binding it would
+    have created for /api/v1/k8s/recorded-writes, so kube-scheduler's bind (or curl's) succeeds as in a cluster."""
+    bus = await JetStreamBus.connect(koordbus_nats_url, name="k8s-record-only")
+    registry = new_registry()
+    binder = RecordingBinder(clock=lambda: 1234.5)
+    responder = BindResponder(bus, binder, registry=registry)
+    await responder.start()
+    try:
+        before = await score(client)
+        assert (await client.post("/bind", json=BINDING)).json() == {"Error": ""}
+        assert assigned(service) == [KEY] and await score(client) < before
+        assert binder.export() == [
+            {
+                "at": 1234.5,
+                "binding": {
+                    "apiVersion": "v1",
+                    "kind": "Binding",
+                    "metadata": {"name": POD, "namespace": "default", "uid": UID},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": "cold"},
+                },
+            }
+        ]
+        assert sample(registry, "koordbus_k8s_writes_total", object="binding", outcome="bound") == 1
+    finally:
+        await responder.stop()
+        await bus.close()
 
 
 async def test_without_an_answer_the_bind_fails_after_the_timeout_and_is_taken_back(

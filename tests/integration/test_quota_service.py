@@ -165,6 +165,28 @@ async def test_a_status_that_returns_to_an_earlier_value_is_published_again(koor
         await restarted.stop()
 
 
+async def test_nodes_observed_after_start_make_the_default_trees_total(koordbus_bus: JetStreamBus) -> None:
+    """The service starts before any node is observed (`koordbus up --simulate-nodes`, whose simulated cluster
+    publishes its Nodes on the bridge's subjects once the services run): the tree's total and the root's runtime
+    follow the nodes as they come, with only the three system quotas in the tree."""
+    service = await started(koordbus_bus)
+    try:
+        tree = await tree_status(koordbus_bus)
+        assert tree is not None and tree.total == {}
+        await observe(koordbus_bus, node("n1", "32", "128Gi"), node("n2", "16", "64Gi"))
+
+        async def total_is_48_cores() -> bool:
+            held = await tree_status(koordbus_bus)
+            return held is not None and held.total == {"cpu": 48_000, "memory": 192 * 2**30}
+
+        await eventually(total_is_48_cores)
+        root = await status(koordbus_bus, quota.ROOT_QUOTA)
+        assert root is not None and root.state is not None
+        assert root.state.runtime == {"cpu": 48_000, "memory": 192 * 2**30}
+    finally:
+        await service.stop()
+
+
 async def test_an_object_version_guards_updates(koordbus_bus: JetStreamBus) -> None:
     service = await started(koordbus_bus)
     try:

@@ -1,7 +1,8 @@
 """Issue #19 point 6: `koordbus up` as a user runs it lets no other local user in. Its embedded nats-server refuses
 an anonymous connection and serves the generated credential every in-process client uses (data dir, mode 0600);
-the data dir is 0700 and nothing in it (SQLite and its -wal/-shm, the API token, the credential, the NATS store
-and logs) is readable by group or others, a data dir left readable by an older version included."""
+the data dir is 0700 and nothing in it (SQLite and its -wal/-shm, the API token, the credential, the load-aware
+extender's CA, certificates and keys, the NATS store and logs) is readable by group or others, a data dir left
+readable by an older version included."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def up(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     log = tmp_path / "up.log"
     command = [
         sys.executable, "-m", "koordbus.cli", "up", "--data-dir", str(data), "--port", str(free_port()), "--no-agent",
+        "--extender-port", "0",
     ]  # fmt: skip
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -90,7 +92,8 @@ async def _connect_reply(url: str, credentials: dict[str, str]) -> str:
 def test_the_data_dir_and_everything_in_it_are_private(up: tuple[Path, str]) -> None:
     data, _ = up
     assert stat.S_IMODE(data.stat().st_mode) == 0o700
-    for name in ("koordbus.db", "api-token", "nats-creds.json", "nats-server.log"):
+    extender = ("extender-ca.crt", "extender.crt", "extender.key", "extender-client.crt", "extender-client.key")
+    for name in ("koordbus.db", "api-token", "nats-creds.json", "nats-server.log", *extender, "extender-url"):
         assert (data / name).is_file(), name
     assert (data / "api-token").read_text() == "an-old-admin-token\n"  # kept, only its mode changed
     leaky = [

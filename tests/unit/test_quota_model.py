@@ -192,6 +192,23 @@ def test_nodes_make_the_total_and_a_tree_root_takes_its_share_off_the_default_tr
     assert model.tree(DEFAULT_TREE).total["cpu"] == 40_000
 
 
+def test_nodes_joining_after_the_first_refresh_change_the_root_and_the_tree_alone() -> None:
+    """Only the three system quotas, nodes arriving later (as under `koordbus up --simulate-nodes`, or a node joining
+    a cluster): no child's runtime moves, yet the root's runtime and the tree's total do, so both are published."""
+    model = QuotaModel(ModelOptions())
+    model.refresh()
+    assert model.tree(DEFAULT_TREE).total == {}
+    model.set_node("n1", node("n1", "32", "128Gi"))
+    model.set_node("n2", node("n2", "16", "64Gi"))
+    changed = model.refresh()
+    assert changed == {DEFAULT_TREE: {quota.ROOT_QUOTA}}
+    assert model.tree(DEFAULT_TREE).total == {"cpu": 48_000, "memory": 192 * 2**30}
+    assert state(model, quota.ROOT_QUOTA).runtime == {"cpu": 48_000, "memory": 192 * 2**30}
+    assert model.refresh() == {}  # nothing changed since
+    model.set_node("n2", node("n2", "16", "64Gi"))  # the same node observed again
+    assert model.refresh() == {}
+
+
 def test_an_unreadable_event_changes_nothing_but_its_sequence_is_seen() -> None:
     model = team_model()
     before = model.state

@@ -1,8 +1,52 @@
 // Small SVG charts: a time-series line chart and a grouped bar chart. Each returns an <svg> whose paths carry
-// data-points (how many points were drawn), which the browser tests read.
+// data-points (how many points were drawn), which the browser tests read. The y axis of both comes from yTicks on
+// one of AXES (cores, memory, counts, ratios), so its labels are distinct and readable whatever the range.
+
+import {bytes} from "./format.js";
 
 const NS = "http://www.w3.org/2000/svg";
 export const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2"];
+
+// The y axis over [0, max]: a step of 1, 2 or 5 × 10^k `unit`s giving at most `count` intervals (and no smaller than
+// `minStep`), ticks from 0 up to the first one at or above max. A range with nothing above zero is drawn up to
+// `zeroTop` (0, 0.5, 1 units), a small one with its own step (0, 0.001, 0.002, 0.003 cores): never five equal labels.
+// Returns {top, step, ticks} in the data's own numbers (ticks rounded to 12 significant digits).
+export function yTicks(max, {unit = 1, zeroTop = unit, minStep = 0, count = 4} = {}) {
+  const top = (Number.isFinite(max) && max > 0 ? max : zeroTop) / unit;
+  const rough = top / count;
+  const power = 10 ** Math.floor(Math.log10(rough));
+  const nice = [1, 2, 5, 10].map((m) => m * power).find((s) => s >= rough * (1 - 1e-9));
+  const step = Math.max(nice, minStep / unit);
+  const intervals = Math.max(1, Math.ceil(top / step - 1e-9));
+  const round = (v) => Number(v.toPrecision(12));
+  const ticks = Array.from({length: intervals + 1}, (_, i) => round(i * step * unit));
+  return {top: ticks[intervals], step: round(step * unit), ticks};
+}
+
+// `value` with as many decimals as `step` needs, trailing zeros dropped: 0, 0.5, 1 or 0, 0.002, 0.004.
+export function axisNumber(value, step) {
+  const decimals = Math.min(20, Math.max(0, -Math.floor(Math.log10(step) + 1e-9)));
+  return String(Number(value.toFixed(decimals)));
+}
+
+// What the charts plot on their y axis: the unit its steps are nice numbers of, and the label of a tick.
+export const AXES = {
+  plain: {unit: 1, label: axisNumber},
+  cores: {unit: 1000, label: (milli, step) => axisNumber(milli / 1000, step / 1000)}, // millicores, labelled in cores
+  bytes: {unit: 2 ** 30, label: (b) => bytes(b)}, // steps of whole (or 0.1, 0.5 …) GiB
+  count: {unit: 1, minStep: 1, label: axisNumber}, // jobs, nodes: whole numbers
+  ratio: {unit: 0.01, label: (v, step) => `${axisNumber(v * 100, step * 100)}%`}, // 0.25 → 25%
+};
+
+function yAxis(svg, max, axis, {left, right, width, y}) {
+  const {unit, zeroTop, minStep, label} = {...AXES.plain, ...axis};
+  const {top, step, ticks} = yTicks(max, {unit, zeroTop, minStep});
+  for (const v of ticks) {
+    svg.append(el("line", {x1: left, x2: width - right, y1: y(v, top), y2: y(v, top), class: "grid"}));
+    svg.append(el("text", {x: left - 4, y: y(v, top) + 4, class: "axis y-tick", "text-anchor": "end"}, label(v, step)));
+  }
+  return top;
+}
 
 function el(tag, attrs = {}, text) {
   const node = document.createElementNS(NS, tag);
@@ -11,21 +55,15 @@ function el(tag, attrs = {}, text) {
   return node;
 }
 
-function niceMax(value) {
-  if (!(value > 0)) return 1;
-  const power = 10 ** Math.floor(Math.log10(value));
-  for (const step of [1, 2, 2.5, 5, 10]) if (value <= step * power) return step * power;
-  return 10 * power;
-}
-
 function timeLabel(t, span) {
   const d = new Date(t * 1000);
   const hm = `${String(d.getUTCHours()).padStart(2, "0")}:${String(d.getUTCMinutes()).padStart(2, "0")}`;
   return span < 600 ? `${hm}:${String(d.getUTCSeconds()).padStart(2, "0")}` : hm;
 }
 
-// series: [{name, points: [[unixSeconds, value], ...], step?: bool}]; yFormat(value) → label.
-export function lineChart(series, {width = 640, height = 200, yFormat = String, title = ""} = {}) {
+// series: [{name, points: [[unixSeconds, value], ...], step?: bool}]; y: one of AXES (or {unit, zeroTop, minStep,
+// label(value, step)}); yFormat(value) → a point's label in its tooltip.
+export function lineChart(series, {width = 640, height = 200, y: axis = AXES.plain, yFormat = String, title = ""} = {}) {
   const pad = {left: 56, right: 12, top: title ? 22 : 8, bottom: 34};
   const svg = el("svg", {viewBox: `0 0 ${width} ${height}`, class: "chart line-chart", role: "img"});
   if (title) svg.append(el("text", {x: pad.left, y: 14, class: "chart-title"}, title));
@@ -38,16 +76,12 @@ export function lineChart(series, {width = 640, height = 200, yFormat = String, 
   let t0 = Math.min(...all.map((p) => p[0]));
   let t1 = Math.max(...all.map((p) => p[0]));
   if (t1 === t0) { t0 -= 30; t1 += 30; }
-  const yMax = niceMax(Math.max(...all.map((p) => p[1])));
   const innerW = width - pad.left - pad.right;
   const innerH = height - pad.top - pad.bottom;
   const x = (t) => pad.left + ((t - t0) / (t1 - t0)) * innerW;
-  const y = (v) => pad.top + innerH - (v / yMax) * innerH;
-  for (let i = 0; i <= 4; i++) {
-    const v = (yMax * i) / 4;
-    svg.append(el("line", {x1: pad.left, x2: width - pad.right, y1: y(v), y2: y(v), class: "grid"}));
-    svg.append(el("text", {x: pad.left - 4, y: y(v) + 4, class: "axis", "text-anchor": "end"}, yFormat(v)));
-  }
+  const scaled = (v, top) => pad.top + innerH - (v / top) * innerH;
+  const yMax = yAxis(svg, Math.max(...all.map((p) => p[1])), axis, {left: pad.left, right: pad.right, width, y: scaled});
+  const y = (v) => scaled(v, yMax);
   for (let i = 0; i <= 4; i++) {
     const t = t0 + ((t1 - t0) * i) / 4;
     svg.append(el("text", {x: x(t), y: height - pad.bottom + 14, class: "axis", "text-anchor": "middle"}, timeLabel(t, t1 - t0)));
@@ -79,8 +113,9 @@ export function lineChart(series, {width = 640, height = 200, yFormat = String, 
   return svg;
 }
 
-// groups: [{label, values: [{name, value}]}] drawn as clusters of bars; yFormat(value) → label.
-export function barChart(groups, {width = 640, height = 200, yFormat = String, title = ""} = {}) {
+// groups: [{label, values: [{name, value}]}] drawn as clusters of bars; y: one of AXES (as lineChart's);
+// yFormat(value) → a bar's label in its tooltip.
+export function barChart(groups, {width = 640, height = 200, y: axis = AXES.plain, yFormat = String, title = ""} = {}) {
   const pad = {left: 56, right: 12, top: title ? 22 : 8, bottom: 34};
   const svg = el("svg", {viewBox: `0 0 ${width} ${height}`, class: "chart bar-chart", role: "img"});
   if (title) svg.append(el("text", {x: pad.left, y: 14, class: "chart-title"}, title));
@@ -90,15 +125,11 @@ export function barChart(groups, {width = 640, height = 200, yFormat = String, t
     svg.dataset.points = "0";
     return svg;
   }
-  const yMax = niceMax(Math.max(...values));
   const innerW = width - pad.left - pad.right;
   const innerH = height - pad.top - pad.bottom;
-  const y = (v) => pad.top + innerH - (v / yMax) * innerH;
-  for (let i = 0; i <= 4; i++) {
-    const v = (yMax * i) / 4;
-    svg.append(el("line", {x1: pad.left, x2: width - pad.right, y1: y(v), y2: y(v), class: "grid"}));
-    svg.append(el("text", {x: pad.left - 4, y: y(v) + 4, class: "axis", "text-anchor": "end"}, yFormat(v)));
-  }
+  const scaled = (v, top) => pad.top + innerH - (v / top) * innerH;
+  const yMax = yAxis(svg, Math.max(...values), axis, {left: pad.left, right: pad.right, width, y: scaled});
+  const y = (v) => scaled(v, yMax);
   const groupW = innerW / groups.length;
   const names = [...new Set(groups.flatMap((g) => g.values.map((v) => v.name)))];
   const barW = Math.max(2, (groupW * 0.8) / Math.max(names.length, 1));

@@ -5,7 +5,7 @@
 // Migration events re-read the list (at most once a second), the open trail and the descheduler's round.
 
 import {ApiError, api, events} from "./api.js";
-import {barChart} from "./chart.js";
+import {AXES, barChart} from "./chart.js";
 import {clock, h} from "./format.js";
 
 const PHASES = ["Pending", "Running", "Succeeded", "Failed", "Aborted"];
@@ -52,7 +52,7 @@ export function migrationsPage(root, {signal, params}) {
     const counts = Object.fromEntries(PHASES.map((p) => [p, 0]));
     for (const job of jobs) counts[job.phase] = (counts[job.phase] || 0) + 1;
     chart.replaceChildren(barChart(PHASES.map((p) => ({label: p, values: [{name: "jobs", value: counts[p]}]})),
-      {width: 640, height: 160, yFormat: (v) => v.toFixed(0)}));
+      {width: 640, height: 160, y: AXES.count, yFormat: (v) => v.toFixed(0)}));
     queue.replaceChildren(jobTable(jobs.filter((j) => j.phase === "Pending" || j.phase === "Running"), "the queue is empty"));
     recent.replaceChildren(jobTable(jobs.slice(0, 200), "no migration jobs yet"));
     root.dataset.loaded = "true";

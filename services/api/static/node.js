@@ -5,7 +5,7 @@
 // New events for the node are appended as they arrive.
 
 import {ApiError, api, events} from "./api.js";
-import {barChart, lineChart} from "./chart.js";
+import {AXES, barChart, lineChart} from "./chart.js";
 import {ago, bytes, clock, cores, h, parseQuantity} from "./format.js";
 
 const STATS = ["avg", "p50", "p90", "p95", "p99"];
@@ -122,9 +122,9 @@ export function nodePage(root, {signal, params}) {
     }));
     nowCharts.replaceChildren(
       h("div", {class: "chart-box", "data-chart": "cpu-now"},
-        barChart(groups("cpu"), {title: "cpu (cores)", yFormat: coresLabel, width: 460})),
+        barChart(groups("cpu"), {title: "cpu (cores)", y: AXES.cores, yFormat: coresLabel, width: 460})),
       h("div", {class: "chart-box", "data-chart": "memory-now"},
-        barChart(groups("memory"), {title: "memory", yFormat: gib, width: 460})),
+        barChart(groups("memory"), {title: "memory", y: AXES.bytes, yFormat: gib, width: 460})),
     );
   }
 
@@ -137,9 +137,9 @@ export function nodePage(root, {signal, params}) {
     }));
     timeCharts.replaceChildren(
       h("div", {class: "chart-box", "data-chart": "cpu-history"},
-        lineChart(series("cpu"), {title: "cpu (cores)", yFormat: coresLabel, width: 460})),
+        lineChart(series("cpu"), {title: "cpu (cores)", y: AXES.cores, yFormat: coresLabel, width: 460})),
       h("div", {class: "chart-box", "data-chart": "memory-history"},
-        lineChart(series("memory"), {title: "memory", yFormat: gib, width: 460})),
+        lineChart(series("memory"), {title: "memory", y: AXES.bytes, yFormat: gib, width: 460})),
     );
   }
 
@@ -152,9 +152,9 @@ export function nodePage(root, {signal, params}) {
     }));
     batchCharts.replaceChildren(
       h("div", {class: "chart-box", "data-chart": "batch-cpu"},
-        lineChart(series(BATCH), {title: "batch / mid cpu (cores)", yFormat: coresLabel, width: 460})),
+        lineChart(series(BATCH), {title: "batch / mid cpu (cores)", y: AXES.cores, yFormat: coresLabel, width: 460})),
       h("div", {class: "chart-box", "data-chart": "batch-memory"},
-        lineChart(series(BATCH_MEMORY), {title: "batch / mid memory", yFormat: gib, width: 460})),
+        lineChart(series(BATCH_MEMORY), {title: "batch / mid memory", y: AXES.bytes, yFormat: gib, width: 460})),
     );
     const changes = state.decisions.filter((d) => d.changes.length || d.outcome !== "computed").slice(0, 50);
     decisions.replaceChildren(changes.length === 0
@@ -186,9 +186,9 @@ export function nodePage(root, {signal, params}) {
     ];
     predictionCharts.replaceChildren(
       h("div", {class: "chart-box", "data-chart": "prediction-cpu"},
-        lineChart(series("cpu", "kubernetes.io/mid-cpu"), {title: "prod and mid cpu (cores)", yFormat: coresLabel, width: 460})),
+        lineChart(series("cpu", "kubernetes.io/mid-cpu"), {title: "prod and mid cpu (cores)", y: AXES.cores, yFormat: coresLabel, width: 460})),
       h("div", {class: "chart-box", "data-chart": "prediction-memory"},
-        lineChart(series("memory", "kubernetes.io/mid-memory"), {title: "prod and mid memory", yFormat: gib, width: 460})),
+        lineChart(series("memory", "kubernetes.io/mid-memory"), {title: "prod and mid memory", y: AXES.bytes, yFormat: gib, width: 460})),
     );
     const view = state.explained;
     if (!view) {
@@ -225,7 +225,7 @@ export function nodePage(root, {signal, params}) {
     }));
     psiCharts.replaceChildren(
       h("div", {class: "chart-box", "data-chart": "psi-node"},
-        lineChart(series, {title: "node stall ratio", yFormat: percent, width: 460})));
+        lineChart(series, {title: "node stall ratio", y: AXES.ratio, yFormat: percent, width: 460})));
     const pods = [...(points[points.length - 1][1].pods || [])]
       .filter((p) => p.averages.cpu_some != null)
       .sort((a, b) => b.averages.cpu_some - a.averages.cpu_some)
@@ -271,7 +271,8 @@ export function nodePage(root, {signal, params}) {
           h("div", {class: "card-value"}, ago(liveness.secondsSinceLastSample)), h("div", {class: "card-detail"}, liveness.lastSampleTime)),
         h("div", {class: "card"}, h("div", {class: "card-label"}, "capacity"),
           h("div", {class: "card-value"}, `${liveness.cpuCores || "?"} cores`), h("div", {class: "card-detail"}, bytes(liveness.memoryTotalBytes))),
-        h("div", {class: "card"}, h("div", {class: "card-label"}, "pods"), h("div", {class: "card-value"}, String(liveness.pods))),
+        h("div", {class: "card", "data-card": "pods", title: "the pods in the node's latest NodeMetric"},
+          h("div", {class: "card-label"}, "pods"), h("div", {class: "card-value"}, String(liveness.pods))),
       ));
     } catch (e) {
       if (!(e instanceof ApiError && e.status === 404)) throw e;

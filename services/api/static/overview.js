@@ -4,7 +4,7 @@
 // the table and totals repaint at most once per animation frame (totals at most twice a second).
 
 import {api, events} from "./api.js";
-import {barChart} from "./chart.js";
+import {AXES, barChart} from "./chart.js";
 import {ago, bytes, cores, h, percent} from "./format.js";
 import {VirtualTable} from "./vtable.js";
 
@@ -159,7 +159,7 @@ export function overviewPage(root, {signal}) {
     );
     const groups = buckets.map((count, i) => ({label: `${i * 10}–${i * 10 + 10}%`, values: [{name: "nodes", value: count}]}));
     if (unknown) groups.push({label: "no capacity", values: [{name: "nodes", value: unknown}]});
-    histogram.replaceChildren(barChart(groups, {width: 900, height: 180, yFormat: (v) => v.toFixed(0)}));
+    histogram.replaceChildren(barChart(groups, {width: 900, height: 180, y: AXES.count, yFormat: (v) => v.toFixed(0)}));
     counter.textContent = `${table.view.length} of ${state.rows.length} nodes`;
     root.dataset.eventsApplied = String(state.applied); // read by tests/browser
   }

@@ -4,7 +4,7 @@
 // rows that changed, so a change made elsewhere appears without a reload.
 
 import {api, events} from "./api.js";
-import {barChart} from "./chart.js";
+import {AXES, barChart} from "./chart.js";
 import {cores, h, parseQuantity, quantityText} from "./format.js";
 
 const FIGURES = ["min", "max", "runtime", "used", "request"];
@@ -86,7 +86,7 @@ export function quotasPage(root, {signal, params}) {
         {name: "runtime", value: bounded((q.runtime || {}).cpu)},
         {name: "used", value: bounded((q.used || {}).cpu) ?? 0},
       ],
-    })), {width: 900, height: 200, yFormat: cores}));
+    })), {width: 900, height: 200, y: AXES.cores, yFormat: cores}));
     root.dataset.loaded = "true";
     root.dataset.refreshes = String(Number(root.dataset.refreshes || 0) + 1);
   }
