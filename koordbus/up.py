@@ -282,8 +282,8 @@ def _extender_banner(running: extender.RunningExtender | None, *, node: str) -> 
 def _not_running(*, cluster_connected: bool) -> str:
     """What `up` leaves out, for the banner."""
     parts = [
-        "the admission webhook (services/webhook: not built yet, so ElasticQuota, slo-controller-config and "
-        "ClusterColocationProfile changes made with kubectl are not checked)",
+        "the admission webhook (`koordbus service webhook` answers a kube-apiserver's AdmissionReviews; with no "
+        "cluster there is none to call it: see docs/webhook.md)",
         "the NATS auth callout (natsauth, for agents signing in with ServiceAccount tokens: `up` connects as one "
         "NATS user)",
     ]

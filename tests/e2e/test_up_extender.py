@@ -55,7 +55,7 @@ def test_up_serves_the_extender_over_mutual_tls_and_explain_finds_it(tmp_path: P
         url = found.group(1)
         assert (data / "extender-url").read_text().strip() == url
         assert re.search(r"try: curl --cacert \S+/extender-ca\.crt --cert \S+/extender-client\.crt", banner)
-        assert "not running the admission webhook (services/webhook: not built yet" in banner
+        assert "not running the admission webhook (`koordbus service webhook` answers a kube-apiserver" in banner
         token = (data / "api-token").read_text().strip()
         names: list[str] = []
         while len(names) < NODES:
