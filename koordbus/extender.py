@@ -13,8 +13,8 @@ token in the data dir (0700, each file 0600):
                                           curl or `koordbus scheduler explain` presents
   extender-tls.json                       what they were made for (hosts, expiry)
 
-made with koordbus.x509 (Ed25519, no openssl needed) on the first start, and again when a file is missing, the hosts
-changed or they expire within RENEW_BEFORE_SECONDS. `start` writes the extender's URL to `extender-url`, where
+made with services.common.x509 (Ed25519, no openssl needed) on the first start, and again when a file is missing, the
+hosts changed or they expire within RENEW_BEFORE_SECONDS. `start` writes the extender's URL to `extender-url`, where
 `koordbus scheduler explain` run from the project directory finds it with the client certificate. Called by
 koordbus.up; tests/e2e/test_up_extender.py runs it.
 """
@@ -28,6 +28,7 @@ import socket
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -75,7 +76,7 @@ def local_tls(
     data_dir: Path, *, hosts: Sequence[str], now: float, random: Callable[[int], bytes] = os.urandom
 ) -> LocalTls:
     """The extender's credentials in `data_dir`, made anew when missing, made for other hosts, or about to expire."""
-    from koordbus import x509
+    from services.common import x509
 
     tls = LocalTls.under(data_dir)
     names = sorted({*LOCAL_HOSTS, *hosts} - {"0.0.0.0", "::", ""})
@@ -89,18 +90,22 @@ def local_tls(
         for path in (*tls.files(), manifest):
             path.chmod(0o600)
         return tls
-    ca = x509.Subject(name="koordbus up extender CA", seed=random(32))
-    server = x509.Subject(name="koordbus up load-aware extender", seed=random(32), hosts=names)
-    client = x509.Subject(name="kube-scheduler", seed=random(32))
+    ca = x509.Subject(name="koordbus up extender CA", seed=random(x509.SEED_BYTES))
+    server = x509.Subject(name="koordbus up load-aware extender", seed=random(x509.SEED_BYTES), hosts=names)
+    client = x509.Subject(name="kube-scheduler", seed=random(x509.SEED_BYTES))
     serials = [int.from_bytes(random(8), "big") | 1 for _ in range(3)]
-    validity = {"not_before": now - 300, "not_after": now + VALID_SECONDS}  # 5 minutes of clock skew
+    not_after = now + VALID_SECONDS
+    validity = {  # 5 minutes of clock skew
+        "not_before": datetime.fromtimestamp(now - 300, UTC),
+        "not_after": datetime.fromtimestamp(not_after, UTC),
+    }
     contents = {
         tls.ca: x509.certificate(ca, role="ca", issuer=ca, serial=serials[0], **validity),
         tls.cert: x509.certificate(server, role="server", issuer=ca, serial=serials[1], **validity),
         tls.key: x509.private_key_pem(server.seed),
         tls.client_cert: x509.certificate(client, role="client", issuer=ca, serial=serials[2], **validity),
         tls.client_key: x509.private_key_pem(client.seed),
-        manifest: json.dumps({"hosts": names, "notAfter": validity["not_after"]}) + "\n",
+        manifest: json.dumps({"hosts": names, "notAfter": not_after}) + "\n",
     }
     for path, text in contents.items():
         _write_private(path, text)

@@ -1,31 +1,38 @@
-"""X.509 certificates made with PyNaCl alone: the CA and serving certificate of the admission webhook's Service.
+"""X.509 certificates made with PyNaCl alone: koordbus's own small certificate authorities.
 
-kube-apiserver calls a webhook over HTTPS only, and checks the serving certificate against the caBundle of the webhook
-configuration. `koordbus certs webhook` (the Helm chart's hook Job, koordbus.certs) makes that pair where neither
-cert-manager nor a certificate of the user's is there. The image has no `openssl` guaranteed and koordbus does not
-depend on `cryptography`, so the certificates are Ed25519 (RFC 8410, signed by libsodium through PyNaCl, which the
-NATS keys already use: bus.nkeys) and DER-encoded here, the few ASN.1 types a certificate needs: a self-signed CA
-(basicConstraints CA, keyCertSign) and a serving certificate it signs (serverAuth, the Service's DNS names as
-subjectAltName), both with key identifiers, so that OpenSSL's strict checks and Go's crypto/x509 (kube-apiserver)
-accept them; tests/unit/test_x509.py has both verify them.
+Two callers make a CA and certificates it signs: `koordbus certs webhook` (koordbus.certs, the Helm chart's hook
+Job) the admission webhook's CA and serving certificate for its Service's DNS names (`issue_serving_pair`), and
+`koordbus up` (koordbus.extender) the load-aware extender's mutual TLS: a CA, a serving certificate for local DNS
+names and IP addresses and a client certificate for kube-scheduler (`certificate` for each). Neither the image nor a
+bare machine running `make up` is guaranteed `openssl`, and koordbus does not depend on `cryptography`, so the
+certificates are Ed25519 (RFC 8410, signed by libsodium through PyNaCl, which the NATS keys already use: bus.nkeys)
+and DER-encoded here, the few ASN.1 types a certificate needs. One profile (RFC 5280) for every certificate: a CA
+(basicConstraints CA with pathlen 0, keyCertSign), a server (serverAuth, subjectAltName) or a client (clientAuth),
+each with key identifiers, so that OpenSSL's strict checks and Go's crypto/x509 (kube-apiserver) accept them;
+tests/unit/test_x509.py has OpenSSL verify them and shake hands with them, tests/deploy/test_webhook_certs.py Go.
+services.k8s.webhook_certs reads caBundles with `pem_certificates`.
 
-Pure: the time, the key seeds and the serial numbers are parameters.
+Pure: the times, the key seeds and the serial numbers are parameters.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Final, Literal
 
 import nacl.signing
 
-SEED_BYTES = 32
-CLOCK_SKEW = timedelta(hours=1)
-"""notBefore is this far before `now`: a node whose clock is a little behind still accepts a new certificate."""
+SEED_BYTES: Final = 32
+CLOCK_SKEW: Final = timedelta(hours=1)
+"""A serving pair's notBefore is this far before `now`: a node whose clock is a little behind still accepts it."""
+
+Role = Literal["ca", "server", "client"]
 
 _ED25519 = (1, 3, 101, 112)
 _COMMON_NAME = (2, 5, 4, 3)
@@ -36,6 +43,7 @@ _BASIC_CONSTRAINTS = (2, 5, 29, 19)
 _AUTHORITY_KEY_ID = (2, 5, 29, 35)
 _EXT_KEY_USAGE = (2, 5, 29, 37)
 _SERVER_AUTH = (1, 3, 6, 1, 5, 5, 7, 3, 1)
+_CLIENT_AUTH = (1, 3, 6, 1, 5, 5, 7, 3, 2)
 _PEM_CERTIFICATE = re.compile(r"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+?-----END CERTIFICATE-----")
 
 
@@ -91,10 +99,10 @@ def _explicit(number: int, content: bytes) -> bytes:
 
 
 def _time(moment: datetime) -> bytes:
-    """UTCTime until 2049, GeneralizedTime from 2050 (RFC 5280 4.1.2.5)."""
+    """UTCTime from 1950 through 2049, GeneralizedTime otherwise (RFC 5280 4.1.2.5); whole seconds."""
     if moment.utcoffset() != timedelta(0):
         raise ValueError("certificate times are UTC")
-    if moment.year < 2050:
+    if 1950 <= moment.year < 2050:
         return _tlv(0x17, moment.strftime("%y%m%d%H%M%SZ").encode())
     return _tlv(0x18, moment.strftime("%Y%m%d%H%M%SZ").encode())
 
@@ -117,49 +125,25 @@ def _key_usage(*bits: int) -> bytes:
     return _bits(bytes(value), unused=7 - highest % 8)
 
 
-def _dns_name(name: str) -> bytes:
-    name.encode("ascii")  # an IA5String: a name that is not ASCII raises here
-    return _tlv(0x82, name.encode())  # [2] IMPLICIT IA5String
+def _general_name(host: str) -> bytes:
+    """A subjectAltName entry: an iPAddress [7] for an IPv4 or IPv6 address, else a dNSName [2] (an IA5String: a
+    name that is not ASCII raises UnicodeEncodeError)."""
+    try:
+        return _tlv(0x87, ipaddress.ip_address(host).packed)
+    except ValueError:
+        return _tlv(0x82, host.encode("ascii"))
 
 
-# --- certificates
+# --- keys
+
+
+def _check_seed(seed: bytes) -> None:
+    if len(seed) != SEED_BYTES:
+        raise ValueError(f"an Ed25519 key seed is {SEED_BYTES} bytes, got {len(seed)}")
 
 
 def _key_id(public_key: bytes) -> bytes:
-    return hashlib.sha1(public_key).digest()  # RFC 5280 4.2.1.2 method (1): an identifier, not a security check
-
-
-def _certificate(
-    *,
-    subject: str,
-    issuer: str,
-    public_key: bytes,
-    signer: nacl.signing.SigningKey,
-    serial: int,
-    not_before: datetime,
-    not_after: datetime,
-    extensions: Sequence[bytes],
-) -> bytes:
-    algorithm = _sequence(_oid(_ED25519))
-    issuer_key = bytes(signer.verify_key)
-    tbs = _sequence(
-        _explicit(0, _integer(2)),  # v3
-        _integer(serial),
-        algorithm,
-        _name(issuer),
-        _sequence(_time(not_before), _time(not_after)),
-        _name(subject),
-        _sequence(algorithm, _bits(public_key)),
-        _explicit(
-            3,
-            _sequence(
-                *extensions,
-                _extension(_SUBJECT_KEY_ID, _octets(_key_id(public_key))),
-                _extension(_AUTHORITY_KEY_ID, _sequence(_tlv(0x80, _key_id(issuer_key)))),
-            ),
-        ),
-    )
-    return _sequence(tbs, algorithm, _bits(signer.sign(tbs).signature))
+    return hashlib.sha1(public_key, usedforsecurity=False).digest()  # RFC 5280 4.2.1.2 method (1): an identifier
 
 
 def pem(label: str, der: bytes) -> str:
@@ -170,9 +154,75 @@ def pem(label: str, der: bytes) -> str:
 
 def private_key_pem(seed: bytes) -> str:
     """The Ed25519 key of `seed` as an unencrypted PKCS#8 PEM ("PRIVATE KEY", RFC 8410), as OpenSSL and Go read it."""
-    if len(seed) != SEED_BYTES:
-        raise ValueError(f"an Ed25519 seed is {SEED_BYTES} bytes, got {len(seed)}")
+    _check_seed(seed)
     return pem("PRIVATE KEY", _sequence(_integer(0), _sequence(_oid(_ED25519)), _octets(_octets(seed))))
+
+
+# --- certificates
+
+
+@dataclass(frozen=True, kw_only=True)
+class Subject:
+    """Who a certificate is for: its common name (at most 64 characters), its key's seed and, for a server, the DNS
+    names and IP addresses it answers to (its subjectAltName)."""
+
+    name: str
+    seed: bytes
+    hosts: Sequence[str] = ()
+
+
+def certificate(
+    subject: Subject, *, role: Role, issuer: Subject, serial: int, not_before: datetime, not_after: datetime
+) -> str:
+    """A PEM certificate for `subject` signed by `issuer` (the subject itself for a CA's self-signed one), valid
+    from `not_before` to `not_after` (aware UTC datetimes, whole seconds): a CA (basicConstraints CA, pathlen 0:
+    it signs leaves only; keyCertSign, cRLSign), a server (serverAuth, subjectAltName from its hosts, at least one)
+    or a client (clientAuth). `serial` is a positive integer below 2**159 (at most 20 octets, RFC 5280 4.1.2.2)."""
+    _check_seed(subject.seed)
+    _check_seed(issuer.seed)
+    if not 0 < serial < 2**159:
+        raise ValueError("serial numbers are positive and at most 20 octets (RFC 5280 4.1.2.2)")
+    if not_after <= not_before:
+        raise ValueError("a certificate's notAfter is after its notBefore")
+    if role == "ca":
+        extensions = [
+            _extension(_BASIC_CONSTRAINTS, _sequence(_boolean(True), _integer(0)), critical=True),
+            _extension(_KEY_USAGE, _key_usage(0, 5, 6), critical=True),
+        ]
+    else:
+        extensions = [
+            _extension(_BASIC_CONSTRAINTS, _sequence(), critical=True),
+            _extension(_KEY_USAGE, _key_usage(0), critical=True),
+            _extension(_EXT_KEY_USAGE, _sequence(_oid(_SERVER_AUTH if role == "server" else _CLIENT_AUTH))),
+        ]
+    if role == "server":
+        if not subject.hosts:
+            raise ValueError("a server certificate needs at least one DNS name or IP address")
+        extensions.append(_extension(_SUBJECT_ALT_NAME, _sequence(*map(_general_name, subject.hosts))))
+    signer = nacl.signing.SigningKey(issuer.seed)
+    public_key = bytes(nacl.signing.SigningKey(subject.seed).verify_key)
+    algorithm = _sequence(_oid(_ED25519))
+    tbs = _sequence(
+        _explicit(0, _integer(2)),  # v3
+        _integer(serial),
+        algorithm,
+        _name(issuer.name),
+        _sequence(_time(not_before), _time(not_after)),
+        _name(subject.name),
+        _sequence(algorithm, _bits(public_key)),
+        _explicit(
+            3,
+            _sequence(
+                *extensions,
+                _extension(_SUBJECT_KEY_ID, _octets(_key_id(public_key))),
+                _extension(_AUTHORITY_KEY_ID, _sequence(_tlv(0x80, _key_id(bytes(signer.verify_key))))),
+            ),
+        ),
+    )
+    return pem("CERTIFICATE", _sequence(tbs, algorithm, _bits(signer.sign(tbs).signature)))
+
+
+# --- the admission webhook's serving pair
 
 
 def service_dns_names(service: str, namespace: str) -> list[str]:
@@ -204,50 +254,22 @@ def issue_serving_pair(
 ) -> ServingPair:
     """A new CA (its key is used for this one signature and never kept) and a serving certificate for `dns_names`
     (the first is also its subject's common name), both valid from `now` − CLOCK_SKEW for `days` days. `now` is an
-    aware UTC datetime; the seeds are 32 random bytes each, the serials random positive integers below 2**159."""
-    if not dns_names:
-        raise ValueError("a serving certificate needs at least one DNS name")
+    aware UTC datetime; the seeds are SEED_BYTES random bytes each, the serials random positive integers below
+    2**159."""
     if days < 1:
         raise ValueError("days must be at least 1")
-    for serial in (ca_serial, serving_serial):
-        if not 0 < serial < 2**159:
-            raise ValueError("serial numbers are positive and at most 20 octets (RFC 5280 4.1.2.2)")
-    if len(ca_seed) != SEED_BYTES or len(serving_seed) != SEED_BYTES:
-        raise ValueError(f"the seeds are {SEED_BYTES} bytes")
-    not_before = (now - CLOCK_SKEW).replace(microsecond=0)
-    not_after = (now + timedelta(days=days)).replace(microsecond=0)
-    ca_key = nacl.signing.SigningKey(ca_seed)
+    validity = {
+        "not_before": (now - CLOCK_SKEW).replace(microsecond=0),
+        "not_after": (now + timedelta(days=days)).replace(microsecond=0),
+    }
     ca_name = f"koordbus webhook CA {now:%Y%m%dT%H%M%SZ}"  # a new name per CA: a caBundle may hold two
-    ca = _certificate(
-        subject=ca_name,
-        issuer=ca_name,
-        public_key=bytes(ca_key.verify_key),
-        signer=ca_key,
-        serial=ca_serial,
-        not_before=not_before,
-        not_after=not_after,
-        extensions=[
-            _extension(_BASIC_CONSTRAINTS, _sequence(_boolean(True), _integer(0)), critical=True),
-            _extension(_KEY_USAGE, _key_usage(0, 5, 6), critical=True),
-        ],
-    )
-    serving = _certificate(
-        subject=dns_names[0][:64],  # ub-common-name; the names that count are the subjectAltName's
-        issuer=ca_name,
-        public_key=bytes(nacl.signing.SigningKey(serving_seed).verify_key),
-        signer=ca_key,
-        serial=serving_serial,
-        not_before=not_before,
-        not_after=not_after,
-        extensions=[
-            _extension(_BASIC_CONSTRAINTS, _sequence(), critical=True),
-            _extension(_KEY_USAGE, _key_usage(0), critical=True),
-            _extension(_EXT_KEY_USAGE, _sequence(_oid(_SERVER_AUTH))),
-            _extension(_SUBJECT_ALT_NAME, _sequence(*(_dns_name(n) for n in dns_names)), critical=False),
-        ],
-    )
+    ca = Subject(name=ca_name, seed=ca_seed)
+    common_name = dns_names[0][:64] if dns_names else ""  # ub-common-name; the names that count are the SAN's
+    serving = Subject(name=common_name, seed=serving_seed, hosts=dns_names)  # no name: `certificate` refuses it
     return ServingPair(
-        ca_crt=pem("CERTIFICATE", ca), tls_crt=pem("CERTIFICATE", serving), tls_key=private_key_pem(serving_seed)
+        ca_crt=certificate(ca, role="ca", issuer=ca, serial=ca_serial, **validity),
+        tls_crt=certificate(serving, role="server", issuer=ca, serial=serving_serial, **validity),
+        tls_key=private_key_pem(serving_seed),
     )
 
 
