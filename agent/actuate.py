@@ -158,12 +158,19 @@ def _controller(file_name: str) -> str:
 
 
 def be_cgroup_wants(
-    pods: Iterable[NodePod], layout: Layout, slo: Mapping[str, Any], *, cpu_normalization_ratio: float | None = None
+    pods: Iterable[NodePod],
+    layout: Layout,
+    slo: Mapping[str, Any],
+    *,
+    cpu_normalization_ratio: float | None = None,
+    quota_unlimited: bool = False,
 ) -> tuple[list[Want], list[Problem]]:
     """What every active BE pod's cgroups should hold. The CFS quota is left unlimited when CPU suppress runs
-    with the cfsQuota policy (§5.7), as Koordinator does."""
+    with the cfsQuota policy (§5.7), as Koordinator does, and while `quota_unlimited` (the fail-safe pins the
+    besteffort quota: on cgroup v1 the kernel refuses a parent's quota below a child's, so the pods' own go first)."""
     threshold = slo.get("resourceUsedThresholdWithBE", {})
-    cfs_quota = not (threshold.get("enable") and threshold.get("cpuSuppressPolicy") == "cfsQuota")
+    suppressed = threshold.get("enable") and threshold.get("cpuSuppressPolicy") == "cfsQuota"
+    cfs_quota = not (suppressed or quota_unlimited)
     wants: list[Want] = []
     problems: list[Problem] = []
     for node_pod in pods:

@@ -17,9 +17,15 @@ MIN_QUOTA_US = 2000
 """The smallest besteffort CFS quota the cfsQuota suppress policy writes (spec §5.5.1), and the fail-safe's."""
 
 
-def be_cgroups(act: Actuator, rnd: Round) -> LoopResult:
+def be_cgroups(act: Actuator, rnd: Round, *, quota_unlimited: bool = False) -> LoopResult:
+    """`quota_unlimited`: while the fail-safe pins the besteffort quota (Failsafe.pins_quota), the BE pods' own CFS
+    quotas are lifted, in the round before it pins and until the round after it releases."""
     wants, problems = actuate.be_cgroup_wants(
-        rnd.pods, rnd.layout, rnd.slo, cpu_normalization_ratio=rnd.cpu_normalization_ratio
+        rnd.pods,
+        rnd.layout,
+        rnd.slo,
+        cpu_normalization_ratio=rnd.cpu_normalization_ratio,
+        quota_unlimited=quota_unlimited,
     )
     result = LoopResult(problems=[Problem(target=p.target, reason=p.reason) for p in problems])
     act.apply_wants(wants, result, rnd)
@@ -53,6 +59,12 @@ class Failsafe:
         self.after = after
         self.cpus = cpus
         self.active = False
+
+    def pins_quota(self, silent_for: float) -> bool:
+        """Whether the besteffort quota is pinned after this round or was before it: the BE pods' own quotas must be
+        lifted first when it pins (the be-cgroup loop runs before this one), and stay lifted in the round that
+        releases it (the pods' quotas come back the round after, under an unlimited parent)."""
+        return self.active or silent_for > self.after
 
     def run(self, act: Actuator, rnd: Round, *, silent_for: float, node: str) -> LoopResult:
         result = LoopResult()

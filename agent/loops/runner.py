@@ -113,6 +113,8 @@ class QosLoops:
             stats=self.stats,
         )
         self._failsafe = Failsafe(after=settings.failsafe_after, cpus=cpus)
+        self._be_quota_unlimited = False
+        """Whether the last be-cgroup pass lifted the BE pods' quotas for the fail-safe."""
         self._resctrl = Resctrl(proc_root=agent_settings.proc_root)
         self._evictions = Evictions(
             settings, proc_root=agent_settings.proc_root, collect_interval=agent_settings.collect_interval
@@ -313,12 +315,15 @@ class QosLoops:
                 return
             out.extend(done if isinstance(done, list) else [(loop, done)])
 
+        silent_for = self.slo.silent_for(rnd.now)
+        quota_unlimited = self._failsafe.pins_quota(silent_for)
+        if rnd.static or quota_unlimited != self._be_quota_unlimited:  # the fail-safe turning: at once
+            self._be_quota_unlimited = quota_unlimited
+            run("be-cgroup", lambda: be_cgroups(act, rnd, quota_unlimited=quota_unlimited))
         if rnd.static:
-            run("be-cgroup", lambda: be_cgroups(act, rnd))
             run("system-config", lambda: self._system.run(act, rnd))
             run("memory-qos", lambda: memory_qos_loop(act, rnd, node_memory=self._node_memory()))
             run("resctrl", lambda: self._resctrl.run(act, rnd))
-        silent_for = self.slo.silent_for(rnd.now)
         run("failsafe", lambda: self._failsafe.run(act, rnd, silent_for=silent_for, node=self.node))
         self.stats.failsafe_active = self._failsafe.active
         if not self._failsafe.active:

@@ -346,6 +346,56 @@ async def test_failsafe_pins_be_cpu_when_the_control_plane_is_silent_and_release
     assert [e.loop for e in events] == ["failsafe"] and "fail-safe over" in events[0].changes[0].reason
 
 
+@pytest.mark.cgroup
+async def test_the_failsafe_pins_besteffort_on_real_cgroup_v1_lifting_the_pods_quotas_first(tmp_path: Path) -> None:
+    """cgroup v1 refuses (EINVAL) a parent's CFS quota below a child's and a child's above its parent's: the BE pods'
+    own quotas are lifted before the besteffort quota is pinned, and come back only after it is released."""
+    root = _writable_v1_root()
+    if root is None:
+        pytest.skip("needs a writable cgroup v1 filesystem (cpu, cpuacct, memory) at /sys/fs/cgroup")
+    parent = f"koordbus-test-{uuid.uuid4().hex[:12]}"
+    pod = f"kubepods/besteffort/pod{UID}"
+    tops = [root / h / parent for h in ("cpu", "cpuacct", "memory")]
+    try:
+        try:
+            for hierarchy in ("cpu", "cpuacct", "memory"):
+                (root / hierarchy / parent / pod / CID).mkdir(parents=True)
+        except OSError as e:
+            pytest.skip(f"the kernel refuses new cgroups under {root}: {e}")
+        cpu = root / "cpu" / parent
+
+        def quotas() -> tuple[str, str, str]:
+            return tuple(  # type: ignore[return-value]
+                (cpu / d / "cpu.cfs_quota_us").read_text().strip() for d in ("kubepods/besteffort", pod, f"{pod}/{CID}")
+            )
+
+        clock = Clock()
+        bus = await slo_bus({})
+        qos_loops = loops(
+            tmp_path, bus, StaticPods(be_pod()), cgroup_root=root, parent=parent, clock=clock, failsafe_after=60
+        )
+        (event,) = await qos_loops.round()
+        assert event.problems == [] and quotas() == ("-1", "400000", "400000")
+        qos_loops.slo._reader = AwayBus()  # the control plane goes silent
+        qos_loops._bus = AwayBus()
+        clock.now += 61
+        events = {e.loop: e for e in await qos_loops.round()}
+        assert all(e.problems == [] for e in events.values()), events
+        assert quotas() == ("2000", "-1", "-1") and qos_loops.failsafe_active
+        qos_loops.slo._reader = bus  # back
+        qos_loops._bus = bus
+        clock.now += 10
+        events = {e.loop: e for e in await qos_loops.round()}
+        assert all(e.problems == [] for e in events.values()), events
+        assert quotas() == ("-1", "-1", "-1") and not qos_loops.failsafe_active
+        clock.now += 1
+        events = {e.loop: e for e in await qos_loops.round()}
+        assert all(e.problems == [] for e in events.values()), events
+        assert quotas() == ("-1", "400000", "400000")
+    finally:
+        _rmdirs(tops)
+
+
 async def test_a_restart_with_the_bus_away_keeps_the_last_good_nodeslo(tmp_path: Path) -> None:
     files = v1_tree(tmp_path / "cg")
     spec = {"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressPolicy": "cfsQuota"}}
