@@ -417,8 +417,8 @@ async def test_each_pods_cpu_in_the_nodemetric_is_what_its_cgroup_used(node: Nod
     assert not errors, "pod CPU off by more than ±15 % / ±50m:\n" + "\n".join(errors)
 
 
-async def _report_after(node: Node, start: float) -> NodeMetricComputed:
-    """The newest NodeMetric report (NodeMetricComputed) whose aggregate window begins at or after `start`."""
+async def _report_after(node: Node, at: float) -> NodeMetricComputed:
+    """The newest NodeMetric report (NodeMetricComputed) made at or after `at`."""
     found: list[NodeMetricComputed] = []
     bus = await JetStreamBus.connect(node.nats_url, name="acceptance-report-reader")
     subject = subjects.stored(subjects.nodemetric_computed(NODE))
@@ -429,7 +429,7 @@ async def _report_after(node: Node, start: float) -> NodeMetricComputed:
             await asyncio.sleep(0.5)
             return False
         found[:] = [msgspec.json.decode(stored.data, type=NodeMetricComputed)]
-        if found[0].report_time - WINDOW < start:
+        if found[0].report_time < at:
             await asyncio.sleep(0.5)
             return False
         return True
@@ -442,9 +442,12 @@ async def _report_after(node: Node, start: float) -> NodeMetricComputed:
 
 
 PSI_TOLERANCE = 0.05
-"""How far a report's average stall ratio may lie from the test's own Δtotal/Δwall over its window: the two read the
-counters at different instants (0.5 s apart at most at each end) and the report's window is bounded by whole buckets
-of samples (a 2 s batch at most at each end), worth 4 % of a 60 s window at a full stall and far less at a real one."""
+"""How far a report's average stall ratio may lie from the test's own Δtotal/Δwall over the same span: the two read
+the counters at different instants, at most 0.5 s apart at each end (the report's window is whole chunks of whole
+batches, so it adds no edge of its own): 1/PSI_SPAN only if the stall swung between none and full right at both
+edges, far less at a real one; they agreed to within 0.001 in the runs that set it."""
+PSI_SPAN = 15.0
+"""Seconds of the agent's PSI ratios a compared report's window holds at least."""
 
 
 async def test_node_psi_from_proc_pressure_reaches_the_batches_and_the_nodemetric_report(node: Node) -> None:
@@ -461,9 +464,12 @@ async def test_node_psi_from_proc_pressure_reaches_the_batches_and_the_nodemetri
     kernel_signals = set(kernel.pressure_totals())
     pod_dirs = [node.hierarchy.path(c, pod.rel) for pod in PODS for c in ("cpu", "cpuacct")]
     pod_files = kernel.pod_pressure_files(pod_dirs)
-    report = await _report_after(node, node.agent.started_at)
     _, batches = await suppression.agent_account(node.nats_url, NODE)
     assert batches, "no batch from the agent"
+    first = min((s.t for b in batches for s in b.node_psi), default=node.agent.started_at)
+    # a report whose window holds PSI_SPAN of the agent's ratios (reports cover whole 30 s chunks of 2 s batches)
+    report = await _report_after(node, first + PSI_SPAN)
+    _, batches = await suppression.agent_account(node.nats_url, NODE)
     psi = report.psi
     log_text = node.agent.log_text()
     if not kernel_signals:
