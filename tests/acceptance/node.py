@@ -3,10 +3,11 @@ that burn a known share of a CPU and hold a known amount of memory, and a kubele
 
 `Hierarchy` makes `/sys/fs/cgroup/<controller>/koordbus-acceptance-<pid>-<hex>/kubepods/...` in the cpu, cpuacct,
 cpuset and memory hierarchies (cgroup v1, the kubelet's cgroupfs layout; the tree weighs CPUs × 1024 shares against
-the machine's other tasks, as the kubelet's kubepods does), starts `Burner` processes that move themselves into a
-container's cgroups before they burn, and on `close()` kills every process it started (and any other task left in
-its cgroups) and removes its directories leaf first — also when the test failed. `leftovers()` says what of it is
-still there, for the test that teardown leaves nothing behind. `Kubelet` serves the fake API
+the machine's other tasks, as the kubelet's kubepods does), and in perf_event too where this machine mounts it
+writable on v1 (the agent's CPI counters count a pod's cgroup of that hierarchy), starts `Burner` processes that move
+themselves into a container's cgroups before they burn, and on `close()` kills every process it started (and any
+other task left in its cgroups) and removes its directories leaf first — also when the test failed. `leftovers()`
+says what of it is still there, for the test that teardown leaves nothing behind. `Kubelet` serves the fake API
 server's pods of the node as the kubelet's `/pods` does. Used by tests/acceptance/test_node_acceptance.py.
 """
 
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
+OPTIONAL_CONTROLLERS = ("perf_event",)
+"""Made too where this machine mounts them writable on v1; the suite runs without them."""
 QOS_DIRS = {"Guaranteed": "kubepods", "Burstable": "kubepods/burstable", "BestEffort": "kubepods/besteffort"}
 
 # Burns `share` of one CPU in 10 ms slices and holds `mib` MiB (every page written), after moving itself into the
@@ -70,6 +73,11 @@ def v1_writable() -> str | None:
         if not os.access(path, os.W_OK):
             return f"{path} is not writable"
     return None
+
+
+def _v1_writable(controller: str) -> bool:
+    path = CGROUP_ROOT / controller
+    return (path / "cgroup.procs").exists() and not (path / "cgroup.controllers").exists() and os.access(path, os.W_OK)
 
 
 def v2_usable() -> str | None:
@@ -141,6 +149,8 @@ class Hierarchy:
         self.parent = f"koordbus-acceptance-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.burners: list[Burner] = []
         self.made: list[Path] = []
+        self.controllers = CONTROLLERS + tuple(c for c in OPTIONAL_CONTROLLERS if _v1_writable(c))
+        """The hierarchies this tree is made in."""
         for qos_dir in QOS_DIRS.values():
             self._mkdirs(qos_dir)
         # the weight the kubelet gives kubepods against the rest of the machine: its CPUs × 1024 shares (our kubepods
@@ -151,7 +161,7 @@ class Hierarchy:
         return CGROUP_ROOT / controller / self.parent / rel if rel else CGROUP_ROOT / controller / self.parent
 
     def _mkdirs(self, rel: str) -> None:
-        for controller in CONTROLLERS:
+        for controller in self.controllers:
             current = CGROUP_ROOT / controller
             for part in Path(self.parent, rel).parts:
                 parent, current = current, current / part
@@ -174,7 +184,7 @@ class Hierarchy:
         """A process in `pod`'s container (its own unless `container_id` names one added with add_container)
         burning `share` of a CPU and holding `mib` MiB."""
         rel = f"{pod.rel}/{container_id or pod.container_id}"
-        procs = [self.path(c, rel) / "cgroup.procs" for c in CONTROLLERS]
+        procs = [self.path(c, rel) / "cgroup.procs" for c in self.controllers]
         burner = Burner(procs, share=share, mib=mib)
         self.burners.append(burner)
         return burner
@@ -188,7 +198,7 @@ class Hierarchy:
     def tasks(self) -> list[int]:
         """Every task in any cgroup of the tree."""
         found: list[int] = []
-        for controller in CONTROLLERS:
+        for controller in self.controllers:
             top = self.path(controller)
             if top.is_dir():
                 for procs in top.rglob("cgroup.procs"):
@@ -205,7 +215,7 @@ class Hierarchy:
         deadline = time.monotonic() + 10
         while self.tasks() and time.monotonic() < deadline:
             time.sleep(0.05)  # a SIGKILLed task leaves its cgroups when the kernel has finished it
-        for controller in CONTROLLERS:
+        for controller in self.controllers:
             top = self.path(controller)
             if top.is_dir():
                 for directory in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
@@ -221,7 +231,7 @@ class Hierarchy:
 
     def leftovers(self) -> list[str]:
         """What of this tree is still there: directories and running processes."""
-        left = [str(self.path(c)) for c in CONTROLLERS if self.path(c).exists()]
+        left = [str(self.path(c)) for c in self.controllers if self.path(c).exists()]
         left += [f"pid {b.pid}" for b in self.burners if b.process.poll() is None]
         return left
 

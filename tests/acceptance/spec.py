@@ -1,11 +1,13 @@
 """Koordinator's arithmetic as the acceptance suite recomputes it from what the API server holds: quantities, the
-podsMetric by namespace/name, priority classes (spec §0), the batch resources of a node (spec §2.4) and the BE CFS
-quota of CPU suppress (spec §5.5.1). Used by
-tests/acceptance/test_node_acceptance.py; the code under test computes the same numbers its own way.
+podsMetric by namespace/name, priority classes (spec §0), the batch resources of a node (spec §2.4) and their CPU
+normalization (§2.5), the BE CFS quota of CPU suppress (spec §5.5.1) and of a normalized node (§5.7), memory QoS
+(§5.3) and the load-aware percentages (§6.4, Go's rounding). Used by tests/acceptance/test_node_acceptance.py; the
+code under test computes the same numbers its own way.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from schemas.quantity import parse_quantity
@@ -113,3 +115,43 @@ def spec_cfs_quota(allowed_milli: int, *, current: int, cpus: int) -> int | None
         if abs(quota - current) < node_quota // 100 and quota != MIN_QUOTA_US:
             return None
     return quota
+
+
+def go_percent(used: int, total: int) -> int:
+    """Spec §6.4's `round(used / total × 100)` as Go computes it: `math.Round(float64(used) / float64(total) * 100)`,
+    float64 in that order and halves rounded away from zero (Python's round() would round 230.5 to 230, Go to 231)."""
+    x = float(used) / float(total) * 100
+    whole = math.floor(x)
+    return int(whole + 1 if x - whole >= 0.5 else whole)
+
+
+def spec_normalized_batch_cpu(value: int, ratio: float) -> int:
+    """Spec §2.5 steps 2–3: batch-cpu × the cpu-normalization-ratio with milli truncation (Go's
+    `int64(float64(milli) * ratio)`), a fractional quantity rounded up; unchanged unless the ratio is above 1."""
+    if ratio <= 1.0:
+        return value
+    milli = int(float(value * 1000) * ratio)
+    return -(-milli // 1000)
+
+
+def spec_normalized_quota(quota: int, ratio: float) -> int:
+    """Spec §5.7: a BE CFS quota on a node whose cpu-normalization ratio r is above 1 is ceil(quota / r) (the
+    ratios the suite uses are exact in binary, so the float division is exact)."""
+    return math.ceil(quota / ratio) if quota > 0 and ratio > 1 else quota
+
+
+PAGE_SIZE = 4096
+
+
+def spec_memory_qos(request: int, limit: int | None, config: dict[str, int], *, node_memory: int) -> dict[str, str]:
+    """Spec §5.3 memory QoS of one container: memory.min, memory.low (≥ min) and memory.high ("max" when
+    throttlingPercent is 0, else a page-floored value between request and limit, ≥ min)."""
+    minimum = request * config.get("minLimitPercent", 0) // 100
+    low = max(request * config.get("lowLimitPercent", 0) // 100, minimum)
+    throttling = config.get("throttlingPercent", 0)
+    if throttling == 0:
+        high = "max"
+    else:
+        upper = limit if limit else node_memory
+        high = str(max((request + (upper - request) * throttling // 100) // PAGE_SIZE * PAGE_SIZE, minimum))
+    return {"memory.min": str(minimum), "memory.low": str(low), "memory.high": high}

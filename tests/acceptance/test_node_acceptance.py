@@ -1,17 +1,24 @@
-"""Acceptance on this machine's real kernel (issue #20): a kubepods cgroup hierarchy with four pods whose processes
-burn known shares of a CPU and hold known memory, a kubelet-shaped /pods, the fake Kubernetes API server holding the
-Node (this machine's capacity), the Pods and an slo-controller-config, and the real koordbus processes — the agent
-with --apply confined to the test's cgroup parent, the nodemetric, noderesource, slo and loadaware services and the
-k8s bridge with a kubeconfig for the fake — on a real nats-server.
+"""Acceptance on this machine's real kernel (issue #20): a kubepods cgroup hierarchy with four pods whose processes burn
+known shares of a CPU and hold known memory, a kubelet-shaped /pods, the fake Kubernetes API server holding the Node
+(this machine's capacity), the Pods and an slo-controller-config, and the real koordbus processes — the agent with
+--apply confined to the test's cgroup parent (and --cpi, reading a static-policy kubelet CPU manager checkpoint from the
+test's directory), the nodemetric, noderesource, slo and loadaware services and the k8s bridge with a kubeconfig for the
+fake — on a real nats-server.
 
 The tests share one running node (module scope) and run in file order: the NodeMetric and its pod usages first, the
-batch resources and BE cgroups it leads to, the extender, then CPU suppress (judged on the agent's own account of
-each quota write and the test's own cgroup readings over the agent's windows, so that the machine's other load does
-not decide it; skipped, saying so, only when that load leaves the extra LS process no CPU), the memory eviction that
-takes a BE pod, and last the agent's account of every file it wrote. Each failed assertion prints its numbers.
-Teardown kills every process and removes every cgroup, and fails when something is left; test_teardown_* checks that
-on a tree whose test failed. Spec arithmetic the test recomputes lives in tests/acceptance/spec.py, the suppress
-test's evidence in tests/acceptance/suppression.py.
+node's NodeResourceTopology from the agent's real /sys and /proc (issue 23.4), node PSI from /proc/pressure in the
+agent's batches and the reports (23.6; per-pod PSI, which cgroup v1 lacks, said not available), CPI counted where the
+kernel allows perf counters and said unavailable where not (23.6), the batch resources and BE cgroups the NodeMetric
+leads to, CPU normalization scaling batch-cpu and dividing the BE pods' CFS quotas (23.5), the extender, then CPU
+suppress (judged on the agent's own account of each quota write and the test's own cgroup readings over the agent's
+windows, so that the machine's other load does not decide it; skipped, saying so, only when that load leaves the extra
+LS process no CPU), the memory eviction that takes a BE pod, memory QoS (23.1: written where the kernel has memory.min,
+else one "not supported" problem), and last the agent's account of every file it wrote. The normalization and memory QoS
+checks change the slo-controller-config and restore it before they end. Where the kernel does not allow a feature its
+check asserts the documented "not supported" behaviour, never a skip. Each failed assertion prints its numbers. Teardown
+kills every process and removes every cgroup, and fails when something is left; test_teardown_* checks that on a tree
+whose test failed. Spec arithmetic the test recomputes lives in tests/acceptance/spec.py, the suppress test's evidence
+in tests/acceptance/suppression.py, what the test reads of the kernel itself in tests/acceptance/kernel.py.
 """
 
 from __future__ import annotations
@@ -31,23 +38,40 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import pytest_asyncio
 
+from agent import perf
 from bus import streams, subjects
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
-from schemas.qos import ACTUATION_DECODER
-from tests.acceptance import suppression
-from tests.acceptance.node import CONTROLLERS, Hierarchy, Kubelet, PodSpec, running_hierarchy, v1_writable, v2_usable
-from tests.acceptance.spec import entries, milli, spec_batch, spec_cfs_quota, spec_suppress, to_bytes
+from schemas.node import NodeMetricComputed
+from schemas.noderesource import NODERESOURCE_COMPUTED_DECODER, NodeResourceComputed
+from schemas.psi import SIGNALS
+from schemas.qos import ACTUATION_DECODER, ActuationApplied
+from tests.acceptance import kernel, suppression
+from tests.acceptance.kernel import Machine
+from tests.acceptance.node import Hierarchy, Kubelet, PodSpec, running_hierarchy, v1_writable, v2_usable
+from tests.acceptance.spec import (
+    entries,
+    go_percent,
+    milli,
+    spec_batch,
+    spec_cfs_quota,
+    spec_memory_qos,
+    spec_normalized_batch_cpu,
+    spec_normalized_quota,
+    spec_suppress,
+    to_bytes,
+)
 from tests.acceptance.suppression import Counter, Ticks
 from tests.fakes.kube_api import FakeKubeApi
 from tests.fakes.kube_rules import CRD_DIR
 from tests.faults.private_postgres import free_port
 from tests.faults.processes import KoordbusProcess
 from tests.faults.service_process import ServiceProcess
-from tests.support.crd import assert_valid_nodemetric
+from tests.support.crd import assert_valid_nodemetric, assert_valid_topology
 from tests.support.loadaware import pod_json
 from tests.support.waiting import eventually
 
@@ -61,6 +85,7 @@ REPORT_INTERVAL = 30  # the nodemetric service's floors: reports at least 30 s a
 WINDOW = 60
 MIB = 1 << 20
 SUPPRESS_PERCENT = 100  # cpuSuppressThresholdPercent
+CPI_INTERVAL, CPI_WINDOW = 10, 2  # seconds: a counting window soon after start where the kernel allows counting
 
 PROD = PodSpec("web", "shop", "Guaranteed")
 LS = PodSpec("api", "shop", "Burstable")
@@ -118,7 +143,17 @@ def _pod(spec: PodSpec) -> dict[str, Any]:
     }
 
 
-def _slo_config(*, suppress_percent: int, memory_evict_percent: int) -> dict[str, Any]:
+def _slo_config(
+    *,
+    suppress_percent: int,
+    memory_evict_percent: int,
+    threshold_enable: bool = True,
+    cpu_reclaim_percent: int | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The slo-controller-config: colocation on (with `cpu_reclaim_percent` as its cpuReclaimThresholdPercent, the
+    default 60 when None), CPU suppress (cfsQuota) and memory eviction at these thresholds (`threshold_enable` False
+    turns both off), and `extra` keys (name → the JSON value) beside them."""
     namespace, name = CONFIGMAP
     colocation = {
         "enable": True,
@@ -126,18 +161,19 @@ def _slo_config(*, suppress_percent: int, memory_evict_percent: int) -> dict[str
         "metricReportIntervalSeconds": REPORT_INTERVAL,
         "resourceDiffThreshold": 0.0001,  # every new NodeMetric is written to the Node, so the test can follow it
     }
+    if cpu_reclaim_percent is not None:
+        colocation["cpuReclaimThresholdPercent"] = cpu_reclaim_percent
     threshold = {
         "clusterStrategy": {
-            "enable": True,
+            "enable": threshold_enable,
             "cpuSuppressPolicy": "cfsQuota",
             "cpuSuppressThresholdPercent": suppress_percent,
             "memoryEvictThresholdPercent": memory_evict_percent,
         }
     }
-    return {
-        "metadata": {"name": name, "namespace": namespace},
-        "data": {"colocation-config": json.dumps(colocation), "resource-threshold-config": json.dumps(threshold)},
-    }
+    data = {"colocation-config": json.dumps(colocation), "resource-threshold-config": json.dumps(threshold)}
+    data.update({key: json.dumps(value) for key, value in (extra or {}).items()})
+    return {"metadata": {"name": name, "namespace": namespace}, "data": data}
 
 
 @dataclass
@@ -151,7 +187,13 @@ class Node:
     cpus: int
     memory: int
     nats_url: str
+    agent_port: int
+    machine: Machine
+    pinned: frozenset[int]
+    """The CPUs the kubelet checkpoint the agent reads gives PROD's container (the static policy)."""
     samples: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    pressure: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+    """The test's own readings of /proc/pressure's totals (kernel.pressure_totals)."""
 
     def describe(self) -> str:
         parts = [s.describe() for s in self.services.values()]
@@ -174,6 +216,7 @@ async def _sample(node: Node) -> None:
         for pod in PODS:
             with contextlib.suppress(OSError):
                 node.samples.setdefault(pod.key, []).append((now, node.hierarchy.cpu_ns(pod)))
+        node.pressure.append((now, kernel.pressure_totals()))
         await asyncio.sleep(0.5)
 
 
@@ -186,6 +229,15 @@ async def node(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Node]:
         pytest.skip(f"CRD schemas not found at {CRD_DIR}")
     tmp = tmp_path_factory.mktemp("acceptance")
     cpus, memory = _capacity()
+    machine = kernel.machine()
+    # the kubelet's CPU manager as the agent reads it (its --root-dir): the static policy with PROD's container on
+    # the last online CPU (a record only: the suite's cgroups are not pinned by it)
+    kubelet_root = tmp / "kubelet"
+    kubelet_root.mkdir()
+    pinned = frozenset({max(machine.online)})
+    (kubelet_root / "cpu_manager_state").write_text(
+        kernel.cpu_manager_state(pod_uid=PROD.uid, container="main", pinned=pinned, online=machine.online)
+    )
     async with contextlib.AsyncExitStack() as stack:
         hierarchy = stack.enter_context(running_hierarchy())
         for pod in PODS:
@@ -230,10 +282,11 @@ async def node(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Node]:
         for service in services.values():
             service.start()
             stack.push_async_callback(service.stop)
+        agent_port = free_port()
         agent_args = [
             "agent", *common, "--node-name", NODE, "--apply", "--publish-interval", "2",
             "--kubelet-pods-url", kubelet.url, "--state-dir", str(tmp / "state"),
-            "--resctrl-root", str(tmp / "no-resctrl"), "--evict", "BEMemoryEvict", "--port", str(free_port()),
+            "--resctrl-root", str(tmp / "no-resctrl"), "--evict", "BEMemoryEvict", "--port", str(agent_port), "--cpi",
         ]  # fmt: skip
         agent = KoordbusProcess(
             agent_args,
@@ -247,6 +300,9 @@ async def node(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Node]:
                 "KOORDBUS_SLO_POLL_INTERVAL": "0.5",
                 "KOORDBUS_PODS_POLL_INTERVAL": "0.5",
                 "KOORDBUS_EVICTION_PENDING_SECONDS": "30",
+                "KOORDBUS_AGENT_KUBELET_ROOT_DIR": str(kubelet_root),
+                "KOORDBUS_AGENT_CPI_INTERVAL": str(CPI_INTERVAL),
+                "KOORDBUS_AGENT_CPI_WINDOW": str(CPI_WINDOW),
             },
         )
         agent.start()
@@ -259,6 +315,9 @@ async def node(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Node]:
             cpus=cpus,
             memory=memory,
             nats_url=server.url,
+            agent_port=agent_port,
+            machine=machine,
+            pinned=pinned,
         )
         sampler = asyncio.create_task(_sample(running))
         stack.callback(sampler.cancel)
@@ -303,6 +362,45 @@ async def test_the_nodemetric_names_the_four_pods_with_their_classes(node: Node)
     assert classes == EXPECTED_CLASSES, f"(priority, qos) per pod: {classes}"
 
 
+async def test_the_agents_topology_is_the_nodes_noderesourcetopology(node: Node) -> None:
+    """Issue 23.4 on this machine: the agent reads the real /sys and /proc and the kubelet's CPU manager checkpoint
+    (the static policy with PROD's container on the last online CPU, written by the fixture under the agent's
+    kubelet root dir), the bridge writes the node's NodeResourceTopology into the fake API server (which checks it
+    against the CRD, as this test does again): one zone per NUMA node holding exactly its online CPUs and memory,
+    koordlet's annotations naming this machine's CPU model and CPUs, the static policy and PROD's exclusive CPUs,
+    which the shared pool leaves out."""
+    machine = node.machine
+    await eventually(lambda: node.kube.get("NodeResourceTopology", NODE) is not None, timeout=60)
+    nrt = node.kube.get("NodeResourceTopology", NODE)
+    assert nrt is not None
+    assert_valid_topology(nrt)
+    zones = {zone["name"]: {r["name"]: r for r in zone["resources"]} for zone in nrt["zones"]}
+    assert sorted(zones) == sorted(f"node-{n}" for n in machine.numa), (sorted(zones), machine.numa)
+    for numa, cpus in machine.numa.items():
+        resources = zones[f"node-{numa}"]
+        amounts = {field: resources["cpu"][field] for field in ("capacity", "allocatable", "available")}
+        assert set(amounts.values()) == {str(len(cpus))}, f"node-{numa}: cpu {amounts}, its cpulist {sorted(cpus)}"
+        memory = to_bytes(resources["memory"]["capacity"])
+        assert 0 < memory <= machine.numa_memory[numa], f"node-{numa}: memory {memory}, MemTotal {machine.numa_memory}"
+    assert sum(len(cpus) for cpus in machine.numa.values()) == len(machine.online), machine
+    annotations = nrt["metadata"]["annotations"]
+    basic = json.loads(annotations["node.koordinator.sh/cpu-basic-info"])
+    assert basic.get("cpuModel", "") == machine.model, (basic, machine.model)
+    assert basic.get("hyperThreadEnabled", False) == machine.hyper_threads, (basic, machine)
+    assert basic.get("turboEnabled", False) == machine.turbo, (basic, machine)
+    detail = json.loads(annotations["node.koordinator.sh/cpu-topology"])["detail"]
+    numa_of = {cpu: numa for numa, cpus in machine.numa.items() for cpu in cpus}
+    assert {d["id"]: d["node"] for d in detail} == numa_of, detail
+    assert json.loads(annotations["kubelet.koordinator.sh/cpu-manager-policy"]) == {"policy": "static"}, annotations
+    allocs = json.loads(annotations["node.koordinator.sh/pod-cpu-allocs"])
+    pinned = kernel.cpu_list_text(node.pinned)
+    assert allocs == [{"uid": PROD.uid, "cpuset": pinned, "managedByKubelet": True}], allocs
+    pools = json.loads(annotations["node.koordinator.sh/cpu-shared-pools"]) or []
+    shared = [cpu for pool in pools for cpu in kernel.cpu_list(pool["cpuset"])]
+    assert sorted(shared) == sorted(machine.online - node.pinned), f"shared pools {pools}, {PROD.key} on {pinned}"
+    log.warning("acceptance topology: %s, model %r, pools %s, allocs %s", sorted(zones), machine.model, pools, allocs)
+
+
 async def test_each_pods_cpu_in_the_nodemetric_is_what_its_cgroup_used(node: Node) -> None:
     metric = await _first_report(node)
     assert_valid_nodemetric(metric)
@@ -317,6 +415,144 @@ async def test_each_pods_cpu_in_the_nodemetric_is_what_its_cgroup_used(node: Nod
         if abs(reported - measured) > max(0.15 * measured, 50):
             errors.append(line)
     assert not errors, "pod CPU off by more than ±15 % / ±50m:\n" + "\n".join(errors)
+
+
+async def _report_after(node: Node, at: float) -> NodeMetricComputed:
+    """The newest NodeMetric report (NodeMetricComputed) made at or after `at`."""
+    found: list[NodeMetricComputed] = []
+    bus = await JetStreamBus.connect(node.nats_url, name="acceptance-report-reader")
+    subject = subjects.stored(subjects.nodemetric_computed(NODE))
+
+    async def reported() -> bool:
+        stored = await bus.last_on_subject(streams.KOORD_NODEMETRIC, subject)
+        if stored is None:
+            await asyncio.sleep(0.5)
+            return False
+        found[:] = [msgspec.json.decode(stored.data, type=NodeMetricComputed)]
+        if found[0].report_time < at:
+            await asyncio.sleep(0.5)
+            return False
+        return True
+
+    try:
+        await eventually(reported, timeout=2 * REPORT_INTERVAL + WINDOW)
+    finally:
+        await bus.close()
+    return found[0]
+
+
+PSI_TOLERANCE = 0.05
+"""How far a report's average stall ratio may lie from the test's own Δtotal/Δwall over the same span: the two read
+the counters at different instants, at most 0.5 s apart at each end (the report's window is whole chunks of whole
+batches, so it adds no edge of its own): 1/PSI_SPAN only if the stall swung between none and full right at both
+edges, far less at a real one; they agreed to within 0.001 in the runs that set it."""
+PSI_SPAN = 15.0
+"""Seconds of the agent's PSI ratios a compared report's window holds at least."""
+
+
+async def test_node_psi_from_proc_pressure_reaches_the_batches_and_the_nodemetric_report(node: Node) -> None:
+    """Issue 23.6's PSI on this machine: the agent turns /proc/pressure's totals into stall ratios per collection
+    (the batches' node_psi) and the nodemetric service averages them over each report's window
+    (NodeMetricComputed.psi on koord.v1.nodemetric.computed.<node>, which the dashboard charts; Koordinator's
+    NodeMetric has no PSI field, so the object holds none): every signal this kernel has is there and agrees with the
+    test's own readings of the same counters; one it lacks is absent, never 0.
+
+    What this kernel lacks: per-pod PSI. The pods' cgroups are cgroup v1 (cpu, cpuacct, memory), which have no
+    cpu/memory/io.pressure files on a mainline kernel (PSI per cgroup is a cgroup v2 interface, and this machine's v2
+    hierarchy holds no controllers for pods); so the agent says once that pod PSI is not available, its batches carry
+    no pod_psi rows and the reports no pods. On a kernel with them the pods' ratios are asserted instead."""
+    kernel_signals = set(kernel.pressure_totals())
+    pod_dirs = [node.hierarchy.path(c, pod.rel) for pod in PODS for c in ("cpu", "cpuacct")]
+    pod_files = kernel.pod_pressure_files(pod_dirs)
+    _, batches = await suppression.agent_account(node.nats_url, NODE)
+    assert batches, "no batch from the agent"
+    first = min((s.t for b in batches for s in b.node_psi), default=node.agent.started_at)
+    # a report whose window holds PSI_SPAN of the agent's ratios (reports cover whole 30 s chunks of 2 s batches)
+    report = await _report_after(node, first + PSI_SPAN)
+    _, batches = await suppression.agent_account(node.nats_url, NODE)
+    psi = report.psi
+    log_text = node.agent.log_text()
+    if not kernel_signals:
+        assert not any(b.node_psi for b in batches), "node PSI sent by a kernel without /proc/pressure"
+        assert psi is None or psi.node is None, psi
+        assert kernel.log_count(log_text, "no node pressure is reported") == 1, node.agent.tail()
+    else:
+        samples = [s for b in batches for s in b.node_psi]
+        assert samples, f"no node PSI in {len(batches)} batches; /proc/pressure has {sorted(kernel_signals)}"
+        sent = {signal for s in samples for signal, v in zip(SIGNALS, s.values(), strict=True) if v is not None}
+        assert sent == kernel_signals, f"signals sent {sorted(sent)}, /proc/pressure has {sorted(kernel_signals)}"
+        assert psi is not None and psi.node is not None, f"no node PSI in the report at {report.report_time}"
+        # the agent's first ratio covers the interval before its first sample's time (its first reading gives none)
+        start = max(report.report_time - WINDOW, min(s.t for s in samples) - 0.5)
+        end = report.report_time
+        lines, wrong = [], []
+        for signal in SIGNALS:
+            average = getattr(psi.node, signal)
+            if signal not in kernel_signals:
+                if average is not None:
+                    wrong.append(f"{signal}: {average} in the report, absent from /proc/pressure")
+                continue
+            measured = kernel.stall_ratio(node.pressure, signal, start, end)
+            line = f"{signal}: report {average}, /proc/pressure {measured:.4f} over [{start:.0f}, {end:.0f}]"
+            lines.append(line)
+            if average is None or abs(average - measured) > PSI_TOLERANCE:
+                wrong.append(line)
+        assert not wrong, "node PSI off by more than ±0.05:\n" + "\n".join(wrong + lines)
+        log.warning("acceptance psi: %s", "; ".join(lines))
+    if pod_files:
+        reported = {(p.namespace, p.name) for p in (psi.pods if psi else [])}
+        assert {(pod.namespace, pod.name) for pod in PODS} <= reported, (pod_files[:3], reported)
+    else:
+        rows = sum(len(b.pod_psi) for b in batches)
+        assert rows == 0, f"{rows} pod PSI rows from cgroups without pressure files"
+        assert psi is None or psi.pods == [], psi
+        said = kernel.log_count(log_text, "no pod pressure is reported")
+        assert said == 1, f"the agent said {said} times that pod PSI is not available:\n{node.agent.tail()}"
+
+
+async def test_cpi_is_counted_where_the_kernel_allows_it_and_said_unavailable_where_not(node: Node) -> None:
+    """Issue 23.6's CPI, the suite's agent started with --cpi: where perf_event_open counts hardware events here and
+    the pods' cgroups are in a perf_event hierarchy, each pod's batches carry cycles and instructions above 0; where
+    the kernel refuses (this machine: no hardware PMU, perf_event_open of a hardware event fails with ENOENT), the
+    agent's /metrics says koordbus_agent_cpi_unavailable 1, its log names the reason once, and no batch carries
+    pod_cpi — no zeros. The CPI rounds count nothing else, so the other checks run as without --cpi."""
+    why = perf.probe()  # the one perf_event_open the agent makes, from this process, root like the agent
+    unavailable_metric = "koordbus_agent_cpi_unavailable/metrics"
+    metrics: dict[str, float] = {}
+
+    async def scraped() -> bool:
+        node.agent.assert_alive()
+        metrics.update(await kernel.agent_metrics(node.agent_port, NODE))
+        await asyncio.sleep(0.2 if unavailable_metric not in metrics else 0)
+        return unavailable_metric in metrics
+
+    await eventually(scraped, timeout=30)
+    if why is None and "perf_event" in node.hierarchy.controllers:
+
+        async def counted() -> bool:
+            await asyncio.sleep(1)
+            _, batches = await suppression.agent_account(node.nats_url, NODE)
+            uids = {uid for uid, row in kernel.cpi_rows(batches) if row.cycles > 0 and row.instructions > 0}
+            return uids >= {pod.uid for pod in PODS if node.kube.get("pods", pod.name, pod.namespace)}
+
+        await eventually(counted, timeout=3 * CPI_INTERVAL)
+        metrics.update(await kernel.agent_metrics(node.agent_port, NODE))
+        assert metrics[unavailable_metric] == 0, metrics
+        log.warning("acceptance cpi: counted, %s", {k: v for k, v in metrics.items() if "cpi" in k})
+        return
+    if why is None:  # the kernel counts, but the suite's pods are in no perf_event hierarchy
+        said = "CPI not counted for any pod: no"
+        await asyncio.sleep(CPI_INTERVAL + CPI_WINDOW)  # a round that found no pod to count
+        metrics.update(await kernel.agent_metrics(node.agent_port, NODE))
+    else:
+        said = f"CPI not available: {why}"
+    _, batches = await suppression.agent_account(node.nats_url, NODE)
+    rows = kernel.cpi_rows(batches)
+    assert metrics[unavailable_metric] == 1, {k: v for k, v in metrics.items() if "cpi" in k}
+    assert metrics.get("koordbus_agent_cpi_rounds_total/metrics") == 0, metrics
+    assert not rows, f"CPI rows although the kernel refuses: {rows[:3]}"
+    assert kernel.log_count(node.agent.log_text(), said) == 1, f"the agent's log should say {said!r} once"
+    log.warning("acceptance cpi: unavailable here (%s); %s batches, no pod_cpi", why, len(batches))
 
 
 async def test_the_nodes_batch_resources_are_spec_2_4_of_the_nodemetric_and_pods(node: Node) -> None:
@@ -353,25 +589,154 @@ def _spec_5_7() -> dict[str, str]:
     }
 
 
+def _spec_5_7_wrong(node: Node, pods: tuple[PodSpec, ...] | list[PodSpec]) -> list[str]:
+    """Each file of the BE pods' and their containers' cgroups that does not hold _spec_5_7's value."""
+    wrong = []
+    for pod in pods:
+        for rel in (pod.rel, f"{pod.rel}/{pod.container_id}"):  # the pod and its container
+            for key, value in _spec_5_7().items():
+                controller, name = key.split("/")
+                found = node.hierarchy.read(controller, rel, name)
+                if found != value:
+                    wrong.append(f"{controller}/{rel}/{name} = {found}, spec §5.7: {value}")
+    return wrong
+
+
 async def test_the_be_pods_cgroups_hold_spec_5_7_values(node: Node) -> None:
-    expected = _spec_5_7()
+    try:
+        await eventually(lambda: not _spec_5_7_wrong(node, (BE_A, BE_B)), timeout=30)
+    except AssertionError:
+        wrong = _spec_5_7_wrong(node, (BE_A, BE_B))
+        raise AssertionError("BE cgroups:\n" + "\n".join(wrong) + f"\n{node.agent.tail()}") from None
+
+
+def _restored_config() -> dict[str, Any]:
+    """The module's slo-controller-config as the fixture wrote it: CPU suppress at SUPPRESS_PERCENT, memory eviction
+    at 99 % (none unless a test lowers it, as the eviction test does)."""
+    return _slo_config(suppress_percent=SUPPRESS_PERCENT, memory_evict_percent=99)
+
+
+NORMALIZATION_RATIOS = {
+    "baseRatio": 1.25,
+    "hyperThreadEnabledRatio": 1.5,
+    "turboEnabledRatio": 1.75,
+    "hyperThreadTurboEnabledRatio": 2.0,
+}
+"""Ratios exact in binary (so the test's float arithmetic is exact), a different one for each CPU state."""
+
+
+def _normalization_config(node: Node, *, enable: bool) -> dict[str, Any]:
+    """The module's config with CPU suppress and eviction off (§5.7: under the cfsQuota suppress policy the BE pods'
+    own quota is -1, so only without it do they show a quota to divide), no CPU safety margin (a 2-CPU machine's
+    other load would otherwise leave batch-cpu at 0, which no ratio scales) and cpu-normalization-config naming this
+    machine's CPU model."""
+    normalization = {"enable": enable, "ratioModel": {node.machine.model: NORMALIZATION_RATIOS}}
+    return _slo_config(
+        suppress_percent=SUPPRESS_PERCENT,
+        memory_evict_percent=99,
+        threshold_enable=False,
+        cpu_reclaim_percent=100,
+        extra={"cpu-normalization-config": normalization},
+    )
+
+
+async def _decision(bus: JetStreamBus) -> NodeResourceComputed | None:
+    """The node's newest batch/mid decision of the noderesource service."""
+    stored = await bus.last_on_subject(streams.KOORD_NODERESOURCE, subjects.noderesource_computed(NODE))
+    return None if stored is None else NODERESOURCE_COMPUTED_DECODER.decode(stored.data)
+
+
+BATCH_CPU = "kubernetes.io/batch-cpu"
+RATIO_ANNOTATION = "node.koordinator.sh/cpu-normalization-ratio"
+
+
+async def _normalized(node: Node, ratio_text: str, *, quota: int) -> None:
+    """Waits until the Node carries `ratio_text`, its batch-cpu is the newest decision's explanation scaled by it
+    (§2.5; an explanation above 0 where the ratio scales, so that the scaling shows) and every BE pod still on the
+    node, and its container, has CFS quota `quota` (§5.7)."""
+    ratio = float(ratio_text)
+    seen: list[str] = []
+
+    async def node_scaled() -> bool:
+        await asyncio.sleep(0.2)
+        node_obj, decision = node.kube.get("Node", NODE) or {}, await _decision(bus)
+        annotation = (node_obj.get("metadata", {}).get("annotations") or {}).get(RATIO_ANNOTATION)
+        written = (node_obj.get("status", {}).get("allocatable") or {}).get(BATCH_CPU)
+        capacity = (node_obj.get("status", {}).get("capacity") or {}).get(BATCH_CPU)
+        if decision is None or (item := decision.explanation.get(BATCH_CPU)) is None or item.value is None:
+            seen.append(f"annotation {annotation}, batch-cpu {written}, no decision with a batch-cpu explanation")
+            return False
+        scaled = spec_normalized_batch_cpu(item.value, ratio)
+        seen.append(
+            f"annotation {annotation}, batch-cpu {written} (capacity {capacity}); decision {decision.computed_at:.0f}: "
+            f"ratio {decision.annotations.get(RATIO_ANNOTATION)}, explanation {item.value} → §2.5 {scaled}, "
+            f"resources {decision.resources.get(BATCH_CPU)}, steps {decision.prepare_steps.get(BATCH_CPU)}"
+        )
+        return (
+            annotation == ratio_text
+            and (item.value > 0 or ratio == 1.0)
+            and decision.annotations.get(RATIO_ANNOTATION) == ratio_text
+            and decision.resources.get(BATCH_CPU) == scaled
+            and written == capacity == str(scaled)
+        )
+
+    bus = await JetStreamBus.connect(node.nats_url, name="acceptance-decision-reader")
+    try:
+        await eventually(node_scaled, timeout=2 * REPORT_INTERVAL + 10)  # a new report if batch-cpu was 0
+    except AssertionError:
+        raise AssertionError(f"ratio {ratio_text} not on the Node:\n" + "\n".join(seen[-3:])) from None
+    finally:
+        await bus.close()
+    be_pods = [p for p in (BE_A, BE_B) if node.kube.get("pods", p.name, p.namespace) is not None]
+    assert be_pods, "no BE pod left on the node"
     wrong: list[str] = []
 
-    def written() -> bool:
+    def quotas() -> bool:
         wrong.clear()
-        for pod in (BE_A, BE_B):
-            for rel in (pod.rel, f"{pod.rel}/{pod.container_id}"):  # the pod and its container
-                for key, value in expected.items():
-                    controller, name = key.split("/")
-                    found = node.hierarchy.read(controller, rel, name)
-                    if found != value:
-                        wrong.append(f"{controller}/{rel}/{name} = {found}, spec §5.7: {value}")
+        for pod in be_pods:
+            for rel in (pod.rel, f"{pod.rel}/{pod.container_id}"):
+                found = node.hierarchy.read("cpu", rel, "cpu.cfs_quota_us")
+                if found != str(quota):
+                    wrong.append(f"cpu/{rel}/cpu.cfs_quota_us = {found}, spec §5.7 at ratio {ratio_text}: {quota}")
         return not wrong
 
     try:
-        await eventually(written, timeout=30)
+        await eventually(quotas, timeout=30)
     except AssertionError:
-        raise AssertionError("BE cgroups:\n" + "\n".join(wrong) + f"\n{node.agent.tail()}") from None
+        raise AssertionError("BE quotas:\n" + "\n".join(wrong) + f"\n{node.agent.tail()}") from None
+    log.warning("acceptance normalization %s: %s; BE quota %s", ratio_text, seen[-1], quota)
+
+
+async def test_cpu_normalization_scales_batch_cpu_and_divides_the_be_pods_quotas(node: Node) -> None:
+    """Issue 23.5 on this machine: cpu-normalization-config on, with a ratioModel for this machine's CPU model (the
+    one the agent put on the NodeResourceTopology), sets the Node's cpu-normalization-ratio annotation (the ratio of
+    this machine's hyper-threading/turbo state), scales the Node's batch-cpu (the noderesource decision's
+    explanation × ratio, spec §2.5), and the agent divides the BE pods' real cpu.cfs_quota_us by it (§5.7:
+    ceil(quota / ratio)). CPU suppress and eviction are off meanwhile (under the cfsQuota policy a BE pod's own quota
+    is -1). Turned off again the ratio is 1.00, batch-cpu unscaled and the quota whole; the module's config is then
+    restored, and the test ends once the BE pods' cgroups hold §5.7's values under suppress again (quota -1), as the
+    suppress test after it needs. It runs here, before the eviction takes the BE pods."""
+    machine = node.machine
+    field = {
+        (False, False): "baseRatio",
+        (True, False): "hyperThreadEnabledRatio",
+        (False, True): "turboEnabledRatio",
+        (True, True): "hyperThreadTurboEnabledRatio",
+    }[(machine.hyper_threads, machine.turbo)]
+    ratio = NORMALIZATION_RATIOS[field]
+    whole = int(BE_RESOURCES["limits"][BATCH_CPU]) * 100  # MilliCPUToQuota of the batch-cpu limit (milli), µs
+    try:
+        node.kube.put("configmaps", _normalization_config(node, enable=True))
+        await _normalized(node, f"{ratio:.2f}", quota=spec_normalized_quota(whole, ratio))
+        node.kube.put("configmaps", _normalization_config(node, enable=False))
+        await _normalized(node, "1.00", quota=whole)
+    finally:
+        node.kube.put("configmaps", _restored_config())
+    be_pods = [p for p in (BE_A, BE_B) if node.kube.get("pods", p.name, p.namespace) is not None]
+    try:
+        await eventually(lambda: not _spec_5_7_wrong(node, be_pods), timeout=30)
+    except AssertionError:
+        raise AssertionError("BE cgroups not restored:\n" + "\n".join(_spec_5_7_wrong(node, be_pods))) from None
 
 
 _SCORE_TOTALS = re.compile(r"(cpu|memory) (\d+)/(\d+)")
@@ -416,8 +781,8 @@ async def test_the_load_aware_extender_filters_and_scores_by_the_measured_usage(
         assert int(base) == measured[name], f"{name}: the extender's base {base} is not the NodeMetric's {measured}"
         assert int(total) == allocatable[name], f"{name}: allocatable {total}, node {allocatable[name]}"
         totals[name] = int(base) + int(assigned) + int(pod)
-        assert int(percent) == round(totals[name] * 100 / allocatable[name]), (name, percent, totals, allocatable)
-    passes = all(round(totals[n] * 100 / allocatable[n]) <= thresholds[n] for n in totals)
+        assert int(percent) == go_percent(totals[name], allocatable[name]), (name, percent, totals, allocatable)
+    passes = all(go_percent(totals[n], allocatable[n]) <= thresholds[n] for n in totals)
     assert filtered["NodeNames"] == ([NODE] if passes else []), f"filter {filtered} for totals {totals}: {explain}"
     # spec §6.6 (weights cpu 1, memory 1) from the estimated totals the score names: the cpu one is the filter's
     estimated = {name: int(used) for name, used, _ in _SCORE_TOTALS.findall(explain["score"]["detail"])}
@@ -616,6 +981,111 @@ async def test_a_growing_be_process_gets_its_be_pod_evicted_and_never_an_ls_pod(
     log.warning("acceptance eviction: memory %s %%, threshold %s %%, +%s MiB: %s", used, threshold, grow_mib, evictions)
 
 
+async def _actuations(node: Node, loop: str, since: float) -> list[ActuationApplied]:
+    """The agent's ActuationApplied of `loop` made at or after `since` (read at most every half second)."""
+    await asyncio.sleep(0.5)
+    events, _ = await suppression.agent_account(node.nats_url, NODE)
+    return [e for e in events if e.loop == loop and e.at >= since]
+
+
+MEMORY_QOS = {"enable": True, "minLimitPercent": 50, "lowLimitPercent": 80, "throttlingPercent": 0}
+"""lsClass memory QoS: memory.min half and memory.low 80 % of each LS container's request, memory.high unthrottled."""
+MEMORY_QOS_FILES = ("memory.min", "memory.low", "memory.high")
+
+
+def _memory_qos_expected(node: Node, *, enabled: bool) -> dict[str, str]:
+    """Spec §5.3 per container file of the pods still on the node: LS pods (lsClass) with MEMORY_QOS when `enabled`,
+    every other class, and every class when not, the "none" values (0, 0, max)."""
+    limits = {PROD.key: 256 * MIB, LS.key: None}
+    requests = {PROD.key: 256 * MIB, LS.key: 128 * MIB}
+    expected: dict[str, str] = {}
+    for pod in PODS:
+        if node.kube.get("pods", pod.name, pod.namespace) is None:
+            continue
+        if enabled and pod.key in requests:
+            values = spec_memory_qos(requests[pod.key], limits[pod.key], MEMORY_QOS, node_memory=node.memory)
+        else:
+            values = {"memory.min": "0", "memory.low": "0", "memory.high": "max"}
+        for name, value in values.items():
+            expected[f"{pod.rel}/{pod.container_id}/{name}"] = value
+    return expected
+
+
+def _memory_qos_wrong(node: Node, expected: dict[str, str]) -> list[str]:
+    wrong = []
+    for rel, value in expected.items():
+        found = node.hierarchy.path("memory", rel).read_text().strip()
+        unlimited = value == "max" and (found == "max" or int(found) >= 1 << 62)
+        if found != value and not unlimited:
+            wrong.append(f"memory/{rel} = {found}, spec §5.3: {value}")
+    return wrong
+
+
+async def test_memory_qos_is_written_where_the_kernel_has_memory_min_and_one_problem_where_not(node: Node) -> None:
+    """Issue 23.1's memory QoS with lsClass memoryQOS turned on in the slo-controller-config's resource-qos-config
+    (rendered by the slo service into the NodeSLO's resourceQOSStrategy). This kernel's cgroup v1 memory controller has
+    no memory.min / memory.low / memory.high (a mainline kernel; Alibaba's Anolis has them): the agent publishes
+    exactly one problem, "not supported by this kernel", naming the Guaranteed directory's memory.min it probed,
+    writes no memory QoS file, and the problem clears once memory QoS is off again. On a kernel with memory.min,
+    every container's three files hold spec §5.3's values instead, and the "none" values again once it is off."""
+    supported = node.hierarchy.path("memory", "kubepods").joinpath("memory.min").exists()
+    probe = f"memory/{node.hierarchy.parent}/kubepods/memory.min"
+    since = time.time()
+    node.kube.put(
+        "configmaps",
+        _slo_config(
+            suppress_percent=SUPPRESS_PERCENT,
+            memory_evict_percent=99,
+            extra={"resource-qos-config": {"clusterStrategy": {"lsClass": {"memoryQOS": MEMORY_QOS}}}},
+        ),
+    )
+    try:
+
+        def rendered() -> bool:
+            slo = node.kube.get("NodeSLO", NODE) or {}
+            qos = slo.get("spec", {}).get("resourceQOSStrategy") or {}
+            return bool(qos.get("lsClass", {}).get("memoryQOS", {}).get("enable"))
+
+        await eventually(rendered, timeout=30)
+        if supported:
+            expected = _memory_qos_expected(node, enabled=True)
+            try:
+                await eventually(lambda: not _memory_qos_wrong(node, expected), timeout=30)
+            except AssertionError:
+                wrong = _memory_qos_wrong(node, expected)
+                raise AssertionError("memory QoS:\n" + "\n".join(wrong) + f"\n{node.agent.tail()}") from None
+        else:
+
+            async def reported() -> bool:
+                return bool(await _actuations(node, "memory-qos", since))
+
+            await eventually(reported, timeout=30)
+            await asyncio.sleep(3 * 2)  # three reconcile rounds (KOORDBUS_RECONCILE_INTERVAL): no event repeats it
+            events = await _actuations(node, "memory-qos", since)
+            problems = [p for e in events for p in e.problems]
+            assert len(problems) == 1 and len(events) == 1, [(e.at, e.problems, e.changes) for e in events]
+            (problem,) = problems
+            assert problem.target == probe and problem.reason.startswith("not supported by this kernel"), problem
+            assert not events[0].changes, events[0].changes
+    finally:
+        node.kube.put("configmaps", _restored_config())
+    events, _ = await suppression.agent_account(node.nats_url, NODE)
+    written = sorted(c.path for e in events for c in e.changes if c.path.rsplit("/", 1)[-1] in MEMORY_QOS_FILES)
+    if supported:
+        expected = _memory_qos_expected(node, enabled=False)
+        await eventually(lambda: not _memory_qos_wrong(node, expected), timeout=30)
+        log.warning("acceptance memory qos: written on this kernel: %s files", len(written))
+        return
+    assert not written, f"memory QoS files written on a kernel without them: {written[:5]}"
+
+    async def cleared() -> bool:
+        events = await _actuations(node, "memory-qos", since)
+        return len(events) >= 2 and not events[-1].problems and not events[-1].changes
+
+    await eventually(cleared, timeout=30)
+    log.warning("acceptance memory qos: not supported here: %s", problem.reason)
+
+
 async def test_every_file_the_agent_wrote_is_inside_the_tests_cgroup_parent(node: Node) -> None:
     """--apply confined: the agent's own account of its writes (ActuationApplied) names only files of this tree."""
     bus = await JetStreamBus.connect(node.nats_url, name="acceptance-reader")
@@ -648,4 +1118,4 @@ def test_teardown_removes_every_cgroup_and_process_also_after_a_failed_assertion
         raise AssertionError("a failing test")
     assert burner.process.poll() is not None, "the burner still runs"
     assert hierarchy.leftovers() == []
-    assert not [c for c in CONTROLLERS if hierarchy.path(c).exists()]
+    assert not [c for c in hierarchy.controllers if hierarchy.path(c).exists()]
