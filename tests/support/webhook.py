@@ -6,6 +6,7 @@ tests/unit/test_webhook_admission.py and tests/integration/test_webhook_service.
 from __future__ import annotations
 
 import copy
+import json
 import ssl
 import uuid
 from pathlib import Path
@@ -109,6 +110,27 @@ def job_pod(namespace_name: str = "", **labels: str) -> dict[str, Any]:
     }
 
 
+RESOURCES = {
+    "pods": ("", "v1", "Pod"),
+    "configmaps": ("", "v1", "ConfigMap"),
+    "elasticquotas": ("scheduling.sigs.k8s.io", "v1alpha1", "ElasticQuota"),
+}
+"""resource → (group, version, kind) of the reviews these tests send."""
+JOB_CONTROLLER = "system:serviceaccount:kube-system:job-controller"
+MIRROR_USER = "system:serviceaccount:koordbus:koordbus-koordbus-k8s"
+"""The bridge's ServiceAccount as the chart names it (release koordbus in namespace koordbus)."""
+
+
+def user_info(username: str) -> dict[str, Any]:
+    """userInfo as kube-apiserver fills it in: a ServiceAccount's groups, or a kubectl user's."""
+    if username.startswith("system:serviceaccount:"):
+        namespace = username.split(":")[2]
+        groups = ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"]
+    else:
+        groups = ["system:masters", "system:authenticated"]
+    return {"username": username, "uid": str(uuid.uuid5(uuid.NAMESPACE_OID, username)), "groups": groups}
+
+
 def admission_review(
     resource: str,
     obj: Any,
@@ -118,35 +140,69 @@ def admission_review(
     name: str = "",
     old: Any = None,
     kind: str = "",
+    user: str = JOB_CONTROLLER,
+    dry_run: bool = False,
+    sub_resource: str = "",
 ) -> dict[str, Any]:
     """An AdmissionReview v1 with every field kube-apiserver fills in."""
-    kind = kind or {"pods": "Pod", "configmaps": "ConfigMap"}[resource]
-    gvk = {"group": "", "version": "v1", "kind": kind}
-    gvr = {"group": "", "version": "v1", "resource": resource}
+    group, version, resource_kind = RESOURCES[resource]
+    gvk = {"group": group, "version": version, "kind": kind or resource_kind}
+    gvr = {"group": group, "version": version, "resource": resource}
     options_kind = {"CREATE": "CreateOptions", "UPDATE": "UpdateOptions", "DELETE": "DeleteOptions"}[operation]
-    return {
-        "kind": "AdmissionReview",
-        "apiVersion": "admission.k8s.io/v1",
-        "request": {
-            "uid": str(uuid.uuid4()),
-            "kind": gvk,
-            "resource": gvr,
-            "requestKind": gvk,
-            "requestResource": gvr,
-            "name": name,
-            "namespace": namespace_name,
-            "operation": operation,
-            "userInfo": {
-                "username": "system:serviceaccount:kube-system:job-controller",
-                "uid": "6c3c9a8e-1111-4d2b-9f00-0a1b2c3d4e5f",
-                "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"],
-            },
-            "object": copy.deepcopy(obj),
-            "oldObject": copy.deepcopy(old),
-            "dryRun": False,
-            "options": {"kind": options_kind, "apiVersion": "meta.k8s.io/v1"},
-        },
+    request = {
+        "uid": str(uuid.uuid4()),
+        "kind": gvk,
+        "resource": gvr,
+        "requestKind": gvk,
+        "requestResource": gvr,
+        "name": name,
+        "namespace": namespace_name,
+        "operation": operation,
+        "userInfo": user_info(user),
+        "object": copy.deepcopy(obj),
+        "oldObject": copy.deepcopy(old),
+        "dryRun": dry_run,
+        "options": {"kind": options_kind, "apiVersion": "meta.k8s.io/v1"},
     }
+    if sub_resource:
+        request["subResource"] = sub_resource
+    return {"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": request}
+
+
+def elastic_quota(
+    name: str,
+    *,
+    namespace_name: str = "teams",
+    min: dict[str, str] | None = None,
+    max: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    stored: bool = False,
+) -> dict[str, Any]:
+    """An ElasticQuota as kubectl sends it (`stored`: as kube-apiserver holds it, with uid, resourceVersion,
+    managedFields and kubectl's last-applied annotation)."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace_name}
+    if labels:
+        metadata["labels"] = dict(labels)
+    if annotations:
+        metadata["annotations"] = dict(annotations)
+    obj: dict[str, Any] = {
+        "apiVersion": "scheduling.sigs.k8s.io/v1alpha1",
+        "kind": "ElasticQuota",
+        "metadata": metadata,
+        "spec": {"min": dict(min or {"cpu": "4"}), "max": dict(max or {"cpu": "8"})},
+    }
+    if stored:
+        applied = json.dumps(obj, separators=(",", ":"))
+        metadata["annotations"] = {"kubectl.kubernetes.io/last-applied-configuration": applied, **(annotations or {})}
+        metadata.update(
+            uid=str(uuid.uuid5(uuid.NAMESPACE_OID, name)),
+            resourceVersion="4711",
+            generation=1,
+            creationTimestamp="2026-11-01T10:00:00Z",
+            managedFields=[{"manager": "kubectl-client-side-apply", "operation": "Update", "apiVersion": "v1"}],
+        )
+    return obj
 
 
 def client_context(trust: Path) -> ssl.SSLContext:
