@@ -66,6 +66,8 @@ class LatestWriter(Generic[Intent]):
         self._not_before: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         self._last_write: dict[str, float] = {}
+        self._writing = 0
+        """Writes under way (taken from the pending map, not answered yet)."""
         self._wake = asyncio.Event()
         self.health = WriteHealth(unhealthy_after)
         self._task: asyncio.Task[None] | None = None
@@ -83,9 +85,10 @@ class LatestWriter(Generic[Intent]):
         return len(self._pending)
 
     async def wait_drained(self, deadline: float) -> bool:
-        """True once nothing waits to be written; False at `deadline` (event loop time)."""
+        """True once nothing waits to be written and no write is under way; False at `deadline` (event loop
+        time)."""
         loop = asyncio.get_running_loop()
-        while self._pending:
+        while self._pending or self._writing:
             if loop.time() > deadline:
                 return False
             await asyncio.sleep(0.02)
@@ -120,6 +123,7 @@ class LatestWriter(Generic[Intent]):
 
     async def _write(self, key: str) -> None:
         intent = self._pending.pop(key)
+        self._writing += 1
         try:
             action = await self._write_fn(key, intent)
         except WriteFailedError as e:
@@ -129,6 +133,8 @@ class LatestWriter(Generic[Intent]):
             log.exception("%s: writing %s failed", self._what, key)
             self._failed(key, intent, f"{type(e).__name__}: {e}", retry=False)
             return
+        finally:
+            self._writing -= 1
         self.health.succeeded()
         self._failures.pop(key, None)
         self._last_write[key] = self._clock()

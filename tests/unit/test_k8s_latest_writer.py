@@ -88,3 +88,28 @@ async def test_a_change_is_written_after_the_delay_with_the_latest_intent_and_la
         assert [i for _, i, _ in written] == [3, 4] and written[1][2] - again >= delay
     finally:
         await writer.stop()
+
+
+async def test_drained_means_no_write_under_way_either() -> None:
+    """wait_drained (the mirrors' wait_idle, for tests): a write taken from the pending map but not answered yet
+    still counts (a test reading the cluster right after must see it)."""
+    loop = asyncio.get_running_loop()
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def write(key: str, intent: int) -> str:
+        started.set()
+        await release.wait()
+        return "updated"
+
+    writer: LatestWriter[int] = LatestWriter(
+        "test", write, interval=0.0, backoff_initial=INITIAL, backoff_max=MAXIMUM, unhealthy_after=3
+    )
+    writer.start()
+    try:
+        writer.offer("a", 1)
+        await asyncio.wait_for(started.wait(), 2)
+        assert writer.pending == 0 and not await writer.wait_drained(loop.time() + 0.1)
+        release.set()
+        assert await writer.wait_drained(loop.time() + 2)
+    finally:
+        await writer.stop()
