@@ -1,7 +1,8 @@
 """What the webhook's tests need: an RFC 6902 applier (add, remove, replace; independent of the diff), cluster
 objects published exactly as the bridge publishes them (the observer's own `observed_message`), AdmissionReview v1
-bodies as kube-apiserver sends them, and a `koordbus service webhook` process with its serving certificate. Used by
-tests/unit/test_webhook_admission.py and tests/integration/test_webhook_service.py."""
+bodies as kube-apiserver sends them (and `ApiServerWebhook`, kube-apiserver calling a webhook for the fake API
+server), and a `koordbus service webhook` process with its serving certificate. Used by the webhook's unit tests,
+tests/integration/test_webhook_service.py and tests/integration/test_webhook_quotas.py."""
 
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import msgspec
 
 from bus.api import Bus
 from services.k8s import core
 from services.k8s.observer import KIND_NAMESPACE, KIND_PRIORITY_CLASS, KIND_PROFILE, observed_message
+from tests.fakes.kube_api import AdmissionAttributes
+from tests.fakes.kube_rules import ApiError
 from tests.faults.private_postgres import free_port
 from tests.faults.service_process import ServiceProcess
 from tests.support.tls import Issued
@@ -203,6 +207,59 @@ def elastic_quota(
             managedFields=[{"manager": "kubectl-client-side-apply", "operation": "Update", "apiVersion": "v1"}],
         )
     return obj
+
+
+class ApiServerWebhook:
+    """kube-apiserver calling one validating webhook for the fake API server (FakeKubeApi.admission): the
+    AdmissionReview of each write of `resources` POSTed over HTTPS trusting `trust` only; a refusal becomes the
+    error kube-apiserver answers (`admission webhook "<name>" denied the request: <message>`, the webhook's code),
+    a webhook that cannot be reached or answers no AdmissionReview is failurePolicy's business: Fail refuses with
+    500 InternalError (`failed calling webhook`), Ignore lets the write through. `reviews` keeps every answer."""
+
+    def __init__(
+        self,
+        url: str,
+        trust: Path,
+        *,
+        name: str = "velasticquota.koordbus.io",
+        resources: frozenset[str] = frozenset({"elasticquotas"}),
+        failure_policy: str = "Fail",
+        timeout_seconds: float = 10.0,
+    ) -> None:
+        self.url, self.name, self.resources, self.failure_policy = url, name, resources, failure_policy
+        self._client = httpx.AsyncClient(verify=client_context(trust), timeout=timeout_seconds)
+        self.reviews: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        """(request, response) of every review answered."""
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def __call__(self, attributes: AdmissionAttributes) -> None:
+        if attributes.kind.plural not in self.resources:
+            return
+        review = admission_review(
+            attributes.kind.plural,
+            attributes.object,
+            operation=attributes.operation,
+            namespace_name=attributes.namespace,
+            name=attributes.name,
+            old=attributes.old_object,
+        )
+        review["request"]["userInfo"] = {"username": attributes.username, "groups": list(attributes.groups)}
+        try:
+            answer = await self._client.post(self.url, json=review)
+            response = answer.json()["response"] if answer.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as err:
+            response, answer = None, err
+        if response is None:
+            if self.failure_policy == "Ignore":
+                return
+            raise ApiError(500, f'Internal error occurred: failed calling webhook "{self.name}": {answer}')
+        self.reviews.append((review["request"], response))
+        if not response["allowed"]:
+            status = response.get("status") or {}
+            message = f'admission webhook "{self.name}" denied the request: {status.get("message", "")}'
+            raise ApiError(status.get("code") or 403, message, reason=status.get("reason") or None)
 
 
 def client_context(trust: Path) -> ssl.SSLContext:
