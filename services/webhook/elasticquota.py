@@ -228,7 +228,7 @@ def unavailable(request: AdmissionRequest, ask: Ask, why: str) -> Answer:
     message = (
         f"ElasticQuota {ask.shown}: the quota service cannot check this change now ({why}); ElasticQuota changes "
         "are refused until it answers, so the quota log stays the source of truth: try again shortly. If it timed "
-        f"out, the change may still have been recorded: `koordbus quota history {ask.shown.rpartition('/')[2]}` "
+        f"out, the change may still have been recorded: GET /api/v1/quotas/{ask.shown.rpartition('/')[2]}/history "
         "shows it, and the mirror then writes it to the cluster"
     )
     return Answer(_refused(request, code=503, message=message, reason="ServiceUnavailable"), "unavailable")

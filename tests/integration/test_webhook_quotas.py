@@ -259,6 +259,7 @@ async def test_with_the_quota_service_stopped_changes_are_refused_and_the_mirror
         await c.alice.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, team)
         await settled(c, "team-a", lambda s: s.object is not None)
         await c.service.stop()
+        assert await c.mirror.wait_idle(timeout=15)  # a status published just before the stop is written first
 
         before = cluster_quota(kube_api, "team-a")
         with pytest.raises(ApiException) as refused:
