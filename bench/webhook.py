@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import shlex
@@ -262,6 +263,8 @@ async def load(
     answer)."""
     total = len(bodies)
     warmup_count = int(args.warmup * args.rate)
+    gc.collect()
+    gc.freeze()  # the prepared bodies stay to the end: the load generator's full collections must not scan them
     context = ssl.create_default_context(cafile=str(trust))
     connector = aiohttp.TCPConnector(ssl=context, limit=args.connections)
     latencies: list[float] = []

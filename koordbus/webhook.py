@@ -11,6 +11,7 @@ that reads it.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import ssl
 from collections.abc import Mapping
@@ -81,6 +82,7 @@ async def build_webhook(process: ServiceProcess) -> None:
         extra_routes={VALIDATE_ELASTICQUOTAS: quotas},
     )
     await service.start()
+    gc.freeze()  # what start-up built lives as long as the process: keep full collections off it (requests wait)
     process.stack.push_async_callback(service.stop)
     liveness = runtime.bus_liveness(process.bus)
     app = create_app(service, process.registry, liveness=liveness)
