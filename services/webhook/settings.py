@@ -48,10 +48,10 @@ class WebhookSettings:
     `system:serviceaccount:<namespace>:<name>`) whose ElasticQuota writes are the bridge's quota mirror writing the
     quota log's own state: /validate-elasticquotas lets them through without a command. The chart gives the
     bridge's ServiceAccount; empty, every write is taken as a user's change (comma-separated in the variable)."""
-    quota_timeout_seconds: float = 8.0
+    quota_timeout_seconds: float = 4.0
     """How long /validate-elasticquotas waits for the quota service to decide and append: keep it below the webhook
-    configuration's timeoutSeconds (10), so kube-apiserver gets this service's refusal with its reason rather
-    than a timeout."""
+    configuration's timeoutSeconds (5 s in docs/webhook.md's), so kube-apiserver gets this service's refusal with its
+    reason rather than a timeout (a healthy quota service answers in milliseconds)."""
 
     def __post_init__(self) -> None:
         if not (self.tls_cert_file and self.tls_key_file):

@@ -240,7 +240,7 @@ async def test_an_invalid_quota_is_refused_with_every_violation_and_nothing_is_r
         answer = json.loads(refused.value.body)
         assert (refused.value.status, answer["reason"]) == (422, "Invalid")
         message = answer["message"]
-        assert message.startswith('admission webhook "velasticquota.koordbus.io" denied the request: ')
+        assert message.startswith('admission webhook "validate-elasticquotas.koordbus.io" denied the request: ')
         (_, response), *_ = [(r, a) for r, a in c.apiserver.reviews if not a["allowed"]]
         causes = response["status"]["details"]["causes"]
         assert len(causes) >= 3 and f"{len(causes)} violations" in message

@@ -221,7 +221,7 @@ class ApiServerWebhook:
         url: str,
         trust: Path,
         *,
-        name: str = "velasticquota.koordbus.io",
+        name: str = "validate-elasticquotas.koordbus.io",
         resources: frozenset[str] = frozenset({"elasticquotas"}),
         failure_policy: str = "Fail",
         timeout_seconds: float = 10.0,
