@@ -1,5 +1,5 @@
-"""Admission webhook benchmark: Pod mutation latency at a steady request rate (200/s) over TLS, against the real
-`koordbus service webhook` process.
+"""Admission webhook benchmark: Pod mutation (or, with --quotas, ElasticQuota validation) latency at a steady request
+rate (200/s) over TLS, against the real `koordbus service webhook` process.
 
 Run as `python bench/webhook.py [flags]` (see --help) and, at toy size, by tests/e2e/test_bench_webhook_smoke.py. It
 starts nats-server, publishes P ClusterColocationProfiles, N Namespaces and the koord PriorityClasses exactly as the
@@ -11,14 +11,23 @@ keep-alive TLS connections trusting only that CA, each request's latency counted
 stall shows up in every request it delays). Every answer is checked: HTTP 200, the request's uid, allowed, a
 patch exactly for the matching Pods.
 
+With --quotas it measures POST /validate-elasticquotas instead (bench/webhook_quotas.py): `koordbus service quota`
+runs too, pinned with the webhook to the same CPU; a parent and --teams team quotas are created through the webhook
+first, then the load is kubectl-shaped UPDATEs of the teams in turn, each raising a team's spec.max.cpu: every
+request is a change the quota service validates against the tree and appends to its log before the webhook answers
+(PatchQuota by kubernetes/alice). Every answer is checked (200, its uid, allowed) and so is the log: it must have
+grown by exactly one event per request.
+
 Exactly one JSON line goes to stdout: p50/p99/max latency of the measured period (after --warmup), the rate
-achieved, errors, the service's CPU, and the target (p99 < 10 ms at 200 requests/s); progress goes to stderr.
+achieved, errors, the service's CPU (and the quota service's), and the target (p99 < 10 ms at 200 requests/s for
+the Pod mutation, < 25 ms for quota changes, which wait for the append); progress goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import shlex
@@ -41,7 +50,9 @@ from bench import measure, processes
 log = logging.getLogger("bench.webhook")
 
 TARGET_P99_MS = 10.0
+TARGET_QUOTA_P99_MS = 25.0
 TARGET_RATE = 200.0
+MIRROR_USER = "system:serviceaccount:koordbus:koordbus-koordbus-k8s"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -57,6 +68,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--namespaces", type=int, default=200, help="Namespaces the Pods are spread over (200)")
     p.add_argument("--match", type=float, default=0.8, help="fraction of Pods the batch profile matches (0.8)")
     p.add_argument("--connections", type=int, default=8, help="keep-alive TLS connections at most (8)")
+    p.add_argument(
+        "--quotas",
+        action="store_true",
+        help="measure the ElasticQuota validation (POST /validate-elasticquotas, the quota service appending each "
+        "change) instead of the Pod mutation; target p99 < 25 ms",
+    )
+    p.add_argument("--teams", type=int, default=50, help="--quotas: team quotas under one parent (50)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (NATS store, logs, certificates)")
     p.add_argument(
         "--service-cpu",
@@ -67,8 +85,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.rate <= 0 or args.duration <= 0 or args.warmup < 0:
         p.error("--rate and --duration must be positive, --warmup not negative")
-    if min(args.profiles, args.namespaces, args.connections) < 1 or not 0 <= args.match <= 1:
-        p.error("--profiles, --namespaces and --connections must be at least 1, --match within 0..1")
+    if min(args.profiles, args.namespaces, args.connections, args.teams) < 1 or not 0 <= args.match <= 1:
+        p.error("--profiles, --namespaces, --connections and --teams must be at least 1, --match within 0..1")
     if args.service_cpu not in os.sched_getaffinity(0):
         p.error(f"--service-cpu {args.service_cpu} is not one of this process's CPUs {sorted(os.sched_getaffinity(0))}")
     return args
@@ -76,9 +94,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def command_line(args: argparse.Namespace) -> str:
     parts = ["python", "bench/webhook.py", "--rate", f"{args.rate:g}", "--duration", f"{args.duration:g}"]
-    parts += ["--warmup", f"{args.warmup:g}", "--profiles", str(args.profiles), "--namespaces", str(args.namespaces)]
-    parts += ["--match", f"{args.match:g}", "--connections", str(args.connections)]
-    parts += ["--service-cpu", str(args.service_cpu)]
+    parts += ["--warmup", f"{args.warmup:g}"]
+    if args.quotas:
+        parts += ["--quotas", "--teams", str(args.teams)]
+    else:
+        parts += ["--profiles", str(args.profiles), "--namespaces", str(args.namespaces), "--match", f"{args.match:g}"]
+    parts += ["--connections", str(args.connections), "--service-cpu", str(args.service_cpu)]
     return shlex.join(parts)
 
 
@@ -230,12 +251,20 @@ class _Review(msgspec.Struct):
     response: _Answer
 
 
-async def load(args: argparse.Namespace, url: str, trust: Path) -> tuple[list[float], int, int, float]:
-    """(latencies in ms of the measured requests, errors, patched answers, seconds from the first measured request's
-    send to the last measured answer)."""
-    total = int((args.warmup + args.duration) * args.rate)
-    bodies = [pod_review(i, args) for i in range(total)]
+def total_requests(args: argparse.Namespace) -> int:
+    return int((args.warmup + args.duration) * args.rate)
+
+
+async def load(
+    args: argparse.Namespace, url: str, trust: Path, bodies: list[tuple[bytes, str, bool]]
+) -> tuple[list[float], int, int, float]:
+    """`bodies` (body, uid, whether a patch is expected) POSTed on schedule: (latencies in ms of the measured
+    requests, errors, patched answers, seconds from the first measured request's send to the last measured
+    answer)."""
+    total = len(bodies)
     warmup_count = int(args.warmup * args.rate)
+    gc.collect()
+    gc.freeze()  # the prepared bodies stay to the end: the load generator's full collections must not scan them
     context = ssl.create_default_context(cafile=str(trust))
     connector = aiohttp.TCPConnector(ssl=context, limit=args.connections)
     latencies: list[float] = []
@@ -279,6 +308,8 @@ async def load(args: argparse.Namespace, url: str, trust: Path) -> tuple[list[fl
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    if args.quotas:
+        return await run_quotas(args, workdir)
     from bus import streams
     from bus.jetstream import JetStreamBus
     from bus.server import EmbeddedNatsServer
@@ -313,7 +344,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             )
             before, began = measure.read_proc(service.pid), time.monotonic()
             url = f"https://127.0.0.1:{https_port}/mutate-pods"
-            latencies, errors, patched, seconds = await load(args, url, trust)
+            reviews = [pod_review(i, args) for i in range(total_requests(args))]
+            latencies, errors, patched, seconds = await load(args, url, trust, reviews)
             after, elapsed = measure.read_proc(service.pid), time.monotonic() - began
             if service.poll() is not None:
                 raise RuntimeError(f"the webhook died during the run:\n{processes.tail(service_log)}")
@@ -348,6 +380,106 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "target_misses": misses,
         "command": command_line(args),
     }
+
+
+async def run_quotas(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """--quotas: the webhook and the quota service pinned to --service-cpu, the teams created through the webhook,
+    then the UPDATE load; the quota log must grow by one event per request."""
+    from bench import webhook_quotas
+    from bus import streams
+    from bus.jetstream import JetStreamBus
+    from bus.server import EmbeddedNatsServer
+
+    trust, cert, key = certificates(workdir)
+    async with EmbeddedNatsServer(workdir / "nats", log_file=workdir / "nats-server.log") as server:
+        bus = await JetStreamBus.connect(server.url, name="bench")
+        try:
+            await bus.ensure_streams(streams.all_streams())
+            https_port, plain_port, quota_port = _free_port(), _free_port(), _free_port()
+            env = {
+                "KOORDBUS_WEBHOOK_TLS_CERT_FILE": str(cert),
+                "KOORDBUS_WEBHOOK_TLS_KEY_FILE": str(key),
+                "KOORDBUS_WEBHOOK_PORT": str(https_port),
+                "KOORDBUS_WEBHOOK_QUOTA_MIRROR_USERS": MIRROR_USER,
+            }
+            arguments = ["webhook", "--nats-url", server.url, "--port", str(plain_port)]
+            service_log, quota_log = workdir / "webhook.log", workdir / "quota.log"
+            with (
+                webhook_quotas.quota_service(server.url, workdir, port=quota_port, cpu=args.service_cpu) as quota,
+                processes.pinned_service(arguments, cpu=args.service_cpu, log_path=service_log, env=env) as service,
+            ):
+                started = time.monotonic()
+                await _wait_ready(f"http://127.0.0.1:{quota_port}/readyz", quota, quota_log)
+                await _wait_ready(f"http://127.0.0.1:{plain_port}/readyz", service, service_log)
+                startup_seconds = time.monotonic() - started
+                url = f"https://127.0.0.1:{https_port}/validate-elasticquotas"
+                created = await _send_in_order(url, trust, webhook_quotas.create_reviews(args.teams))
+                if created:
+                    raise RuntimeError(f"creating the quotas through the webhook failed: {created}")
+                log.info("webhook and quota service ready in %.1f s; %d quotas created", startup_seconds, args.teams)
+                reviews = [
+                    (body, uid, False) for body, uid in webhook_quotas.update_reviews(args.teams, total_requests(args))
+                ]
+                events_before, _ = await bus.stream_info(streams.KOORD_QUOTA)
+                before, quota_before = measure.read_proc(service.pid), measure.read_proc(quota.pid)
+                began = time.monotonic()
+                latencies, errors, _, seconds = await load(args, url, trust, reviews)
+                after, quota_after = measure.read_proc(service.pid), measure.read_proc(quota.pid)
+                elapsed = time.monotonic() - began
+                events_after, _ = await bus.stream_info(streams.KOORD_QUOTA)
+                for process, path in ((service, service_log), (quota, quota_log)):
+                    if process.poll() is not None:
+                        raise RuntimeError(f"a service died during the run:\n{processes.tail(path)}")
+        finally:
+            await bus.close()
+    p99 = measure.quantile(latencies, 0.99) or 0.0
+    appended = events_after - events_before
+    misses = []
+    if p99 >= TARGET_QUOTA_P99_MS:
+        misses.append(f"p99 {p99:.2f} ms ≥ {TARGET_QUOTA_P99_MS:g} ms")
+    if args.rate < TARGET_RATE:
+        misses.append(f"offered {args.rate:g} requests/s < {TARGET_RATE:g}")
+    if errors:
+        misses.append(f"{errors} errors")
+    if appended != len(reviews):
+        misses.append(f"{appended} events appended for {len(reviews)} changes")
+    return {
+        "bench": "webhook-quotas",
+        "rate": args.rate,
+        "duration_seconds": args.duration,
+        "teams": args.teams,
+        "connections": args.connections,
+        "requests": len(latencies),
+        "achieved_rate": round(len(latencies) / seconds, 1),
+        "appended": appended,
+        "errors": errors,
+        "p50_ms": round(measure.quantile(latencies, 0.5) or 0.0, 2),
+        "p99_ms": round(p99, 2),
+        "max_ms": round(max(latencies, default=0.0), 2),
+        "service_cpu_cores": round(measure.rate(after.cpu_seconds, before.cpu_seconds, elapsed), 3),
+        "quota_service_cpu_cores": round(measure.rate(quota_after.cpu_seconds, quota_before.cpu_seconds, elapsed), 3),
+        "service_rss_peak_mib": round(after.rss_peak_bytes / 2**20, 1),
+        "quota_service_rss_peak_mib": round(quota_after.rss_peak_bytes / 2**20, 1),
+        "startup_seconds": round(startup_seconds, 2),
+        "target": f"p99 < {TARGET_QUOTA_P99_MS:g} ms at {TARGET_RATE:g} quota changes/s over TLS",
+        "target_held": not misses,
+        "target_misses": misses,
+        "command": command_line(args),
+    }
+
+
+async def _send_in_order(url: str, trust: Path, reviews: list[tuple[bytes, str]]) -> list[str]:
+    """POST each review after the previous one's answer; what went wrong, if anything."""
+    context = ssl.create_default_context(cafile=str(trust))
+    problems = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
+        for body, uid in reviews:
+            async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
+                raw = await response.read()
+            answer = msgspec.json.decode(raw, type=_Review).response if response.status == 200 else None
+            if answer is None or answer.uid != uid or not answer.allowed:
+                problems.append(raw[:300].decode(errors="replace"))
+    return problems
 
 
 def _free_port() -> int:

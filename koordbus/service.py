@@ -175,6 +175,8 @@ async def _build_slo(process: ServiceProcess) -> dict[str, Any]:
 
 
 async def _build_quota(process: ServiceProcess) -> dict[str, Any]:
+    import gc
+
     from services.quota import component
     from services.quota.settings import QuotaSettings
 
@@ -182,6 +184,9 @@ async def _build_quota(process: ServiceProcess) -> dict[str, Any]:
     built = await component.build(
         process.stack, bus=process.bus, engine=process.engine, registry=process.registry, settings=settings
     )
+    # what start-up built (the modules, the replayed trees) lives as long as the process: keep full collections off
+    # it, so a command (a REST write, an ElasticQuota change a kubectl user waits for) meets no 80–100 ms pause
+    gc.freeze()
     return {"components": (built,)}
 
 

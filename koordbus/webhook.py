@@ -1,5 +1,6 @@
-"""`koordbus service webhook`'s assembly: the slo-controller-config validators of every service that reads a key, and
-the process (settings, the bus, the HTTPS server with its certificate reloader, the plain port).
+"""`koordbus service webhook`'s assembly: the slo-controller-config validators of every service that reads a key, the
+ElasticQuota validation with the quota service's client, and the process (settings, the bus, the HTTPS server with
+its certificate reloader, the plain port).
 
 The validator table is here because only the composition root may import every service: services.webhook holds the
 keys read through services.common (services.webhook.configmap.COMMON_VALIDATORS) and gets the noderesource service's
@@ -10,6 +11,7 @@ that reads it.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import ssl
 from collections.abc import Mapping
@@ -56,12 +58,31 @@ async def build_webhook(process: ServiceProcess) -> None:
     """The service on the process's bus, its admission routes over HTTPS on KOORDBUS_WEBHOOK_PORT (once the view is
     replayed), the certificate reloader, and health, readiness and metrics on the plain --port."""
     from koordbus import runtime
+    from services.quota.client import QuotaClient
     from services.webhook.http import create_app
-    from services.webhook.service import WebhookService
+    from services.webhook.service import VALIDATE_ELASTICQUOTAS, QuotaValidation, WebhookService
 
     settings, certificate = process.prepared
-    service = WebhookService(process.bus, settings, registry=process.registry, validators=SLO_CONFIG_VALIDATORS)
+    quotas = QuotaValidation(
+        QuotaClient(process.bus, timeout=settings.quota_timeout_seconds).command,
+        mirror_users=settings.quota_mirror_users,
+        registry=process.registry,
+    )
+    if not settings.quota_mirror_users:
+        log.warning(
+            "webhook: KOORDBUS_WEBHOOK_QUOTA_MIRROR_USERS is empty: %s takes every ElasticQuota write for a user's "
+            "change, the bridge's quota mirror's too (set it to the bridge's user, docs/webhook.md)",
+            VALIDATE_ELASTICQUOTAS,
+        )
+    service = WebhookService(
+        process.bus,
+        settings,
+        registry=process.registry,
+        validators=SLO_CONFIG_VALIDATORS,
+        extra_routes={VALIDATE_ELASTICQUOTAS: quotas},
+    )
     await service.start()
+    gc.freeze()  # what start-up built lives as long as the process: keep full collections off it (requests wait)
     process.stack.push_async_callback(service.stop)
     liveness = runtime.bus_liveness(process.bus)
     app = create_app(service, process.registry, liveness=liveness)

@@ -1,8 +1,9 @@
 """Writing the latest intent per object to the cluster, never from a consumer: the mirrors' shared write loop.
 
 `LatestWriter.offer(key, intent)` puts an intent in a pending map (a newer one replaces an unwritten older one) and
-a writer task drains it, writing each key at most once every `interval` seconds through the `write` callback (which
-returns the action taken: created / updated / unchanged / deleted …). A write that raises WriteFailedError is kept
+a writer task drains it, writing each key at most once every `interval` seconds, and no sooner than `delay` seconds
+after an intent arrived for a key with nothing pending, through the `write` callback (which returns the action
+taken: created / updated / unchanged / deleted …). A write that raises WriteFailedError is kept
 and retried with capped exponential backoff (with jitter) until it succeeds; a newer intent offered meanwhile replaces
 it but keeps its backoff (failures count and retry time), so intents arriving faster than the retries do not turn
 into one write each while the API server fails (a write storm the fault tests showed, tests/faults/). A
@@ -43,6 +44,7 @@ class LatestWriter(Generic[Intent]):
         write: Callable[[str, Intent], Awaitable[str]],
         *,
         interval: float,
+        delay: float = 0.0,
         backoff_initial: float,
         backoff_max: float,
         unhealthy_after: int,
@@ -53,6 +55,7 @@ class LatestWriter(Generic[Intent]):
         self._what = what
         self._write_fn = write
         self._interval = interval
+        self._delay = delay
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
         self._jitter = jitter
@@ -63,6 +66,8 @@ class LatestWriter(Generic[Intent]):
         self._not_before: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         self._last_write: dict[str, float] = {}
+        self._writing = 0
+        """Writes under way (taken from the pending map, not answered yet)."""
         self._wake = asyncio.Event()
         self.health = WriteHealth(unhealthy_after)
         self._task: asyncio.Task[None] | None = None
@@ -80,22 +85,27 @@ class LatestWriter(Generic[Intent]):
         return len(self._pending)
 
     async def wait_drained(self, deadline: float) -> bool:
-        """True once nothing waits to be written; False at `deadline` (event loop time)."""
+        """True once nothing waits to be written and no write is under way; False at `deadline` (event loop
+        time)."""
         loop = asyncio.get_running_loop()
-        while self._pending:
+        while self._pending or self._writing:
             if loop.time() > deadline:
                 return False
             await asyncio.sleep(0.02)
         return True
 
     def offer(self, key: str, intent: Intent) -> None:
-        """Write `intent` for `key` as soon as the interval since its last write allows, or, while the key's writes
-        are failing, at its next retry (the newer intent takes the older one's place and its backoff)."""
+        """Write `intent` for `key` as soon as the interval since its last write and the delay since the first
+        intent still pending allow, or, while the key's writes are failing, at its next retry (the newer intent
+        takes the older one's place, its delay and its backoff)."""
+        waiting = key in self._pending
         self._pending[key] = intent
         last = self._last_write.get(key)
         now = self._clock()
         earliest = now if last is None else max(now, last + self._interval)
-        if self._failures.get(key):
+        if not waiting:
+            earliest = max(earliest, now + self._delay)
+        if waiting or self._failures.get(key):
             earliest = max(earliest, self._not_before.get(key, now))
         self._not_before[key] = earliest
         self._wake.set()
@@ -113,6 +123,7 @@ class LatestWriter(Generic[Intent]):
 
     async def _write(self, key: str) -> None:
         intent = self._pending.pop(key)
+        self._writing += 1
         try:
             action = await self._write_fn(key, intent)
         except WriteFailedError as e:
@@ -122,6 +133,8 @@ class LatestWriter(Generic[Intent]):
             log.exception("%s: writing %s failed", self._what, key)
             self._failed(key, intent, f"{type(e).__name__}: {e}", retry=False)
             return
+        finally:
+            self._writing -= 1
         self.health.succeeded()
         self._failures.pop(key, None)
         self._last_write[key] = self._clock()
@@ -161,8 +174,10 @@ class Mirror(Generic[Intent]):
         metric: str,
         settings: K8sSettings,
         registry: CollectorRegistry,
+        delay: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`delay`: how long after a change arrives it is written at the earliest (LatestWriter)."""
         self.bus = bus
         self._what = what
         self._registry = registry
@@ -178,6 +193,7 @@ class Mirror(Generic[Intent]):
             f"{what} mirror",
             self._write,
             interval=settings.quota_write_interval_seconds,
+            delay=delay,
             backoff_initial=settings.backoff_initial_seconds,
             backoff_max=settings.backoff_max_seconds,
             unhealthy_after=settings.unhealthy_after_write_failures,

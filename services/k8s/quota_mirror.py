@@ -5,7 +5,9 @@ start so a restart re-applies the latest state of every quota) and writes each q
 missing, replaced when its spec, koordbus's labels and annotations, the write-back annotations or status.used differ
 (services.k8s.quota_writes decides; nothing is written when the object already holds the values), deleted when
 the quota is. It never writes from the consumer: services.k8s.latest_writer writes the latest status per quota, at
-most once per quota every `quota_write_interval_seconds`, retrying failures with backoff; after
+most once per quota every `quota_write_interval_seconds` and `quota_write_delay_seconds` after a change arrived
+(a change made with kubectl is in the log a moment before kube-apiserver stores it: docs/webhook.md), retrying
+failures with backoff; after
 `unhealthy_after_write_failures` consecutive failures `healthy()` is False (/readyz).
 Where the writes go is a QuotaSink: the API server (`KubeQuotaSink`, a PUT guarded by the object's resourceVersion,
 re-read and retried on 409) or, in record-only mode, a `RecordingQuotaSink`. Built by the composition root.
@@ -128,7 +130,7 @@ class QuotaMirror(Mirror[QuotaStatusComputed]):
     ) -> None:
         super().__init__(
             bus, what="ElasticQuota", metric="koordbus_k8s_quota_writes", settings=settings, registry=registry,
-            clock=clock,
+            delay=settings.quota_write_delay_seconds, clock=clock,
         )  # fmt: skip
         self.sink = sink
         self.settings = settings

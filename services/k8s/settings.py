@@ -42,6 +42,11 @@ class K8sSettings:
     quota_write_interval_seconds: float = 1.0
     """At most one ElasticQuota write per quota this often (koord-scheduler writes its status back every second);
     newer statuses coalesce meanwhile."""
+    quota_write_delay_seconds: float = 1.0
+    """A quota's changed status is written this long after it arrived, at the earliest. A change made with kubectl
+    reaches the quota log through the admission webhook (docs/webhook.md) a moment before kube-apiserver stores it:
+    written first, the mirror's copy of it would make the user's own create fail with AlreadyExists (a delete with
+    NotFound, an edit with a conflict), although the change is made."""
     mirror_quotas: bool = True
     """Mirror koordbus's quota trees to ElasticQuota objects (so koord-scheduler consumes them); false leaves the
     cluster's ElasticQuotas alone."""
@@ -73,7 +78,7 @@ class K8sSettings:
             raise ValueError(
                 "write_concurrency, unhealthy_after_write_failures and recorded_writes_kept must be positive"
             )
-        if self.quota_write_interval_seconds < 0:
-            raise ValueError("quota_write_interval_seconds must not be negative")
+        if self.quota_write_interval_seconds < 0 or self.quota_write_delay_seconds < 0:
+            raise ValueError("quota_write_interval_seconds and quota_write_delay_seconds must not be negative")
         if self.write_timeout_seconds <= 0:
             raise ValueError("write_timeout_seconds must be positive")

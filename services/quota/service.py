@@ -315,7 +315,9 @@ class QuotaService:
             filter_subjects=filters,
             service=SERVICE,
             batch_size=self.settings.batch_size,
-            linger_seconds=self.settings.linger_seconds,
+            # a command waits for its own event to come back through the events consumer (and commands go one at
+            # a time): lingering there would add the linger to every command, ~10 commands/s at most
+            linger_seconds=self.settings.linger_seconds if durable == CLUSTER_CONSUMER else 0.0,
             deliver_policy=policy,
         )
 

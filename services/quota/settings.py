@@ -45,8 +45,9 @@ class QuotaSettings:
     a change is appended as an ordinary quota command by actor `profile-controller/<profile>`."""
     batch_size: int = 512
     linger_seconds: float = 0.1
-    """After a fetched batch smaller than batch_size, wait this long before the next fetch, so a burst of pod
-    events is recomputed and published once."""
+    """After a fetched batch of pods and nodes (or of the projections) smaller than batch_size, wait this long
+    before the next fetch, so a burst of pod events is recomputed and published once. The quota log's consumer
+    never lingers: each command waits for its own event to come back through it."""
     startup_timeout_seconds: float = 60.0
     """start() waits for the replay of the quota log and the cluster state as long as it makes progress; after
     this long without progress it starts with what it has (and logs a warning)."""

@@ -20,8 +20,9 @@ kind, no request, a field of the wrong type) is a BadReview naming the field, wh
   problem in the message as `data.<key>: <JSON path>: <reason>`, and each in `status.details.causes` with its field.
   Other ConfigMaps and operations are allowed.
 
-Each handler is a function (request, what it reads) → AdmissionResponse; the routes that serve them are a table in
-services.webhook.http, where another handler (an ElasticQuota validation) is one more entry.
+Each handler is a function (request, what it reads) → AdmissionResponse; the routes that serve them are a table
+(services.webhook.service.WebhookService.routes). The ElasticQuota validation, which asks the quota service, reads
+the request's `userInfo` and answers with `warnings` too: services.webhook.elasticquota.
 """
 
 from __future__ import annotations
@@ -56,8 +57,16 @@ class GroupVersionResource(msgspec.Struct, frozen=True, kw_only=True):
     resource: str = ""
 
 
+class UserInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """Who made the request, as kube-apiserver authenticated them (a kubectl user, a ServiceAccount …)."""
+
+    username: str = ""
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+
+
 class AdmissionRequest(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """The fields of an AdmissionRequest the handlers read (the rest, userInfo, options …, are ignored)."""
+    """The fields of an AdmissionRequest the handlers read (the rest, options, requestKind …, are ignored)."""
 
     uid: str
     kind: GroupVersionKind
@@ -69,6 +78,7 @@ class AdmissionRequest(msgspec.Struct, frozen=True, kw_only=True, rename="camel"
     object: Any = None
     old_object: Any = None
     dry_run: bool = False
+    user_info: UserInfo = UserInfo()
 
 
 class _Review(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -103,6 +113,8 @@ class AdmissionResponse(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     patch: str | None = None
     """base64 of the JSON Patch's JSON text."""
     status: Status | None = None
+    warnings: tuple[str, ...] = ()
+    """Shown by kubectl as `Warning: …` lines, whether the request is allowed or not."""
 
 
 class AdmissionReviewOut(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -136,11 +148,13 @@ def review_request(document: Any) -> AdmissionRequest:
     return request
 
 
-def allowed(request: AdmissionRequest, patch: list[jsonpatch.Operation] | None = None) -> AdmissionResponse:
+def allowed(
+    request: AdmissionRequest, patch: list[jsonpatch.Operation] | None = None, *, warnings: tuple[str, ...] = ()
+) -> AdmissionResponse:
     if not patch:
-        return AdmissionResponse(uid=request.uid, allowed=True)
+        return AdmissionResponse(uid=request.uid, allowed=True, warnings=warnings)
     encoded = base64.b64encode(msgspec.json.encode(patch)).decode("ascii")
-    return AdmissionResponse(uid=request.uid, allowed=True, patch_type="JSONPatch", patch=encoded)
+    return AdmissionResponse(uid=request.uid, allowed=True, patch_type="JSONPatch", patch=encoded, warnings=warnings)
 
 
 def refused(

@@ -7,8 +7,9 @@ the view lives in memory and is rebuilt, like services.loadaware) folds services
 every profile. The admission routes are a table (`routes`: path → handler of an AdmissionRequest), answered by
 `answer` on the event loop between deliveries, so each answer reads one consistent view: POST /mutate-pods
 (services.webhook.admission.mutate_pod) and POST /validate-configmaps (validate_configmap, with the validators the
-composition root hands in); another webhook (an ElasticQuota validation asking the quota service) is one more
-entry, given to the constructor as `extra_routes`. Each request is counted and timed by route and outcome
+composition root hands in); a webhook that asks another service is one more entry, given to the constructor as
+`extra_routes`: POST /validate-elasticquotas is `QuotaValidation` below, asking the quota service through the
+client the composition root hands it. Each request is counted and timed by route and outcome
 (koordbus_webhook_requests_total, koordbus_webhook_request_seconds) and every refusal logged with its reason.
 Built by koordbus.webhook (`koordbus service webhook`) and the tests.
 """
@@ -19,17 +20,19 @@ import inspect
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from bus import streams, subjects
 from bus.api import Bus, Consumer, ConsumerSpec, Delivery
+from bus.errors import BusUnavailableError, PayloadTooLargeError, RemoteError
 from schemas.cluster import ADMISSION_EVENT_DECODER
+from schemas.quota_service import CommandReply, CommandRequest
 from services.common import bodies, observe
 from services.common.startup import wait_replayed
-from services.webhook import admission, configmap
+from services.webhook import admission, configmap, elasticquota
 from services.webhook.admission import AdmissionRequest, AdmissionResponse, BadReview
 from services.webhook.settings import WebhookSettings
 from services.webhook.state import AdmissionView
@@ -40,6 +43,10 @@ SERVICE: Final = "webhook"
 CLUSTER_CONSUMER: Final = "webhook-cluster"
 MUTATE_PODS: Final = "/mutate-pods"
 VALIDATE_CONFIGMAPS: Final = "/validate-configmaps"
+VALIDATE_ELASTICQUOTAS: Final = "/validate-elasticquotas"
+QUOTA_CONFLICT_ATTEMPTS: Final = 3
+"""A command that lost the race on its tree (another writer appended in between) is asked again on fresh state, at
+most this many times in all: the user's change is a patch, as valid over the newer state as over the older."""
 INSTANCE_DURABLE_TTL_SECONDS: Final = 3600.0
 """A replica's durable (named after its pod) is dropped by the server this long after the replica went away."""
 
@@ -204,3 +211,69 @@ def _random_draw() -> Callable[[], int]:
         return generator.randrange(100)
 
     return draw
+
+
+class QuotaValidation:
+    """The handler of POST /validate-elasticquotas: an ElasticQuota change made in the cluster checked by the quota
+    service and, when allowed, appended to its tree's log as the command of the user who made it
+    (services.webhook.elasticquota decides what to ask and what the answer means; this half asks).
+
+    `ask` sends one command to the quota service (the composition root gives services.quota's QuotaClient, with a
+    timeout below the webhook configuration's timeoutSeconds). When it does not answer (no responder, a timeout,
+    the bus away) the change is refused with code 503 and the reason; a lost race is asked again, up to
+    QUOTA_CONFLICT_ATTEMPTS times. Each review is counted by decision (koordbus_webhook_quota_decisions_total);
+    each refusal is logged (by WebhookService.answer), each appended command at DEBUG (the log holds its user)."""
+
+    def __init__(
+        self,
+        ask: Callable[[CommandRequest], Awaitable[CommandReply]],
+        *,
+        mirror_users: Iterable[str],
+        registry: CollectorRegistry,
+    ) -> None:
+        self._ask = ask
+        self._mirror_users = frozenset(user for user in mirror_users if user)
+        self._decisions = Counter(
+            "koordbus_webhook_quota_decisions_total",
+            "ElasticQuota reviews by decision: recorded (a command appended), validated (dry run), mirror (the "
+            "mirror's own write, passed), unchanged (nothing the log holds changed), unmanaged (not in the log), "
+            "refused (rules broken, a lost race), unavailable (the quota service did not decide), invalid (not an "
+            "ElasticQuota), ignored (another resource or a subresource)",
+            ["decision"],
+            registry=registry,
+        )
+
+    async def __call__(self, request: AdmissionRequest) -> AdmissionResponse:
+        planned = elasticquota.plan(request, mirror_users=self._mirror_users)
+        if isinstance(planned, elasticquota.Answer):
+            self._decisions.labels(planned.decision).inc()
+            return planned.response
+        answered = await self._decide(request, planned)
+        self._decisions.labels(answered.decision).inc()
+        command = planned.request.command
+        if answered.decision == "recorded":  # the quota log itself records who changed what: DEBUG is enough here
+            log.debug(
+                "webhook: %s %s by %s recorded as %s (uid %s)",
+                request.operation,
+                planned.shown,
+                request.user_info.username,
+                type(command).__name__,
+                request.uid,
+            )
+        elif answered.decision == "unmanaged":
+            log.info("webhook: %s %s: not in the quota log, let through", request.operation, planned.shown)
+        return answered.response
+
+    async def _decide(self, request: AdmissionRequest, planned: elasticquota.Ask) -> elasticquota.Answer:
+        for _ in range(QUOTA_CONFLICT_ATTEMPTS):
+            try:
+                reply = await self._ask(planned.request)
+            except BusUnavailableError as err:
+                return elasticquota.unavailable(request, planned, str(err))
+            except PayloadTooLargeError as err:
+                return elasticquota.failed(request, planned, code=413, why=str(err))
+            except RemoteError as err:
+                return elasticquota.failed(request, planned, code=500, why=str(err))
+            if reply.outcome != "conflict":
+                break
+        return elasticquota.answer(request, planned, reply)

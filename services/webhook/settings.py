@@ -43,13 +43,22 @@ class WebhookSettings:
     startup_timeout_seconds: float = 60.0
     """Start-up waits for the replay of the profiles, namespaces and priority classes as long as it makes progress;
     after this many seconds without an event it serves with what it has (and logs a warning)."""
+    quota_mirror_users: tuple[str, ...] = ()
+    """The users (as kube-apiserver authenticates them: a ServiceAccount is
+    `system:serviceaccount:<namespace>:<name>`) whose ElasticQuota writes are the bridge's quota mirror writing the
+    quota log's own state: /validate-elasticquotas lets them through without a command. The chart gives the
+    bridge's ServiceAccount; empty, every write is taken as a user's change (comma-separated in the variable)."""
+    quota_timeout_seconds: float = 4.0
+    """How long /validate-elasticquotas waits for the quota service to decide and append: keep it below the webhook
+    configuration's timeoutSeconds (5 s in docs/webhook.md's), so kube-apiserver gets this service's refusal with its
+    reason rather than a timeout (a healthy quota service answers in milliseconds)."""
 
     def __post_init__(self) -> None:
         if not (self.tls_cert_file and self.tls_key_file):
             raise ValueError(
                 "tls_cert_file and tls_key_file are required: kube-apiserver calls admission webhooks over HTTPS only"
             )
-        for name in ("tls_reload_seconds", "startup_timeout_seconds"):
+        for name in ("tls_reload_seconds", "startup_timeout_seconds", "quota_timeout_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if not 0 < self.webhook_port < 65536:

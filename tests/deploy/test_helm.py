@@ -440,6 +440,9 @@ def test_the_webhook_is_opt_in_serves_its_certificate_and_the_bridge_reads_what_
     assert env["KOORDBUS_WEBHOOK_TLS_CERT_FILE"] == f"{mounts['webhook-tls']}/tls.crt"
     assert env["KOORDBUS_WEBHOOK_TLS_KEY_FILE"] == f"{mounts['webhook-tls']}/tls.key"
     assert env["KOORDBUS_WEBHOOK_PORT"] == "9443" and env["KOORDBUS_WEBHOOK_SKIP_MUTATING_RESOURCES"] == "false"
+    # the bridge's ServiceAccount, whose ElasticQuota writes are the mirror's (they pass without a command)
+    bridge = by_kind(objects, "Deployment")["prod-koordbus-k8s"]["spec"]["template"]["spec"]["serviceAccountName"]
+    assert env["KOORDBUS_WEBHOOK_QUOTA_MIRROR_USERS"] == f"system:serviceaccount:koordbus:{bridge}"
     assert env["KOORDBUS_INSTANCE"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # replicas each keep the view
     (volume,) = [v for v in pod["volumes"] if v["name"] == "webhook-tls"]
     assert volume["secret"]["secretName"] == "webhook-serving"

@@ -28,7 +28,7 @@ from services.webhook import service as webhook_service
 from services.webhook.settings import WebhookSettings
 from tests.deploy.test_helm import CHART, DEFAULTS, KUBERNETES, by_kind, render
 
-VALIDATE_ELASTICQUOTAS = getattr(webhook_service, "VALIDATE_ELASTICQUOTAS", "/validate-elasticquotas")
+VALIDATE_ELASTICQUOTAS = webhook_service.VALIDATE_ELASTICQUOTAS
 """The ElasticQuota route (issue 24 point 2); until the webhook has its constant, the chart's default path."""
 RELEASE_NAMESPACE = "koordbus"
 NAME = "prod-koordbus-webhook"
@@ -259,6 +259,13 @@ def test_the_namespaces_and_objects_each_webhook_is_sent() -> None:
         {"apiGroups": ["scheduling.sigs.k8s.io"], "apiVersions": ["v1alpha1"],
          "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["elasticquotas"], "scope": "Namespaced"},
     ]  # fmt: skip
+    mirror = f"system:serviceaccount:{RELEASE_NAMESPACE}:prod-koordbus-k8s"
+    assert quotas["matchConditions"] == [  # the bridge's own writes are what the quota log already holds
+        {"name": "not-the-quota-mirror", "expression": f"request.userInfo.username != '{mirror}'"}
+    ]
+    deployment = by_kind(render(ON), "Deployment")[NAME]
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["KOORDBUS_WEBHOOK_QUOTA_MIRROR_USERS"] == mirror  # the webhook lets the same user through
     quota_crd = (CHART / "crds" / "scheduling.sigs.k8s.io_elasticquotas.yaml").read_text()
     assert "group: scheduling.sigs.k8s.io" in quota_crd and "name: v1alpha1" in quota_crd
 
@@ -274,15 +281,21 @@ def test_timeouts_and_failure_policies_are_the_documented_ones() -> None:
         "validate-configmaps.koordbus.io": "Fail",
         "validate-elasticquotas.koordbus.io": "Fail",
     }
+    side_effects = {name: hook["sideEffects"] for name, hook in hooks.items()}
+    assert side_effects == {  # the quota webhook appends the change to the quota log, a dry run only checks it
+        "mutate-pods.koordbus.io": "None",
+        "validate-configmaps.koordbus.io": "None",
+        "validate-elasticquotas.koordbus.io": "NoneOnDryRun",
+    }
     for name, hook in hooks.items():
         assert 1 <= hook["timeoutSeconds"] <= 10, name
-        assert hook["sideEffects"] == "None" and hook["admissionReviewVersions"] == ["v1"], name
+        assert hook["admissionReviewVersions"] == ["v1"], name
         assert hook["matchPolicy"] == "Equivalent", name
     assert not by_kind(render(MODES["job"]), "ValidatingWebhookConfiguration")[NAME]["webhooks"][0]["clientConfig"].get(
         "caBundle"
     )  # the hook Job patches it in
-    # the ElasticQuota webhook waits for its route: off unless asked for
-    assert "validate-elasticquotas.koordbus.io" not in webhooks(render({**DEFAULTS, "services": ON["services"]}))
+    # all three on by default once the webhook runs
+    assert set(webhooks(render({**DEFAULTS, "services": ON["services"]}))) == set(policies)
 
 
 def test_each_webhook_is_toggled_and_tuned_in_values() -> None:

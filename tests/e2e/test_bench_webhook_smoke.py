@@ -36,3 +36,29 @@ def test_prints_one_json_line_with_every_answer_checked() -> None:
     assert 20 < result["achieved_rate"] < 60 and result["service_cpu_cores"] > 0
     assert result["target_held"] is False and "offered 40 requests/s < 200" in result["target_misses"]
     assert result["command"].startswith("python bench/webhook.py --rate 40 --duration 2 --warmup 0.5")
+
+
+QUOTA_KEYS = {
+    "bench", "rate", "duration_seconds", "teams", "connections", "requests", "achieved_rate", "appended", "errors",
+    "p50_ms", "p99_ms", "max_ms", "service_cpu_cores", "quota_service_cpu_cores", "service_rss_peak_mib",
+    "quota_service_rss_peak_mib", "startup_seconds", "target", "target_held", "target_misses", "command",
+}  # fmt: skip
+
+
+def test_quotas_every_change_is_answered_allowed_and_appended_once() -> None:
+    """--quotas: the webhook and the quota service; each UPDATE a change in the log (warm-up included)."""
+    command = [sys.executable, str(ROOT / "bench" / "webhook.py"), "--quotas", "--rate", "40", "--duration", "2"]
+    command += ["--warmup", "0.5", "--teams", "5"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (line,) = run.stdout.strip().splitlines()
+    result = json.loads(line)
+    assert set(result) == QUOTA_KEYS
+    assert (result["bench"], result["rate"], result["requests"], result["errors"]) == ("webhook-quotas", 40.0, 80, 0)
+    assert result["appended"] == 100  # 20 warm-up changes and 80 measured ones, one event each
+    assert 0 < result["p50_ms"] <= result["p99_ms"] <= result["max_ms"]
+    assert 20 < result["achieved_rate"] < 60 and result["quota_service_cpu_cores"] > 0
+    assert result["target"] == "p99 < 25 ms at 200 quota changes/s over TLS"
+    assert result["target_held"] is False and "offered 40 requests/s < 200" in result["target_misses"]
+    assert result["command"].startswith("python bench/webhook.py --rate 40 --duration 2 --warmup 0.5 --quotas")

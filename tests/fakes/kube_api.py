@@ -11,10 +11,19 @@ Tests get one from tests/fixtures/kube.py and inspect or steer it through its ho
 `answered` lists every request with its time and status, for tests counting attempts). The pure
 rules (kinds, validation, patches, selectors) live in tests/fakes/kube_rules.py.
 
+Validating admission, when a test sets `admission`: every create, update, patch and delete of an object (not of a
+subresource) is handed to it after the schema validation and before it is stored, as kube-apiserver calls
+validating webhooks (`AdmissionAttributes`: the operation, the object and the old one, the user the request's bearer
+token names in `tokens`, else system:anonymous); raising ApiError refuses the write with that status.
+tests/support/webhook.py makes one that calls the real webhook process over HTTPS. The write stored is the one
+admitted: an update or patch whose object another write changed while admission ran is tried again from the new
+state, admission included (a resourceVersion precondition then fails with 409), as the real server's
+GuaranteedUpdate does; a delete then fails with 409.
+
 Deliberate differences from a real server, to keep it small and our writers honest: fields a CRD
 schema does not declare are rejected with 422 instead of pruned; no finalizers, pagination
 (`limit` is ignored and every item returned), delete options (only preconditions.uid is honoured,
-on a DELETE or an eviction; all are kept in `bodies`), deletecollection, admission,
+on a DELETE or an eviction; all are kept in `bodies`), deletecollection, mutating admission, dry runs,
 server-side apply or managedFields; `/status` writes change only `.status` (the real server also
 takes label changes there for core kinds); list ignores `resourceVersion` and serves the latest state.
 ARCHITECTURE.md suggests extending kmock's KubernetesEmulator; kmock is not a dependency, so this is
@@ -30,7 +39,7 @@ import random
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -77,6 +86,24 @@ def _parsed(raw: bytes) -> Any:
         return json.loads(raw) if raw else None
     except ValueError:
         return None
+
+
+class AdmissionAttributes(NamedTuple):
+    """A write as validating admission sees it (kube-apiserver's AdmissionRequest, in short)."""
+
+    operation: str  # CREATE, UPDATE, DELETE
+    kind: ResourceKind
+    namespace: str
+    name: str
+    object: Json | None
+    old_object: Json | None
+    username: str
+    groups: tuple[str, ...]
+
+
+ANONYMOUS = ("system:anonymous", ("system:unauthenticated",))
+UPDATE_ATTEMPTS = 5
+"""An update or patch whose object changed while admission ran is tried this many times from the new state."""
 
 
 class AnsweredRequest(NamedTuple):
@@ -185,6 +212,8 @@ class FakeKubeApi:
         """(namespace, pod) pairs whose eviction is refused with 429, as a PodDisruptionBudget would."""
         self.on_evicted: Callable[[Json], None] | None = None
         """Called with each evicted pod right after its deletion (a test playing a controller that replaces it)."""
+        self.admission: Callable[[AdmissionAttributes], Awaitable[None]] | None = None
+        """Validating admission (see the module docstring): raise ApiError to refuse the write."""
         self._closing = False
 
     # lifecycle
@@ -347,21 +376,69 @@ class FakeKubeApi:
                 watch.queue.put_nowait(event)
         return copy.deepcopy(obj)
 
-    def _write(self, kind: ResourceKind, current: Json, new: Json) -> Json:
-        """Replace `current` by `new` keeping server-owned metadata; skip no-op writes like the real server."""
+    def _written(self, kind: ResourceKind, current: Json, new: Json) -> Json:
+        """`new` as it replaces `current`: server-owned metadata kept, generation bumped on a spec change, checked
+        against the schema (equal to `current` for a no-op write, which the real server does not store)."""
         meta = new.setdefault("metadata", {})
         for key in ("name", "namespace", "uid", "creationTimestamp", "resourceVersion", "generation"):
             if key in current["metadata"]:
                 meta[key] = current["metadata"][key]
         new["apiVersion"], new["kind"] = kind.api_version, kind.kind
         if new == current:
-            return copy.deepcopy(current)
+            return new
         content = ("metadata", "status") if kind.has_status else ("metadata",)
         if {k: v for k, v in new.items() if k not in content} != {k: v for k, v in current.items() if k not in content}:
             meta["generation"] = meta.get("generation", 1) + 1
         if errors := validation_errors(kind, new):
             raise invalid(kind, meta["name"], errors)
-        return self._commit(kind, new, "MODIFIED", current)
+        return new
+
+    def _user_of(self, request: web.Request) -> tuple[str, tuple[str, ...]]:
+        """(username, groups) of the request's bearer token (`tokens`), else the anonymous user."""
+        header = request.headers.get("Authorization", "")
+        token = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
+        known = self.tokens.get(token)
+        return (known[0], tuple(known[1])) if known is not None else ANONYMOUS
+
+    async def _admit(
+        self,
+        operation: str,
+        kind: ResourceKind,
+        obj: Json | None,
+        old: Json | None,
+        subresource: str | None,
+        user: tuple[str, tuple[str, ...]],
+    ) -> None:
+        if self.admission is None or subresource is not None:
+            return
+        meta = (obj if obj is not None else old or {}).get("metadata", {})
+        attributes = AdmissionAttributes(
+            operation,
+            kind,
+            meta.get("namespace", ""),
+            meta.get("name", ""),
+            copy.deepcopy(obj),
+            copy.deepcopy(old),
+            user[0],
+            user[1],
+        )
+        await self.admission(attributes)
+
+    def _is_stored(self, kind: ResourceKind, current: Json) -> bool:
+        """Whether `current` is still the stored object (not changed or deleted since it was read)."""
+        meta = current["metadata"]
+        return self._store[kind.plural].get((meta.get("namespace", ""), meta["name"])) is current
+
+    def _still(self, kind: ResourceKind, current: Json) -> None:
+        """409 when the object admission saw as current was changed or deleted meanwhile."""
+        meta = current["metadata"]
+        if not self._is_stored(kind, current):
+            raise ApiError(
+                409,
+                f'Operation cannot be fulfilled on {kind.resource} "{meta["name"]}": the object has been '
+                "modified; please apply your changes to the latest version and try again",
+                details={"name": meta["name"], "group": kind.group, "kind": kind.plural},
+            )
 
     # HTTP
 
@@ -392,7 +469,8 @@ class FakeKubeApi:
             if request.method != "GET":
                 self.bodies.append(SentBody(verb, request.path, _parsed(await request.read())))
             arrived = time.monotonic()
-            response = await self._serve(request, kind, namespace, name, subresource, verb, content_type)
+            user = self._user_of(request)
+            response = await self._serve(request, kind, namespace, name, subresource, verb, content_type, user)
             self.answered.append(AnsweredRequest(arrived, verb, request.path, response.status))
             return response
         except ApiError as error:
@@ -408,6 +486,7 @@ class FakeKubeApi:
         subresource: str | None,
         verb: str,
         content_type: str,
+        user: tuple[str, tuple[str, ...]],
     ) -> web.StreamResponse:
         try:
             await self._degrade(request.path, verb)
@@ -430,15 +509,31 @@ class FakeKubeApi:
                         f"Precondition failed: UID in precondition: {wanted_uid}, UID in object meta: "
                         f"{current['metadata'].get('uid')}",
                     )
+                await self._admit("DELETE", kind, None, current, subresource, user)
+                self._still(kind, current)
                 return web.json_response(self._commit(kind, copy.deepcopy(current), "DELETED", current))
             body = await request.read()
-            if verb == "patch":
-                result = self._patch(kind, namespace or "", name or "", body, content_type, subresource)
-                return web.json_response(result)
-            obj = self._body(kind, body, namespace)
             if verb == "create":
-                return web.json_response(self._create(kind, namespace, obj), status=201)
-            return web.json_response(self._update(kind, namespace or "", name or "", obj, subresource))
+                obj = self._create(kind, namespace, self._body(kind, body, namespace))
+                await self._admit("CREATE", kind, obj, None, subresource, user)
+                if (namespace or "", obj["metadata"]["name"]) in self._store[kind.plural]:
+                    raise self._exists(kind, obj["metadata"]["name"])
+                return web.json_response(self._commit(kind, obj, "ADDED", None), status=201)
+            for _ in range(UPDATE_ATTEMPTS):
+                if verb == "patch":
+                    current, new = self._patched(kind, namespace or "", name or "", body, content_type, subresource)
+                else:
+                    obj = self._body(kind, body, namespace)
+                    current, new = self._updated(kind, namespace or "", name or "", obj, subresource)
+                new = self._written(kind, current, new)
+                await self._admit("UPDATE", kind, new, current, subresource, user)
+                if self._is_stored(kind, current):  # else changed meanwhile: again from the new state (a
+                    break  # resourceVersion precondition then fails in _updated / _patched, as on the real server)
+            else:
+                self._still(kind, current)
+            if new == current:
+                return web.json_response(copy.deepcopy(current))
+            return web.json_response(self._commit(kind, new, "MODIFIED", current))
         except ApiError as error:
             headers = {"Retry-After": "1"} if error.code == 429 else None
             return web.json_response(error.status(), status=error.code, headers=headers)
@@ -685,6 +780,7 @@ class FakeKubeApi:
         }
 
     def _create(self, kind: ResourceKind, namespace: str | None, obj: Json) -> Json:
+        """The object to store for a create (named, stamped, checked against the schema); not stored yet."""
         meta = obj["metadata"]
         if meta.get("resourceVersion"):
             raise ApiError(400, "resourceVersion should not be set on objects to be created")
@@ -694,12 +790,7 @@ class FakeKubeApi:
         if not meta.get("name"):
             raise invalid(kind, "", [("metadata.name", "Required value: name or generateName is required")])
         if (namespace or "", meta["name"]) in self._store[kind.plural]:
-            raise ApiError(
-                409,
-                f'{kind.resource} "{meta["name"]}" already exists',
-                reason="AlreadyExists",
-                details={"name": meta["name"], "group": kind.group, "kind": kind.plural},
-            )
+            raise self._exists(kind, meta["name"])
         obj["apiVersion"], obj["kind"] = kind.api_version, kind.kind
         if kind.has_status and kind.plural != "nodes":  # creating cannot set status (kubelets do for nodes)
             obj.pop("status", None)
@@ -710,7 +801,16 @@ class FakeKubeApi:
         meta["generation"] = 1
         if errors := validation_errors(kind, obj):
             raise invalid(kind, meta["name"], errors)
-        return self._commit(kind, obj, "ADDED", None)
+        return obj
+
+    @staticmethod
+    def _exists(kind: ResourceKind, name: str) -> ApiError:
+        return ApiError(
+            409,
+            f'{kind.resource} "{name}" already exists',
+            reason="AlreadyExists",
+            details={"name": name, "group": kind.group, "kind": kind.plural},
+        )
 
     def _check_version(self, kind: ResourceKind, current: Json, proposed: Json, *, required: bool) -> None:
         version = (proposed.get("metadata") or {}).get("resourceVersion")
@@ -739,7 +839,10 @@ class FakeKubeApi:
             result["status"] = copy.deepcopy(source["status"])
         return result
 
-    def _update(self, kind: ResourceKind, namespace: str, name: str, obj: Json, subresource: str | None) -> Json:
+    def _updated(
+        self, kind: ResourceKind, namespace: str, name: str, obj: Json, subresource: str | None
+    ) -> tuple[Json, Json]:
+        """(the stored object, what an update with `obj` makes of it before `_written`)."""
         current = self._require(kind, namespace, name)
         if obj["metadata"].get("name") != name:
             raise ApiError(
@@ -747,11 +850,12 @@ class FakeKubeApi:
                 f"the name of the object ({obj['metadata'].get('name')}) does not match the name on the URL ({name})",
             )
         self._check_version(kind, current, obj, required=kind.is_custom)
-        return self._write(kind, current, self._apply_subresource(kind, current, obj, subresource))
+        return current, self._apply_subresource(kind, current, obj, subresource)
 
-    def _patch(
+    def _patched(
         self, kind: ResourceKind, namespace: str, name: str, raw: bytes, content_type: str, subresource: str | None
-    ) -> Json:
+    ) -> tuple[Json, Json]:
+        """(the stored object, what the patch makes of it before `_written`)."""
         current = self._require(kind, namespace, name)
         try:
             patch = json.loads(raw)
@@ -773,7 +877,7 @@ class FakeKubeApi:
         if not isinstance(patched, dict):
             raise invalid(kind, name, [("<root>", "the patched object is not a JSON object")])
         self._check_version(kind, current, patched, required=False)
-        return self._write(kind, current, self._apply_subresource(kind, current, patched, subresource))
+        return current, self._apply_subresource(kind, current, patched, subresource)
 
     async def _watch(self, request: web.Request, kind: ResourceKind, namespace: str | None) -> web.StreamResponse:
         since, query = request.query.get("resourceVersion", ""), request.query

@@ -21,7 +21,7 @@ from kubernetes_asyncio import config, watch
 from kubernetes_asyncio.client import ApiClient, ApisApi, Configuration, CoreApi, CoreV1Api, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from tests.fakes.kube_api import FakeKubeApi, RecordedRequest
+from tests.fakes.kube_api import AdmissionAttributes, FakeKubeApi, RecordedRequest
 from tests.fakes.kube_rules import ApiError, json_patch, merge_patch
 
 # Imported so the fixtures resolve before tests/conftest.py registers tests.fixtures.kube; the
@@ -429,6 +429,85 @@ async def test_fail_next_injects_errors(kube_api: FakeKubeApi, kube_client: ApiC
     assert rejection(throttled)[1] == "TooManyRequests"
     assert (await custom.get_cluster_custom_object(*SLO, "nodemetrics", "n1"))["status"] == NODE_METRIC_STATUS
     assert [r.verb for r in kube_api.requests].count("patch") == 3
+
+
+async def test_admission_sees_every_write_with_its_user_and_can_refuse_it(kube_api: FakeKubeApi) -> None:
+    """The `admission` hook gets creates, updates, patches and deletes (not /status writes) as validating admission
+    does, with the user of the bearer token; an ApiError refuses the write, which is then not stored."""
+    seen: list[tuple[str, str, str, Any, Any]] = []
+
+    async def admit(attributes: AdmissionAttributes) -> None:
+        new, old = attributes.object, attributes.old_object
+        seen.append(
+            (
+                attributes.operation,
+                attributes.name,
+                attributes.username,
+                new and new["spec"]["metricCollectPolicy"]["reportIntervalSeconds"],
+                old and old["spec"]["metricCollectPolicy"]["reportIntervalSeconds"],
+            )
+        )
+        if new is not None and new["spec"]["metricCollectPolicy"]["reportIntervalSeconds"] == 13:
+            raise ApiError(403, 'admission webhook "x" denied the request: 13 is unlucky')
+
+    kube_api.admission = admit
+    kube_api.tokens["alice-token"] = ("alice", ["system:authenticated"])
+    configuration = Configuration(
+        host=kube_api.url, api_key={"BearerToken": "alice-token"}, api_key_prefix={"BearerToken": "Bearer"}
+    )
+    async with ApiClient(configuration) as alice, ApiClient(kube_api.configuration()) as anonymous:
+        custom, nobody = CustomObjectsApi(alice), CustomObjectsApi(anonymous)
+        created = await custom.create_cluster_custom_object(*SLO, "nodemetrics", node_metric("n1"))
+        spec = {"metricCollectPolicy": {"aggregateDurationSeconds": 300, "reportIntervalSeconds": 30}}
+        await nobody.patch_cluster_custom_object(*SLO, "nodemetrics", "n1", {"spec": spec}, _content_type=MERGE)
+        unlucky = {**created, "spec": {"metricCollectPolicy": {"reportIntervalSeconds": 13}}}
+        unlucky["metadata"] = {
+            **created["metadata"],
+            "resourceVersion": kube_api.get("NodeMetric", "n1")["metadata"]["resourceVersion"],
+        }
+        with pytest.raises(ApiException) as refused:
+            await custom.replace_cluster_custom_object(*SLO, "nodemetrics", "n1", unlucky)
+        assert rejection(refused) == (403, "Unknown", 'admission webhook "x" denied the request: 13 is unlucky')
+        await custom.patch_cluster_custom_object_status(
+            *SLO, "nodemetrics", "n1", {"status": NODE_METRIC_STATUS}, _content_type=MERGE
+        )
+        await custom.delete_cluster_custom_object(*SLO, "nodemetrics", "n1")
+    assert seen == [
+        ("CREATE", "n1", "alice", 60, None),
+        ("UPDATE", "n1", "system:anonymous", 30, 60),
+        ("UPDATE", "n1", "alice", 13, 30),
+        ("DELETE", "n1", "alice", None, 30),
+    ]
+    assert kube_api.get("NodeMetric", "n1") is None
+
+
+async def test_a_write_racing_admission_is_tried_again_from_the_new_state(
+    kube_api: FakeKubeApi, kube_client: ApiClient
+) -> None:
+    """Another write while admission runs: a patch is admitted again over the new object (kube-apiserver's
+    GuaranteedUpdate), an update with the old resourceVersion fails with 409."""
+    custom = CustomObjectsApi(kube_client)
+    kube_api.put("nodemetrics", node_metric("n1"))
+    olds: list[int] = []
+
+    async def admit(attributes: AdmissionAttributes) -> None:
+        old = attributes.old_object
+        assert old is not None
+        olds.append(old["spec"]["metricCollectPolicy"]["reportIntervalSeconds"])
+        if len(olds) == 1:  # another writer, while the first admission runs
+            kube_api.put("nodemetrics", node_metric("n1", metadata={"name": "n1", "labels": {"by": "other"}}))
+
+    kube_api.admission = admit
+    patch = {"spec": {"metricCollectPolicy": {"reportIntervalSeconds": 30}}}
+    await custom.patch_cluster_custom_object(*SLO, "nodemetrics", "n1", patch, _content_type=MERGE)
+    stored = kube_api.get("NodeMetric", "n1")
+    assert stored is not None and len(olds) == 2
+    assert stored["metadata"]["labels"] == {"by": "other"}
+    assert stored["spec"]["metricCollectPolicy"]["reportIntervalSeconds"] == 30
+    olds.clear()
+    with pytest.raises(ApiException) as conflict:
+        await custom.replace_cluster_custom_object(*SLO, "nodemetrics", "n1", stored)
+    assert rejection(conflict)[:2] == (409, "Conflict") and len(olds) == 1
 
 
 async def test_degrade_slows_and_fails_one_path_until_recover(kube_api: FakeKubeApi, kube_client: ApiClient) -> None:

@@ -201,6 +201,26 @@ async def test_an_object_version_guards_updates(koordbus_bus: JetStreamBus) -> N
         await service.stop()
 
 
+async def test_a_command_does_not_wait_for_the_linger(koordbus_bus: JetStreamBus) -> None:
+    """Default settings (pods and nodes linger 0.1 s): a command waits for its own event, which comes back through
+    the quota log's consumer at once, not after a linger (it did: ~100 ms a command, ~10 commands/s at most)."""
+    service = QuotaService(
+        koordbus_bus, replace(SETTINGS, linger_seconds=QuotaSettings().linger_seconds), registry=new_registry()
+    )
+    await service.start()
+    try:
+        await build_team(koordbus_bus)
+        loop = asyncio.get_running_loop()
+        started_at = loop.time()
+        for cpu in range(20, 30):
+            patch = {"spec": {"max": {"cpu": str(cpu)}}}
+            reply = await command(koordbus_bus, ev.PatchQuota(command_id=cid(), name="b", patch=patch))
+            assert reply.outcome == "applied", reply
+        assert loop.time() - started_at < 10 * QuotaSettings().linger_seconds * 0.9
+    finally:
+        await service.stop()
+
+
 async def test_two_replicas_racing_on_one_tree_cannot_both_win(koordbus_nats_url: str) -> None:
     """Two services (as two replicas) decide conflicting commands on the same state at the same moment: each
     raises b's or a's min so that Σ min stays ≤ org's min 30 alone but not together. Exactly one is appended."""

@@ -1,21 +1,26 @@
 """What the webhook's tests need: an RFC 6902 applier (add, remove, replace; independent of the diff), cluster
 objects published exactly as the bridge publishes them (the observer's own `observed_message`), AdmissionReview v1
-bodies as kube-apiserver sends them, and a `koordbus service webhook` process with its serving certificate. Used by
-tests/unit/test_webhook_admission.py and tests/integration/test_webhook_service.py."""
+bodies as kube-apiserver sends them (and `ApiServerWebhook`, kube-apiserver calling a webhook for the fake API
+server), and a `koordbus service webhook` process with its serving certificate. Used by the webhook's unit tests,
+tests/integration/test_webhook_service.py and tests/integration/test_webhook_quotas.py."""
 
 from __future__ import annotations
 
 import copy
+import json
 import ssl
 import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import msgspec
 
 from bus.api import Bus
 from services.k8s import core
 from services.k8s.observer import KIND_NAMESPACE, KIND_PRIORITY_CLASS, KIND_PROFILE, observed_message
+from tests.fakes.kube_api import AdmissionAttributes
+from tests.fakes.kube_rules import ApiError
 from tests.faults.private_postgres import free_port
 from tests.faults.service_process import ServiceProcess
 from tests.support.tls import Issued
@@ -109,6 +114,27 @@ def job_pod(namespace_name: str = "", **labels: str) -> dict[str, Any]:
     }
 
 
+RESOURCES = {
+    "pods": ("", "v1", "Pod"),
+    "configmaps": ("", "v1", "ConfigMap"),
+    "elasticquotas": ("scheduling.sigs.k8s.io", "v1alpha1", "ElasticQuota"),
+}
+"""resource → (group, version, kind) of the reviews these tests send."""
+JOB_CONTROLLER = "system:serviceaccount:kube-system:job-controller"
+MIRROR_USER = "system:serviceaccount:koordbus:koordbus-koordbus-k8s"
+"""The bridge's ServiceAccount as the chart names it (release koordbus in namespace koordbus)."""
+
+
+def user_info(username: str) -> dict[str, Any]:
+    """userInfo as kube-apiserver fills it in: a ServiceAccount's groups, or a kubectl user's."""
+    if username.startswith("system:serviceaccount:"):
+        namespace = username.split(":")[2]
+        groups = ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"]
+    else:
+        groups = ["system:masters", "system:authenticated"]
+    return {"username": username, "uid": str(uuid.uuid5(uuid.NAMESPACE_OID, username)), "groups": groups}
+
+
 def admission_review(
     resource: str,
     obj: Any,
@@ -118,35 +144,122 @@ def admission_review(
     name: str = "",
     old: Any = None,
     kind: str = "",
+    user: str = JOB_CONTROLLER,
+    dry_run: bool = False,
+    sub_resource: str = "",
 ) -> dict[str, Any]:
     """An AdmissionReview v1 with every field kube-apiserver fills in."""
-    kind = kind or {"pods": "Pod", "configmaps": "ConfigMap"}[resource]
-    gvk = {"group": "", "version": "v1", "kind": kind}
-    gvr = {"group": "", "version": "v1", "resource": resource}
+    group, version, resource_kind = RESOURCES[resource]
+    gvk = {"group": group, "version": version, "kind": kind or resource_kind}
+    gvr = {"group": group, "version": version, "resource": resource}
     options_kind = {"CREATE": "CreateOptions", "UPDATE": "UpdateOptions", "DELETE": "DeleteOptions"}[operation]
-    return {
-        "kind": "AdmissionReview",
-        "apiVersion": "admission.k8s.io/v1",
-        "request": {
-            "uid": str(uuid.uuid4()),
-            "kind": gvk,
-            "resource": gvr,
-            "requestKind": gvk,
-            "requestResource": gvr,
-            "name": name,
-            "namespace": namespace_name,
-            "operation": operation,
-            "userInfo": {
-                "username": "system:serviceaccount:kube-system:job-controller",
-                "uid": "6c3c9a8e-1111-4d2b-9f00-0a1b2c3d4e5f",
-                "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"],
-            },
-            "object": copy.deepcopy(obj),
-            "oldObject": copy.deepcopy(old),
-            "dryRun": False,
-            "options": {"kind": options_kind, "apiVersion": "meta.k8s.io/v1"},
-        },
+    request = {
+        "uid": str(uuid.uuid4()),
+        "kind": gvk,
+        "resource": gvr,
+        "requestKind": gvk,
+        "requestResource": gvr,
+        "name": name,
+        "namespace": namespace_name,
+        "operation": operation,
+        "userInfo": user_info(user),
+        "object": copy.deepcopy(obj),
+        "oldObject": copy.deepcopy(old),
+        "dryRun": dry_run,
+        "options": {"kind": options_kind, "apiVersion": "meta.k8s.io/v1"},
     }
+    if sub_resource:
+        request["subResource"] = sub_resource
+    return {"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": request}
+
+
+def elastic_quota(
+    name: str,
+    *,
+    namespace_name: str = "teams",
+    min: dict[str, str] | None = None,
+    max: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    stored: bool = False,
+) -> dict[str, Any]:
+    """An ElasticQuota as kubectl sends it (`stored`: as kube-apiserver holds it, with uid, resourceVersion,
+    managedFields and kubectl's last-applied annotation)."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace_name}
+    if labels:
+        metadata["labels"] = dict(labels)
+    if annotations:
+        metadata["annotations"] = dict(annotations)
+    obj: dict[str, Any] = {
+        "apiVersion": "scheduling.sigs.k8s.io/v1alpha1",
+        "kind": "ElasticQuota",
+        "metadata": metadata,
+        "spec": {"min": dict(min or {"cpu": "4"}), "max": dict(max or {"cpu": "8"})},
+    }
+    if stored:
+        applied = json.dumps(obj, separators=(",", ":"))
+        metadata["annotations"] = {"kubectl.kubernetes.io/last-applied-configuration": applied, **(annotations or {})}
+        metadata.update(
+            uid=str(uuid.uuid5(uuid.NAMESPACE_OID, name)),
+            resourceVersion="4711",
+            generation=1,
+            creationTimestamp="2026-11-01T10:00:00Z",
+            managedFields=[{"manager": "kubectl-client-side-apply", "operation": "Update", "apiVersion": "v1"}],
+        )
+    return obj
+
+
+class ApiServerWebhook:
+    """kube-apiserver calling one validating webhook for the fake API server (FakeKubeApi.admission): the
+    AdmissionReview of each write of `resources` POSTed over HTTPS trusting `trust` only; a refusal becomes the
+    error kube-apiserver answers (`admission webhook "<name>" denied the request: <message>`, the webhook's code),
+    a webhook that cannot be reached or answers no AdmissionReview is failurePolicy's business: Fail refuses with
+    500 InternalError (`failed calling webhook`), Ignore lets the write through. `reviews` keeps every answer."""
+
+    def __init__(
+        self,
+        url: str,
+        trust: Path,
+        *,
+        name: str = "validate-elasticquotas.koordbus.io",
+        resources: frozenset[str] = frozenset({"elasticquotas"}),
+        failure_policy: str = "Fail",
+        timeout_seconds: float = 10.0,
+    ) -> None:
+        self.url, self.name, self.resources, self.failure_policy = url, name, resources, failure_policy
+        self._client = httpx.AsyncClient(verify=client_context(trust), timeout=timeout_seconds)
+        self.reviews: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        """(request, response) of every review answered."""
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def __call__(self, attributes: AdmissionAttributes) -> None:
+        if attributes.kind.plural not in self.resources:
+            return
+        review = admission_review(
+            attributes.kind.plural,
+            attributes.object,
+            operation=attributes.operation,
+            namespace_name=attributes.namespace,
+            name=attributes.name,
+            old=attributes.old_object,
+        )
+        review["request"]["userInfo"] = {"username": attributes.username, "groups": list(attributes.groups)}
+        try:
+            answer = await self._client.post(self.url, json=review)
+            response = answer.json()["response"] if answer.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as err:
+            response, answer = None, err
+        if response is None:
+            if self.failure_policy == "Ignore":
+                return
+            raise ApiError(500, f'Internal error occurred: failed calling webhook "{self.name}": {answer}')
+        self.reviews.append((review["request"], response))
+        if not response["allowed"]:
+            status = response.get("status") or {}
+            message = f'admission webhook "{self.name}" denied the request: {status.get("message", "")}'
+            raise ApiError(status.get("code") or 403, message, reason=status.get("reason") or None)
 
 
 def client_context(trust: Path) -> ssl.SSLContext:

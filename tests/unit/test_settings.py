@@ -116,6 +116,11 @@ def test_the_webhook_needs_its_certificate_and_reads_its_port() -> None:
     assert env_names(WebhookSettings, "webhook_port") == ("KOORDBUS_WEBHOOK_PORT",)
     with pytest.raises(SettingsError, match="tls_reload_seconds must be positive"):
         load(WebhookSettings, {"tls_reload_seconds": 0}, env=env)
+    users = "system:serviceaccount:koordbus:koordbus-koordbus-k8s, bridge-admin"
+    quota_env = {**env, "KOORDBUS_WEBHOOK_QUOTA_MIRROR_USERS": users, "KOORDBUS_WEBHOOK_QUOTA_TIMEOUT_SECONDS": "5"}
+    settings = load(WebhookSettings, env=quota_env)
+    assert settings.quota_mirror_users == ("system:serviceaccount:koordbus:koordbus-koordbus-k8s", "bridge-admin")
+    assert (settings.quota_timeout_seconds, load(WebhookSettings, env=env).quota_mirror_users) == (5.0, ())
 
 
 def test_a_services_own_variable_wins_over_the_shared_one() -> None:

@@ -174,7 +174,7 @@ would refuse them. */}}
 {{- fail (printf "webhook.%s.timeoutSeconds must be 1–30 (kube-apiserver's bounds; keep it well under 10), got %v" .name $hook.timeoutSeconds) -}}
 {{- end -}}
 admissionReviewVersions: [v1]
-sideEffects: None
+sideEffects: {{ $hook.sideEffects | default "None" }}
 matchPolicy: Equivalent
 failurePolicy: {{ $hook.failurePolicy }}
 timeoutSeconds: {{ int $hook.timeoutSeconds }}
