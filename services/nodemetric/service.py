@@ -507,7 +507,7 @@ class NodeMetricService:
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             return msgspec.json.encode(PredictionReply(error=f"not a PredictionRequest: {e}"))
         predictor = self._predictors.get(request.node)
-        if predictor is None:
+        if predictor is None or predictor.trained_until is None:  # a node state alone makes an untrained predictor
             return msgspec.json.encode(PredictionReply())
         window = self._windows.get(request.node)
         last = None

@@ -200,6 +200,9 @@ async def test_the_api_shows_a_nodes_models_and_the_newest_prediction_explained(
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as api:
             viewer = api_auth.headers(auth.VIEWER)
             await cluster.publish_state()
+            # the node's state alone gives it a predictor, untrained: still "no training round" (CI once asked
+            # after the state was applied and got an empty view)
+            await eventually(lambda: service._predictors.get("sim-a") is not None, timeout=30)
             missing = await api.get("/api/v1/nodes/sim-a/prediction", headers=viewer)
             assert missing.status_code == 404 and "no training round" in missing.json()["error"]
             trained = await cluster.publish_minutes(4)
