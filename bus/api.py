@@ -32,7 +32,8 @@ class StreamSpec:
     subjects: tuple[str, ...]
     max_age_seconds: float
     duplicate_window_seconds: float = 300.0
-    max_bytes: int = -1
+    max_bytes: int | None = -1
+    """-1: no cap; None: the server's — created without a cap, an existing stream's cap kept (bus.streams.SizeCaps)."""
     max_msgs_per_subject: int = -1
     replicas: int = 1
     storage: Literal["file", "memory"] = "file"

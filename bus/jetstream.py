@@ -98,12 +98,16 @@ class _Client(Client):
         await super()._process_pong()
 
 
-def stream_config(spec: StreamSpec) -> js_api.StreamConfig:
+def stream_config(spec: StreamSpec, have: js_api.StreamConfig | None = None) -> js_api.StreamConfig:
+    """The configuration `spec` asks for, on top of the stream's current one, `have` (None: a new stream)."""
+    max_bytes = spec.max_bytes
+    if max_bytes is None:  # the server's: kept
+        max_bytes = (have.max_bytes or -1) if have is not None else -1
     return js_api.StreamConfig(
         name=spec.name,
         subjects=list(spec.subjects),
         max_age=spec.max_age_seconds,
-        max_bytes=spec.max_bytes,
+        max_bytes=max_bytes,
         max_msgs_per_subject=spec.max_msgs_per_subject,
         duplicate_window=spec.duplicate_window_seconds,
         num_replicas=spec.replicas,
@@ -262,14 +266,14 @@ class JetStreamBus:
 
     async def ensure_streams(self, specs: Iterable[StreamSpec]) -> None:
         for spec in specs:
-            want = stream_config(spec)
             try:
                 info = await self._js.stream_info(spec.name)
             except nats.js.errors.NotFoundError:
-                await self._api(self._js.add_stream(want), f"create stream {spec.name}")
+                await self._api(self._js.add_stream(stream_config(spec)), f"create stream {spec.name}")
                 continue
             except _UNAVAILABLE as e:
                 raise BusUnavailableError(f"stream info {spec.name}: {e}") from e
+            want = stream_config(spec, info.config)
             if stream_differs(info.config, want):
                 log.info("updating stream %s to its spec", spec.name)
                 await self._api(self._js.update_stream(want), f"update stream {spec.name}")

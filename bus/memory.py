@@ -15,7 +15,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bus import subject_transform, subjects
 from bus._loop import Fetched, LoopConsumer
@@ -82,7 +82,7 @@ class _Stream:
                 if now - stored.time < max_age:
                     break
                 self._remove(stored.seq)
-        if self.spec.max_bytes >= 0:
+        if self.spec.max_bytes is not None and self.spec.max_bytes >= 0:
             for seq in list(self.messages):
                 if self.bytes <= self.spec.max_bytes:
                     break
@@ -162,6 +162,8 @@ class MemoryBus:
         for spec in specs:
             self._check_subjects_free(spec)
             stream = self._streams.get(spec.name)
+            if spec.max_bytes is None:  # the server's: kept (bus.jetstream.stream_config)
+                spec = replace(spec, max_bytes=stream.spec.max_bytes if stream is not None else -1)
             if stream is None:
                 self._streams[spec.name] = _Stream(spec)
             elif stream.spec != spec:

@@ -32,23 +32,26 @@ DUPLICATE_WINDOW_SECONDS = 300.0
 
 @dataclass(frozen=True, kw_only=True)
 class SizeCaps:
-    """The most bytes each high-volume stream keeps (-1: no cap, only its max age). A full stream drops its oldest
-    messages as new ones arrive (JetStream's default discard policy, `old`): a publish is never refused, and what
-    depends on history reads what is left (a consumer asking for older messages starts at the oldest kept; an
-    event cursor older than that gets a warning)."""
+    """The most bytes each high-volume stream keeps (-1: no cap, only its max age; None: the operator's — a stream
+    is created without a cap and an existing stream keeps the cap it has). A full stream drops its oldest messages as
+    new ones arrive (JetStream's default discard policy, `old`): a publish is never refused, and what depends on
+    history reads what is left (a consumer asking for older messages starts at the oldest kept; an event cursor older
+    than that gets a warning)."""
 
-    node: int = -1
+    node: int | None = None
     """KOORD_NODE: agent reports, actuations, evictions."""
-    nodemetric: int = -1
+    nodemetric: int | None = None
     """KOORD_NODEMETRIC: NodeMetric reports."""
-    noderesource: int = -1
+    noderesource: int | None = None
     """KOORD_NODERESOURCE: batch/mid decisions and the colocation config status."""
 
 
-NO_CAPS = SizeCaps()
+OPERATOR_CAPS = SizeCaps()
+"""What a service joining a cluster's NATS asks for: the caps the operator put on the streams stay (a service's start
+once lifted a bench's 20 GB cap on KOORD_NODE, and the stream filled the disk)."""
 
 
-def node_stream(*, max_age_seconds: float = 2 * 3600, max_bytes: int = -1, replicas: int = 1) -> StreamSpec:
+def node_stream(*, max_age_seconds: float = 2 * 3600, max_bytes: int | None = -1, replicas: int = 1) -> StreamSpec:
     """Raw agent reports. Kept longer than the longest aggregation window (30 min) so a restarted
     nodemetric replica can rebuild its windows from the stream. Stored with each node's partition appended
     (subjects.NODE_TRANSFORM)."""
@@ -63,7 +66,9 @@ def node_stream(*, max_age_seconds: float = 2 * 3600, max_bytes: int = -1, repli
     )
 
 
-def nodemetric_stream(*, max_age_seconds: float = 24 * 3600, max_bytes: int = -1, replicas: int = 1) -> StreamSpec:
+def nodemetric_stream(
+    *, max_age_seconds: float = 24 * 3600, max_bytes: int | None = -1, replicas: int = 1
+) -> StreamSpec:
     """NodeMetricComputed reports, stored with each node's partition appended (subjects.NODEMETRIC_TRANSFORM) so
     noderesource replicas can each consume a share of the nodes."""
     return StreamSpec(
@@ -106,7 +111,7 @@ def cluster_stream(*, replicas: int = 1) -> StreamSpec:
 
 
 def noderesource_stream(
-    *, max_age_seconds: float = 7 * 24 * 3600, max_bytes: int = -1, replicas: int = 1
+    *, max_age_seconds: float = 7 * 24 * 3600, max_bytes: int | None = -1, replicas: int = 1
 ) -> StreamSpec:
     """Every batch/mid decision with its explanation: the replayable history behind `/resources/history`; also
     the colocation config status (a last-value subject, read with last_per_subject). Direct gets on: an agent reads
@@ -211,7 +216,7 @@ def members_stream(*, replicas: int = 1) -> StreamSpec:
     )
 
 
-def all_streams(*, replicas: int = 1, caps: SizeCaps = NO_CAPS) -> list[StreamSpec]:
+def all_streams(*, replicas: int = 1, caps: SizeCaps = OPERATOR_CAPS) -> list[StreamSpec]:
     return [
         node_stream(max_bytes=caps.node, replicas=replicas),
         nodemetric_stream(max_bytes=caps.nodemetric, replicas=replicas),

@@ -170,7 +170,7 @@ async def open_bus(
     creds: str = "",
     token_file: str = "",
     ensure_streams: bool = True,
-    caps: streams.SizeCaps = streams.NO_CAPS,
+    caps: streams.SizeCaps = streams.OPERATOR_CAPS,
 ) -> JetStreamBus:
     """Connect (as the user of the `creds` file, or with the token in `token_file`, when given), and create or bring
     koordbus's streams to their spec with `replicas` replicas each and the byte `caps` (the control plane's job:

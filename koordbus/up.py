@@ -296,4 +296,4 @@ def _caps_banner(caps: streams.SizeCaps) -> str:
     """`KOORD_NODE 1536 MiB, …` for the banner (a stream without a cap is left out)."""
     named = ((streams.KOORD_NODE, caps.node), (streams.KOORD_NODEMETRIC, caps.nodemetric),
              (streams.KOORD_NODERESOURCE, caps.noderesource))  # fmt: skip
-    return ", ".join(f"{name} {size / 2**20:g} MiB" for name, size in named if size > 0) or "none"
+    return ", ".join(f"{name} {size / 2**20:g} MiB" for name, size in named if size is not None and size > 0) or "none"

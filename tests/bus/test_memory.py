@@ -101,6 +101,21 @@ async def test_limits_per_subject_and_bytes() -> None:
     assert await bus.stream_info(names.stream) == (2, 4)  # 12 bytes > 10: the oldest went
 
 
+async def test_a_stream_asked_for_without_a_cap_keeps_the_one_it_has() -> None:
+    bus = MemoryBus()
+    names = Names()
+    await bus.ensure_streams([names.stream_spec(max_bytes=10)])
+    await bus.ensure_streams([names.stream_spec(max_bytes=None)])  # a service joining: the operator's cap stays
+    for i in range(3):
+        await bus.publish(names.subject("a"), b"aaaa", msg_id=f"a{i}")
+    assert await bus.stream_info(names.stream) == (2, 3)
+    fresh = Names()
+    await bus.ensure_streams([fresh.stream_spec(max_bytes=None)])  # a new stream: no cap
+    for i in range(3):
+        await bus.publish(fresh.subject("a"), b"aaaa", msg_id=f"a{i}")
+    assert await bus.stream_info(fresh.stream) == (3, 3)
+
+
 async def test_published_bytes_are_copied() -> None:
     bus = MemoryBus()
     names = Names()

@@ -43,8 +43,10 @@ async def test_the_caps_are_on_the_streams_and_nothing_else_changes(koordbus_bus
     assert (await _info(bus, streams.KOORD_NODE)).config.max_age == 2 * 3600  # the max age still holds too
     for stream in (streams.KOORD_QUOTA, streams.KOORD_MIGRATION, streams.KOORD_CLUSTER, streams.KOORD_DLQ):
         assert (await _info(bus, stream)).config.max_bytes == -1  # logs and last values: never capped
-    await bus.ensure_streams(streams.all_streams())  # and back: a cap set to -1 is lifted
-    assert (await _info(bus, streams.KOORD_NODE)).config.max_bytes == -1
+    await bus.ensure_streams(streams.all_streams())  # a service joining the cluster keeps the operator's caps
+    assert (await _info(bus, streams.KOORD_NODE)).config.max_bytes == CAPS.node
+    await bus.ensure_streams(streams.all_streams(caps=streams.SizeCaps(node=-1, nodemetric=-1, noderesource=-1)))
+    assert (await _info(bus, streams.KOORD_NODE)).config.max_bytes == -1  # and back: a cap set to -1 is lifted
 
 
 async def test_a_stream_published_past_its_cap_stays_within_it(koordbus_bus: JetStreamBus) -> None:
