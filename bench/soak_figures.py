@@ -18,8 +18,10 @@ LAG_METRIC = "koordbus_consumer_pending_messages"
 DEAD_LETTERS_METRIC = "koordbus_consumer_dead_lettered_total"
 REQUESTS_METRIC = "koordbus_api_request_seconds_count"
 ERROR_LEVELS = frozenset({"ERROR", "CRITICAL"})
-EDGE_SAMPLES = 5
-"""RSS at the start of the measured period and at its end: the median of this many samples (one sample is noisy)."""
+EDGE_SECONDS = 300.0
+"""RSS at the start of the measured period and at its end: the median of the samples of its first and its last five
+minutes. One sample is noisy, and nats-server's RSS (Go's collector) swings by 40 MB over a few minutes: a median of
+five samples (25 s) read one swing's top at the end of a flat hour as 5 % growth (the soak of 2026-11-27)."""
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNSTRUCTURED_ERROR = re.compile(r"Traceback \(most recent call last\)|\b(ERROR|CRITICAL)\b")
@@ -143,13 +145,15 @@ class RssTrend:
 
 def rss_trend(samples: Sequence[tuple[float, int]], *, warmup: float) -> RssTrend:
     """From (seconds since the start, RSS bytes) samples in time order: the start, the level once warm (the median
-    of the first EDGE_SAMPLES samples at or after `warmup`) and at the end (the median of the last EDGE_SAMPLES), the
-    growth between those two, and the least-squares slope over every sample after the warm-up, per hour."""
+    of the samples of the first EDGE_SECONDS at or after `warmup`) and at the end (the median of the last
+    EDGE_SECONDS), the growth between those two, and the least-squares slope over every sample after the warm-up, per
+    hour."""
     if not samples:
         raise ValueError("no RSS samples")
     warm = [(t, rss) for t, rss in samples if t >= warmup] or list(samples[-1:])
-    after = statistics.median(rss for _, rss in warm[:EDGE_SAMPLES])
-    end = statistics.median(rss for _, rss in warm[-EDGE_SAMPLES:])
+    first, last = warm[0][0], warm[-1][0]
+    after = statistics.median(rss for t, rss in warm if t < first + EDGE_SECONDS)
+    end = statistics.median(rss for t, rss in warm if t > last - EDGE_SECONDS)
     per_second = slope([(t, float(rss)) for t, rss in warm])
     mib = 2**20
     return RssTrend(

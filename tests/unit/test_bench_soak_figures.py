@@ -73,13 +73,23 @@ def test_rss_trend_after_the_warmup() -> None:
     samples += [(60.0 + t, int((200 + t / 60) * mib)) for t in range(0, 3601, 60)]
     trend = figures.rss_trend(samples, warmup=60)
     assert (trend.start_mb, trend.peak_mb) == (100.0, 260.0)
-    assert trend.after_warmup_mb == 202.0 and trend.end_mb == 258.0  # medians of the first and last five
+    assert trend.after_warmup_mb == 202.0 and trend.end_mb == 258.0  # medians of the first and last five minutes
     assert trend.growth_percent_after_warmup == pytest.approx(56 / 202 * 100, abs=0.01)
     assert trend.slope_percent_per_hour == pytest.approx(60 / 202 * 100, abs=0.01)  # the warm-up's climb left out
     flat = figures.rss_trend([(float(t), 50 * mib) for t in range(10)], warmup=5)
     assert (flat.growth_percent_after_warmup, flat.slope_percent_per_hour) == (0.0, 0.0)
     with pytest.raises(ValueError):
         figures.rss_trend([], warmup=0)
+
+
+def test_rss_trend_reads_a_collectors_swings_as_no_growth() -> None:
+    """A flat hour whose RSS swings between 242 and 288 MiB every four minutes (nats-server, Go's collector) and
+    ends at a swing's top: no growth, where the medians of five samples read +8 %."""
+    mib = 2**20
+    samples = [(float(t), int((242 + 46 * ((t % 240) / 240)) * mib)) for t in range(0, 4201, 5)]
+    samples[-5:] = [(t, 288 * mib) for t, _ in samples[-5:]]
+    trend = figures.rss_trend(samples, warmup=600)
+    assert abs(trend.growth_percent_after_warmup) < 2.0, trend
 
 
 def test_target() -> None:
