@@ -362,7 +362,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                         await nodemetric_ingest.wait_for_first_publishes(counters, args.interval)
                         load_started = time.monotonic()
                         log.info("load is flowing to both; warming up for %g s", args.warmup)
-                        await asyncio.sleep(args.warmup)
+                        await processes.pause(args.warmup)
                         start_wall, first = time.time(), await measured_snapshot(service_port, pids)
                         scrapes_before = scrapes.value
                         durations = settings_loader.load(NodeMetricSettings).aggregate_durations_seconds
@@ -423,7 +423,7 @@ async def progress(
     """Sleep through the measured period, logging each process's CPU use so far and failing if one died."""
     end = time.monotonic() + duration
     while (left := end - time.monotonic()) > 0:
-        await asyncio.sleep(min(left, PROGRESS_EVERY_SECONDS))
+        await processes.pause(min(left, PROGRESS_EVERY_SECONDS))
         for name, process in (("Prometheus", prometheus), ("the nodemetric service", service)):
             if process.poll() is not None:
                 raise RuntimeError(f"{name} died during the run")

@@ -255,13 +255,13 @@ async def measured_period(
 ) -> tuple[Snapshot, Snapshot]:
     """Warm up, then take the snapshots that bound the measured period, logging progress in between."""
     log.info("load is flowing; warming up for %g s", args.warmup)
-    await asyncio.sleep(args.warmup)
+    await processes.pause(args.warmup)
     first = await snapshot(bus, replicas=replicas, counters=counters, reset_lag=True)
     log.info("measuring for %g s (backlog %d)", args.duration, first.backlog)
     end = first.at + args.duration
     previous = first
     while (left := end - time.monotonic()) > 0:
-        await asyncio.sleep(min(left, PROGRESS_EVERY_SECONDS))
+        await processes.pause(min(left, PROGRESS_EVERY_SECONDS))
         current = await snapshot(bus, replicas=replicas, counters=counters)
         seconds = current.at - previous.at
         log.info(

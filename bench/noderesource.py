@@ -331,13 +331,13 @@ async def measured_period(
     tally: DecisionTally,
 ) -> tuple[Snapshot, Snapshot]:
     log.info("NodeMetrics are flowing; warming up for %g s", args.warmup)
-    await asyncio.sleep(args.warmup)
+    await processes.pause(args.warmup)
     first = await snapshot(bus, pids=pids, instances=instances, counters=counters, tally=tally, reset_lag=True)
     log.info("measuring for %g s (backlog %d)", args.duration, first.backlog)
     end = first.at + args.duration
     previous = first
     while (left := end - time.monotonic()) > 0:
-        await asyncio.sleep(min(left, PROGRESS_EVERY_SECONDS))
+        await processes.pause(min(left, PROGRESS_EVERY_SECONDS))
         current = await snapshot(bus, pids=pids, instances=instances, counters=counters, tally=tally)
         seconds = current.at - previous.at
         log.info(

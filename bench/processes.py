@@ -1,6 +1,7 @@
 """Processes the benchmarks share: a `koordbus service …` pinned to one CPU, keeping the rest off that CPU, the
-tail of a log for error messages, the CPUs and instance names of a service's replicas, and `run_pinned_bench`, the
-entry point of the benchmarks that pin a service.
+tail of a log for error messages, the CPUs and instance names of a service's replicas, `run_bench` and
+`run_pinned_bench`, the entry points of the benchmarks (Ctrl-C and SIGTERM stop them), and `pause`, the wait of their
+long phases.
 Used by bench/nodemetric_ingest.py, bench/noderesource.py and bench/compare_prometheus.py (which pins Prometheus
 the same way)."""
 
@@ -24,6 +25,20 @@ from typing import Any
 log = logging.getLogger("bench.processes")
 
 SERVICE_STOP_TIMEOUT_SECONDS = 30.0
+
+_interrupted = False
+"""Ctrl-C or SIGTERM arrived (run_bench): checked by `pause`, since one cancellation of the benchmark's task can be
+lost — Python 3.11's asyncio.wait_for returns its inner result when that completes as the cancellation arrives, and
+nats-py waits for every request so; CI once saw a Ctrl-C during a warm-up answered by a measured minute."""
+
+
+async def pause(seconds: float) -> None:
+    """asyncio.sleep, which also raises CancelledError when the benchmark was interrupted, before or during it."""
+    if _interrupted:
+        raise asyncio.CancelledError("interrupted")
+    await asyncio.sleep(seconds)
+    if _interrupted:
+        raise asyncio.CancelledError("interrupted")
 
 
 def pin_away_from(cpu: int) -> None:
@@ -93,6 +108,22 @@ def tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
+async def _interruptible(main: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    """`main`, cancelled on Ctrl-C and SIGTERM (the flag `pause` reads set too)."""
+    task = asyncio.current_task()
+    assert task is not None
+
+    def interrupt() -> None:
+        global _interrupted
+        _interrupted = True
+        task.cancel()
+
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, interrupt)
+    return await main
+
+
 def run_pinned_bench(
     args: argparse.Namespace, run: Callable[[argparse.Namespace, Path], Awaitable[dict[str, Any]]]
 ) -> int:
@@ -113,7 +144,7 @@ def run_bench(
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        line = asyncio.run(run(args, workdir))
+        line = asyncio.run(_interruptible(run(args, workdir)))
     except (KeyboardInterrupt, asyncio.CancelledError):
         log.warning("interrupted; everything started has been stopped")
         return 130

@@ -561,7 +561,7 @@ async def drive(
                 log.info("%.0f s: RSS %.0f MiB, data dir %.0f MiB, %d requests, %d 5xx", now - started,
                          samples.rss["total"][-1][1] / 2**20, samples.disk[-1][1] / 2**20, api.answers.requests,
                          sum(api.answers.server_errors.values()))  # fmt: skip
-            await asyncio.sleep(min(args.sample_interval, started + args.duration - time.monotonic()))
+            await processes.pause(min(args.sample_interval, started + args.duration - time.monotonic()))
         await sample(api, up.pid, samples, at=time.monotonic() - started, warmup=args.warmup)
         await samples.measure_disk(data_dir, at=time.monotonic() - started)
     finally:
@@ -686,16 +686,8 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    """`soak`, cancelled (everything it started stopped) on SIGTERM as on Ctrl-C."""
-    task = asyncio.current_task()
-    assert task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    return await soak(args, workdir)
-
-
 def main(argv: list[str] | None = None) -> int:
-    return processes.run_bench(parse_args(argv), run, prefix="koordbus-soak-")
+    return processes.run_bench(parse_args(argv), soak, prefix="koordbus-soak-")
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ class Machine:
     numa: dict[int, frozenset[int]]
     """NUMA node → its online CPUs (node 0 holding every online CPU where sysfs lists no NUMA nodes)."""
     numa_memory: dict[int, int]
-    """NUMA node → its MemTotal, bytes."""
+    """NUMA node → its MemTotal, bytes, when read (numa_memory(): it can change)."""
     model: str
     """/proc/cpuinfo's first `model name` ("" where it has none)."""
     hyper_threads: bool
@@ -74,15 +74,28 @@ def _mem_total(text: str) -> int:
     raise AssertionError(f"no MemTotal in {text[:200]!r}")
 
 
+def _numa_nodes() -> list[int]:
+    node_dir = SYS / "devices/system/node"
+    return sorted(int(p.name[4:]) for p in node_dir.glob("node[0-9]*")) if node_dir.is_dir() else []
+
+
+def numa_memory() -> dict[int, int]:
+    """NUMA node → its MemTotal now, bytes. It changes on this VM (memory plugged in as it runs: node 0 read 8.0 GB
+    and, a few minutes later, 8.1 GB and then 11 GB), so compare what the agent read with a reading before and after."""
+    nodes = _numa_nodes()
+    if nodes:
+        return {n: _mem_total((SYS / f"devices/system/node/node{n}/meminfo").read_text()) for n in nodes}
+    return {0: _mem_total((PROC / "meminfo").read_text())}
+
+
 def machine() -> Machine:
     online = cpu_list((SYS / "devices/system/cpu/online").read_text())
-    node_dir = SYS / "devices/system/node"
-    nodes = sorted(int(p.name[4:]) for p in node_dir.glob("node[0-9]*")) if node_dir.is_dir() else []
+    nodes = _numa_nodes()
     if nodes:
-        numa = {n: cpu_list((node_dir / f"node{n}/cpulist").read_text()) & online for n in nodes}
-        numa_memory = {n: _mem_total((node_dir / f"node{n}/meminfo").read_text()) for n in nodes}
+        numa = {n: cpu_list((SYS / f"devices/system/node/node{n}/cpulist").read_text()) & online for n in nodes}
     else:
-        numa, numa_memory = {0: online}, {0: _mem_total((PROC / "meminfo").read_text())}
+        numa = {0: online}
+    numa_memory_then = numa_memory()
     model = ""
     for line in (PROC / "cpuinfo").read_text().splitlines():
         key, sep, value = line.partition(":")
@@ -103,7 +116,7 @@ def machine() -> Machine:
     else:
         turbo = boost.exists() and boost.read_text().strip() == "1"
     return Machine(
-        online=online, numa=numa, numa_memory=numa_memory, model=model, hyper_threads=hyper_threads, turbo=turbo
+        online=online, numa=numa, numa_memory=numa_memory_then, model=model, hyper_threads=hyper_threads, turbo=turbo
     )
 
 
