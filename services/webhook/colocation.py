@@ -179,7 +179,7 @@ def apply_profile(
         metadata.setdefault("labels", {})[PRIORITY_LABEL] = str(spec["koordinatorPriority"])
     patch = spec.get("patch")
     if patch is not None:
-        pod = strategic_merge(pod, _patch_object(patch))
+        pod = strategic_merge(pod, patch_object(patch))
         try:
             msgspec.convert(pod, kube.Pod)
         except msgspec.ValidationError as e:
@@ -187,7 +187,7 @@ def apply_profile(
     return pod
 
 
-def _patch_object(patch: Any) -> dict[str, Any]:
+def patch_object(patch: Any) -> dict[str, Any]:
     if isinstance(patch, str):
         try:
             patch = msgspec.json.decode(patch)
