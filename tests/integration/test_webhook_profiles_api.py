@@ -9,6 +9,7 @@ Roles, and hostile input answered with a 4xx naming the field, never a 500.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -20,6 +21,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from bus import streams, subjects
 from bus.jetstream import JetStreamBus
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
@@ -253,3 +255,37 @@ async def test_hostile_input_is_a_4xx_naming_what_is_wrong(api: httpx.AsyncClien
     nothing = await api.put(f"{PROFILES}/absent", json={"spec": {}})
     assert nothing.status_code == 404
     assert (await api.get(PROFILES)).json()["items"] == []  # nothing was appended
+
+
+async def test_racing_writers_one_wins_and_a_retried_create_is_stored_once(
+    api: httpx.AsyncClient, koordbus_bus: JetStreamBus
+) -> None:
+    created = await api.post(PROFILES, json={"metadata": {"name": "raced"}, "spec": {"qosClass": "LS"}})
+    version = created.json()["metadata"]["resourceVersion"]
+    answers = await asyncio.gather(
+        *(
+            api.patch(
+                f"{PROFILES}/raced", json={"metadata": {"resourceVersion": version}, "spec": {"labels": {"w": str(i)}}}
+            )
+            for i in range(6)
+        )
+    )
+    assert sorted(a.status_code for a in answers) == [200] + [409] * 5, [a.text for a in answers]
+    winner = next(a for a in answers if a.status_code == 200).json()
+    assert (await api.get(f"{PROFILES}/raced")).json() == winner
+    # without a resourceVersion the writes go one after the other or lose the race on the subject: never both lost
+    blind = await asyncio.gather(*(api.put(f"{PROFILES}/raced", json={"spec": {"qosClass": q}}) for q in ("LS", "BE")))
+    assert {a.status_code for a in blind} <= {200, 409} and 200 in {a.status_code for a in blind}
+
+    retried = {"Idempotency-Key": "create-once-1"}
+    body = {"metadata": {"name": "once"}, "spec": {"qosClass": "BE"}}
+    first = await api.post(PROFILES, json=body, headers=retried)
+    second = await api.post(PROFILES, json=body, headers=retried)
+    assert (first.status_code, second.status_code) == (201, 201)
+    assert first.json() == second.json()
+    other = await api.post(PROFILES, json=body, headers={"Idempotency-Key": "another"})
+    assert other.status_code == 409
+    count, _ = await koordbus_bus.stream_info(streams.KOORD_CCP)
+    assert count == 2  # raced and once: one message per profile (the last per subject is kept)
+    events = await koordbus_bus.read_recent(streams.KOORD_CCP, subjects.colocation_profile("once"), since=0, limit=10)
+    assert [json.loads(e.data)["actor"] for e in events] == ["test-admin"]
