@@ -264,7 +264,8 @@ def render(profile: ColocationProfile, *, resource_version: int) -> dict[str, An
 def patched(profile: ColocationProfile, patch: Any) -> tuple[dict[str, Any], str]:
     """The document `patch` (a JSON merge patch) makes of `profile`, and the resourceVersion the patch names (its
     precondition, "" when none); Invalid when the patch is not an object. `clean` it next."""
-    patch = _object(patch, "body")
+    if not isinstance(patch, dict):
+        raise Invalid("body", f"a merge patch must be an object, got {_type_name(patch)}", status=400)
     meta = patch.get("metadata")
     version = meta.get("resourceVersion", "") if isinstance(meta, dict) else ""
     if not isinstance(version, str | int) or isinstance(version, bool):

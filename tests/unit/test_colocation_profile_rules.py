@@ -214,8 +214,9 @@ def test_a_merge_patch_changes_what_it_names_and_null_removes() -> None:
     bad, _ = profiles.patched(profile, {"spec": {"qosClass": "XL"}})
     with pytest.raises(profiles.Invalid, match=r"spec\.qosClass"):
         profiles.clean(bad, name="colocation-batch-jobs")
-    with pytest.raises(profiles.Invalid, match="body: must be an object"):
+    with pytest.raises(profiles.Invalid, match="body: a merge patch must be an object") as refused:
         profiles.patched(profile, [1])
+    assert refused.value.status == 400
     renamed, _ = profiles.patched(profile, {"metadata": {"name": "other"}})
     with pytest.raises(profiles.Invalid, match="but the path"):
         profiles.clean(renamed, name="colocation-batch-jobs")
