@@ -22,7 +22,8 @@ managedFields, kubectl's last-applied annotation) are dropped. A kept profile en
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import msgspec
@@ -101,7 +102,11 @@ def _string(value: Any, field: str) -> str:
     return value
 
 
-def _name(check: Any, value: str, field: str) -> None:
+NameRule = Callable[[str, str], str]
+"""A schemas.names rule: (value, field) → value, or InvalidName."""
+
+
+def _name(check: NameRule, value: str, field: str) -> None:
     try:
         check(value, field)
     except names.InvalidName as e:
@@ -114,9 +119,10 @@ def _string_map(value: Any, field: str) -> dict[str, str]:
     return value  # type: ignore[no-any-return]
 
 
-def _keys(mapping: Mapping[str, str], field: str, *, values: Any = None, keys: Any = names.qualified_name) -> None:
+def _keys(mapping: Mapping[str, str], field: str, *, values: NameRule | None = None) -> None:
+    """Every key a qualified name (a label or annotation key); every value `values`' when given."""
     for key, value in mapping.items():
-        _name(keys, key, f"{field} key")
+        _name(names.qualified_name, key, f"{field} key")
         if values is not None:
             _name(values, value, _at(field, key))
 
@@ -154,12 +160,27 @@ def _selector(value: Any, field: str) -> dict[str, Any]:
 def _probability(value: Any, field: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise Invalid(field, f"must be an integer or a percentage string like '50%', got {_type_name(value)}")
+    if isinstance(value, str) and len(value) > len("-100%"):  # int() of a long digit string is no cheap refusal
+        raise Invalid(field, f"must be a percentage from '0%' to '100%', got {_shown(value)}")
     try:
         percent = colocation.probability_percent(value)
     except colocation.ProfileError as e:
         raise Invalid(field, str(e)) from None
     if not 0 <= percent <= 100:
         raise Invalid(field, f"must be from 0 to 100 (percent), got {value!r}")
+
+
+def _finite(document: Any, field: str) -> None:
+    """Invalid for a number JSON cannot carry (1e400 reads as infinity, which would be stored as null)."""
+    stack = [document]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise Invalid(field, f"has a number out of range ({value!r})")
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
 
 
 def _spec(value: Any) -> dict[str, Any]:
@@ -194,6 +215,7 @@ def _spec(value: Any) -> dict[str, Any]:
     ):
         raise Invalid("spec.koordinatorPriority", f"must be a 32-bit integer, got {_shown(priority)}")
     if spec.get("patch") is not None:
+        _finite(spec["patch"], "spec.patch")
         try:
             colocation.apply_profile(copy.deepcopy(_SAMPLE_POD), {"spec": {"patch": spec["patch"]}}, {})
         except colocation.ProfileError as e:
