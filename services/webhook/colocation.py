@@ -107,7 +107,10 @@ def probability_percent(raw: Any) -> int:
     if isinstance(raw, int):
         return raw
     if isinstance(raw, str) and raw.endswith("%") and raw[:-1].lstrip("-").isdigit():
-        return int(raw[:-1])
+        try:
+            return int(raw[:-1])
+        except ValueError:  # more digits than Python converts (a Pod is refused for the profile, not for itself)
+            raise ProfileError(f"invalid probability: {len(raw)} characters") from None
     raise ProfileError(f"invalid value for IntOrString: invalid type: string is not a percentage: {raw!r}")
 
 

@@ -173,6 +173,11 @@ def test_a_huge_key_or_name_is_shown_shortened() -> None:
     assert refused.value.field.startswith("spec[") and len(refused.value.field) < 80
 
 
+def test_the_webhook_refuses_a_huge_probability_as_the_profiles_fault() -> None:
+    with pytest.raises(colocation.ProfileError, match="10001 characters"):
+        colocation.probability_percent("9" * 10_000 + "%")
+
+
 def test_a_profile_over_the_size_bound_is_a_413() -> None:
     big = {f"example.com/a{i}": "x" * 1000 for i in range(300)}
     with pytest.raises(profiles.Invalid) as refused:
