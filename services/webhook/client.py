@@ -2,13 +2,14 @@
 holds, one subject per profile whose last message is its current version or its tombstone
 (schemas.colocation_events).
 
-`current` reads one profile with its subject's last sequence, `all` every live one (one bounded pass: the stream
-holds at most streams.MAX_STORED_PROFILES names), `stored_names` how many names the stream holds. `put` and
+`current` reads one profile with its subject's last sequence, `all` every live one (one bounded pass: the stream holds
+at most streams.MAX_STORED_PROFILES names), `stored_names` how many names the stream holds, `cluster_names` the names
+of the cluster's own profiles as the bridge published them (KOORD_CLUSTER), to say which the log's shadow. `put` and
 `delete` append with optimistic concurrency on the profile's subject (`expected_seq`: the last sequence the caller
-read, 0 for a subject never written), so of two writers that read the same version only one is stored
-(ConflictError for the other); the msg id is the profile's name and the request's command id, so a retried request
-is stored once. Errors stay the bus's (BusUnavailableError, ConflictError; RemoteError when a stored message is not
-a profile event). Built by services.webhook.component for services.webhook.routes.
+read, 0 for a subject never written), so of two writers that read the same version only one is stored (ConflictError
+for the other); the msg id is the profile's name and the request's command id, so a retried request is stored once.
+Errors stay the bus's (BusUnavailableError, ConflictError; RemoteError when a stored message is not a profile event).
+Built by services.webhook.component for services.webhook.routes.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import msgspec
 from bus import streams, subjects
 from bus.api import Bus, Delivery, PublishAck, PublishOptions, msg_id
 from bus.errors import RemoteError
-from schemas.cluster import ColocationProfile
+from schemas.cluster import ColocationProfile, ColocationProfileObserved
 from schemas.colocation_events import (
     PROFILE_EVENT_DECODER,
     ColocationProfileDeleted,
@@ -40,6 +41,9 @@ class StoredProfile:
     actor: str
     time: float
     command_id: str = ""
+
+
+_OBSERVED = msgspec.json.Decoder(ColocationProfileObserved)
 
 
 class ProfileClient:
@@ -63,6 +67,20 @@ class ProfileClient:
         for delivery in deliveries:  # oldest first: a later message of a subject replaces an earlier one
             latest[delivery.subject] = _stored(delivery)
         return sorted((p for p in latest.values() if p is not None), key=lambda p: p.profile.metadata.name)
+
+    async def cluster_names(self) -> list[str]:
+        """The names of the cluster's own profiles, as the bridge last published them (KOORD_CLUSTER), in order."""
+        deliveries = await self._bus.read_recent(
+            streams.KOORD_CLUSTER, subjects.CLUSTER_PROFILES, since=0.0, limit=streams.MAX_STORED_PROFILES
+        )
+        live: dict[str, bool] = {}
+        for delivery in deliveries:
+            try:
+                seen = _OBSERVED.decode(delivery.data)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                continue  # the webhook dead-letters it; it applies nothing
+            live[seen.name] = not seen.deleted and seen.profile is not None
+        return sorted(name for name, alive in live.items() if alive)
 
     async def stored_names(self) -> int:
         """How many profile names the stream holds, deleted ones included."""

@@ -198,11 +198,26 @@ def _written(profile: ColocationProfile, ack: PublishAck, *, status: int = 200) 
     return JSONResponse(profiles.render(profile, resource_version=ack.seq), status_code=status)
 
 
-@router.get("/colocation-profiles", summary="Every ClusterColocationProfile koordbus holds, in name order")
+@router.get(
+    "/colocation-profiles",
+    summary="Every ClusterColocationProfile koordbus holds, in name order, and which of the cluster's apply",
+)
 async def list_profiles(request: Request) -> dict[str, Any]:
-    stored = await _bus(_client(request).all())
-    items = [profiles.render(s.profile, resource_version=s.seq) for s in stored]
-    return {"apiVersion": profiles.API_VERSION, "kind": profiles.LIST_KIND, "items": items}
+    """`items`: koordbus's profiles. `cluster`: the names of the cluster's own profiles (as the Kubernetes bridge
+    published them), `applied` by the webhook next to these or `shadowed` by one of these of the same name."""
+    client = _client(request)
+    stored = await _bus(client.all())
+    ours = {s.profile.metadata.name for s in stored}
+    theirs = await _bus(client.cluster_names())
+    return {
+        "apiVersion": profiles.API_VERSION,
+        "kind": profiles.LIST_KIND,
+        "items": [profiles.render(s.profile, resource_version=s.seq) for s in stored],
+        "cluster": {
+            "applied": [name for name in theirs if name not in ours],
+            "shadowed": [name for name in theirs if name in ours],
+        },
+    }
 
 
 @router.get(

@@ -195,6 +195,8 @@ async def test_profiles_made_through_the_api_are_applied_by_the_webhook_until_de
             ours = {"metadata": {"name": "shared"}, "spec": {"labels": {"example.com/source": "api"}}}
             assert (await api.post(PROFILES, json=ours)).status_code == 201
             await webhook.until_label("example.com/source", "api")
+            listed = (await api.get(PROFILES)).json()
+            assert listed["cluster"] == {"applied": [], "shadowed": ["shared"]}
             changed = profile("shared", labels={"example.com/source": "cluster-changed"})
             await publish_observed(koordbus_bus, KINDS["profile"], changed)
             await publish_observed(koordbus_bus, KINDS["profile"], profile("z-marker", labels={"example.com/z": "1"}))
@@ -208,6 +210,8 @@ async def test_profiles_made_through_the_api_are_applied_by_the_webhook_until_de
 
             assert (await api.delete(f"{PROFILES}/shared")).status_code == 200
             await webhook.until_label("example.com/source", "cluster-changed")
+            listed = (await api.get(PROFILES)).json()
+            assert listed["items"] == [] and listed["cluster"] == {"applied": ["shared", "z-marker"], "shadowed": []}
     finally:
         await process.stop()
 
