@@ -1,5 +1,5 @@
-"""The webhook service shell: the bridge's ClusterColocationProfiles, Namespaces and PriorityClasses in, AdmissionReview
-answers out.
+"""The webhook service shell: the bridge's ClusterColocationProfiles, Namespaces and PriorityClasses and the REST API's
+profiles in, AdmissionReview answers out.
 
 One durable consumer on KOORD_CLUSTER (the three subject families, last value per subject, reset at every start: the
 view lives in memory and is rebuilt, like services.loadaware) and one on KOORD_CCP (the profiles koordbus holds,
