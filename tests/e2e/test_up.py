@@ -43,6 +43,13 @@ spec: {min: {cpu: "4"}, max: {cpu: "8"}}
 """
 
 
+PROFILE = """\
+kind: ClusterColocationProfile
+metadata: {name: batch-jobs}
+spec: {selector: {matchExpressions: [{key: job-name, operator: Exists}]}, qosClass: BE}
+"""
+
+
 def test_up_serves_nodemetrics_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     port = free_port()
     command = [
@@ -135,6 +142,14 @@ def test_up_serves_nodemetrics_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         assert {"org", "team-a"} <= set(mirrored)
         tree = subprocess.run([*cli, "tree"], capture_output=True, text=True, timeout=60)
         assert tree.returncode == 0 and "    team-a " in tree.stdout, tree.stdout + tree.stderr
+        # a ClusterColocationProfile through the real CLI: kept in the profile log, listed back
+        profiles = tmp_path / "ccp.yaml"
+        profiles.write_text(PROFILE)
+        ccp = [*cli[:3], "colocation-profile", *cli[4:]]
+        applied = subprocess.run([*ccp, "apply", "-f", str(profiles)], capture_output=True, text=True, timeout=60)
+        assert (applied.returncode, applied.stdout) == (0, "clustercolocationprofile/batch-jobs created\n"), applied
+        listed = get_json(f"{base}/api/v1/colocation-profiles", token)
+        assert [i["spec"]["qosClass"] for i in listed["items"]] == ["BE"]  # type: ignore[attr-defined,index]
         # the API needs the generated token: without it a JSON 401 asking for a bearer token
         try:
             get_json(f"{base}/api/v1/nodemetrics")
