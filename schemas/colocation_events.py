@@ -11,7 +11,7 @@ services.webhook.client; read by services.webhook (service, client) and the even
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Final
 
 import msgspec
 
@@ -19,6 +19,12 @@ from schemas.cluster import ColocationProfile, ObjectName
 from schemas.node import UnixSeconds
 
 Actor = Annotated[str, msgspec.Meta(max_length=512)]
+
+MIRROR_LABEL: Final = "app.kubernetes.io/managed-by"
+MIRROR_VALUE: Final = "koordbus"
+"""The label the bridge's profile mirror (services.k8s.profile_mirror, off unless KOORDBUS_K8S_MIRROR_PROFILES) sets
+on the copies it writes to the cluster: the webhook applies the log's profile, not the copy (services.webhook.state
+skips a cluster profile carrying it)."""
 
 
 class ColocationProfileSet(msgspec.Struct, frozen=True, kw_only=True, tag="ccp.set.v1"):

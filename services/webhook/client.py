@@ -30,6 +30,7 @@ from schemas.colocation_events import (
     ColocationProfileSet,
     ProfileEvent,
 )
+from services.webhook.state import is_mirror_copy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,7 +80,7 @@ class ProfileClient:
                 seen = _OBSERVED.decode(delivery.data)
             except (msgspec.ValidationError, msgspec.DecodeError):
                 continue  # the webhook dead-letters it; it applies nothing
-            live[seen.name] = not seen.deleted and seen.profile is not None
+            live[seen.name] = not seen.deleted and seen.profile is not None and not is_mirror_copy(seen.profile)
         return sorted(name for name, alive in live.items() if alive)
 
     async def stored_names(self) -> int:

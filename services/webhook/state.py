@@ -6,10 +6,12 @@ following them give the same view.
 
 The profiles that apply are the log's and the cluster's, by name; for a name both hold, the log's (an admin wrote it
 through koordbus, which keeps it as the source of truth, as it keeps the quota trees); the cluster's of that name is
-`shadowed` and applies again once the log's is deleted. They are kept as the JSON objects
-services.webhook.colocation reads (`{"metadata": {name, annotations}, "spec": …}`), in name order, built once per
-change rather than once per request. A tombstone removes its object. Owned by services.webhook.service; read by
-services.webhook.admission.
+`shadowed` and applies again once the log's is deleted. A cluster profile labelled
+app.kubernetes.io/managed-by=koordbus is the bridge's copy of one of the log's (services.k8s.profile_mirror, when on)
+and is not applied: the log's is, and a copy left behind by a deleted one must not outlive it. They are kept as the
+JSON objects services.webhook.colocation reads (`{"metadata": {name, annotations}, "spec": …}`), in name order, built
+once per change rather than once per request. A tombstone removes its object. Owned by services.webhook.service; read
+by services.webhook.admission.
 """
 
 from __future__ import annotations
@@ -19,9 +21,26 @@ from typing import Any
 
 import msgspec
 
-from schemas.cluster import AdmissionEvent, ColocationProfileObserved, NamespaceObserved, PriorityClassObserved
-from schemas.colocation_events import ColocationProfileDeleted, ColocationProfileSet, ProfileEvent
+from schemas.cluster import (
+    AdmissionEvent,
+    ColocationProfile,
+    ColocationProfileObserved,
+    NamespaceObserved,
+    PriorityClassObserved,
+)
+from schemas.colocation_events import (
+    MIRROR_LABEL,
+    MIRROR_VALUE,
+    ColocationProfileDeleted,
+    ColocationProfileSet,
+    ProfileEvent,
+)
 from services.webhook.colocation import PriorityClass
+
+
+def is_mirror_copy(profile: ColocationProfile) -> bool:
+    """A cluster profile the bridge's profile mirror wrote: a copy of one of the log's, not the cluster's own."""
+    return profile.metadata.labels.get(MIRROR_LABEL) == MIRROR_VALUE
 
 
 class AdmissionView:
@@ -39,7 +58,7 @@ class AdmissionView:
     def apply(self, event: AdmissionEvent | ProfileEvent) -> None:
         match event:
             case ColocationProfileObserved(name=name, deleted=deleted, profile=profile):
-                if deleted or profile is None:
+                if deleted or profile is None or is_mirror_copy(profile):
                     self._profiles.pop(name, None)
                 else:
                     self._profiles[name] = msgspec.to_builtins(profile)

@@ -327,3 +327,20 @@ def test_the_logs_profile_wins_over_the_clusters_of_the_same_name_until_it_is_de
     view.apply(ColocationProfileDeleted(name="a-api", actor="admin", time=3.0))
     view.apply(observed("c-cluster", deleted=True))
     assert specs(view) == [("b-shared", {"qosClass": "SYSTEM"})]
+
+
+def test_the_mirrors_copy_in_the_cluster_is_not_applied_the_logs_profile_is() -> None:
+    """With the profile mirror on, the bridge publishes the copy it wrote: the webhook applies the log's profile, and
+    a copy left behind after the log's was deleted (before the mirror removed it) applies nothing."""
+    view = AdmissionView()
+    view.apply(owned("p", qosClass="BE"))
+    meta = ProfileMeta(name="p", labels={"app.kubernetes.io/managed-by": "koordbus"})
+    copy_ = ColocationProfileObserved(
+        name="p", observed_at=1.0, profile=ColocationProfile(metadata=meta, spec={"qosClass": "BE"})
+    )
+    view.apply(copy_)
+    assert specs(view) == [("p", {"qosClass": "BE"})] and view.shadowed() == []
+    view.apply(ColocationProfileDeleted(name="p", actor="admin", time=3.0))
+    assert specs(view) == []
+    view.apply(observed("p", qosClass="LS"))  # the cluster's own (the copy replaced by someone's object)
+    assert specs(view) == [("p", {"qosClass": "LS"})]
