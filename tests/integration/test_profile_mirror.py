@@ -8,18 +8,28 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 
+import httpx
 import pytest_asyncio
 from kubernetes_asyncio.client import ApiClient
 
+from bus import subjects
 from bus.jetstream import JetStreamBus
-from schemas.cluster import ColocationProfile, ProfileMeta
+from schemas.cluster import ColocationProfile, ColocationProfileObserved, ProfileMeta
 from services.common.metrics import new_registry
+from services.k8s.observer import ClusterObserver
 from services.k8s.profile_mirror import KubeProfileSink, ProfileMirror, RecordingProfileSink
 from services.k8s.settings import K8sSettings
 from services.webhook.client import ProfileClient
 from tests.fakes.kube_api import FakeKubeApi
+from tests.integration.test_k8s_observer import SETTINGS as OBSERVER
+from tests.integration.test_k8s_observer import last_event_of
+from tests.integration.test_webhook_profiles_api import Webhook
+from tests.integration.test_webhook_service import started
+from tests.support.tls import CertificateAuthority
 from tests.support.waiting import eventually
+from tests.support.webhook import WebhookProcess, client_context, namespace
 
 K8S = replace(K8sSettings(), mirror_profiles=True, quota_write_interval_seconds=0.05, backoff_initial_seconds=0.05)
 KIND = "ClusterColocationProfile"
@@ -96,3 +106,55 @@ async def test_record_only_mode_keeps_what_it_would_write(koordbus_bus: JetStrea
         assert sink.export()["clustercolocationprofiles"][0]["metadata"]["labels"] == MANAGED
     finally:
         await mirror.stop()
+
+
+async def test_with_the_bridge_watching_the_webhook_applies_the_logs_profile_never_the_copy(
+    koordbus_nats_url: str, koordbus_bus: JetStreamBus, kube_client: ApiClient, kube_api: FakeKubeApi, tmp_path: Path
+) -> None:
+    """The whole loop: the log's profile → the mirror's copy in the cluster → the bridge publishes the copy → the
+    webhook applies the log's profile; deleted through the log while the mirror is away, no Pod gets it although
+    its copy is still in the cluster; the mirror back removes the copy."""
+    kube_api.put("namespaces", namespace("spark", {"koordinator.sh/enable-colocation": "true"}))
+    observer = ClusterObserver(koordbus_bus, kube_client, OBSERVER, registry=new_registry())
+    await observer.start()
+    mirror = ProfileMirror(koordbus_bus, KubeProfileSink(kube_client), settings=K8S, registry=new_registry())
+    await mirror.start()
+    ca = CertificateAuthority.create(tmp_path, "cluster")
+    process = WebhookProcess(koordbus_nats_url, ca.issue("webhook", server=True), log_dir=tmp_path)
+    try:
+        await started(process)
+        async with httpx.AsyncClient(verify=client_context(ca.cert), timeout=10) as https:
+            webhook = Webhook(https, process.https_url)
+            client = ProfileClient(koordbus_bus)
+            labels = {"example.com/source": "api"}
+            profile = ccp("p", labels=labels)  # the spec's labels: what the webhook sets on the Pod
+            profile = ColocationProfile(metadata=profile.metadata, spec={"labels": labels})
+            ack = await client.put(profile, expected_seq=0, actor="a", command_id="1")
+
+            async def copy_published() -> bool:
+                seen = await last_event_of(koordbus_bus, subjects.cluster_profile("p"))
+                return isinstance(seen, ColocationProfileObserved) and seen.profile is not None
+
+            await eventually(copy_published, timeout=15)
+            await webhook.until_label("example.com/source", "api")
+            pod = await webhook.mutated()
+            assert pod is not None and pod["metadata"]["labels"]["example.com/source"] == "api"
+
+            # the mirror away: the log's profile deleted, its copy stays in the cluster, and applies to no Pod
+            await mirror.stop()
+            await client.delete("p", expected_seq=ack.seq, actor="a", command_id="2")
+
+            async def unchanged() -> bool:
+                return await webhook.mutated() is None
+
+            await eventually(unchanged, timeout=15)
+            assert kube_api.get(KIND, "p") is not None
+            # the mirror back: it removes the copy
+            mirror = ProfileMirror(koordbus_bus, KubeProfileSink(kube_client), settings=K8S, registry=new_registry())
+            await mirror.start()
+            await eventually(lambda: kube_api.get(KIND, "p") is None, timeout=15)
+            assert await webhook.mutated() is None
+    finally:
+        await process.stop()
+        await mirror.stop()
+        await observer.stop()
