@@ -24,6 +24,7 @@ KOORD_QUOTA_STATUS = "KOORD_QUOTA_STATUS"
 KOORD_MIGRATION = "KOORD_MIGRATION"
 KOORD_DESCHEDULER = "KOORD_DESCHEDULER"
 KOORD_MEMBERS = "KOORD_MEMBERS"
+KOORD_CCP = "KOORD_CCP"
 KV_KOORD_SLO = f"KV_{subjects.SLO_BUCKET}"
 
 # Consumers ack within 30 s and try 5 times: dedup must outlive 150 s of redeliveries.
@@ -194,6 +195,24 @@ def slo_stream(*, replicas: int = 1) -> StreamSpec:
     )
 
 
+MAX_STORED_PROFILES = 10_000
+"""The most profile names KOORD_CCP holds, live and deleted (a tombstone stays as its subject's last message): the
+REST API refuses a profile of a new name past it, so reading them all stays one bounded pass."""
+
+
+def ccp_stream(*, replicas: int = 1) -> StreamSpec:
+    """The ClusterColocationProfiles koordbus holds (the REST API's, schemas.colocation_events): the latest version
+    or the tombstone of each, kept forever, like the cluster's objects on KOORD_CLUSTER."""
+    return StreamSpec(
+        name=KOORD_CCP,
+        subjects=(subjects.PROFILES_ALL,),
+        max_age_seconds=0,
+        max_msgs_per_subject=1,
+        duplicate_window_seconds=DUPLICATE_WINDOW_SECONDS,
+        replicas=replicas,
+    )
+
+
 def dlq_stream(*, max_age_seconds: float = 7 * 24 * 3600, replicas: int = 1) -> StreamSpec:
     return StreamSpec(
         name=KOORD_DLQ,
@@ -230,4 +249,5 @@ def all_streams(*, replicas: int = 1, caps: SizeCaps = OPERATOR_CAPS) -> list[St
         slo_stream(replicas=replicas),
         dlq_stream(replicas=replicas),
         members_stream(replicas=replicas),
+        ccp_stream(replicas=replicas),
     ]

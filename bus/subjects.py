@@ -240,6 +240,16 @@ def cluster_priority_class(name: str) -> str:
     return f"{PREFIX}.k8s.priorityclass.{encode_token(name)}"
 
 
+# --- ClusterColocationProfiles koordbus holds (stream KOORD_CCP, one message per subject; schemas.colocation_events)
+
+PROFILES_ALL = f"{PREFIX}.ccp.*"
+
+
+def colocation_profile(name: str) -> str:
+    """The ClusterColocationProfile `name` as the REST API keeps it (the cluster's own: `cluster_profile`)."""
+    return f"{PREFIX}.ccp.{encode_token(name)}"
+
+
 # --- noderesource service (stream KOORD_NODERESOURCE)
 
 NODERESOURCE_ALL = f"{PREFIX}.noderesource.>"

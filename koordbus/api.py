@@ -123,6 +123,7 @@ async def run_api(args: argparse.Namespace) -> int:
     from services.quota.client import QuotaClient
     from services.quota.store import QuotaStore
     from services.slo import component as slo_component
+    from services.webhook import component as webhook_component
 
     common = common_settings(args)
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
@@ -156,6 +157,7 @@ async def run_api(args: argparse.Namespace) -> int:
                     migration_component.routes_over(MigrationStore(engine), MigrationClient(bus)),
                     loadaware_component.queries(LoadAwareClient(bus)),
                     slo_component.reads(bus),
+                    webhook_component.profiles(bus),
                 ),
                 watermark_reader=WatermarkReader(bus),
                 watermark_defaults=watermark_defaults(),

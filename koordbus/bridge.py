@@ -39,6 +39,7 @@ async def bridge_cluster(
     from services.k8s.eviction_executor import EvictionExecutor, KubeEvictor
     from services.k8s.nodeslo_mirror import KubeNodeSloSink, NodeSloMirror
     from services.k8s.observer import ClusterObserver
+    from services.k8s.profile_mirror import KubeProfileSink, ProfileMirror
     from services.k8s.quota_mirror import KubeQuotaSink, QuotaMirror
     from services.k8s.settings import K8sSettings
     from services.k8s.sinks import KubeSink, RecordingSink
@@ -129,18 +130,27 @@ async def bridge_cluster(
         await mirror.start()
         stack.push_async_callback(mirror.stop)
         readiness.append(("kubernetes-quotas", mirror.readiness))
+    if settings.mirror_profiles:
+        profile_sink = KubeProfileSink(
+            api, conflict_retries=settings.write_conflict_retries, request_timeout=settings.write_timeout_seconds
+        )
+        profile_mirror = ProfileMirror(bus, profile_sink, settings=settings, registry=registry)
+        await profile_mirror.start()
+        stack.push_async_callback(profile_mirror.stop)
+        readiness.append(("kubernetes-colocation-profiles", profile_mirror.readiness))
     return Bridge(banner=f"watching and writing via {source}", readiness=readiness)
 
 
 async def record_quotas(
     stack: AsyncExitStack, bus: Any, registry: Any, settings: Any, nodes_export: Any
 ) -> Callable[[], Any]:
-    """Record-only mode for the quota, NodeSLO and topology mirrors, the agents' evictions and the load-aware
-    extender's bindings too: what the recorded-writes route shows, ElasticQuotas, NodeSLOs, NodeResourceTopologies,
-    evictions and Bindings included."""
+    """Record-only mode for the quota, NodeSLO, topology and (when on) ClusterColocationProfile mirrors, the agents'
+    evictions and the load-aware extender's bindings too: what the recorded-writes route shows, ElasticQuotas,
+    NodeSLOs, NodeResourceTopologies, evictions and Bindings included."""
     from services.k8s.binder import BindResponder, RecordingBinder
     from services.k8s.eviction_executor import EvictionExecutor, RecordingEvictor
     from services.k8s.nodeslo_mirror import NodeSloMirror, RecordingNodeSloSink
+    from services.k8s.profile_mirror import ProfileMirror, RecordingProfileSink
     from services.k8s.quota_mirror import QuotaMirror, RecordingQuotaSink
     from services.k8s.topology_mirror import RecordingTopologySink, TopologyMirror
 
@@ -170,8 +180,16 @@ async def record_quotas(
         await mirror.start()
         stack.push_async_callback(mirror.stop)
 
+    profile_sink = None
+    if settings.mirror_profiles:
+        profile_sink = RecordingProfileSink(keep=settings.recorded_writes_kept)
+        profile_mirror = ProfileMirror(bus, profile_sink, settings=settings, registry=registry)
+        await profile_mirror.start()
+        stack.push_async_callback(profile_mirror.stop)
+
     def export() -> Any:
         quotas = {"quotas": quota_sink.export()} if quota_sink is not None else {}
+        quotas |= {"colocationprofiles": profile_sink.export()} if profile_sink is not None else {}
         topologies = {"noderesourcetopologies": topology_sink.export()} if topology_sink is not None else {}
         return {
             **nodes_export(),

@@ -1,5 +1,5 @@
-"""The `koordbus` command line (composition root): `up`, `agent`, `service`, `api`, `quota`, `migration`, `events`,
-`calc`, `certs`, `crds`, `scheduler`, `slo`.
+"""The `koordbus` command line (composition root): `up`, `agent`, `service`, `api`, `quota`, `colocation-profile`,
+`migration`, `events`, `calc`, `certs`, `crds`, `scheduler`, `slo`.
 
 Each subcommand builds its settings at the edge, wires the bus, stores and services, and
 runs until interrupted. Nothing below `koordbus` knows which subcommand started it.
@@ -25,7 +25,22 @@ def build_parser(*, command: str | None = None) -> argparse.ArgumentParser:
     if command == "agent":  # the node agent's process loads only its own subcommand's module
         agent.add_parser(sub)
     else:
-        from koordbus import api, calc, certs, crds, creds, db, events, migration, quota, scheduler, service, slo, up
+        from koordbus import (
+            api,
+            calc,
+            certs,
+            crds,
+            creds,
+            db,
+            events,
+            migration,
+            profile,
+            quota,
+            scheduler,
+            service,
+            slo,
+            up,
+        )
 
         up.add_parser(sub)
         agent.add_parser(sub)
@@ -35,6 +50,7 @@ def build_parser(*, command: str | None = None) -> argparse.ArgumentParser:
         db.add_parser(sub)
         api.add_parser(sub)
         quota.add_parser(sub)
+        profile.add_parser(sub)
         migration.add_parser(sub)
         events.add_parser(sub)
         calc.add_parser(sub)

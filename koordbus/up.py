@@ -127,6 +127,7 @@ async def run_up(args: argparse.Namespace) -> int:
     from services.quota.settings import QuotaSettings
     from services.slo import component as slo_component
     from services.slo.service import SloService
+    from services.webhook import component as webhook_component
 
     common = common_settings(args)
     stream_caps = settings_loader.load(EmbeddedStreamSettings).caps()
@@ -192,6 +193,7 @@ async def run_up(args: argparse.Namespace) -> int:
                     k8s_component.recorded_writes(cluster.recorded_writes),
                     loadaware_component.queries(LoadAwareClient(bus)),
                     slo_component.reads(bus),
+                    webhook_component.profiles(bus),
                 ),
                 watermark_reader=WatermarkReader(bus),
                 watermark_defaults=watermark_defaults(),

@@ -107,6 +107,8 @@ class ProfileMeta(msgspec.Struct, frozen=True, kw_only=True):
 
     name: ObjectName
     annotations: dict[str, str] = {}
+    labels: dict[str, str] = {}
+    """Read by no rule (§10.1): kept so a profile made through the REST API reads back as it was written."""
 
 
 class ColocationProfile(msgspec.Struct, frozen=True, kw_only=True):

@@ -9,13 +9,14 @@ field and says why in plain words (the API answers it with a 4xx); the value is 
 100,000-character name does not make a 100,000-character message.
 
 The rules (Kubernetes' apimachinery validation): object names (nodes, quotas, profiles, pods, migration jobs) are
-DNS-1123 subdomains of at most 253 characters; namespaces are DNS-1123 labels of at most 63; label values (the
-quota parent and tree-id labels) are at most 63 characters of alphanumerics, `-`, `_`, `.`, beginning and ending
-with an alphanumeric (empty allowed where the label may be absent); a pod UID is an RFC 4122 UUID or the 32 hex
-digits of a static pod's config hash; a container ID 8 to 64 lowercase hex digits. A NodeSLO host application's
-name (Koordinator takes any string; it names a cgroup directory when the entry has no cgroupPath) is ours: at most
-128 letters, digits, `-`, `_` and `.`, beginning and ending with a letter or digit, so it is one plain path
-component. Every match is a `fullmatch`: a trailing newline is not a name.
+DNS-1123 subdomains of at most 253 characters; namespaces are DNS-1123 labels of at most 63; label values (the quota
+parent and tree-id labels) are at most 63 characters of alphanumerics, `-`, `_`, `.`, beginning and ending with an
+alphanumeric (empty allowed where the label may be absent); label and annotation keys are qualified names (`name` or
+`prefix/name`: a DNS-1123 subdomain prefix, a name of at most 63 such characters); a pod UID is an RFC 4122 UUID or
+the 32 hex digits of a static pod's config hash; a container ID 8 to 64 lowercase hex digits. A NodeSLO host
+application's name (Koordinator takes any string; it names a cgroup directory when the entry has no cgroupPath) is
+ours: at most 128 letters, digits, `-`, `_` and `.`, beginning and ending with a letter or digit, so it is one plain
+path component. Every match is a `fullmatch`: a trailing newline is not a name.
 """
 
 from __future__ import annotations
@@ -110,6 +111,25 @@ def namespace(value: str, field: str = "namespace") -> str:
 def label_value(value: str, field: str = "label value") -> str:
     """A label's value, <= 63 (empty allowed: check presence where a label is required)."""
     return _check(value, field, _LABEL_VALUE, MAX_LABEL, _LABEL_VALUE_WHAT)
+
+
+_QUALIFIED_WHAT: Final = (
+    "a qualified name: an optional DNS-1123 subdomain prefix of at most 253 characters and '/', then at most 63 "
+    "letters, digits, '-', '_' and '.', beginning and ending with a letter or digit"
+)
+
+
+def qualified_name(value: str, field: str = "key") -> str:
+    """A label or annotation key: `name` or `prefix/name` (Kubernetes' IsQualifiedName)."""
+    if not isinstance(value, str):
+        raise InvalidName(field, repr(value), f"must be a string ({_QUALIFIED_WHAT})")
+    if len(value) > MAX_OBJECT_NAME + 1 + MAX_LABEL:
+        raise InvalidName(field, value, f"is {len(value)} characters long; must be {_QUALIFIED_WHAT}")
+    prefix, slash, name = value.rpartition("/")
+    good_prefix = not slash or (len(prefix) <= MAX_OBJECT_NAME and _DNS1123_SUBDOMAIN.fullmatch(prefix) is not None)
+    if not (good_prefix and name and len(name) <= MAX_LABEL and _LABEL_VALUE.fullmatch(name)):
+        raise InvalidName(field, value, f"must be {_QUALIFIED_WHAT}")
+    return value
 
 
 def tree_id(value: str, field: str = "tree") -> str:

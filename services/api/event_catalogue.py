@@ -278,6 +278,15 @@ CATALOGUE: Final[tuple[EventType, ...]] = (
         extract=_cluster_node,
         by_key={"node": subjects.cluster_node},
     ),
+    EventType(
+        name="colocation.profile",
+        stream=streams.KOORD_CCP,
+        subjects=(subjects.PROFILES_ALL,),
+        keys=(),
+        description="A ClusterColocationProfile created, replaced or deleted through the REST API, by whom "
+        "(data.type ccp.set.v1 with the whole profile, or ccp.deleted.v1).",
+        extract=_no_keys,
+    ),
 )
 
 BY_NAME: Final = {t.name: t for t in CATALOGUE}
@@ -290,6 +299,7 @@ STREAM_CODES: Final = {
     streams.KOORD_MIGRATION: "g",
     streams.KOORD_NODE: "n",
     streams.KOORD_CLUSTER: "c",
+    streams.KOORD_CCP: "p",
 }
 _STREAMS_BY_CODE: Final = {code: stream for stream, code in STREAM_CODES.items()}
 CURSOR_VERSION: Final = "1"

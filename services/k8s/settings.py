@@ -50,6 +50,11 @@ class K8sSettings:
     mirror_quotas: bool = True
     """Mirror koordbus's quota trees to ElasticQuota objects (so koord-scheduler consumes them); false leaves the
     cluster's ElasticQuotas alone."""
+    mirror_profiles: bool = False
+    """Write the ClusterColocationProfiles of koordbus's REST API to the cluster as objects
+    (services.k8s.profile_mirror, labelled app.kubernetes.io/managed-by=koordbus, which the webhook does not apply: it
+    applies the log's); needs the ClusterColocationProfile CRD, which the chart does not install, and the right to
+    write it. Off: they live in koordbus only (docs/webhook.md)."""
     mirror_topologies: bool = True
     """Write each node's NodeResourceTopology from its agent's topology report (services.k8s.topology_mirror), as
     koordlet does; false leaves the cluster's NodeResourceTopologies to another writer (a koordlet)."""

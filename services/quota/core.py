@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any, Final, TypedDict
+from typing import Final, TypedDict
 
 import msgspec
 
@@ -28,6 +28,7 @@ from schemas import kube, quota
 from schemas import quota_events as ev
 from schemas.quota import DEFAULT_QUOTA, QUOTA_NAMESPACE, ROOT_QUOTA, SYSTEM_QUOTA, ElasticQuota, QuotaSpec
 from schemas.quota_events import Violation
+from services.common.mergepatch import merge_patch
 from services.quota import validation
 
 DEFAULT_TREE: Final = "default"
@@ -205,19 +206,6 @@ def event_tree(event: ev.QuotaEvent) -> str:
 
 def _profile_tree(profile: quota.ElasticQuotaProfile) -> str:
     return (profile.spec.quota_labels or {}).get(quota.LABEL_TREE_ID) or profile.metadata.name
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return patch
-    out = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge_patch(out.get(key), value)
-    return out
 
 
 def decide(

@@ -107,7 +107,10 @@ def probability_percent(raw: Any) -> int:
     if isinstance(raw, int):
         return raw
     if isinstance(raw, str) and raw.endswith("%") and raw[:-1].lstrip("-").isdigit():
-        return int(raw[:-1])
+        try:
+            return int(raw[:-1])
+        except ValueError:  # more digits than Python converts (a Pod is refused for the profile, not for itself)
+            raise ProfileError(f"invalid probability: {len(raw)} characters") from None
     raise ProfileError(f"invalid value for IntOrString: invalid type: string is not a percentage: {raw!r}")
 
 
@@ -179,7 +182,7 @@ def apply_profile(
         metadata.setdefault("labels", {})[PRIORITY_LABEL] = str(spec["koordinatorPriority"])
     patch = spec.get("patch")
     if patch is not None:
-        pod = strategic_merge(pod, _patch_object(patch))
+        pod = strategic_merge(pod, patch_object(patch))
         try:
             msgspec.convert(pod, kube.Pod)
         except msgspec.ValidationError as e:
@@ -187,7 +190,7 @@ def apply_profile(
     return pod
 
 
-def _patch_object(patch: Any) -> dict[str, Any]:
+def patch_object(patch: Any) -> dict[str, Any]:
     if isinstance(patch, str):
         try:
             patch = msgspec.json.decode(patch)

@@ -1,17 +1,18 @@
-"""The webhook service shell: the bridge's ClusterColocationProfiles, Namespaces and PriorityClasses in, AdmissionReview
-answers out.
+"""The webhook service shell: the bridge's ClusterColocationProfiles, Namespaces and PriorityClasses and the REST API's
+profiles in, AdmissionReview answers out.
 
-One durable consumer on KOORD_CLUSTER (the three subject families, last value per subject, reset at every start:
-the view lives in memory and is rebuilt, like services.loadaware) folds services.webhook.state.AdmissionView;
-`start` returns once that replay is done, so the composition root opens the HTTPS port only when a Pod would see
-every profile. The admission routes are a table (`routes`: path → handler of an AdmissionRequest), answered by
-`answer` on the event loop between deliveries, so each answer reads one consistent view: POST /mutate-pods
+One durable consumer on KOORD_CLUSTER (the three subject families, last value per subject, reset at every start: the
+view lives in memory and is rebuilt, like services.loadaware) and one on KOORD_CCP (the profiles koordbus holds,
+written through the REST API: services.webhook.routes) fold services.webhook.state.AdmissionView; `start` returns once
+both replays are done, so the composition root opens the HTTPS port only when a Pod would see every profile. The
+admission routes are a table (`routes`: path → handler of an AdmissionRequest), answered by `answer` on the event loop
+between deliveries, so each answer reads one consistent view: POST /mutate-pods
 (services.webhook.admission.mutate_pod) and POST /validate-configmaps (validate_configmap, with the validators the
 composition root hands in); a webhook that asks another service is one more entry, given to the constructor as
-`extra_routes`: POST /validate-elasticquotas is `QuotaValidation` below, asking the quota service through the
-client the composition root hands it. Each request is counted and timed by route and outcome
-(koordbus_webhook_requests_total, koordbus_webhook_request_seconds) and every refusal logged with its reason.
-Built by koordbus.webhook (`koordbus service webhook`) and the tests.
+`extra_routes`: POST /validate-elasticquotas is `QuotaValidation` below, asking the quota service through the client
+the composition root hands it. Each request is counted and timed by route and outcome
+(koordbus_webhook_requests_total, koordbus_webhook_request_seconds) and every refusal logged with its reason. Built by
+koordbus.webhook (`koordbus service webhook`) and the tests.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from bus import streams, subjects
 from bus.api import Bus, Consumer, ConsumerSpec, Delivery
 from bus.errors import BusUnavailableError, PayloadTooLargeError, RemoteError
 from schemas.cluster import ADMISSION_EVENT_DECODER
+from schemas.colocation_events import PROFILE_EVENT_DECODER
 from schemas.quota_service import CommandReply, CommandRequest
 from services.common import bodies, observe
 from services.common.startup import wait_replayed
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 
 SERVICE: Final = "webhook"
 CLUSTER_CONSUMER: Final = "webhook-cluster"
+PROFILES_CONSUMER: Final = "webhook-profiles"
 MUTATE_PODS: Final = "/mutate-pods"
 VALIDATE_CONFIGMAPS: Final = "/validate-configmaps"
 VALIDATE_ELASTICQUOTAS: Final = "/validate-elasticquotas"
@@ -73,18 +76,24 @@ class _Instruments:
         )
         self.objects = Gauge(
             "koordbus_webhook_objects",
-            "Objects in the webhook's view, by kind (clustercolocationprofile, namespace, priorityclass)",
+            "Objects in the webhook's view, by kind: clustercolocationprofile (the profiles that apply), of them "
+            "clustercolocationprofile-koordbus (the REST API's), clustercolocationprofile-shadowed (the cluster's "
+            "that do not apply: the REST API holds one of the same name), namespace, priorityclass",
             ["kind"],
             registry=registry,
         )
 
 
 class _Handler:
-    def __init__(self, owner: WebhookService) -> None:
+    def __init__(self, owner: WebhookService, *, profiles: bool = False) -> None:
         self._owner = owner
+        self._profiles = profiles
 
     async def handle(self, delivery: Delivery) -> None:
-        self._owner.apply(delivery.data)
+        if self._profiles:
+            self._owner.apply_profile(delivery.data)
+        else:
+            self._owner.apply(delivery.data)
 
     async def flush(self) -> None:
         self._owner.refresh_gauges()
@@ -112,6 +121,7 @@ class WebhookService:
         self._registry = registry
         self._metrics = _Instruments(registry)
         self._consumer: Consumer | None = None
+        self._profiles_consumer: Consumer | None = None
         self.routes: dict[str, Handler] = {
             MUTATE_PODS: self.mutate_pods,
             VALIDATE_CONFIGMAPS: self.validate_configmaps,
@@ -120,36 +130,64 @@ class WebhookService:
         """Path → handler: every admission route the HTTPS server serves."""
 
     async def start(self) -> None:
-        durable = f"{CLUSTER_CONSUMER}-{self.settings.instance}" if self.settings.instance else CLUSTER_CONSUMER
+        instance = self.settings.instance
+        ttl = INSTANCE_DURABLE_TTL_SECONDS if instance else None
         spec = ConsumerSpec(
-            durable=durable,
+            durable=f"{CLUSTER_CONSUMER}-{instance}" if instance else CLUSTER_CONSUMER,
             stream=streams.KOORD_CLUSTER,
             filter_subjects=(subjects.CLUSTER_PROFILES, subjects.CLUSTER_NAMESPACES, subjects.CLUSTER_PRIORITY_CLASSES),
             service=SERVICE,
             deliver_policy="last_per_subject",
             batch_size=512,
-            inactive_threshold_seconds=INSTANCE_DURABLE_TTL_SECONDS if self.settings.instance else None,
+            inactive_threshold_seconds=ttl,
+        )
+        owned = ConsumerSpec(
+            durable=f"{PROFILES_CONSUMER}-{instance}" if instance else PROFILES_CONSUMER,
+            stream=streams.KOORD_CCP,
+            filter_subjects=(subjects.PROFILES_ALL,),
+            service=SERVICE,
+            deliver_policy="last_per_subject",
+            batch_size=512,
+            inactive_threshold_seconds=ttl,
         )
         self._consumer = self.bus.consume(spec, _Handler(self), reset=True)
-        observe.watch_consumers(self._registry, service=SERVICE, consumers={CLUSTER_CONSUMER: self._consumer})
+        self._profiles_consumer = self.bus.consume(owned, _Handler(self, profiles=True), reset=True)
+        observe.watch_consumers(
+            self._registry,
+            service=SERVICE,
+            consumers={CLUSTER_CONSUMER: self._consumer, PROFILES_CONSUMER: self._profiles_consumer},
+        )
         timeout = self.settings.startup_timeout_seconds
-        if not await wait_replayed(self._consumer, what="webhook: cluster", stall_seconds=timeout):
-            log.warning("webhook: the cluster replay stalled for %.0f s; serving with what was read", timeout)
+        for consumer, what in ((self._consumer, "cluster"), (self._profiles_consumer, "profiles")):
+            if not await wait_replayed(consumer, what=f"webhook: {what}", stall_seconds=timeout):
+                log.warning("webhook: the %s replay stalled for %.0f s; serving with what was read", what, timeout)
         self.replayed = True
         self.refresh_gauges()
         counts = self.view.counts()
         log.info(
-            "webhook: serving with %d ClusterColocationProfiles, %d Namespaces, %d PriorityClasses",
+            "webhook: serving with %d ClusterColocationProfiles (%d from koordbus's REST API), %d Namespaces, "
+            "%d PriorityClasses",
             counts["clustercolocationprofile"],
+            counts["clustercolocationprofile-koordbus"],
             counts["namespace"],
             counts["priorityclass"],
         )
+        shadowed = self.view.shadowed()
+        if shadowed:
+            log.info(
+                "webhook: the cluster's ClusterColocationProfiles %s do not apply: koordbus's REST API holds profiles "
+                "of the same names, which do",
+                ", ".join(shadowed[:20]) + (f" and {len(shadowed) - 20} more" if len(shadowed) > 20 else ""),
+            )
 
     async def stop(self) -> None:
-        if self._consumer is not None:
-            await self._consumer.stop()
-            observe.retire_consumers(self._registry, service=SERVICE, names=(CLUSTER_CONSUMER,))
-            self._consumer = None
+        consumers = (self._consumer, self._profiles_consumer)
+        self._consumer = self._profiles_consumer = None
+        for consumer in consumers:
+            if consumer is not None:
+                await consumer.stop()
+        if any(consumers):
+            observe.retire_consumers(self._registry, service=SERVICE, names=(CLUSTER_CONSUMER, PROFILES_CONSUMER))
 
     @property
     def consumer(self) -> Consumer | None:
@@ -157,6 +195,10 @@ class WebhookService:
 
     def apply(self, data: bytes) -> None:
         self.view.apply(ADMISSION_EVENT_DECODER.decode(data))
+
+    def apply_profile(self, data: bytes) -> None:
+        """One event of the profile log (KOORD_CCP)."""
+        self.view.apply(PROFILE_EVENT_DECODER.decode(data))
 
     def refresh_gauges(self) -> None:
         for kind, count in self.view.counts().items():

@@ -534,6 +534,24 @@ def test_the_loadaware_extender_admits_only_kube_scheduler() -> None:
     assert "prod-koordbus-loadaware" not in by_kind(opened, "NetworkPolicy")
 
 
+def test_the_profile_mirror_is_opt_in_and_grants_the_bridge_the_writes() -> None:
+    """webhook.mirrorProfiles: off, the bridge only reads clustercolocationprofiles and mirrors none; on, it may
+    create, update and delete them and is told to mirror the REST API's profiles."""
+    for mirror in (False, True):
+        objects = render({**DEFAULTS, "webhook": {"mirrorProfiles": mirror}})
+        for obj in objects:
+            kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+        (rule,) = [
+            r
+            for r in by_kind(objects, "ClusterRole")["prod-koordbus-k8s"]["rules"]
+            if r["resources"] == ["clustercolocationprofiles"]
+        ]
+        writes = {"create", "update", "delete"}
+        assert (writes <= set(rule["verbs"])) is mirror and {"get", "list", "watch"} <= set(rule["verbs"])
+        bridge = by_kind(objects, "Deployment")["prod-koordbus-k8s"]["spec"]["template"]["spec"]["containers"][0]
+        assert _env(bridge)["KOORDBUS_K8S_MIRROR_PROFILES"] == str(mirror).lower()
+
+
 def test_the_loadaware_bind_verb_is_opt_in_and_grants_the_bridge_pods_binding() -> None:
     """Off by default: no bindVerb, the bridge neither may nor does bind. On: kube-scheduler binds through the
     extender, the bridge's ClusterRole allows creating pods/binding and the bridge answers bind requests."""

@@ -4,6 +4,7 @@ this machine's real /proc and cgroups, simulated nodes and the API; Ctrl-C shuts
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -43,13 +44,21 @@ spec: {min: {cpu: "4"}, max: {cpu: "8"}}
 """
 
 
+PROFILE = """\
+kind: ClusterColocationProfile
+metadata: {name: batch-jobs}
+spec: {selector: {matchExpressions: [{key: job-name, operator: Exists}]}, qosClass: BE}
+"""
+
+
 def test_up_serves_nodemetrics_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     port = free_port()
     command = [
         sys.executable, "-m", "koordbus.cli", "up", "--data-dir", str(tmp_path / "data"), "--port", str(port),
         "--simulate-nodes", "3", "--simulate-pods", "5", "--simulate-backfill", "600",
     ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {**os.environ, "KOORDBUS_K8S_MIRROR_PROFILES": "true"}  # the profile mirror records its copies too
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
         names: list[str] = []
@@ -135,6 +144,20 @@ def test_up_serves_nodemetrics_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         assert {"org", "team-a"} <= set(mirrored)
         tree = subprocess.run([*cli, "tree"], capture_output=True, text=True, timeout=60)
         assert tree.returncode == 0 and "    team-a " in tree.stdout, tree.stdout + tree.stderr
+        # a ClusterColocationProfile through the real CLI: kept in the profile log, listed back
+        profiles = tmp_path / "ccp.yaml"
+        profiles.write_text(PROFILE)
+        ccp = [*cli[:3], "colocation-profile", *cli[4:]]
+        applied = subprocess.run([*ccp, "apply", "-f", str(profiles)], capture_output=True, text=True, timeout=60)
+        assert (applied.returncode, applied.stdout) == (0, "clustercolocationprofile/batch-jobs created\n"), applied
+        listed = get_json(f"{base}/api/v1/colocation-profiles", token)
+        assert [i["spec"]["qosClass"] for i in listed["items"]] == ["BE"]  # type: ignore[attr-defined,index]
+        copies: list[dict[str, Any]] = []
+        while time.monotonic() < deadline + 30 and not copies:
+            recorded = get_json(f"{base}/api/v1/k8s/recorded-writes", token)  # type: ignore[assignment]
+            copies = recorded.get("colocationprofiles", {}).get("clustercolocationprofiles", [])
+            time.sleep(0.5)
+        assert [c["metadata"]["labels"] for c in copies] == [{"app.kubernetes.io/managed-by": "koordbus"}]
         # the API needs the generated token: without it a JSON 401 asking for a bearer token
         try:
             get_json(f"{base}/api/v1/nodemetrics")

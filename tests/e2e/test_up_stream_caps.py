@@ -66,5 +66,5 @@ async def test_up_puts_its_caps_on_the_streams(up: tuple[Path, str, str]) -> Non
     assert caps[streams.KOORD_NODERESOURCE] == 3 * MIB
     uncapped = {streams.KOORD_QUOTA, streams.KOORD_QUOTA_STATUS, streams.KOORD_CLUSTER, streams.KOORD_MIGRATION,
                 streams.KOORD_DLQ, streams.KOORD_MEMBERS, streams.KV_KOORD_SLO, streams.KOORD_PREDICTION,
-                streams.KOORD_DESCHEDULER}  # fmt: skip
+                streams.KOORD_DESCHEDULER, streams.KOORD_CCP}  # fmt: skip
     assert {name for name, cap in caps.items() if cap == -1} == uncapped

@@ -35,6 +35,9 @@ ROUTES = [
     ("POST", "/api/v1/quotas/check"),
     ("POST", "/api/v1/quotas/what-if"),
     ("POST", "/api/v1/migrations"),
+    ("POST", "/api/v1/colocation-profiles"),
+    ("PUT", "/api/v1/colocation-profiles/team-a"),
+    ("PATCH", "/api/v1/colocation-profiles/team-a"),
 ]
 """Every route that reads a body."""
 

@@ -2,7 +2,7 @@
 hypothesis): a nats-server with koordbus's streams, SQLite migrated to head, the quota service with its projections,
 the event hub, the NodeSLO reader and the migration, nodemetric and noderesource stores, as `koordbus up` wires them,
 plus the load-aware extender, which answers the scheduler state export, and the migration service, which answers the
-descheduler's plan
+descheduler's plan, and the ClusterColocationProfile routes over the profile log
 (tests/security/test_schemathesis_api.py, test_bodies_fuzz_api.py)."""
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from services.quota.client import QuotaClient
 from services.quota.service import QuotaService
 from services.quota.store import QuotaStore
 from services.slo import component as slo_component
+from services.webhook import component as webhook_component
 from tests.integration.test_quota_cli import free_port
 from tests.integration.test_quota_service import SETTINGS, node, observe
 from tests.support import api_auth
@@ -95,6 +96,7 @@ async def _serve(tmp: Path, port: int, ready: threading.Event, stop: asyncio.Eve
                 k8s_component.recorded_writes(lambda: {"items": []}),
                 loadaware_component.queries(LoadAwareClient(bus, timeout=5)),
                 slo_component.reads(bus),
+                webhook_component.profiles(bus),
             ),
             watermark_reader=WatermarkReader(bus),
             watermark_defaults=watermark_defaults(),
@@ -146,6 +148,7 @@ def routes_only() -> tuple[Component, ...]:
         k8s_component.recorded_writes(lambda: {"items": []}),
         loadaware_component.queries(None),
         slo_component.reads(None),
+        webhook_component.profiles(None),
     )
 
 

@@ -1,5 +1,6 @@
 """A running quota stack for API and CLI tests: a private nats-server with koordbus's streams, the quota service
-with its projections on the given engine, one Node of 40 cores / 40Gi observed, and the API app wired to both."""
+with its projections on the given engine, one Node of 40 cores / 40Gi observed, and the API app wired to both (with
+the ClusterColocationProfile routes over the same bus)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from services.quota import component as quota_component
 from services.quota.client import QuotaClient
 from services.quota.service import QuotaService
 from services.quota.store import QuotaStore
+from services.webhook import component as webhook_component
 from tests.integration.test_quota_service import SETTINGS, node, observe
 from tests.support import api_auth
 
@@ -54,6 +56,7 @@ async def quota_stack(tmp_path: Path, engine: AsyncEngine) -> AsyncIterator[Quot
             components=(
                 quota_component.routes_over(store, QuotaClient(bus)),
                 migration_component.routes_over(None, None),
+                webhook_component.profiles(bus),
             ),
         )
         yield QuotaStack(app=create_app(context), bus=bus, service=service, nats_url=server.url)

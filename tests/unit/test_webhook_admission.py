@@ -252,7 +252,13 @@ def test_the_view_follows_changes_and_tombstones() -> None:
     assert [p["metadata"]["name"] for p in the_view.profiles] == ["b"]
     assert the_view.namespace_labels("jobs") is None
     assert the_view.priority_classes["koord-batch"] == colocation.PriorityClass(value=6000)
-    assert the_view.counts() == {"clustercolocationprofile": 1, "namespace": 0, "priorityclass": 1}
+    assert the_view.counts() == {
+        "clustercolocationprofile": 1,
+        "clustercolocationprofile-koordbus": 0,
+        "clustercolocationprofile-shadowed": 0,
+        "namespace": 0,
+        "priorityclass": 1,
+    }
 
 
 _any_json = st.recursive(
