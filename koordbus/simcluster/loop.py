@@ -1,0 +1,356 @@
+"""The simulated cluster's loop: what the API server, kube-scheduler and the kubelets of `koordbus up --simulate-nodes`
+would do, through the same interfaces a real cluster uses.
+
+`SimCluster.run` imports the teams' quota tree through the REST API (koordbus.simcluster.teams), publishes every
+simulated node's pods and their ReplicaSets on KOORD_CLUSTER as the Kubernetes bridge would (PodObserved,
+WorkloadObserved), then every `tick` seconds:
+
+  * creates the team pods `teams.wanted` starts (a pending PodObserved) and finishes the ones that ended
+    (Succeeded, then their tombstone; their node stops running them);
+  * schedules the pending pods, oldest first, as kube-scheduler with the quota plugin and the load-aware extender
+    would: the quota check (POST /api/v1/quotas/check), the nodes their requests fit on (koordbus.simcluster
+    .placement), then the extender's filter and prioritize over mutual TLS, and its bind, which records the placement
+    and creates the Binding through the bridge; a bound pod is published with its node and from then on runs on
+    that simulated node (agent.simulate.SimulatedNode.add_pod), so its usage shows in the node's NodeMetric;
+  * carries out the evictions the migration executor asked for (services.k8s.recording_verbs calls `evicted`): the
+    pod stops running, its tombstone is published and, for a ReplicaSet's pod, a replacement is created with the
+    same requests and usage, scheduled like any other pod (so it lands on a node with room).
+
+Nothing is decided here that a real cluster's components would not decide; numbers come from the simulated nodes
+and the pure plans. Started by koordbus.up; tests/e2e/test_up_simcluster.py runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import httpx
+import msgspec
+
+from agent.actuate import NodePod
+from agent.simulate import SimulatedNode
+from agent.simulate_pods import UsageProfile
+from bus import subjects
+from bus.api import Bus, msg_id
+from bus.errors import BusError
+from koordbus.simcluster import placement, teams
+from schemas import kube
+from schemas.cluster import PodObserved, WorkloadObserved
+from schemas.scheduling import SchedulingPod
+
+log = logging.getLogger(__name__)
+
+TICK_SECONDS: Final = 5.0
+FINISHED_KEPT_SECONDS: Final = 30.0
+"""A finished (Succeeded) pod is deleted this long after it finished, as a Job's controller cleans up."""
+
+
+@dataclass(frozen=True)
+class Extender:
+    """Where the load-aware extender answers and the client credentials to present."""
+
+    url: str
+    ca: str
+    cert: str
+    key: str
+
+
+@dataclass
+class _Pod:
+    doc: dict[str, Any]
+    usage: UsageProfile
+    node: str = ""
+    version: int = 0
+    finished_at: float | None = None
+    team_index: int | None = None
+
+    @property
+    def namespace(self) -> str:
+        return str(self.doc["metadata"]["namespace"])
+
+    @property
+    def name(self) -> str:
+        return str(self.doc["metadata"]["name"])
+
+    @property
+    def uid(self) -> str:
+        return str(self.doc["metadata"]["uid"])
+
+
+@dataclass
+class Tally:
+    """What the loop did, for its log line and the tests."""
+
+    created: int = 0
+    bound: int = 0
+    finished: int = 0
+    moved: int = 0
+    unschedulable: dict[str, str] = field(default_factory=dict)
+
+
+class SimCluster:
+    def __init__(
+        self,
+        bus: Bus,
+        nodes: list[SimulatedNode],
+        *,
+        api: str,
+        token: str,
+        extender: Extender | None,
+        running_since: float | None = None,
+        tick: float = TICK_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`running_since`: when the nodes' own pods were scheduled (their PodScheduled time; default now)."""
+        self.bus = bus
+        self.nodes = {node.name: node for node in nodes}
+        self.api, self.token, self.extender, self.tick, self.clock = api, token, extender, tick, clock
+        self.pods: dict[tuple[str, str], _Pod] = {}
+        self.pending: deque[tuple[str, str]] = deque()
+        self.evictions: deque[tuple[str, str]] = deque()
+        self.tally = Tally()
+        self._started = clock()
+        self.running_since = self._started if running_since is None else running_since
+
+    async def evicted(self, namespace: str, name: str) -> None:
+        """An eviction the migration executor asked for (services.k8s.recording_verbs): carried out next tick."""
+        self.evictions.append((namespace, name))
+
+    async def run(self) -> None:
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise, every tick
+        api = httpx.AsyncClient(base_url=self.api, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
+        tls = None
+        if self.extender is not None:
+            tls = httpx.AsyncClient(
+                base_url=self.extender.url,
+                verify=_ssl_context(self.extender),
+                timeout=30,
+            )
+        try:
+            await self._import_quotas(api)
+            await self._publish_nodes_pods()
+            while True:
+                try:
+                    await self.step(api, tls)
+                except (httpx.HTTPError, BusError) as e:  # the API or bus away for a moment: next tick tries again
+                    log.warning("simulated cluster: %s", e)
+                await asyncio.sleep(self.tick)
+        finally:
+            await api.aclose()
+            if tls is not None:
+                await tls.aclose()
+
+    async def _import_quotas(self, api: httpx.AsyncClient) -> None:
+        items = teams.quotas(len(self.nodes))
+        for attempt in range(60):
+            try:
+                answer = await api.post("/api/v1/quotas/import", json={"items": items})
+                if answer.status_code == 200:
+                    log.info("simulated cluster: quota tree of the teams imported: %s", answer.json().get("changed"))
+                    return
+                log.warning("simulated cluster: importing the teams' quotas: %s %s", answer.status_code, answer.text)
+            except httpx.HTTPError as e:
+                log.info("simulated cluster: the API is not answering yet (%s)", e)
+            await asyncio.sleep(min(1.0 + attempt, 5.0))
+
+    async def _publish_nodes_pods(self) -> None:
+        messages: list[tuple[str, bytes, str]] = []
+        replicas: dict[tuple[str, str], tuple[kube.OwnerReference, int]] = {}
+        for node in self.nodes.values():
+            for node_pod in node.pods():
+                doc = _with_conditions(msgspec.to_builtins(node_pod.pod), self.running_since)
+                pod = self.pods[(node_pod.pod.metadata.namespace, node_pod.pod.metadata.name)] = _Pod(
+                    doc=doc, usage=UsageProfile(0, 0, 0, 0), node=node.name
+                )
+                messages.append(self._observed(pod))
+                owner = kube.controller_of(node_pod.pod.metadata)
+                if owner is not None:
+                    key = (pod.namespace, owner.name)
+                    replicas[key] = (owner, replicas.get(key, (owner, 0))[1] + 1)
+        for (namespace, name), (owner, count) in replicas.items():
+            workload = WorkloadObserved(
+                namespace=namespace,
+                name=name,
+                observed_at=self._started,
+                api_version=owner.api_version,
+                kind=owner.kind,
+                uid=owner.uid,
+                replicas=count,
+                resource_version="1",
+            )
+            subject = subjects.cluster_workload(namespace, name)
+            messages.append((subject, msgspec.json.encode(workload), msg_id("simcluster", subject, self._started)))
+        await self.bus.publish_many(messages)
+
+    def _observed(self, pod: _Pod, *, deleted: bool = False) -> tuple[str, bytes, str]:
+        pod.version += 1
+        now = self.clock()
+        observed = PodObserved(
+            namespace=pod.namespace,
+            name=pod.name,
+            observed_at=now,
+            uid=pod.uid,
+            node_name=pod.node,
+            resource_version=str(pod.version),
+            deleted=deleted,
+            pod=msgspec.convert(pod.doc, SchedulingPod),
+        )
+        subject = subjects.cluster_pod(pod.namespace, pod.name)
+        return subject, msgspec.json.encode(observed), msg_id("simcluster", pod.uid, pod.version, self._started)
+
+    async def step(self, api: httpx.AsyncClient, tls: httpx.AsyncClient | None) -> None:
+        """One tick: evictions, finished pods, new pods, then scheduling."""
+        now = self.clock()
+        messages: list[tuple[str, bytes, str]] = []
+        while self.evictions:
+            messages.extend(self._evict(*self.evictions.popleft()))
+        wanted = {(p.team, p.pod["metadata"]["name"]): p for p in teams.wanted(len(self.nodes), now=now)}
+        for key, pod in list(self.pods.items()):
+            if pod.team_index is None:
+                continue
+            if pod.finished_at is None and key not in wanted:
+                messages.extend(self._finish(pod, now))
+            elif pod.finished_at is not None and now - pod.finished_at >= FINISHED_KEPT_SECONDS:
+                messages.append(self._observed(pod, deleted=True))
+                del self.pods[key]
+        for key, team_pod in wanted.items():
+            if key not in self.pods:
+                pod = self.pods[key] = _Pod(doc=team_pod.pod, usage=team_pod.usage, team_index=team_pod.index)
+                self.pending.append(key)
+                messages.append(self._observed(pod))
+                self.tally.created += 1
+        if messages:
+            await self.bus.publish_many(messages)
+        if self.pending and tls is not None:
+            await self._schedule(api, tls)
+
+    def _finish(self, pod: _Pod, now: float) -> list[tuple[str, bytes, str]]:
+        pod.finished_at = now
+        if pod.node:
+            self.nodes[pod.node].remove_pod(pod.uid)
+        else:  # never scheduled: deleted, as its Job gave up on it
+            pod.finished_at = now - FINISHED_KEPT_SECONDS
+        pod.doc = {**pod.doc, "status": {**pod.doc.get("status", {}), "phase": kube.PHASE_SUCCEEDED}}
+        self.tally.finished += 1
+        return [self._observed(pod)]
+
+    def _evict(self, namespace: str, name: str) -> list[tuple[str, bytes, str]]:
+        pod = self.pods.pop((namespace, name), None)
+        if pod is None or not pod.node:
+            return []
+        usage = self.nodes[pod.node].remove_pod(pod.uid) or pod.usage
+        messages = [self._observed(pod, deleted=True)]
+        owner = kube.controller_of(msgspec.convert(pod.doc["metadata"], kube.ObjectMeta))
+        if owner is not None and owner.kind == "ReplicaSet":  # its controller makes a new pod, scheduled afresh
+            replacement = _replacement(pod, owner.name, usage)
+            self.pods[(replacement.namespace, replacement.name)] = replacement
+            self.pending.append((replacement.namespace, replacement.name))
+            messages.append(self._observed(replacement))
+        self.tally.moved += 1
+        log.info("simulated cluster: %s/%s evicted from %s", namespace, name, pod.node)
+        return messages
+
+    async def _schedule(self, api: httpx.AsyncClient, tls: httpx.AsyncClient) -> None:
+        keys = [
+            k for k in self.pending if k in self.pods and not self.pods[k].node and self.pods[k].finished_at is None
+        ]
+        self.pending.clear()
+        if not keys:
+            return
+        answer = await api.post("/api/v1/quotas/check", json={"pods": [self.pods[k].doc for k in keys]})
+        verdicts = answer.json().get("verdicts", []) if answer.status_code == 200 else []
+        allocatable = {
+            name: {"cpu": round(node.cpu_cores * 1000), "memory": node.memory_bytes}
+            for name, node in self.nodes.items()
+        }
+        bound: dict[str, list[kube.Pod]] = {}
+        for pod in self.pods.values():
+            if pod.node and pod.finished_at is None:
+                bound.setdefault(pod.node, []).append(msgspec.convert(pod.doc, kube.Pod))
+        published: list[tuple[str, bytes, str]] = []
+        for i, key in enumerate(keys):
+            pod = self.pods[key]
+            verdict = verdicts[i] if i < len(verdicts) else {}
+            if not verdict.get("fits", False):
+                self._unschedulable(key, f"quota: {'; '.join(verdict.get('reasons', [])) or answer.status_code}")
+                continue
+            kube_pod = msgspec.convert(pod.doc, kube.Pod)
+            fit = placement.candidates(kube_pod, allocatable=allocatable, bound=bound)
+            node = await self._place(tls, pod, fit) if fit else None
+            if node is None:
+                self._unschedulable(key, "no node has room" if not fit else "the extender filtered every node")
+                continue
+            pod.node = node
+            pod.doc = _bound(pod.doc, node, at=self.clock())
+            bound.setdefault(node, []).append(kube_pod)
+            self.nodes[node].add_pod(NodePod(pod=msgspec.convert(pod.doc, kube.Pod)), pod.usage)
+            published.append(self._observed(pod))
+            self.tally.unschedulable.pop(f"{key[0]}/{key[1]}", None)
+            self.tally.bound += 1
+        if published:
+            await self.bus.publish_many(published)
+
+    def _unschedulable(self, key: tuple[str, str], why: str) -> None:
+        self.tally.unschedulable[f"{key[0]}/{key[1]}"] = why
+        self.pending.append(key)
+
+    async def _place(self, tls: httpx.AsyncClient, pod: _Pod, nodes: list[str]) -> str | None:
+        """Filter, prioritize and bind through the extender; the node bound to, or None."""
+        args = {"Pod": pod.doc, "NodeNames": nodes}
+        filtered = (await tls.post("/filter", json=args)).json()
+        passing = filtered.get("NodeNames") or []
+        if not passing:
+            return None
+        scores = (await tls.post("/prioritize", json={**args, "NodeNames": passing})).json()
+        node = placement.best({s["Host"]: int(s["Score"]) for s in scores or []}, among=passing) or passing[0]
+        binding = {"PodName": pod.name, "PodNamespace": pod.namespace, "PodUID": pod.uid, "Node": node}
+        result = (await tls.post("/bind", json=binding)).json()
+        if result.get("Error"):
+            log.warning("simulated cluster: binding %s/%s: %s", pod.namespace, pod.name, result["Error"])
+            return None
+        return node
+
+
+def _bound(doc: dict[str, Any], node: str, *, at: float) -> dict[str, Any]:
+    """The pod bound to `node` at `at`, as the bridge then sees it: its node, Running, scheduled and ready."""
+    bound = {
+        **doc,
+        "spec": {**doc["spec"], "nodeName": node},
+        "status": {**doc.get("status", {}), "phase": kube.PHASE_RUNNING},
+    }
+    return _with_conditions(bound, at)
+
+
+def _with_conditions(doc: dict[str, Any], at: float) -> dict[str, Any]:
+    """The pod with PodScheduled, Initialized and Ready true since `at` (what its kubelet reports once it runs)."""
+    since = dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    kinds = ("PodScheduled", "Initialized", "Ready")
+    conditions = [{"type": kind, "status": "True", "lastTransitionTime": since} for kind in kinds]
+    return {**doc, "status": {**doc.get("status", {}), "conditions": conditions}}
+
+
+def _replacement(pod: _Pod, replica_set: str, usage: UsageProfile) -> _Pod:
+    """The pod a ReplicaSet makes for one evicted: a new name and uid, unscheduled."""
+    suffix = hashlib.blake2b(f"{pod.uid}/replacement".encode(), digest_size=3).hexdigest()[:5]
+    uid = str(uuid.UUID(bytes=hashlib.blake2b(f"{pod.uid}/replacement".encode(), digest_size=16).digest(), version=4))
+    metadata = {**pod.doc["metadata"], "name": f"{replica_set}-{suffix}", "uid": uid}
+    spec = {k: v for k, v in pod.doc["spec"].items() if k != "nodeName"}
+    status = {**pod.doc.get("status", {}), "phase": kube.PHASE_PENDING}
+    return _Pod(doc={**pod.doc, "metadata": metadata, "spec": spec, "status": status}, usage=usage)
+
+
+def _ssl_context(extender: Extender) -> Any:
+    import ssl
+
+    context = ssl.create_default_context(cafile=extender.ca)
+    context.load_cert_chain(extender.cert, extender.key)
+    return context
