@@ -266,6 +266,7 @@ async def run_up(args: argparse.Namespace) -> int:
                 if cluster.recorded_verbs is not None:
                     cluster.recorded_verbs.on_evict = sim_cluster.evicted
                 runtime.background(stack, sim_cluster.run(), name="simulated-cluster")
+        simulated = bool(args.simulate_nodes) and cluster.recorded_writes is not None
         base = f"http://{api_settings.host}:{api_settings.port}"
         tokens_where = (
             api_settings.api_tokens_file
@@ -289,6 +290,7 @@ async def run_up(args: argparse.Namespace) -> int:
             f"  API token   {tokens_where}\n"
             f"  agent       {'off' if args.no_agent else local_node_name()}"
             f"   simulated nodes: {args.simulate_nodes}\n"
+            f"{_simulation_banner(args, data_dir, simulated_cluster=simulated)}"
             f"  cluster     {cluster.banner}\n"
             f"{_extender_banner(scheduler, node=try_node)}"
             f"  not running {_not_running(executor=executor_runs)}\n"
@@ -332,6 +334,25 @@ def _simulation_token(settings: Any, data_dir: Path) -> str:
 def _loopback(host: str) -> str:
     """Where this process reaches its own API bound to `host`."""
     return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+def _simulation_banner(args: argparse.Namespace, data_dir: Path, *, simulated_cluster: bool) -> str:
+    """What the simulated cluster runs, for the banner (nothing without --simulate-nodes)."""
+    from koordbus.simcluster import descheduling, teams
+
+    if not args.simulate_nodes:
+        return ""
+    if not simulated_cluster:
+        return "  simulation  nodes only: the cluster is a real one (its pods, quotas and migrations are its own)\n"
+    args_file = os.environ.get("KOORDBUS_MIGRATION_ARGS_FILE") or data_dir / SIMULATION_MIGRATION_ARGS_FILE
+    hot = descheduling.hot_count(args.simulate_nodes)
+    return (
+        f"  simulation  a cluster around the nodes: quota tree {teams.PARENT} of teams "
+        f"{', '.join(t.name for t in teams.TEAMS)} (Quotas page), their pods placed through the extender's\n"
+        f"              filter/prioritize/bind and finished over time; {hot} hot "
+        f"nodes, load-aware descheduling on ({args_file}): migrations carried out on the\n"
+        "              simulated cluster (Migrations page); the nodes' cpu-suppress loops in dry-run (Node pages)\n"
+    )
 
 
 def _extender_banner(running: extender.RunningExtender | None, *, node: str) -> str:

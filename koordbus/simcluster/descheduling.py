@@ -1,8 +1,9 @@
 """Which simulated nodes run hot, and the descheduling the simulated cluster turns on: pure.
 
-A few nodes (`hot_nodes`: about one in eight, at least three, spread over the name order) start with online
-services that use ~66 % of their CPU on average instead of ~35 %, over the same 24 h cycle but peaking at hours spread
-around the clock, so whatever the time of day some of them are past the high threshold below. `MIGRATION_ARGS` is
+A few nodes (`node_loads`: about one in eight, at least three, spread over the name order; none in a cluster of
+fewer than eight) start with online services that use ~66 % of their CPU on average instead of ~35 %, over the same
+24 h cycle but peaking at hours spread around the clock, so whatever the time of day some of them are past the high
+threshold below. `MIGRATION_ARGS` is
 the MigrationControllerArgs file `koordbus up --simulate-nodes` writes to its data dir and runs the migration
 service with (unless KOORDBUS_MIGRATION_ARGS_FILE names another): Koordinator's LowNodeLoad with a CPU high
 threshold of 70 % and a low one of 50 %, one abnormal round enough, a round every 30 s, jobs evicting directly (no
@@ -27,9 +28,13 @@ class NodeLoad(NamedTuple):
     peak_hour: float
 
 
+MIN_NODES_WITH_HOT: Final = 8
+"""A smaller simulated cluster has no hot node (a hot one among three or five would be most of it)."""
+
+
 def hot_count(nodes: int) -> int:
-    """How many of `nodes` run hot: one in eight, at least three, never more than a third (0 for fewer than 3)."""
-    return min(max(3, nodes // 8), nodes // 3)
+    """How many of `nodes` run hot: one in eight, at least three (none below MIN_NODES_WITH_HOT nodes)."""
+    return 0 if nodes < MIN_NODES_WITH_HOT else max(3, nodes // 8)
 
 
 def node_loads(names: Sequence[str]) -> dict[str, NodeLoad]:

@@ -4,8 +4,8 @@
 `wanted(n, now=)` every tick which team pods exist: each team runs a steady stream of pods, one starting every
 `lifetime / replicas` seconds and running about `lifetime` seconds, so pods are created, scheduled and finish
 all the time and about `replicas` of them want to run at once. Sizes grow with the node count so the tree looks the
-same at 20 or 500 nodes: one parent, `org`, under the default tree's root, and four teams in namespaces of their own
-names (the same-name-namespace rule), whose demand is set against their min so that some borrow:
+same at 20 or 500 nodes: one parent, `engineering`, under the default tree's root, and four teams in namespaces of
+their own names (the same-name-namespace rule), whose demand is set against their min so that some borrow:
 
   team-search   demand > min: borrows from the others (the larger shared weight)
   team-ml       demand > min: borrows too, with half the weight
@@ -28,7 +28,7 @@ from agent.simulate_pods import DAY, UsageProfile
 from schemas import quota, vocab
 
 GIB: Final = 1024**3
-PARENT: Final = "org"
+PARENT: Final = "engineering"
 
 
 @dataclass(frozen=True)
@@ -50,10 +50,10 @@ class Team:
 
 MEMORY_PER_CORE: Final = 4
 TEAMS: Final = (
-    Team("team-search", 0.8, 2.0, 2.0, pod_cpu=2, replicas_per_node=0.65),
-    Team("team-ml", 0.6, 1.5, 1.0, pod_cpu=4, replicas_per_node=0.25),
-    Team("team-web", 0.6, 1.0, 1.0, pod_cpu=1, replicas_per_node=0.3, lends=False),
-    Team("team-billing", 0.4, 0.6, 0.5, pod_cpu=1, replicas_per_node=0.3, preemptible=False),
+    Team("team-search", 0.4, 1.0, 1.0, pod_cpu=2, replicas_per_node=0.35),
+    Team("team-ml", 0.3, 0.8, 0.5, pod_cpu=4, replicas_per_node=0.12),
+    Team("team-web", 0.3, 0.5, 0.5, pod_cpu=1, replicas_per_node=0.15, lends=False),
+    Team("team-billing", 0.2, 0.3, 0.25, pod_cpu=1, replicas_per_node=0.15, preemptible=False),
 )
 USAGE_OF_REQUEST: Final = (0.45, 0.75)
 """A team pod uses this share of its CPU request on average (drawn per pod); memory 0.6 of its request."""

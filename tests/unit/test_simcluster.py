@@ -19,7 +19,13 @@ def _cores(value: str) -> float:
 
 def test_the_teams_tree_is_valid_and_some_teams_want_more_than_their_min() -> None:
     items = teams.quotas(20)
-    assert [q["metadata"]["name"] for q in items] == ["org", "team-search", "team-ml", "team-web", "team-billing"]
+    assert [q["metadata"]["name"] for q in items] == [
+        "engineering",
+        "team-search",
+        "team-ml",
+        "team-web",
+        "team-billing",
+    ]
     assert all(msgspec.convert(q, quota.ElasticQuota).metadata.name for q in items)  # the API's import validates
     demand: dict[str, float] = {}
     for pod in teams.wanted(20, now=T0):
