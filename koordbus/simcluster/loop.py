@@ -23,11 +23,9 @@ and the pure plans. Started by koordbus.up; tests/e2e/test_up_simcluster.py runs
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import hashlib
+import contextlib
 import logging
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,17 +37,20 @@ import msgspec
 from agent.actuate import NodePod
 from agent.simulate import SimulatedNode
 from agent.simulate_pods import UsageProfile
-from bus import subjects
-from bus.api import Bus, msg_id
+from bus import streams, subjects
+from bus.api import Bus, FollowFrom, msg_id
 from bus.errors import BusError
-from koordbus.simcluster import placement, teams
+from koordbus.simcluster import placement, pods, teams
 from schemas import kube
 from schemas.cluster import PodObserved, WorkloadObserved
 from schemas.scheduling import SchedulingPod
 
 log = logging.getLogger(__name__)
 
+_POD_OBSERVED: Final = msgspec.json.Decoder(PodObserved)
 TICK_SECONDS: Final = 5.0
+REPORT_SECONDS: Final = 300.0
+"""How often the loop logs what it runs."""
 FINISHED_KEPT_SECONDS: Final = 30.0
 """A finished (Succeeded) pod is deleted this long after it finished, as a Job's controller cleans up."""
 
@@ -137,17 +138,32 @@ class SimCluster:
             )
         try:
             await self._import_quotas(api)
+            await self._sweep_previous_run()
             await self._publish_nodes_pods()
+            report_due = self.clock() + REPORT_SECONDS
             while True:
                 try:
                     await self.step(api, tls)
                 except (httpx.HTTPError, BusError) as e:  # the API or bus away for a moment: next tick tries again
                     log.warning("simulated cluster: %s", e)
+                if self.clock() >= report_due:
+                    report_due = self.clock() + REPORT_SECONDS
+                    log.info("simulated cluster: %s", self.summary())
                 await asyncio.sleep(self.tick)
         finally:
             await api.aclose()
             if tls is not None:
                 await tls.aclose()
+
+    def summary(self) -> str:
+        """What runs now and what happened since the start, for the log."""
+        team_pods = [p for p in self.pods.values() if p.team_index is not None and p.finished_at is None]
+        running = sum(1 for p in team_pods if p.node)
+        t = self.tally
+        return (
+            f"{running} team pods running, {len(team_pods) - running} pending; since the start {t.created} created, "
+            f"{t.bound} bound, {t.finished} finished, {t.moved} moved by migrations"
+        )
 
     async def _import_quotas(self, api: httpx.AsyncClient) -> None:
         items = teams.quotas(len(self.nodes))
@@ -155,19 +171,58 @@ class SimCluster:
             try:
                 answer = await api.post("/api/v1/quotas/import", json={"items": items})
                 if answer.status_code == 200:
-                    log.info("simulated cluster: quota tree of the teams imported: %s", answer.json().get("changed"))
+                    log.info(
+                        "simulated cluster: the teams' quota tree imported (changed: %s)", answer.json().get("changed")
+                    )
                     return
                 log.warning("simulated cluster: importing the teams' quotas: %s %s", answer.status_code, answer.text)
             except httpx.HTTPError as e:
                 log.info("simulated cluster: the API is not answering yet (%s)", e)
             await asyncio.sleep(min(1.0 + attempt, 5.0))
 
+    async def _sweep_previous_run(self) -> None:
+        """Tombstones for the pods an earlier run of the simulation left on the cluster stream (a data dir used
+        again): the team pods and replacements it ran are gone with it, as a restarted cluster's would be."""
+        current = {(p.pod.metadata.namespace, p.pod.metadata.name) for n in self.nodes.values() for p in n.pods()}
+        teams_namespaces = {team.name for team in teams.TEAMS}
+        last: dict[str, PodObserved] = {}
+        try:
+            follower = await self.bus.follow(streams.KOORD_CLUSTER, [subjects.CLUSTER_PODS], FollowFrom(sequence=1))
+        except BusError as e:  # no stream yet: nothing left over
+            log.info("simulated cluster: no earlier pods to sweep (%s)", e)
+            return
+        try:
+            while True:
+                batch = await follower.next()
+                for delivery in batch:
+                    with contextlib.suppress(msgspec.MsgspecError):
+                        last[delivery.subject] = _POD_OBSERVED.decode(delivery.data)
+                if not batch and await follower.caught_up():
+                    break
+        finally:
+            await follower.close()
+        left = [
+            o
+            for o in last.values()
+            if not o.deleted
+            and (o.node_name in self.nodes or o.namespace in teams_namespaces)
+            and (o.namespace, o.name) not in current
+        ]
+        messages = []
+        for observed in left:
+            gone = msgspec.structs.replace(observed, deleted=True, observed_at=self._started)
+            subject = subjects.cluster_pod(observed.namespace, observed.name)
+            messages.append((subject, msgspec.json.encode(gone), msg_id("simcluster", "swept", subject, self._started)))
+        if messages:
+            await self.bus.publish_many(messages)
+            log.info("simulated cluster: %d pods of an earlier run deleted", len(messages))
+
     async def _publish_nodes_pods(self) -> None:
         messages: list[tuple[str, bytes, str]] = []
         replicas: dict[tuple[str, str], tuple[kube.OwnerReference, int]] = {}
         for node in self.nodes.values():
             for node_pod in node.pods():
-                doc = _with_conditions(msgspec.to_builtins(node_pod.pod), self.running_since)
+                doc = pods.with_conditions(msgspec.to_builtins(node_pod.pod), self.running_since)
                 pod = self.pods[(node_pod.pod.metadata.namespace, node_pod.pod.metadata.name)] = _Pod(
                     doc=doc, usage=UsageProfile(0, 0, 0, 0), node=node.name
                 )
@@ -251,7 +306,7 @@ class SimCluster:
         messages = [self._observed(pod, deleted=True)]
         owner = kube.controller_of(msgspec.convert(pod.doc["metadata"], kube.ObjectMeta))
         if owner is not None and owner.kind == "ReplicaSet":  # its controller makes a new pod, scheduled afresh
-            replacement = _replacement(pod, owner.name, usage)
+            replacement = _Pod(doc=pods.replacement(pod.doc, owner.name), usage=usage)
             self.pods[(replacement.namespace, replacement.name)] = replacement
             self.pending.append((replacement.namespace, replacement.name))
             messages.append(self._observed(replacement))
@@ -290,7 +345,7 @@ class SimCluster:
                 self._unschedulable(key, "no node has room" if not fit else "the extender filtered every node")
                 continue
             pod.node = node
-            pod.doc = _bound(pod.doc, node, at=self.clock())
+            pod.doc = pods.bound(pod.doc, node, at=self.clock())
             bound.setdefault(node, []).append(kube_pod)
             self.nodes[node].add_pod(NodePod(pod=msgspec.convert(pod.doc, kube.Pod)), pod.usage)
             published.append(self._observed(pod))
@@ -318,34 +373,6 @@ class SimCluster:
             log.warning("simulated cluster: binding %s/%s: %s", pod.namespace, pod.name, result["Error"])
             return None
         return node
-
-
-def _bound(doc: dict[str, Any], node: str, *, at: float) -> dict[str, Any]:
-    """The pod bound to `node` at `at`, as the bridge then sees it: its node, Running, scheduled and ready."""
-    bound = {
-        **doc,
-        "spec": {**doc["spec"], "nodeName": node},
-        "status": {**doc.get("status", {}), "phase": kube.PHASE_RUNNING},
-    }
-    return _with_conditions(bound, at)
-
-
-def _with_conditions(doc: dict[str, Any], at: float) -> dict[str, Any]:
-    """The pod with PodScheduled, Initialized and Ready true since `at` (what its kubelet reports once it runs)."""
-    since = dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    kinds = ("PodScheduled", "Initialized", "Ready")
-    conditions = [{"type": kind, "status": "True", "lastTransitionTime": since} for kind in kinds]
-    return {**doc, "status": {**doc.get("status", {}), "conditions": conditions}}
-
-
-def _replacement(pod: _Pod, replica_set: str, usage: UsageProfile) -> _Pod:
-    """The pod a ReplicaSet makes for one evicted: a new name and uid, unscheduled."""
-    suffix = hashlib.blake2b(f"{pod.uid}/replacement".encode(), digest_size=3).hexdigest()[:5]
-    uid = str(uuid.UUID(bytes=hashlib.blake2b(f"{pod.uid}/replacement".encode(), digest_size=16).digest(), version=4))
-    metadata = {**pod.doc["metadata"], "name": f"{replica_set}-{suffix}", "uid": uid}
-    spec = {k: v for k, v in pod.doc["spec"].items() if k != "nodeName"}
-    status = {**pod.doc.get("status", {}), "phase": kube.PHASE_PENDING}
-    return _Pod(doc={**pod.doc, "metadata": metadata, "spec": spec, "status": status}, usage=usage)
 
 
 def _ssl_context(extender: Extender) -> Any:

@@ -7,7 +7,7 @@ import msgspec
 from agent.actuate import NodePod
 from agent.simulate import SimulatedNode
 from agent.simulate_pods import UsageProfile
-from koordbus.simcluster import descheduling, placement, teams
+from koordbus.simcluster import descheduling, placement, pods, teams
 from schemas import kube, quota
 
 T0 = 1_795_776_000.0
@@ -116,3 +116,21 @@ def test_a_node_runs_the_pods_scheduled_onto_it_and_stops_the_ones_moved_away() 
     assert extra.uid in uids_after
     assert [p.uid for p in node.pods()][-1] == extra.uid and online.uid not in {p.uid for p in node.pods()}
     assert node.remove_pod(extra.uid) == UsageProfile(cpu=2.0, memory=2**30, amplitude=0.0, peak=0.0)
+
+
+def test_a_pod_bound_reads_scheduled_and_ready_and_a_replacement_is_a_new_unscheduled_pod() -> None:
+    doc = {
+        "metadata": {"name": "web-abc12", "namespace": "shop", "uid": "u-1", "ownerReferences": [{"name": "web"}]},
+        "spec": {"containers": [{"name": "c"}]},
+        "status": {"phase": "Pending", "qosClass": "Burstable"},
+    }
+    placed = pods.bound(doc, "n1", at=T0)
+    assert placed["spec"]["nodeName"] == "n1" and placed["status"]["phase"] == "Running"
+    scheduled = msgspec.convert(placed, kube.Pod).status.conditions or []
+    assert [c.type for c in scheduled] == ["PodScheduled", "Initialized", "Ready"]
+    assert all(c.last_transition_time is not None and c.last_transition_time.timestamp() == T0 for c in scheduled)
+    again = pods.replacement(placed, "web")
+    assert again["metadata"]["name"].startswith("web-") and again["metadata"]["uid"] != "u-1"
+    assert "nodeName" not in again["spec"] and again["status"] == {"phase": "Pending", "qosClass": "Burstable"}
+    assert again == pods.replacement(placed, "web")  # repeatable
+    assert again["metadata"]["ownerReferences"] == [{"name": "web"}]
