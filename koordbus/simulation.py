@@ -35,7 +35,7 @@ from agent.loops import evict as evict_loop
 from agent.loops.base import actuation_message
 from agent.settings import AgentSettings
 from agent.simulate import SimulatedNode, simulated_node_names
-from agent.simulate_qos import SuppressPlanner
+from agent.simulate_qos import BeCgroupPlanner, SuppressPlanner
 from agent.simulate_topology import simulated_topology
 from agent.slo import effective_slo, spec_problems
 from bus import streams, subjects
@@ -101,8 +101,8 @@ async def publish_window(
         )
         evictions.extend(evict_loop.eviction_message(request) for request in node.last_evictions)
         evictions.extend(actuation_message(event) for event in evict_loop.requested_actuations(node.last_evictions))
-        if qos is not None and (event := qos.plan(node)) is not None:
-            evictions.append(actuation_message(event))
+        if qos is not None:
+            evictions.extend(actuation_message(event) for event in qos.plan(node))
     acks = await bus.publish_many([*batches, *evictions])
     return sum(1 for a in acks[: len(batches)] if not a.duplicate)
 
@@ -148,15 +148,16 @@ RESOURCE_THRESHOLD_KEY: Final = "resource-threshold-config"
 
 
 class NodeQos:
-    """The simulated nodes' QoS loops in dry-run: each node's cpu-suppress planner over its NodeSLO, which is read
+    """The simulated nodes' QoS loops in dry-run: each node's cpu-suppress and be-cgroup planners over its NodeSLO, read
     from the KV bucket as the node's agent reads its own key (`refresh`, every NodeSLO refresh of the agent)."""
 
     def __init__(self, nodes: list[SimulatedNode]) -> None:
-        self.planners = {node.name: SuppressPlanner(node.name, cpu_cores=node.cpu_cores) for node in nodes}
+        self.suppress = {node.name: SuppressPlanner(node.name, cpu_cores=node.cpu_cores) for node in nodes}
+        self.be_cgroups = {node.name: BeCgroupPlanner(node.name) for node in nodes}
         self.slos: dict[str, tuple[dict[str, object], int]] = {}
 
     async def refresh(self, bus: Bus) -> None:
-        for name in self.planners:
+        for name in self.suppress:
             stored = await bus.last_on_subject(streams.KV_KOORD_SLO, subjects.slo_key(name), direct=True)
             if stored is None or stored.headers.get("KV-Operation") in ("DEL", "PURGE"):
                 self.slos.pop(name, None)
@@ -168,12 +169,17 @@ class NodeQos:
             if not spec_problems(spec):
                 self.slos[name] = (effective_slo(spec), stored.stream_seq)
 
-    def plan(self, node: SimulatedNode) -> ActuationApplied | None:
+    def plan(self, node: SimulatedNode) -> list[ActuationApplied]:
+        """The events of the node's loops over its latest window (none before its NodeSLO is read)."""
         tick, listed = node.last_second
         slo = self.slos.get(node.name)
         if tick is None or slo is None:
-            return None
-        return self.planners[node.name].plan(tick, listed, slo=slo[0], slo_revision=slo[1])
+            return []
+        events = [
+            self.suppress[node.name].plan(tick, listed, slo=slo[0], slo_revision=slo[1]),
+            self.be_cgroups[node.name].plan(tick.at, listed, slo=slo[0], slo_revision=slo[1]),
+        ]
+        return [event for event in events if event is not None]
 
 
 async def publish_cluster(bus: Bus, nodes: list[SimulatedNode], *, at: float) -> None:

@@ -351,7 +351,8 @@ def _simulation_banner(args: argparse.Namespace, data_dir: Path, *, simulated_cl
         f"{', '.join(t.name for t in teams.TEAMS)} (Quotas page), their pods placed through the extender's\n"
         f"              filter/prioritize/bind and finished over time; {hot} hot "
         f"nodes, load-aware descheduling on ({args_file}): migrations carried out on the\n"
-        "              simulated cluster (Migrations page); the nodes' cpu-suppress loops in dry-run (Node pages)\n"
+        "              simulated cluster (Migrations page); the nodes' cpu-suppress and be-cgroup loops in dry-run\n"
+        "              (Node pages)\n"
     )
 
 

@@ -1,8 +1,8 @@
 """`koordbus up --simulate-nodes` runs a cluster that uses every capability (issue 27 point 1), through the real
 services: the teams' quota tree with borrowing, their pods placed through the extender (bind-time accounting, the
 Bindings recorded), hot nodes that load-aware descheduling moves pods off (jobs arbitrated, carried out on the
-simulated cluster: past their first phase), the simulated nodes' cpu-suppress actuations in dry-run, and batch
-used within batch allocatable. Every check waits for its condition, bounded."""
+simulated cluster: past their first phase), the simulated nodes' cpu-suppress and be-cgroup actuations in dry-run,
+and batch used within batch allocatable. Every check waits for its condition, bounded."""
 
 from __future__ import annotations
 
@@ -97,17 +97,20 @@ def test_the_simulated_cluster_shows_every_capability(tmp_path: Path) -> None:
         round_ = get("/api/v1/descheduler/rounds/latest")
         assert round_["plugin"] == "LowNodeLoad" and not round_["problems"], round_
 
-        def actuated() -> list[Any]:
-            found = []
-            for i in range(1, NODES + 1):
-                events = get(f"/api/v1/nodes/sim-node-{i:04d}/actuations")["actuations"]
-                found.extend(e for e in events if e["loop"] == "cpu-suppress" and e["dry_run"])
-                if found:
-                    break
+        def actuated(loop: str) -> Callable[[], list[Any]]:
+            def found() -> list[Any]:
+                for i in range(1, NODES + 1):
+                    events = get(f"/api/v1/nodes/sim-node-{i:04d}/actuations")["actuations"]
+                    if hits := [e for e in events if e["loop"] == loop and e["dry_run"]]:
+                        return hits
+                return []
+
             return found
 
-        (suppress, *_) = _until("a simulated node's cpu-suppress actuation", actuated, deadline)
+        (suppress, *_) = _until("a simulated node's cpu-suppress actuation", actuated("cpu-suppress"), deadline)
         assert "BE may use" in suppress["changes"][0]["reason"], suppress
+        (limits, *_) = _until("a simulated node's be-cgroup actuation", actuated("be-cgroup"), deadline)
+        assert any(c["path"].endswith("/cpu.shares") for c in limits["changes"]), limits
         watermarks = get("/api/v1/config/watermarks")
         assert watermarks["scheduler"]["reported"] and watermarks["descheduler"]["usageThresholds"] == {"cpu": 70.0}
 
