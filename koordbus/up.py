@@ -345,14 +345,16 @@ def _simulation_banner(args: argparse.Namespace, data_dir: Path, *, simulated_cl
     if not simulated_cluster:
         return "  simulation  nodes only: the cluster is a real one (its pods, quotas and migrations are its own)\n"
     args_file = os.environ.get("KOORDBUS_MIGRATION_ARGS_FILE") or data_dir / SIMULATION_MIGRATION_ARGS_FILE
-    hot = descheduling.hot_count(args.simulate_nodes)
+    count = descheduling.hot_count(args.simulate_nodes)
+    hot = f"{count} hot nodes" if count else f"no hot node (fewer than {descheduling.MIN_NODES_WITH_HOT} nodes)"
+    names = ", ".join(t.name for t in teams.TEAMS)
     return (
-        f"  simulation  a cluster around the nodes: quota tree {teams.PARENT} of teams "
-        f"{', '.join(t.name for t in teams.TEAMS)} (Quotas page), their pods placed through the extender's\n"
-        f"              filter/prioritize/bind and finished over time; {hot} hot "
-        f"nodes, load-aware descheduling on ({args_file}): migrations carried out on the\n"
-        "              simulated cluster (Migrations page); the nodes' cpu-suppress and be-cgroup loops in dry-run\n"
-        "              (Node pages)\n"
+        "  simulation  a cluster around the nodes (docs/up.md#the-simulated-cluster):\n"
+        f"              quota tree {teams.PARENT} of teams {names}, their pods placed\n"
+        "              through the extender's filter/prioritize/bind and finished over time (Quotas page);\n"
+        f"              {hot}, load-aware descheduling on ({args_file}),\n"
+        "              migrations carried out on the simulated cluster (Migrations page);\n"
+        "              the nodes' cpu-suppress and be-cgroup loops in dry-run (Node pages)\n"
     )
 
 

@@ -126,4 +126,5 @@ def test_the_simulated_cluster_shows_every_capability(tmp_path: Path) -> None:
         output, _ = process.communicate(timeout=30)
     assert process.returncode == 0, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
-    assert "  simulation  a cluster around the nodes: quota tree engineering" in output
+    assert "  simulation  a cluster around the nodes (docs/up.md#the-simulated-cluster):\n" in output
+    assert "quota tree engineering of teams team-search, team-ml, team-web, team-billing" in output
