@@ -138,14 +138,20 @@ class SimCluster:
             )
         try:
             await self._import_quotas(api)
-            await self._sweep_previous_run()
-            await self._publish_nodes_pods()
+            while True:  # the cluster's pods, once: retried while the bus fails (a start-up under load)
+                try:
+                    await self._sweep_previous_run()
+                    await self._publish_nodes_pods()
+                    break
+                except BusError as e:
+                    log.warning("simulated cluster: publishing the nodes' pods: %s; trying again", e)
+                    await asyncio.sleep(self.tick)
             report_due = self.clock() + REPORT_SECONDS
             while True:
                 try:
                     await self.step(api, tls)
-                except (httpx.HTTPError, BusError) as e:  # the API or bus away for a moment: next tick tries again
-                    log.warning("simulated cluster: %s", e)
+                except (httpx.HTTPError, BusError, ValueError, KeyError) as e:  # the API or bus away, an odd answer:
+                    log.warning("simulated cluster: %r; the next tick tries again", e)  # the loop goes on
                 if self.clock() >= report_due:
                     report_due = self.clock() + REPORT_SECONDS
                     log.info("simulated cluster: %s", self.summary())
