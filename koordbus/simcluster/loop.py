@@ -41,7 +41,7 @@ from bus import streams, subjects
 from bus.api import Bus, FollowFrom, msg_id
 from bus.errors import BusError
 from koordbus.simcluster import placement, pods, teams
-from schemas import kube
+from schemas import kube, resources
 from schemas.cluster import PodObserved, WorkloadObserved
 from schemas.scheduling import SchedulingPod
 
@@ -73,6 +73,14 @@ class _Pod:
     version: int = 0
     finished_at: float | None = None
     team_index: int | None = None
+    _request: resources.ResourceList | None = None
+
+    @property
+    def request(self) -> resources.ResourceList:
+        """Its cpu and memory request (placement.request), computed once: a pod's requests never change."""
+        if self._request is None:
+            self._request = placement.request(msgspec.convert(self.doc, kube.Pod))
+        return self._request
 
     @property
     def namespace(self) -> str:
@@ -333,10 +341,8 @@ class SimCluster:
             name: {"cpu": round(node.cpu_cores * 1000), "memory": node.memory_bytes}
             for name, node in self.nodes.items()
         }
-        bound: dict[str, list[kube.Pod]] = {}
-        for pod in self.pods.values():
-            if pod.node and pod.finished_at is None:
-                bound.setdefault(pod.node, []).append(msgspec.convert(pod.doc, kube.Pod))
+        running = ((p.node, p.request) for p in self.pods.values() if p.node and p.finished_at is None)
+        room = placement.free(allocatable, running)
         published: list[tuple[str, bytes, str]] = []
         for i, key in enumerate(keys):
             pod = self.pods[key]
@@ -344,15 +350,14 @@ class SimCluster:
             if not verdict.get("fits", False):
                 self._unschedulable(key, f"quota: {'; '.join(verdict.get('reasons', [])) or answer.status_code}")
                 continue
-            kube_pod = msgspec.convert(pod.doc, kube.Pod)
-            fit = placement.candidates(kube_pod, allocatable=allocatable, bound=bound)
+            fit = placement.candidates(pod.request, room=room)
             node = await self._place(tls, pod, fit) if fit else None
             if node is None:
                 self._unschedulable(key, "no node has room" if not fit else "the extender filtered every node")
                 continue
             pod.node = node
             pod.doc = pods.bound(pod.doc, node, at=self.clock())
-            bound.setdefault(node, []).append(kube_pod)
+            room[node] = resources.sub(room[node], pod.request)
             self.nodes[node].add_pod(NodePod(pod=msgspec.convert(pod.doc, kube.Pod)), pod.usage)
             published.append(self._observed(pod))
             self.tally.unschedulable.pop(f"{key[0]}/{key[1]}", None)

@@ -1,9 +1,10 @@
 """Where the simulated cluster's scheduler may put a pod: pure.
 
 The load-aware extender filters and scores nodes by their real load; what it leaves to kube-scheduler is whether the
-pod's requests fit (NodeResourcesFit). koordbus.simcluster.loop asks the extender and this module: `candidates`
-keeps the nodes whose allocatable less the requests of the pods bound to them holds the pod's requests, and `best`
-picks the highest score the extender's prioritize gave among them (ties by name, so a run is repeatable).
+pod's requests fit (NodeResourcesFit). koordbus.simcluster.loop asks the extender and this module: `free` is what
+each node's allocatable leaves after the requests of the pods bound to it (each pod's `request` computed once),
+`candidates` keeps the nodes where a pod's request fits in that room, and `best` picks the highest score the
+extender's prioritize gave among them (ties by name, so a run is repeatable).
 """
 
 from __future__ import annotations
@@ -12,24 +13,29 @@ from collections.abc import Iterable, Mapping
 
 from schemas import kube, resources
 
-
-def requested(pods: Iterable[kube.Pod]) -> resources.ResourceList:
-    """What the pods request together (Kubernetes' effective request of each)."""
-    return resources.total(kube.pod_request(pod) for pod in pods)
+FIT: tuple[str, ...] = (resources.CPU, resources.MEMORY)
+"""The resources whose requests must fit (NodeResourcesFit over what the simulated nodes have)."""
 
 
-def fits(pod: kube.Pod, *, allocatable: Mapping[str, int], bound: Iterable[kube.Pod]) -> bool:
-    """Whether the pod's cpu and memory requests fit in what the node's bound pods leave of its allocatable."""
-    wanted = resources.mask(kube.pod_request(pod), (resources.CPU, resources.MEMORY))
-    left = resources.sub(allocatable, requested(bound))
-    return all(amount <= left.get(name, 0) for name, amount in wanted.items())
+def request(pod: kube.Pod) -> resources.ResourceList:
+    """The pod's cpu and memory request (Kubernetes' effective request of the pod)."""
+    return resources.mask(kube.pod_request(pod), FIT)
 
 
-def candidates(
-    pod: kube.Pod, *, allocatable: Mapping[str, Mapping[str, int]], bound: Mapping[str, Iterable[kube.Pod]]
-) -> list[str]:
-    """The nodes (in name order) the pod's requests fit on."""
-    return [node for node in sorted(allocatable) if fits(pod, allocatable=allocatable[node], bound=bound.get(node, ()))]
+def free(
+    allocatable: Mapping[str, Mapping[str, int]], bound: Iterable[tuple[str, Mapping[str, int]]]
+) -> dict[str, resources.ResourceList]:
+    """Each node's allocatable less the requests bound to it (`bound`: (node, request) per pod)."""
+    room = {node: dict(amounts) for node, amounts in allocatable.items()}
+    for node, amounts in bound:
+        if node in room:
+            room[node] = resources.sub(room[node], amounts)
+    return room
+
+
+def candidates(wanted: Mapping[str, int], *, room: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """The nodes (in name order) with room for `wanted`."""
+    return [node for node in sorted(room) if all(amount <= room[node].get(name, 0) for name, amount in wanted.items())]
 
 
 def best(scores: Mapping[str, int], *, among: Iterable[str]) -> str | None:

@@ -66,10 +66,11 @@ def _pod(cpu: str, memory: str = "1Gi", node: str = "") -> kube.Pod:
 
 def test_placement_keeps_the_nodes_a_pod_fits_on_and_picks_the_best_score() -> None:
     allocatable = {"a": {"cpu": 4000, "memory": 8 * 2**30}, "b": {"cpu": 4000, "memory": 8 * 2**30}}
-    bound = {"a": [_pod("3500m")]}
-    assert placement.candidates(_pod("1"), allocatable=allocatable, bound=bound) == ["b"]
-    assert placement.candidates(_pod("500m"), allocatable=allocatable, bound=bound) == ["a", "b"]
-    assert placement.candidates(_pod("1", memory="9Gi"), allocatable=allocatable, bound=bound) == []
+    room = placement.free(allocatable, [("a", placement.request(_pod("3500m"))), ("gone", {"cpu": 1})])
+    assert room == {"a": {"cpu": 500, "memory": 7 * 2**30}, "b": allocatable["b"]}
+    assert placement.candidates(placement.request(_pod("1")), room=room) == ["b"]
+    assert placement.candidates(placement.request(_pod("500m")), room=room) == ["a", "b"]
+    assert placement.candidates(placement.request(_pod("1", memory="9Gi")), room=room) == []
     assert placement.best({"a": 10, "b": 40}, among=["a", "b"]) == "b"
     assert placement.best({"a": 40, "b": 40}, among=["b", "a"]) == "a"
     assert placement.best({}, among=["a"]) is None
@@ -87,8 +88,8 @@ def test_a_few_nodes_run_hot_with_peaks_spread_over_the_day() -> None:
 
 def test_a_hot_nodes_services_request_no_more_than_the_node_holds() -> None:
     node = SimulatedNode("sim-node-0001", 7, pods=20, online_share=descheduling.HOT_SHARE)
-    requested = placement.requested(p.pod for p in node.pods())
-    assert requested["cpu"] <= 0.9 * 32_000 + len(node.pods())  # rounding to whole millicores
+    requested = sum(placement.request(p.pod)["cpu"] for p in node.pods())
+    assert requested <= 0.9 * 32_000 + len(node.pods())  # rounding to whole millicores
 
 
 def test_a_node_runs_the_pods_scheduled_onto_it_and_stops_the_ones_moved_away() -> None:
