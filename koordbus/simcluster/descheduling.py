@@ -6,7 +6,7 @@ fewer than eight) start with online services that use ~66 % of their CPU on aver
 threshold below. `MIGRATION_ARGS` is
 the MigrationControllerArgs file `koordbus up --simulate-nodes` writes to its data dir and runs the migration
 service with (unless KOORDBUS_MIGRATION_ARGS_FILE names another): Koordinator's LowNodeLoad with a CPU high
-threshold of 70 % and a low one of 50 %, one abnormal round enough, a round every 30 s, jobs evicting directly (no
+threshold of 70 % and a low one of 50 %, one abnormal round enough, a round every 20 s, jobs evicting directly (no
 Reservation: nothing in a simulated cluster would schedule one), so the arbiter passes jobs and the executor carries
 them out against the simulated cluster (koordbus.simcluster.loop moves each evicted pod).
 """
@@ -55,7 +55,7 @@ maxMigratingPerNode: 2
 maxMigratingPerWorkload: 1
 maxUnavailablePerWorkload: 1
 skipCheckExpectedReplicas: true
-deschedulingInterval: 30s
+deschedulingInterval: 20s
 maxNoOfPodsToEvictPerNode: 1
 lowNodeLoadArgs:
   highThresholds: {cpu: 70}

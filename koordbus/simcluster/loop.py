@@ -138,7 +138,9 @@ class SimCluster:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise, every tick
         api = httpx.AsyncClient(base_url=self.api, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
         tls = None
-        if self.extender is not None:
+        if self.extender is None:
+            log.warning("simulated cluster: no extender (--no-extender): the teams' pods are created and stay pending")
+        else:
             tls = httpx.AsyncClient(
                 base_url=self.extender.url,
                 verify=_ssl_context(self.extender),
