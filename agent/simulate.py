@@ -16,6 +16,11 @@ exceeds capacity (batch is squeezed first, as BE suppression would). With the lo
 the node's batch allocatable and evicted when it shrinks (`place_batch_pods`, pure), as koord-scheduler and
 koordlet would do; each eviction is the PodEvictionRequested a real agent would publish for it
 (`last_evictions`, built by agent.evict.eviction_request and published by koordbus.simulation as the agent does).
+A node's online pods (each with its ReplicaSet) average `online_share` of its CPU, peaking at `peak_hour` UTC (a hot
+node's services request at most 90 % of it and use more, as Burstable pods); `pods()` lists its non-batch pods as
+the API server would, `add_pod` runs a pod scheduled onto it with its usage profile (agent.simulate_pods) and
+`remove_pod` stops one that finished or was evicted (koordbus.simcluster); `last_second` keeps the latest window's
+last second for the QoS loops (agent.simulate_qos).
 """
 
 from __future__ import annotations
