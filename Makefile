@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 
 COMPOSE_SCHEMA := $(VENV)/compose-spec.json
 
-.PHONY: venv up test test-repeat lint typecheck unit bench clean compose-tokens compose-creds crds
+.PHONY: venv up test test-repeat lint typecheck unit bench clean compose-tokens compose-creds crds screenshots
 
 venv: $(STAMP)
 
@@ -62,6 +62,11 @@ compose-tokens: venv
 # The Helm chart's CRDs, generated from koordbus' schemas (tests/deploy/test_crds.py fails while they are stale).
 crds: venv
 	$(BIN)/koordbus crds --out deploy/helm/koordbus/crds
+
+# The README's screenshots of every dashboard page under the simulated cluster (docs/screenshots/sim-*.png), taken by
+# the browser tests that check each page (Chromium, `koordbus up --simulate-nodes 20`); never edited by hand.
+screenshots: venv
+	KOORDBUS_SCREENSHOTS_DIR=docs/screenshots $(BIN)/python -m pytest -q tests/browser/test_simulated_cluster.py
 
 bench: venv
 	$(BIN)/python bench/nodemetric_ingest.py $(ARGS)

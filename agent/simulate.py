@@ -16,6 +16,11 @@ exceeds capacity (batch is squeezed first, as BE suppression would). With the lo
 the node's batch allocatable and evicted when it shrinks (`place_batch_pods`, pure), as koord-scheduler and
 koordlet would do; each eviction is the PodEvictionRequested a real agent would publish for it
 (`last_evictions`, built by agent.evict.eviction_request and published by koordbus.simulation as the agent does).
+A node's online pods (each with its ReplicaSet) average `online_share` of its CPU, peaking at `peak_hour` UTC (a hot
+node's services request at most 90 % of it and use more, as Burstable pods); `pods()` lists its non-batch pods as
+the API server would, `add_pod` runs a pod scheduled onto it with its usage profile (agent.simulate_pods) and
+`remove_pod` stops one that finished or was evicted (koordbus.simcluster); `last_second` keeps the latest window's
+last second for the QoS loops (agent.simulate_qos).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from agent import evict
+from agent import evict, simulate_pods
 from agent.actuate import NodePod
 from agent.batch import BatchBuilder, TrainingAccumulator, attribute_pods
 from agent.core import PodSample, Tick
@@ -43,6 +48,8 @@ DAY = 86_400.0
 _ONLINE_APPS = ("checkout", "search", "cart", "recommend", "gateway", "catalog", "profile", "payments")
 _ONLINE_NAMESPACES = ("shop", "search", "platform")
 _BATCH_JOBS = ("spark-etl", "flink-report", "ml-train", "log-compact")
+ONLINE_REQUEST_CAP = 0.9
+"""The online pods a node starts with request at most this share of its CPU."""
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -73,6 +80,8 @@ class SimulatedNode:
         memory_bytes: int = 128 * GiB,
         pods: int = 40,
         online_fraction: float = 0.6,
+        online_share: float = 0.35,
+        peak_hour: float = 14.0,
     ) -> None:
         self.name = name
         self.seed = seed
@@ -81,7 +90,11 @@ class SimulatedNode:
         rng = np.random.default_rng(seed)
         n_online = round(pods * online_fraction)
         n_batch = pods - n_online
-        self._init_online(rng, n_online)
+        self._scheduled: dict[str, tuple[NodePod, simulate_pods.UsageProfile]] = {}
+        """Pods scheduled onto the node after its start (koordbus.simcluster), by UID, oldest first."""
+        self._removed: set[int] = set()
+        """The online pods (by row) a migration moved away."""
+        self._init_online(rng, n_online, share=online_share, peak_hour=peak_hour)
         self._init_batch(rng, n_batch)
         self._sys_cpu = float(rng.uniform(0.3, 0.8))
         self._sys_mem = float(rng.uniform(2, 4)) * GiB
@@ -93,38 +106,61 @@ class SimulatedNode:
         self._running: dict[tuple[int, int], None] = {}
         """Batch pods placed (with the loop closed), oldest first: the order they are kept in when room shrinks."""
         self._evicted: set[tuple[int, int]] = set()
+        self.last_second: tuple[Tick | None, list[NodePod]] = (None, [])
+        """The latest window's last second and the pods listed in it: what the QoS loops read (agent.simulate_qos)."""
         self.last_evictions: tuple[PodEvictionRequested, ...] = ()
         """The eviction requests of the batch pods the latest window's placement evicted (with the loop closed)."""
 
-    def _init_online(self, rng: np.random.Generator, n: int) -> None:
-        # Online pods together average ~35 % of the CPU and ~40 % of the memory, peaking mid-afternoon UTC.
+    def _init_online(self, rng: np.random.Generator, n: int, *, share: float, peak_hour: float) -> None:
+        # Online pods together average `share` of the CPU (~35 %) and ~40 % of the memory, peaking at `peak_hour` UTC
+        # (mid-afternoon).
         weights = rng.lognormal(0.0, 0.6, n)
-        self._on_cpu = weights / max(weights.sum(), 1e-9) * 0.35 * self.cpu_cores
+        self._on_cpu = weights / max(weights.sum(), 1e-9) * share * self.cpu_cores
         mem_weights = rng.lognormal(0.0, 0.5, n)
         self._on_mem = mem_weights / max(mem_weights.sum(), 1e-9) * 0.40 * self.memory_bytes
         self._on_amp = rng.uniform(0.3, 0.6, n)
-        self._on_peak = (14 + rng.normal(0, 1.5, n)) * 3600.0
-        self._on_pods = [self._online_pod(rng, i) for i in range(n)]
+        self._on_peak = (peak_hour + rng.normal(0, 1.5, n)) * 3600.0
+        # Requests never add up past ONLINE_REQUEST_CAP of the node: a busier node's services request less than
+        # they use at their peak (Burstable pods, no limits), as pods do on the nodes load-aware scheduling is for.
+        wanted = sum(self._wanted_cpu_request(i) for i in range(n))
+        scale = min(1.0, ONLINE_REQUEST_CAP * self.cpu_cores / wanted) if wanted > 0 else 1.0
+        self._on_pods = [self._online_pod(rng, i, request_scale=scale) for i in range(n)]
 
-    def _online_pod(self, rng: np.random.Generator, i: int) -> NodePod:
+    def _headroom(self, i: int) -> float:
+        # Drawn from a hash, not `rng`, so the draws that follow (and so every other number of the node) stay as
+        # they were.
+        return int(_hash_hex(self.name, "headroom", i, length=8), 16) / 16**8
+
+    def _wanted_cpu_request(self, i: int) -> float:
+        """Online services request for their daily peak with headroom (1.2–2× the peak CPU), which is the room the
+        prod predictor finds for mid pods."""
+        peak_cpu = float(self._on_cpu[i]) * (1 + float(self._on_amp[i]))
+        return peak_cpu * (1.2 + 0.8 * self._headroom(i))
+
+    def _online_pod(self, rng: np.random.Generator, i: int, *, request_scale: float) -> NodePod:
         app = _ONLINE_APPS[int(rng.integers(len(_ONLINE_APPS)))]
         template = _hash_hex(self.name, app, length=10)
-        guaranteed = bool(rng.random() < 0.4)
-        # Online services request for their daily peak with headroom (1.2–2× the peak CPU, 1.1–1.5× the memory),
-        # which is the room the prod predictor finds for mid pods. Drawn from a hash, not `rng`, so the draws that
-        # follow (and so every other number of the node) stay as they were.
-        headroom = int(_hash_hex(self.name, "headroom", i, length=8), 16) / 16**8
-        peak_cpu = float(self._on_cpu[i]) * (1 + float(self._on_amp[i]))
-        cpu = f"{max(round(peak_cpu * (1.2 + 0.8 * headroom) * 1000), 1)}m"
+        guaranteed = bool(rng.random() < 0.4) and request_scale >= 1.0
+        headroom = self._headroom(i)
+        cpu = f"{max(round(self._wanted_cpu_request(i) * request_scale * 1000), 1)}m"
         memory = str(int(self._on_mem[i] * (1.1 + 0.4 * headroom)))
         resources = kube.ResourceRequirements(
             requests={"cpu": cpu, "memory": memory}, limits={"cpu": cpu, "memory": memory} if guaranteed else None
         )
+        namespace = _ONLINE_NAMESPACES[i % len(_ONLINE_NAMESPACES)]
+        replica_set = f"{app}-{template}"
         return _node_pod(
             uid=_uid(self.name, self.seed, "online", i),
-            namespace=_ONLINE_NAMESPACES[i % len(_ONLINE_NAMESPACES)],
-            name=f"{app}-{template}-{_hash_hex(self.name, i, length=5)}",
+            namespace=namespace,
+            name=f"{replica_set}-{_hash_hex(self.name, i, length=5)}",
             node=self.name,
+            owner=kube.OwnerReference(
+                api_version="apps/v1",
+                kind="ReplicaSet",
+                name=replica_set,
+                uid=_uid("replicaset", namespace, replica_set),
+                controller=True,
+            ),
             labels={
                 "app": app,
                 "pod-template-hash": template,
@@ -185,6 +221,28 @@ class SimulatedNode:
             )
         return pod
 
+    def pods(self) -> list[NodePod]:
+        """The non-batch pods running on the node (its online pods not moved away, then those scheduled onto it),
+        as the API server lists them: what koordbus.simcluster publishes as the Kubernetes bridge would."""
+        online = [pod for row, pod in enumerate(self._on_pods) if row not in self._removed]
+        return [*online, *(pod for pod, _ in self._scheduled.values())]
+
+    def add_pod(self, pod: NodePod, profile: simulate_pods.UsageProfile) -> None:
+        """A pod bound to this node: from the next window it runs here, using what `profile` says."""
+        self._scheduled[pod.uid] = (pod, profile)
+
+    def remove_pod(self, uid: str) -> simulate_pods.UsageProfile | None:
+        """The pod stops running here (it finished, or was evicted); returns how it used the node (None: no such
+        pod), so a replacement elsewhere can use the same."""
+        if (scheduled := self._scheduled.pop(uid, None)) is not None:
+            return scheduled[1]
+        for row, pod in enumerate(self._on_pods):
+            if pod.uid == uid and row not in self._removed:
+                self._removed.add(row)
+                cpu, memory = float(self._on_cpu[row]), float(self._on_mem[row])
+                return simulate_pods.UsageProfile(cpu, memory, float(self._on_amp[row]), float(self._on_peak[row]))
+        return None
+
     @property
     def batch_allocatable(self) -> tuple[float, int] | None:
         """(cores, bytes) batch pods run within; None while the loop is open (they run as they come)."""
@@ -202,6 +260,7 @@ class SimulatedNode:
         """The batch, and the kubelet's pod list it was joined with: the agent's builder over synthetic ticks."""
         builder = BatchBuilder(self.name, interval=window_end - window_start, training=self._training)
         ticks, listed = self.ticks(window_start, window_end)
+        self.last_second = (ticks[-1] if ticks else None), listed
         for tick in ticks:
             if builder.add(msgspec.structs.replace(tick, pods=attribute_pods(tick.pods, listed))) is not None:
                 raise ValueError(f"window [{window_start}, {window_end}) is not aligned to a multiple of its length")
@@ -217,6 +276,16 @@ class SimulatedNode:
         rng = np.random.default_rng([self.seed, max(int(window_start), 0)])
         on_cpu, on_mem = self._online_usage(t, rng)
         b_cpu, b_mem, active, incarnation = self._batch_usage(t, rng)
+        if self._removed:
+            gone = sorted(self._removed)
+            on_cpu[gone], on_mem[gone] = 0.0, 0.0
+        if self._scheduled:  # their own noise, so the online and batch draws stay as they were
+            s_cpu, s_mem = simulate_pods.usage(
+                [profile for _, profile in self._scheduled.values()],
+                t,
+                np.random.default_rng([self.seed, max(int(window_start), 0), 1]),
+            )
+            on_cpu, on_mem = np.vstack((on_cpu, s_cpu)), np.vstack((on_mem, s_mem))
         if self._batch_allocatable is not None:
             admitted = self._admit(active, incarnation, at=window_start)
             active &= admitted
@@ -230,13 +299,14 @@ class SimulatedNode:
         with_cache = np.minimum(np.array(node_mem) + self._page_cache, self.memory_bytes).astype(np.int64).tolist()
         sys_cpu_l, sys_mem_l = sys_cpu.tolist(), sys_mem.astype(np.int64).tolist()
         cpu, mem = np.vstack((on_cpu, b_cpu)).T.tolist(), np.vstack((on_mem, b_mem)).astype(np.int64).T.tolist()
-        online = [_measured(p) for p in self._on_pods]
-        offset = len(online)
-        listed = {p.uid: p for p in self._on_pods}
+        rows = [*self._on_pods, *(pod for pod, _ in self._scheduled.values())]
+        running = [(row, _measured(p)) for row, p in enumerate(rows) if row not in self._removed]
+        offset = len(rows)
+        listed = {rows[row].uid: rows[row] for row, _ in running}
         ticks: list[Tick] = []
         for k, at in enumerate(t.tolist()):
             cpu_k, mem_k = cpu[k], mem[k]
-            pods = [_sample(ref, at, cpu_k[row], mem_k[row]) for row, ref in enumerate(online)]
+            pods = [_sample(ref, at, cpu_k[row], mem_k[row]) for row, ref in running]
             for slot in np.flatnonzero(active[:, k]).tolist():
                 node_pod = self._batch_pod(slot, int(incarnation[slot, k]))
                 listed[node_pod.uid] = node_pod
@@ -396,11 +466,18 @@ def _node_pod(
     priority_class: str,
     container: kube.Container,
     qos: str,
+    owner: kube.OwnerReference | None = None,
 ) -> NodePod:
     """A running pod as the kubelet's /pods lists it."""
     return NodePod(
         pod=kube.Pod(
-            metadata=kube.ObjectMeta(name=name, namespace=namespace, uid=uid, labels=labels),
+            metadata=kube.ObjectMeta(
+                name=name,
+                namespace=namespace,
+                uid=uid,
+                labels=labels,
+                owner_references=[owner] if owner is not None else [],
+            ),
             spec=kube.PodSpec(
                 node_name=node,
                 scheduler_name="koord-scheduler",

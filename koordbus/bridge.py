@@ -21,6 +21,9 @@ class Bridge:
     banner: str
     readiness: list[tuple[str, Any]]
     recorded_writes: Any = None
+    recorded_verbs: Any = None
+    """With `record_verbs` and no cluster: the services.k8s.recording_verbs.RecordingVerbs answering the migration
+    executor (its `on_evict` is set by whatever stands in for the cluster)."""
 
 
 async def bridge_cluster(
@@ -31,9 +34,11 @@ async def bridge_cluster(
     kubeconfig: str | None,
     record_only_without_config: bool,
     dry_run: bool = False,
+    record_verbs: bool = False,
 ) -> Bridge:
     """With a kubeconfig (or, for `service k8s`, in a pod): watch that cluster and write results back. Without
-    one, `koordbus up` records what would be written; `service k8s` refuses to start."""
+    one, `koordbus up` records what would be written; `service k8s` refuses to start. `record_verbs`: without a
+    cluster, also answer the migration executor's verbs (for the simulated cluster of `up --simulate-nodes`)."""
     from services.k8s.binder import BindResponder, KubeBinder
     from services.k8s.client import KubeConfigError, api_client
     from services.k8s.eviction_executor import EvictionExecutor, KubeEvictor
@@ -56,10 +61,19 @@ async def bridge_cluster(
         writer = ClusterWriter(bus, recorder, settings=settings, registry=registry)
         await writer.start()
         stack.push_async_callback(writer.stop)
+        recorded_verbs = None
+        if record_verbs:
+            from services.k8s.recording_verbs import RecordingVerbs
+
+            recorded_verbs = RecordingVerbs(bus, keep=settings.recorded_writes_kept)
+            responder = VerbResponder(bus, recorded_verbs, registry=registry)
+            await responder.start()
+            stack.push_async_callback(responder.stop)
         return Bridge(
             banner="none: record-only, see /api/v1/k8s/recorded-writes (--kubeconfig watches and writes a cluster)",
             readiness=[],
-            recorded_writes=await record_quotas(stack, bus, registry, settings, recorder.export),
+            recorded_writes=await record_quotas(stack, bus, registry, settings, recorder.export, verbs=recorded_verbs),
+            recorded_verbs=recorded_verbs,
         )
     try:
         api = await api_client(settings)
@@ -142,11 +156,12 @@ async def bridge_cluster(
 
 
 async def record_quotas(
-    stack: AsyncExitStack, bus: Any, registry: Any, settings: Any, nodes_export: Any
+    stack: AsyncExitStack, bus: Any, registry: Any, settings: Any, nodes_export: Any, *, verbs: Any = None
 ) -> Callable[[], Any]:
     """Record-only mode for the quota, NodeSLO, topology and (when on) ClusterColocationProfile mirrors, the agents'
     evictions and the load-aware extender's bindings too: what the recorded-writes route shows, ElasticQuotas,
-    NodeSLOs, NodeResourceTopologies, evictions and Bindings included."""
+    NodeSLOs, NodeResourceTopologies, evictions and Bindings included (and the migration executor's verbs, when
+    `verbs` records them)."""
     from services.k8s.binder import BindResponder, RecordingBinder
     from services.k8s.eviction_executor import EvictionExecutor, RecordingEvictor
     from services.k8s.nodeslo_mirror import NodeSloMirror, RecordingNodeSloSink
@@ -198,6 +213,7 @@ async def record_quotas(
             "nodeslos": nodeslo_sink.export(),
             "evictions": evictor.export(),
             "bindings": binder.export(),
+            **({"verbs": verbs.export()} if verbs is not None else {}),
         }
 
     return export

@@ -25,7 +25,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
 import msgspec
@@ -35,7 +35,9 @@ from agent.loops import evict as evict_loop
 from agent.loops.base import actuation_message
 from agent.settings import AgentSettings
 from agent.simulate import SimulatedNode, simulated_node_names
+from agent.simulate_qos import BeCgroupPlanner, SuppressPlanner
 from agent.simulate_topology import simulated_topology
+from agent.slo import effective_slo, spec_problems
 from bus import streams, subjects
 from bus.api import Bus, FollowFrom, msg_id
 from bus.errors import BusError
@@ -44,6 +46,7 @@ from schemas.cluster import ConfigMapObserved, NodeObserved
 from schemas.node import NodeStateReported, encode_node_event
 from schemas.node_topology import encode_topology
 from schemas.noderesource import NODERESOURCE_COMPUTED_DECODER, NodeResourceComputed
+from schemas.qos import NODE_SLO_DECODER, ActuationApplied
 from schemas.scheduling import SchedulingNode
 from services.noderesource import config as colocation
 
@@ -52,12 +55,23 @@ RETRY_BACKOFF_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
 """Between attempts at a start-up publish (the last one repeats)."""
 POD_LIST_RESEND_BATCHES = AgentSettings.pod_list_resend_batches
 TOPOLOGY_REFRESH_SECONDS = AgentSettings.topology_refresh_seconds
+SLO_REFRESH_SECONDS: Final = 30.0
+"""How often the simulated nodes read their NodeSLOs (an agent watches its key; 30 s is often enough here)."""
 
 
-def make_nodes(count: int, *, pods_per_node: int, seed: int = 7) -> list[SimulatedNode]:
-    return [
-        SimulatedNode(name, seed=seed + i, pods=pods_per_node) for i, name in enumerate(simulated_node_names(count))
-    ]
+def make_nodes(
+    count: int, *, pods_per_node: int, seed: int = 7, loads: Mapping[str, tuple[float, float]] | None = None
+) -> list[SimulatedNode]:
+    """`count` nodes; `loads`: (online share of the CPU, peak hour) of the nodes that differ from the default."""
+    nodes = []
+    for i, name in enumerate(simulated_node_names(count)):
+        load = (loads or {}).get(name)
+        if load is None:
+            nodes.append(SimulatedNode(name, seed=seed + i, pods=pods_per_node))
+        else:
+            share, peak = load
+            nodes.append(SimulatedNode(name, seed=seed + i, pods=pods_per_node, online_share=share, peak_hour=peak))
+    return nodes
 
 
 async def publish_window(
@@ -67,12 +81,14 @@ async def publish_window(
     window_end: float,
     *,
     thinners: dict[str, PodListThinner] | None = None,
+    qos: NodeQos | None = None,
 ) -> int:
     """Publish one batch per node for [window_start, window_end), and what an agent publishes for the batch pods the
     node's placement evicted at the window's start (each PodEvictionRequested, and the eviction loops' ActuationApplied
     naming them); returns how many batches were new (not duplicates).
 
     With `thinners` (one per node, kept across windows) unchanged pod lists are left out like a real agent does.
+    With `qos` each node's cpu-suppress loop plans in dry-run over the window's last second (agent.simulate_qos).
     """
     batches: list[tuple[str, bytes, str]] = []
     evictions: list[tuple[str, bytes, str]] = []
@@ -85,6 +101,8 @@ async def publish_window(
         )
         evictions.extend(evict_loop.eviction_message(request) for request in node.last_evictions)
         evictions.extend(actuation_message(event) for event in evict_loop.requested_actuations(node.last_evictions))
+        if qos is not None:
+            evictions.extend(actuation_message(event) for event in qos.plan(node))
     acks = await bus.publish_many([*batches, *evictions])
     return sum(1 for a in acks[: len(batches)] if not a.duplicate)
 
@@ -122,6 +140,46 @@ async def publish_topologies(bus: Bus, nodes: list[SimulatedNode], *, at: float)
 
 SIMULATED_COLOCATION: Final = {"enable": True}
 """The colocation-config of a simulated cluster: Koordinator's defaults with colocation on."""
+SIMULATED_THRESHOLDS: Final = {
+    "clusterStrategy": {"enable": True, "cpuSuppressThresholdPercent": 65, "cpuSuppressPolicy": "cfsQuota"}
+}
+"""Its resource-threshold-config: BE CPU suppress on (Koordinator's 65 %), by CFS quota."""
+RESOURCE_THRESHOLD_KEY: Final = "resource-threshold-config"
+
+
+class NodeQos:
+    """The simulated nodes' QoS loops in dry-run: each node's cpu-suppress and be-cgroup planners over its NodeSLO, read
+    from the KV bucket as the node's agent reads its own key (`refresh`, every NodeSLO refresh of the agent)."""
+
+    def __init__(self, nodes: list[SimulatedNode]) -> None:
+        self.suppress = {node.name: SuppressPlanner(node.name, cpu_cores=node.cpu_cores) for node in nodes}
+        self.be_cgroups = {node.name: BeCgroupPlanner(node.name) for node in nodes}
+        self.slos: dict[str, tuple[dict[str, object], int]] = {}
+
+    async def refresh(self, bus: Bus) -> None:
+        for name in self.suppress:
+            stored = await bus.last_on_subject(streams.KV_KOORD_SLO, subjects.slo_key(name), direct=True)
+            if stored is None or stored.headers.get("KV-Operation") in ("DEL", "PURGE"):
+                self.slos.pop(name, None)
+                continue
+            try:
+                spec = NODE_SLO_DECODER.decode(stored.data).spec
+            except msgspec.MsgspecError:
+                continue
+            if not spec_problems(spec):
+                self.slos[name] = (effective_slo(spec), stored.stream_seq)
+
+    def plan(self, node: SimulatedNode) -> list[ActuationApplied]:
+        """The events of the node's loops over its latest window (none before its NodeSLO is read)."""
+        tick, listed = node.last_second
+        slo = self.slos.get(node.name)
+        if tick is None or slo is None:
+            return []
+        events = [
+            self.suppress[node.name].plan(tick, listed, slo=slo[0], slo_revision=slo[1]),
+            self.be_cgroups[node.name].plan(tick.at, listed, slo=slo[0], slo_revision=slo[1]),
+        ]
+        return [event for event in events if event is not None]
 
 
 async def publish_cluster(bus: Bus, nodes: list[SimulatedNode], *, at: float) -> None:
@@ -145,7 +203,10 @@ async def publish_cluster(bus: Bus, nodes: list[SimulatedNode], *, at: float) ->
         name=colocation.CONFIGMAP_NAME,
         observed_at=at,
         resource_version="1",
-        data={colocation.COLOCATION_CONFIG_KEY: json.dumps(SIMULATED_COLOCATION)},
+        data={
+            colocation.COLOCATION_CONFIG_KEY: json.dumps(SIMULATED_COLOCATION),
+            RESOURCE_THRESHOLD_KEY: json.dumps(SIMULATED_THRESHOLDS),
+        },
     )
     subject = subjects.cluster_configmap(colocation.CONFIGMAP_NAMESPACE, colocation.CONFIGMAP_NAME)
     messages.append((subject, msgspec.json.encode(config), msg_id("simulated", "colocation-config")))
@@ -196,12 +257,14 @@ async def run_simulation(
     backfill_seconds: float = 0.0,
     cluster: bool = False,
     close_loop: bool = False,
+    qos: bool = False,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
 ) -> None:
     """Backfill, then publish every `interval` forever (until cancelled; `sleep` waits for the next window).
     `cluster`: also publish the nodes as the Kubernetes bridge would (only where no real cluster is connected).
-    `close_loop`: place batch pods within each node's batch allocatable as the noderesource service decides it."""
+    `close_loop`: place batch pods within each node's batch allocatable as the noderesource service decides it.
+    `qos`: each node's QoS loops plan in dry-run after the backfill (NodeQos), their actuations published."""
     now = clock()
     if close_loop:
         for node in nodes:
@@ -214,6 +277,7 @@ async def run_simulation(
             interval=interval,
             backfill_seconds=backfill_seconds,
             cluster=cluster,
+            qos=NodeQos(nodes) if qos else None,
             clock=clock,
             sleep=sleep,
         )
@@ -231,6 +295,7 @@ async def _publish_forever(
     interval: float,
     backfill_seconds: float,
     cluster: bool,
+    qos: NodeQos | None,
     clock: Callable[[], float],
     sleep: Callable[[float], Awaitable[object]],
 ) -> None:
@@ -244,6 +309,7 @@ async def _publish_forever(
     await _until_published("the node states", functools.partial(publish_states, bus, nodes, at=start))
     await _until_published("the node topologies", functools.partial(publish_topologies, bus, nodes, at=now))
     topology_due = now + TOPOLOGY_REFRESH_SECONDS
+    slo_due = now
     while window < current:
         await _until_published(
             f"the backfill window at {window:.0f}",
@@ -255,8 +321,14 @@ async def _publish_forever(
     while True:
         next_end = window + interval
         await sleep(max(next_end - clock(), 0.0))
+        if qos is not None and clock() >= slo_due:
+            try:
+                await qos.refresh(bus)
+                slo_due = clock() + SLO_REFRESH_SECONDS
+            except BusError as e:  # the last NodeSLOs read stay in effect, as an agent keeps its last good one
+                log.warning("simulation: could not read the NodeSLOs: %s", e)
         try:
-            await publish_window(bus, nodes, window, next_end, thinners=thinners)
+            await publish_window(bus, nodes, window, next_end, thinners=thinners, qos=qos)
         except Exception as e:  # the bus may be away; the simulation skips the window like a lossy agent would
             log.warning("simulation: could not publish window %s: %s", window, e)
         window = next_end

@@ -30,6 +30,8 @@ from services.common import settings as settings_loader
 log = logging.getLogger(__name__)
 
 
+SIMULATION_MIGRATION_ARGS_FILE = "simulation-migration-args.yaml"
+"""With --simulate-nodes and no cluster: the migration service's args (koordbus.simcluster.descheduling)."""
 NATS_CREDS_FILE = "nats-creds.json"
 """`koordbus up` with its embedded nats-server: the credentials of the one NATS user it lets in, which every
 in-process client connects as (generated on first start, mode 0600; pass it as --nats-creds to join another
@@ -109,6 +111,8 @@ async def run_up(args: argparse.Namespace) -> int:
     from agent.simulate import simulated_node_names
     from agent.topology_watch import reporter_for
     from koordbus import runtime, simulation
+    from koordbus.simcluster import descheduling
+    from koordbus.simcluster.loop import Extender, SimCluster
     from services.api.app import ApiContext, create_app
     from services.api.settings import ApiSettings
     from services.common import observe
@@ -170,12 +174,20 @@ async def run_up(args: argparse.Namespace) -> int:
         quota = await quota_component.build(
             stack, bus=bus, engine=engine, registry=registry, settings=settings_loader.load(QuotaSettings)
         )
-        migration = migration_settings(None)
+        migration = migration_settings(_simulation_migration_args(args, data_dir))
         migration_service = await start_migration(stack, bus, registry, migration, engine=engine)
         cluster = await bridge_cluster(
-            stack, bus, registry, kubeconfig=args.kubeconfig, record_only_without_config=True, dry_run=args.dry_run
+            stack,
+            bus,
+            registry,
+            kubeconfig=args.kubeconfig,
+            record_only_without_config=True,
+            dry_run=args.dry_run,
+            record_verbs=bool(args.simulate_nodes),
         )
-        if cluster.recorded_writes is None:  # the bridge writes to a cluster: passed jobs are carried out
+        # with a cluster, or the simulated one (whose cluster carries out the recorded evictions): jobs are carried out
+        executor_runs = cluster.recorded_writes is None or cluster.recorded_verbs is not None
+        if executor_runs:
             await start_migration_executor(stack, bus, registry, migration)
         scheduler = None
         if extender_port is not None:
@@ -218,10 +230,13 @@ async def run_up(args: argparse.Namespace) -> int:
                 reporter = reporter_for(agent_settings, bus, reserved_cpus=reserved)
                 runtime.background(stack, reporter.run(), name="topology")
         if args.simulate_nodes:
-            nodes = simulation.make_nodes(args.simulate_nodes, pods_per_node=args.simulate_pods)
             # Without a real cluster the simulation publishes its nodes, so the noderesource service decides their
-            # batch resources and the simulated batch pods follow them (with a real cluster it never would).
+            # batch resources and the simulated batch pods follow them (with a real cluster it never would); and
+            # it runs the cluster around them (koordbus.simcluster): teams, their pods, hot nodes, migrations.
             simulated_cluster = cluster.recorded_writes is not None
+            names = simulated_node_names(args.simulate_nodes)
+            loads = descheduling.node_loads(names) if simulated_cluster else None
+            nodes = simulation.make_nodes(args.simulate_nodes, pods_per_node=args.simulate_pods, loads=loads)
             runtime.background(
                 stack,
                 simulation.run_simulation(
@@ -230,9 +245,30 @@ async def run_up(args: argparse.Namespace) -> int:
                     backfill_seconds=args.simulate_backfill,
                     cluster=simulated_cluster,
                     close_loop=simulated_cluster,
+                    qos=simulated_cluster,
                 ),
                 name="simulation",
             )
+            if simulated_cluster:
+                sim_cluster = SimCluster(
+                    bus,
+                    nodes,
+                    api=f"http://{_loopback(api_settings.host)}:{api_settings.port}",
+                    token=_simulation_token(api_settings, data_dir),
+                    running_since=time.time() - args.simulate_backfill,
+                    extender=None
+                    if scheduler is None
+                    else Extender(
+                        url=scheduler.url,
+                        ca=str(scheduler.tls.ca),
+                        cert=str(scheduler.tls.client_cert),
+                        key=str(scheduler.tls.client_key),
+                    ),
+                )
+                if cluster.recorded_verbs is not None:
+                    cluster.recorded_verbs.on_evict = sim_cluster.evicted
+                runtime.background(stack, sim_cluster.run(), name="simulated-cluster")
+        simulated = bool(args.simulate_nodes) and cluster.recorded_writes is not None
         base = f"http://{api_settings.host}:{api_settings.port}"
         tokens_where = (
             api_settings.api_tokens_file
@@ -256,9 +292,10 @@ async def run_up(args: argparse.Namespace) -> int:
             f"  API token   {tokens_where}\n"
             f"  agent       {'off' if args.no_agent else local_node_name()}"
             f"   simulated nodes: {args.simulate_nodes}\n"
+            f"{_simulation_banner(args, data_dir, simulated_cluster=simulated)}"
             f"  cluster     {cluster.banner}\n"
             f"{_extender_banner(scheduler, node=try_node)}"
-            f"  not running {_not_running(cluster_connected=cluster.recorded_writes is None)}\n"
+            f"  not running {_not_running(executor=executor_runs)}\n"
             f"NodeMetrics appear after the first report interval ({nm_settings.report_interval_seconds} s of samples)."
             f" Ctrl-C stops.",
             flush=True,
@@ -266,6 +303,61 @@ async def run_up(args: argparse.Namespace) -> int:
         await stop.wait()
         print("koordbus: shutting down …", flush=True)
     return 0
+
+
+def _simulation_migration_args(args: argparse.Namespace, data_dir: Path) -> str | None:
+    """The MigrationControllerArgs file of the simulated cluster (load-aware descheduling on, jobs evicting
+    directly; koordbus.simcluster.descheduling), written to the data dir; None without --simulate-nodes, with a
+    cluster, or when KOORDBUS_MIGRATION_ARGS_FILE names one."""
+    from koordbus.simcluster import descheduling
+
+    if not args.simulate_nodes or args.kubeconfig or os.environ.get("KOORDBUS_MIGRATION_ARGS_FILE"):
+        return None
+    path = data_dir / SIMULATION_MIGRATION_ARGS_FILE
+    path.write_text(descheduling.MIGRATION_ARGS, encoding="utf-8")
+    return str(path)
+
+
+def _simulation_token(settings: Any, data_dir: Path) -> str:
+    """A token the simulated cluster calls the API with: `up`'s admin token, else the first admin or quota-admin
+    token of the token file ("" with authentication off)."""
+    if not settings.auth_enabled:
+        return ""
+    if not settings.api_tokens_file:
+        return (data_dir / API_TOKEN_FILE).read_text().strip()
+    for line in Path(settings.api_tokens_file).read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and not line.lstrip().startswith("#") and fields[1] in ("admin", "quota-admin"):
+            return fields[0]
+    log.warning("the simulated cluster finds no admin or quota-admin token in %s: it cannot import its quotas")
+    return ""
+
+
+def _loopback(host: str) -> str:
+    """Where this process reaches its own API bound to `host`."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+def _simulation_banner(args: argparse.Namespace, data_dir: Path, *, simulated_cluster: bool) -> str:
+    """What the simulated cluster runs, for the banner (nothing without --simulate-nodes)."""
+    from koordbus.simcluster import descheduling, teams
+
+    if not args.simulate_nodes:
+        return ""
+    if not simulated_cluster:
+        return "  simulation  nodes only: the cluster is a real one (its pods, quotas and migrations are its own)\n"
+    args_file = os.environ.get("KOORDBUS_MIGRATION_ARGS_FILE") or data_dir / SIMULATION_MIGRATION_ARGS_FILE
+    count = descheduling.hot_count(args.simulate_nodes)
+    hot = f"{count} hot nodes" if count else f"no hot node (fewer than {descheduling.MIN_NODES_WITH_HOT} nodes)"
+    names = ", ".join(t.name for t in teams.TEAMS)
+    return (
+        "  simulation  a cluster around the nodes (docs/up.md#the-simulated-cluster):\n"
+        f"              quota tree {teams.PARENT} of teams {names}, their pods placed\n"
+        "              through the extender's filter/prioritize/bind and finished over time (Quotas page);\n"
+        f"              {hot}, load-aware descheduling on ({args_file}),\n"
+        "              migrations carried out on the simulated cluster (Migrations page);\n"
+        "              the nodes' cpu-suppress and be-cgroup loops in dry-run (Node pages)\n"
+    )
 
 
 def _extender_banner(running: extender.RunningExtender | None, *, node: str) -> str:
@@ -281,7 +373,7 @@ def _extender_banner(running: extender.RunningExtender | None, *, node: str) -> 
     )
 
 
-def _not_running(*, cluster_connected: bool) -> str:
+def _not_running(*, executor: bool) -> str:
     """What `up` leaves out, for the banner."""
     parts = [
         "the admission webhook (`koordbus service webhook` answers a kube-apiserver's AdmissionReviews; with no "
@@ -289,7 +381,7 @@ def _not_running(*, cluster_connected: bool) -> str:
         "the NATS auth callout (natsauth, for agents signing in with ServiceAccount tokens: `up` connects as one "
         "NATS user)",
     ]
-    if not cluster_connected:
+    if not executor:
         parts.append("the migration executor (no cluster: passed migration jobs are arbitrated, not carried out)")
     return ";\n              ".join(parts)
 

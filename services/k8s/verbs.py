@@ -8,13 +8,14 @@ PodMigrationJob's status subresource or deletes the job, and the answer carries 
 (a successful read its object, as sent). An unreachable API server is status 0. Nothing is decided or retried here:
 the asker reads the status and tries again on its next pass. Evictions of every policy are counted in
 `koordbus_k8s_writes{object="eviction"}` by answer (evicted, gone, replaced, blocked, failed). Started by the
-composition root (koordbus.bridge) only when the bridge writes to a cluster.
+composition root (koordbus.bridge) when the bridge writes to a cluster, and over recorded verbs
+(services.k8s.recording_verbs) when `koordbus up` runs the simulated cluster.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import msgspec
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
@@ -95,8 +96,14 @@ class KubeVerbs:
                 return self._custom.delete_cluster_custom_object(*PMJ, name, **options)
 
 
+class Verbs(Protocol):
+    """Carries out one verb: KubeVerbs against an API server, services.k8s.recording_verbs.RecordingVerbs without."""
+
+    async def carry_out(self, verb: wire.Verb) -> wire.VerbAnswer: ...
+
+
 class VerbResponder:
-    def __init__(self, bus: Bus, verbs: KubeVerbs, *, registry: CollectorRegistry, concurrency: int = 16) -> None:
+    def __init__(self, bus: Bus, verbs: Verbs, *, registry: CollectorRegistry, concurrency: int = 16) -> None:
         self.bus = bus
         self.verbs = verbs
         self._concurrency = concurrency

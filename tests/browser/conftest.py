@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -34,6 +35,8 @@ NO_CHROMIUM = (
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "browser"
 SIMULATED_NODES = 50
+SCREENSHOTS = Path(os.environ["KOORDBUS_SCREENSHOTS_DIR"]) if os.environ.get("KOORDBUS_SCREENSHOTS_DIR") else None
+"""Where `make screenshots` wants a copy of each screenshot (docs/screenshots), besides the artefacts."""
 TOKEN_KEY = "koordbus.token"
 
 
@@ -68,6 +71,8 @@ class Koordbus:
     token: str
     process: subprocess.Popen[str]
     log: Path
+    started: float = 0.0
+    """When the process was started (time.monotonic)."""
 
     def call(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -84,20 +89,26 @@ def koordbus_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Koordbus]:
     """`koordbus up --simulate-nodes 50` (no local agent: the page's node count is then exact), ready once every
     simulated node has a NodeMetric and its capacity in the dashboard's overview and is past its backfill (not
     stale)."""
+    yield from run_up(tmp_path_factory, nodes=SIMULATED_NODES)
+
+
+def run_up(tmp_path_factory: pytest.TempPathFactory, *, nodes: int) -> Iterator[Koordbus]:
+    """`koordbus up --simulate-nodes <nodes>` until the generator is closed, yielded once every node is ready."""
     data = tmp_path_factory.mktemp("up")
     port = free_port()
     log = data / "koordbus-up.log"
     command = [
         sys.executable, "-m", "koordbus.cli", "up", "--data-dir", str(data / "data"), "--port", str(port),
-        "--simulate-nodes", str(SIMULATED_NODES), "--no-agent", "--extender-port", "0",
+        "--simulate-nodes", str(nodes), "--no-agent", "--extender-port", "0",
     ]  # fmt: skip
+    started = time.monotonic()
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, text=True)
-    up = Koordbus(base=f"http://127.0.0.1:{port}", token="", process=process, log=log)
+    up = Koordbus(base=f"http://127.0.0.1:{port}", token="", process=process, log=log, started=started)
     try:
         deadline = time.monotonic() + 120
         ready = 0
-        while time.monotonic() < deadline and ready < SIMULATED_NODES:
+        while time.monotonic() < deadline and ready < nodes:
             assert process.poll() is None, f"koordbus up exited early:\n{log.read_text()[-3000:]}"
             try:
                 up.token = up.token or (data / "data" / "api-token").read_text().strip()
@@ -106,7 +117,7 @@ def koordbus_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Koordbus]:
             except (OSError, urllib.error.URLError):
                 pass
             time.sleep(0.5)
-        assert ready == SIMULATED_NODES, f"only {ready} nodes ready:\n{log.read_text()[-3000:]}"
+        assert ready == nodes, f"only {ready} nodes ready:\n{log.read_text()[-3000:]}"
         yield up
     finally:
         process.send_signal(signal.SIGINT)
@@ -140,6 +151,9 @@ class Page:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         path = ARTIFACTS / f"{name}.png"
         self.page.screenshot(path=str(path), full_page=True)
+        if SCREENSHOTS is not None:  # `make screenshots`: the documentation's copy too
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, SCREENSHOTS / path.name)
         return path
 
 

@@ -87,7 +87,7 @@ export function migrationsPage(root, {signal, params}) {
           h("td", {}, e.job ? h("a", {href: `#/migrations/${encodeURIComponent(e.job)}`}, e.job) : "–"),
           h("td", {}, e.reason)))));
     const omitted = round.nodesOmitted ? h("p", {class: "muted"}, `${round.nodesOmitted} more nodes not listed`) : null;
-    return [head, ...pools, nodeTable, omitted, h("h3", {}, "Pods to move"), moves];
+    return [head, ...pools, nodeTable, omitted, h("h3", {}, "Pods to move"), moves].filter((part) => part !== null);
   }
 
   let planned = false;
