@@ -28,6 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+import msgspec
+
 MIN_SAMPLE_WEIGHT: Final = 0.1
 EPSILON: Final = 0.001 * MIN_SAMPLE_WEIGHT
 """Koordinator's bucket weight below which a bucket counts as empty (computed in float64, as Go does)."""
@@ -285,23 +287,33 @@ def _safe_subtract(value: float, sub: float, epsilon: float) -> float:
     return 0.0 if value < epsilon else value
 
 
-class Histogram:
+class _Options(msgspec.Struct, gc=False):
+    """The histogram's options, its one positional field (the state's fields are keyword-only)."""
+
+    options: Options
+
+
+class Histogram(_Options, kw_only=True, gc=False):
     """A plain histogram: sample times are ignored.
 
     The weights are stored densely over the range of buckets used so far (`_lo` is the first), unboxed in an array:
     a model's samples fall in a narrow band of buckets, so this is a fraction of a dict's memory (the nodemetric
     service holds two histograms per pod of every node). A bucket outside the range weighs 0.0, as do the zeros
-    inside it; adding 0.0 or scaling it changes nothing, so the arithmetic is the sparse one's."""
+    inside it; adding 0.0 or scaling it changes nothing, so the arithmetic is the sparse one's.
 
-    __slots__ = ("_lo", "_w", "max_bucket", "min_bucket", "options", "total")
+    Not tracked by Python's cycle collector (gc=False; it holds no cycles): the nodemetric service holds two per pod,
+    over two million at 10,000 nodes × 100 pods, and a full collection scanning them took about a second."""
 
-    def __init__(self, options: Options) -> None:
-        self.options = options
-        self._lo = 0
-        self._w = array("d")
-        self.total = 0.0
-        self.min_bucket = options.num_buckets - 1
-        self.max_bucket = 0
+    _lo: int = 0
+    _w: array[float] = msgspec.field(default_factory=lambda: array("d"))
+    total: float = 0.0
+    min_bucket: int = -1
+    """-1 until made: the last bucket of the options."""
+    max_bucket: int = 0
+
+    def __post_init__(self) -> None:
+        if self.min_bucket == -1:
+            self.min_bucket = self.options.num_buckets - 1
 
     @property
     def weights(self) -> dict[int, float]:
@@ -416,18 +428,17 @@ class Histogram:
         self.max_bucket = next((b for b in reversed(heavy) if b <= self.max_bucket), 0)
 
 
-class DecayingHistogram(Histogram):
+class DecayingHistogram(Histogram, gc=False):
     """A histogram whose samples lose half their weight every `half_life_ns`, relative to later ones."""
 
-    __slots__ = ("half_life_ns", "reference_ns")
+    half_life_ns: int
+    reference_ns: int = 0
+    """Go time of weight 1 (the zero time until the first sample moves it)."""
 
-    def __init__(self, options: Options, half_life_ns: int) -> None:
-        if half_life_ns <= 0:
+    def __post_init__(self) -> None:
+        if self.half_life_ns <= 0:
             raise HistogramError("halfLife must be positive")
-        super().__init__(options)
-        self.half_life_ns = half_life_ns
-        self.reference_ns = 0
-        """Go time of weight 1 (the zero time until the first sample moves it)."""
+        super().__post_init__()
 
     @classmethod
     def restored(

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple, Protocol
 
+import msgspec
+
 from schemas import kube, quantity, resources, vocab
 from schemas.resources import CPU, MEMORY, ResourceList
 from services.nodemetric import aggregate, histogram
@@ -91,8 +93,10 @@ class PodUsage(NamedTuple):
     memory: float
 
 
-@dataclass(slots=True)
-class Model:
+class Model(msgspec.Struct, gc=False):
+    """A pod's (or a class's, the system's, the node's) two histograms; not tracked by the cycle collector, as they
+    are not (a million of them at 10,000 nodes × 100 pods)."""
+
     cpu: histogram.DecayingHistogram
     memory: histogram.DecayingHistogram
     last_updated_ns: int
