@@ -16,6 +16,7 @@ import itertools
 import json
 import logging
 import math
+import random
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -29,7 +30,7 @@ from nats.aio.msg import Msg
 from nats.js import api as js_api
 from nats.js.client import JetStreamContext
 
-from bus import subjects
+from bus import retry, subjects
 from bus._loop import Fetched, LoopConsumer
 from bus.api import (
     HEADER_MSG_ID,
@@ -193,6 +194,8 @@ class JetStreamBus:
         self._in_flight = 0
         self.in_flight_peak = 0
         """Most publishes outstanding at once: instrumentation for the in-flight bound."""
+        self.publish_retries: collections.Counter[str] = collections.Counter()
+        """Publishes sent again because the cluster could not take them (bus.retry), by bus.retry.Failure value."""
         self._consumers: list[LoopConsumer] = []
         self._ack_prefix: str | None = None
         self._ack_tokens = itertools.count()
@@ -210,8 +213,9 @@ class JetStreamBus:
         token: Callable[[], str] | None = None,
         ping_interval: float = PING_INTERVAL_SECONDS,
     ) -> JetStreamBus:
-        """Connect (as `user` when given, or with the token `token()` returns, asked again at every reconnect: a
-        Kubernetes token file rotates) and keep reconnecting forever (with nats-py's backoff) if the server goes
+        """Connect to `url` (a NATS cluster's servers comma-separated: any of them, the others for reconnects) as
+        `user` when given, or with the token `token()` returns, asked again at every reconnect: a Kubernetes token
+        file rotates; and keep reconnecting forever (with nats-py's backoff) if the server goes
         away or stops answering PINGs (MAX_OUTSTANDING_PINGS × `ping_interval`)."""
 
         async def on_error(e: Exception) -> None:
@@ -236,7 +240,7 @@ class JetStreamBus:
         nc = _Client()
         try:
             await nc.connect(
-                url,
+                [u.strip() for u in url.split(",")] if "," in url else url,
                 name=name,
                 ping_interval=ping_interval,  # type: ignore[arg-type]  # an int in nats-py's hints; a sleep's delay
                 max_outstanding_pings=MAX_OUTSTANDING_PINGS,
@@ -261,18 +265,35 @@ class JetStreamBus:
     # --- streams
 
     async def ensure_streams(self, specs: Iterable[StreamSpec]) -> None:
+        """Create each stream, or bring it to its spec. On a cluster, what a forming cluster or an election answers
+        (a peer not yet known online, no meta leader for a moment) is retried for up to
+        bus.retry.PUBLISH_RETRY_SECONDS per stream."""
         for spec in specs:
-            want = stream_config(spec)
-            try:
-                info = await self._js.stream_info(spec.name)
-            except nats.js.errors.NotFoundError:
-                await self._api(self._js.add_stream(want), f"create stream {spec.name}")
-                continue
-            except _UNAVAILABLE as e:
-                raise BusUnavailableError(f"stream info {spec.name}: {e}") from e
-            if stream_differs(info.config, want):
-                log.info("updating stream %s to its spec", spec.name)
-                await self._api(self._js.update_stream(want), f"update stream {spec.name}")
+            loop = asyncio.get_running_loop()
+            give_up_at = loop.time() + retry.PUBLISH_RETRY_SECONDS
+            attempt = 0
+            while True:
+                try:
+                    await self._ensure_stream(spec)
+                    break
+                except (nats.js.errors.APIError, *_UNAVAILABLE) as e:
+                    failure = _failure(e)
+                    if failure is None or not self._may_retry(failure, {HEADER_MSG_ID: "idempotent"}, give_up_at):
+                        raise _api_error(e, f"ensure stream {spec.name}") from e
+                    attempt += 1
+                    log.info("stream %s: the cluster cannot take it yet (%s); retrying", spec.name, e)
+                    await self._back_off(failure, attempt)
+
+    async def _ensure_stream(self, spec: StreamSpec) -> None:
+        want = stream_config(spec)
+        try:
+            info = await self._js.stream_info(spec.name)
+        except nats.js.errors.NotFoundError:
+            await self._js.add_stream(want)
+            return
+        if stream_differs(info.config, want):
+            log.info("updating stream %s to its spec", spec.name)
+            await self._js.update_stream(want)
 
     async def stream_info(self, stream: str) -> tuple[int, int]:
         info = await self._api(self._js.stream_info(stream), f"stream info {stream}")
@@ -359,10 +380,8 @@ class JetStreamBus:
     async def _api(self, call: Any, what: str) -> Any:
         try:
             return await call
-        except _UNAVAILABLE as e:
-            raise BusUnavailableError(f"{what}: {e}") from e
-        except nats.js.errors.APIError as e:
-            raise BusError(f"{what}: {e}") from e
+        except (nats.js.errors.APIError, *_UNAVAILABLE) as e:
+            raise _api_error(e, what) from e
 
     # --- publishing
 
@@ -389,29 +408,82 @@ class JetStreamBus:
         # js.publish is a request on the connection's shared reply inbox, so concurrent calls pipeline.
         # (publish_async would too, but nats-py 2.16 raises stream errors inside its reply callback
         # instead of failing the future, so a rejected publish would hang until the timeout.)
-        try:
-            return await self._js.publish(subject, data, timeout=PUBLISH_TIMEOUT_SECONDS, headers=headers)
-        except nats.js.errors.NoStreamResponseError as e:
-            raise BusUnavailableError(f"no stream for subject {subject} (or no server answered)") from e
-        except _UNAVAILABLE as e:
-            raise BusUnavailableError(f"publish {subject}: {type(e).__name__} {e}") from e
-        except nats.js.errors.APIError as e:
-            if e.err_code == ERR_WRONG_LAST_SEQUENCE:
-                expected = int(headers[HEADER_EXPECTED_LAST_SUBJECT_SEQ])
-                raise ConflictError(f"{subject}: {e.description}", subject=subject, expected=expected) from e
-            raise BusError(f"publish {subject}: {e}") from e
+        # On a cluster, what a leader election answers is retried (bus.retry).
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + retry.PUBLISH_RETRY_SECONDS
+        attempt = 0
+        while True:
+            try:
+                return await self._js.publish(subject, data, timeout=PUBLISH_TIMEOUT_SECONDS, headers=headers)
+            except Exception as e:
+                failure = _failure(e)
+                if failure is None or not self._may_retry(failure, headers, give_up_at):
+                    raise _publish_error(e, subject, headers) from e
+                attempt += 1
+                await self._back_off(failure, attempt)
+
+    def _clustered(self) -> bool:
+        """The server we are connected to is a cluster's member (its INFO names the cluster)."""
+        info = getattr(self._nc, "_server_info", None) or {}
+        return bool(info.get("cluster"))
+
+    def _may_retry(self, failure: retry.Failure, headers: Mapping[str, str], give_up_at: float) -> bool:
+        return (
+            self._clustered()
+            and retry.may_retry(failure, has_msg_id=HEADER_MSG_ID in headers)
+            and asyncio.get_running_loop().time() < give_up_at
+        )
+
+    async def _back_off(self, failure: retry.Failure, attempt: int) -> None:
+        self.publish_retries[failure.value] += 1
+        await asyncio.sleep(retry.delay(attempt, jitter=random.random()))
 
     async def publish_many(self, messages: Sequence[tuple[str, bytes, str]]) -> list[PublishAck]:
         """Pipelined: every message goes out at once (within the in-flight bound) with its own reply subject on one
         shared ack inbox, and the acks are awaited together under one timeout — no task or timer per message, which
-        is most of what a single `publish` costs. The first failed ack raises once all are in."""
+        is most of what a single `publish` costs. On a cluster, the messages a leader election refused (or, with a
+        msg id, left unanswered) are sent again (bus.retry). The first failed ack raises once all are in."""
         if not messages:
             return []
         for subject, _, _ in messages:  # before anything is sent: the batch fails whole, the connection lives
             subjects.check_publishable(subject)
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + retry.PUBLISH_RETRY_SECONDS
+        results: list[PublishAck | Exception | None] = [None] * len(messages)
+        todo = list(range(len(messages)))
+        attempt = 0
+        while True:
+            replies = await self._publish_round([messages[i] for i in todo])
+            again: list[int] = []
+            worst: retry.Failure | None = None
+            for i, reply in zip(todo, replies, strict=True):
+                subject, _, mid = messages[i]
+                try:
+                    results[i] = _publish_ack(reply, subject)
+                    continue
+                except BusError as e:
+                    results[i] = e
+                failure = _reply_failure(reply)
+                headers = {HEADER_MSG_ID: mid} if mid else {}
+                if failure is not None and self._may_retry(failure, headers, give_up_at):
+                    again.append(i)
+                    worst = failure
+            if not again or worst is None:
+                break
+            attempt += 1
+            await self._back_off(worst, attempt)
+            todo = again
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        return [r for r in results if isinstance(r, PublishAck)]
+
+    async def _publish_round(self, messages: Sequence[tuple[str, bytes, str]]) -> list[Msg | None]:
+        """Send `messages` and wait for their acks under one timeout; a reply each, None where none came in time."""
         prefix = await self._ack_inbox()
         loop = asyncio.get_running_loop()
-        waiting: list[tuple[str, str, asyncio.Future[Msg]]] = []
+        waiting: list[asyncio.Future[Msg]] = []
+        tokens: list[str] = []
         try:
             for subject, data, mid in messages:
                 await self._in_flight_bound.acquire()
@@ -421,19 +493,28 @@ class JetStreamBus:
                 future: asyncio.Future[Msg] = loop.create_future()
                 future.add_done_callback(self._release_in_flight)
                 self._ack_waiters[token] = future
-                waiting.append((token, subject, future))
+                waiting.append(future)
+                tokens.append(token)
                 headers = {HEADER_MSG_ID: mid} if mid else None
                 await self._nc.publish(subject, data, reply=f"{prefix}.{token}", headers=headers)
-            async with asyncio.timeout(PUBLISH_TIMEOUT_SECONDS):
-                replies = await asyncio.gather(*(future for _, _, future in waiting))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(PUBLISH_TIMEOUT_SECONDS):
+                    await asyncio.wait(waiting)
         except _UNAVAILABLE as e:
-            raise BusUnavailableError(f"publish of {len(messages)} messages: {type(e).__name__} {e}") from e
+            if not self._clustered() or not all(mid for _, _, mid in messages):
+                raise BusUnavailableError(f"publish of {len(messages)} messages: {type(e).__name__} {e}") from e
         finally:
-            for token, _, future in waiting:
+            for token in tokens:
                 self._ack_waiters.pop(token, None)
-                if not future.done():
-                    future.cancel()
-        return [_publish_ack(reply, subject) for reply, (_, subject, _) in zip(replies, waiting, strict=True)]
+        replies = [f.result() if f.done() and not f.cancelled() else None for f in waiting]
+        for future in waiting:
+            if not future.done():
+                future.cancel()
+        replies += [None] * (len(messages) - len(replies))  # not even sent: the connection went away
+        if not self._clustered() and None in replies:
+            missing = f"no ack within {PUBLISH_TIMEOUT_SECONDS:g} s"
+            raise BusUnavailableError(f"publish of {len(messages)} messages: {missing}")
+        return replies
 
     async def _ack_inbox(self) -> str:
         """The subject prefix publish_many's acks come back on (one subscription per connection, made once)."""
@@ -603,8 +684,10 @@ class _Responder:
             await asyncio.gather(*self._answering, return_exceptions=True)
 
 
-def _publish_ack(reply: Msg, subject: str) -> PublishAck:
+def _publish_ack(reply: Msg | None, subject: str) -> PublishAck:
     """The stream's answer to one pipelined publish: its PubAck, or the error as the single publish raises it."""
+    if reply is None:
+        raise BusUnavailableError(f"publish {subject}: no ack within {PUBLISH_TIMEOUT_SECONDS:g} s")
     if (reply.headers or {}).get("Status") == NO_RESPONDERS_STATUS:
         raise BusUnavailableError(f"no stream for subject {subject} (or no server answered)")
     try:
@@ -613,8 +696,72 @@ def _publish_ack(reply: Msg, subject: str) -> PublishAck:
         raise BusError(f"publish {subject}: unreadable ack {reply.data[:200]!r}") from e
     error = answer.get("error")
     if error is not None:
-        raise BusError(f"publish {subject}: {error.get('description', error)} (code {error.get('err_code')})")
+        text = f"publish {subject}: {error.get('description', error)} (code {error.get('err_code')})"
+        if retry.temporary_api_error(error.get("err_code"), str(error.get("description", ""))):
+            raise BusUnavailableError(text)
+        raise BusError(text)
     return PublishAck(stream=answer["stream"], seq=int(answer["seq"]), duplicate=bool(answer.get("duplicate")))
+
+
+def _failure(error: Exception) -> retry.Failure | None:
+    """What a failed single publish says about the cluster (bus.retry); None: not the cluster's doing."""
+    if isinstance(error, nats.errors.NoRespondersError | nats.js.errors.NoStreamResponseError):
+        return retry.Failure.NO_RESPONDERS
+    if isinstance(error, nats.js.errors.APIError):
+        return retry.Failure.UNAVAILABLE if _temporary(error) else None
+    if isinstance(
+        error,
+        nats.errors.TimeoutError
+        | TimeoutError
+        | nats.errors.ConnectionReconnectingError
+        | nats.errors.StaleConnectionError,
+    ):
+        return retry.Failure.NO_ANSWER
+    return None
+
+
+def _temporary(error: nats.js.errors.APIError) -> bool:
+    return error.code == 503 or retry.temporary_api_error(error.err_code, error.description or "")
+
+
+def _reply_failure(reply: Msg | None) -> retry.Failure | None:
+    """What a pipelined publish's reply (None: none came) says about the cluster (bus.retry)."""
+    if reply is None:
+        return retry.Failure.NO_ANSWER
+    if (reply.headers or {}).get("Status") == NO_RESPONDERS_STATUS:
+        return retry.Failure.NO_RESPONDERS
+    try:
+        error = json.loads(reply.data).get("error")
+    except (ValueError, AttributeError):
+        return None
+    if error and retry.temporary_api_error(error.get("err_code"), str(error.get("description", ""))):
+        return retry.Failure.UNAVAILABLE
+    return None
+
+
+def _api_error(error: Exception, what: str) -> BusError:
+    """A failed JetStream API call as the bus's error: unavailable for what the cluster may take later."""
+    if isinstance(error, _UNAVAILABLE) or (isinstance(error, nats.js.errors.APIError) and _temporary(error)):
+        return BusUnavailableError(f"{what}: {error}")
+    return BusError(f"{what}: {error}")
+
+
+def _publish_error(error: Exception, subject: str, headers: Mapping[str, str]) -> BusError:
+    """A failed single publish as the bus's error."""
+    if isinstance(error, nats.js.errors.NoStreamResponseError):
+        return BusUnavailableError(f"no stream for subject {subject} (or no server answered)")
+    if isinstance(error, _UNAVAILABLE):
+        return BusUnavailableError(f"publish {subject}: {type(error).__name__} {error}")
+    if isinstance(error, nats.js.errors.APIError):
+        if error.err_code == ERR_WRONG_LAST_SEQUENCE:
+            expected = int(headers[HEADER_EXPECTED_LAST_SUBJECT_SEQ])
+            return ConflictError(f"{subject}: {error.description}", subject=subject, expected=expected)
+        if _temporary(error):
+            return BusUnavailableError(f"publish {subject}: {error}")
+        return BusError(f"publish {subject}: {error}")
+    if isinstance(error, BusError):
+        return error
+    return BusError(f"publish {subject}: {type(error).__name__} {error}")
 
 
 class _MsgAcker:
