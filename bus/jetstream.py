@@ -37,6 +37,7 @@ from bus.api import (
     HEADER_RPC_ERROR,
     Bus,
     ConsumerSpec,
+    ConsumerStats,
     Delivery,
     FollowFrom,
     Handler,
@@ -57,6 +58,8 @@ PUBLISH_TIMEOUT_SECONDS = 10.0
 NO_RESPONDERS_STATUS = "503"
 """The status header NATS answers a request with when nothing listens on the subject (no stream)."""
 API_TIMEOUT_SECONDS = 5.0
+ACK_CONFIRM_SECONDS = 2.0
+"""On a cluster, an ack the server has not confirmed this long after it was sent is sent again (_PullSource.ack)."""
 READ_RECENT_BATCH = 256
 READ_RECENT_INACTIVE_SECONDS = 10.0
 FOLLOW_INACTIVE_SECONDS = 60.0
@@ -539,8 +542,9 @@ class JetStreamBus:
     # --- consuming
 
     def consume(self, spec: ConsumerSpec, handler: Handler, *, reset: bool = False) -> LoopConsumer:
-        source = _PullSource(self._nc, self._js, spec, reset=reset)
+        source = _PullSource(self._nc, self._js, spec, reset=reset, confirm_acks=self._clustered)
         consumer = LoopConsumer(source, handler, spec, publish_dead_letter=self._publish_dlq)
+        source.stats = consumer.stats
         self._consumers.append(consumer)
         return consumer
 
@@ -765,11 +769,15 @@ def _publish_error(error: Exception, subject: str, headers: Mapping[str, str]) -
 
 
 class _MsgAcker:
-    def __init__(self, msg: Msg) -> None:
+    def __init__(self, msg: Msg, source: _PullSource | None = None) -> None:
         self._msg = msg
+        self._source = source
 
     async def ack(self) -> None:
-        await self._msg.ack()
+        if self._source is not None:
+            await self._source.ack(self._msg)
+        else:
+            await self._msg.ack()
 
     async def nak(self, delay: float) -> None:
         await self._msg.nak(delay=delay)
@@ -804,10 +812,19 @@ class _PullSource:
         *,
         reset: bool,
         config: Callable[[], js_api.ConsumerConfig] | None = None,
+        confirm_acks: Callable[[], bool] = lambda: False,
     ) -> None:
         self._nc = nc
         self._js = js
         self._spec = spec
+        self._confirm_acks = confirm_acks
+        """Whether acks ask the server to confirm them (on a cluster; see `ack`)."""
+        self._unconfirmed: dict[str, tuple[Msg, float]] = {}
+        """Ack token → (message, monotonic time its ack was sent) until the server confirms it."""
+        self._ack_prefix: str | None = None
+        self._ack_sub: Any = None
+        self._ack_tokens = itertools.count()
+        self.stats: ConsumerStats | None = None
         self._reset = reset
         self._config = config or (lambda: consumer_config(spec))
         """The consumer to create when it is missing (at the first fetch, or after the server lost it)."""
@@ -857,10 +874,47 @@ class _PullSource:
         self._request_remaining -= 1
         self._arrived.set()
 
+    async def ack(self, msg: Msg) -> None:
+        """Ack `msg`. On a cluster the ack asks for the server's confirmation (an empty reply): an ack sent while
+        the consumer's leader is lost or being elected goes nowhere, and the new leader would redeliver the message
+        only after ack_wait (30 s: the whole consumer stalled that long behind it). Unconfirmed acks are sent again
+        (acking twice is harmless) at each fetch once ACK_CONFIRM_SECONDS old, until the server confirms them or
+        ack_wait has passed (the message comes back anyway, and the handler has seen it)."""
+        if not self._confirm_acks():
+            await msg.ack()
+            return
+        await self._send_ack(msg, time.monotonic())
+
+    async def _send_ack(self, msg: Msg, sent_at: float) -> None:
+        if self._ack_prefix is None:
+            prefix = self._nc.new_inbox()
+            self._ack_sub = await self._nc.subscribe(f"{prefix}.*", cb=self._on_ack_confirmed)
+            self._ack_prefix = prefix
+        token = str(next(self._ack_tokens))
+        self._unconfirmed[token] = (msg, sent_at)
+        await self._nc.publish(msg.reply, b"+ACK", reply=f"{self._ack_prefix}.{token}")
+
+    async def _on_ack_confirmed(self, msg: Msg) -> None:
+        if (msg.headers or {}).get("Status") == NO_RESPONDERS_STATUS:
+            return  # no consumer leader took it: it stays unconfirmed, to be sent again
+        self._unconfirmed.pop(msg.subject.rpartition(".")[2], None)
+
+    async def _resend_unconfirmed_acks(self) -> None:
+        now = time.monotonic()
+        due = [(t, m, at) for t, (m, at) in self._unconfirmed.items() if now - at >= ACK_CONFIRM_SECONDS]
+        for token, msg, first_sent in due:
+            del self._unconfirmed[token]
+            if now - first_sent < self._spec.ack_wait_seconds:
+                await self._send_ack(msg, now)
+                if self.stats is not None:
+                    self.stats.acks_resent += 1
+
     async def fetch(self) -> list[Fetched]:
+        if self._unconfirmed:
+            await self._resend_unconfirmed_acks()
         if self._lost and not self._buffer:
             log.info("consumer %s on %s: the server lost it; binding again", self._spec.durable, self._spec.stream)
-            await self.close()
+            await self._unbind()
             self._lost = False
         inbox = await self._bind()
         if self._request_remaining <= 0 or time.monotonic() >= self._request_until:
@@ -875,7 +929,7 @@ class _PullSource:
                     await self._arrived.wait()
         batch = [self._buffer.popleft() for _ in range(min(len(self._buffer), self._spec.batch_size))]
         # Acks and naks are plain publishes; flushing after the batch is not needed for correctness.
-        return [Fetched(_delivery(m), _MsgAcker(m)) for m in batch]
+        return [Fetched(_delivery(m), _MsgAcker(m, self)) for m in batch]
 
     async def _request(self, inbox: str) -> None:
         """Ask for another batch, expiring before the fetch's own wait does."""
@@ -896,6 +950,15 @@ class _PullSource:
         return (info.num_pending or 0) + (info.num_ack_pending or 0)
 
     async def close(self) -> None:
+        ack_sub, self._ack_sub, self._ack_prefix = self._ack_sub, None, None
+        self._unconfirmed.clear()
+        if ack_sub is not None and not self._nc.is_closed:
+            with contextlib.suppress(*_UNAVAILABLE, nats.errors.BadSubscriptionError):
+                await ack_sub.unsubscribe()
+        await self._unbind()
+
+    async def _unbind(self) -> None:
+        """Drop the pull subscription and what it buffered (acks still unconfirmed are kept: see `ack`)."""
         sub, self._sub, self._inbox = self._sub, None, None
         self._buffer.clear()
         self._request_remaining = 0

@@ -37,6 +37,8 @@ COUNTERS: Final[Mapping[str, str]] = {
     "dead_lettered": "Messages copied to koord.v1.dlq.<service> with the reason, then terminated",
     "flush_failures": "Batches whose flush failed (the batch is redelivered)",
     "fetch_errors": "Failed fetches from the bus (the loop backs off and retries)",
+    "acks_resent": "Acks sent again because the server did not confirm them (on a NATS cluster: the consumer's "
+    "leader changed and took them along; without the resend the messages would come back after ack_wait)",
 }
 """ConsumerStats field → help text; each becomes `koordbus_consumer_<field>_total`."""
 HISTOGRAMS: Final[Mapping[str, str]] = {

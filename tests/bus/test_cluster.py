@@ -1,7 +1,8 @@
 """The bus on a three-server JetStream cluster (tests/fixtures/nats_cluster.py: the chart's configuration, R3
 streams): the cluster forms with authenticated routes and nothing anonymous; publishes — single, pipelined and
 optimistic-concurrency appends — ride out the loss of their stream's leader, every acknowledged one stored exactly
-once; a member started again catches up and serves what it missed."""
+once; a member started again catches up and serves what it missed; an ack sent while a consumer has no leader is
+sent again rather than waiting out ack_wait."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 
 from bus import api, streams, subjects
 from bus.errors import ConflictError
+from bus.jetstream import consumer_config
+from tests.bus import Names
 from tests.faults.processes import stream_messages, wait_for
 from tests.fixtures.nats_cluster import REPLICAS, ClusterUnderTest
 
@@ -19,6 +22,7 @@ pytestmark = pytest.mark.timeout(60)
 
 ELECTION_SECONDS = 30.0
 """Bound for a new leader after a kill (nats-server takes a few seconds)."""
+ACK_WAIT_SECONDS = 30.0
 
 
 async def test_the_cluster_forms_with_authenticated_routes_and_r3_streams(nats_cluster: ClusterUnderTest) -> None:
@@ -142,3 +146,55 @@ async def test_an_expected_sequence_append_across_a_leader_change_lands_once_and
 
 async def _more_than(items: list[str], count: int) -> bool:
     return len(items) > count
+
+
+class _Held:
+    """A handler that holds the first message until released (so its ack goes out when the test says)."""
+
+    def __init__(self) -> None:
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+        self.handled: list[api.Delivery] = []
+
+    async def handle(self, delivery: api.Delivery) -> None:
+        if not self.handled:
+            self.holding.set()
+            await self.release.wait()
+        self.handled.append(delivery)
+
+    async def flush(self) -> None:
+        return None
+
+
+async def test_an_ack_sent_while_its_consumer_has_no_leader_is_sent_again_not_lost_until_ack_wait(
+    nats_cluster: ClusterUnderTest,
+) -> None:
+    """The consumer's leader is killed while the handler holds a message; the handler then finishes and its ack
+    leaves while no server leads the consumer. The bus sends it again once unconfirmed, so the consumer is idle well
+    before ack_wait, when the new leader would otherwise redeliver it."""
+    cluster = nats_cluster.cluster
+    names = Names()
+    setup = await nats_cluster.connect("setup")
+    await setup.ensure_streams([names.stream_spec(replicas=REPLICAS, storage="file")])
+    for i in range(3):
+        await setup.publish(names.subject("x"), f"m{i}".encode(), msg_id=f"m{i}")
+    spec = names.consumer(ack_wait_seconds=ACK_WAIT_SECONDS, fetch_timeout_seconds=0.5)
+    await setup.jetstream.add_consumer(spec.stream, config=consumer_config(spec))  # its leader known before it runs
+    leader = await cluster.wait_for(lambda: cluster.consumer_leader(spec.stream, spec.durable))
+    await setup.close()
+    # The consumer's bus keeps its connection: it is on a member that does not lead the consumer.
+    bus = await nats_cluster.connect("consumer", members=[i for i in range(3) if cluster.server_name(i) != leader])
+    handler = _Held()
+    consumer = bus.consume(spec, handler)
+    try:
+        await asyncio.wait_for(handler.holding.wait(), timeout=10)
+        killed_at = asyncio.get_running_loop().time()
+        await cluster.kill(cluster.index_of(leader))
+        handler.release.set()  # the acks go out now, to no leader
+        assert await consumer.wait_idle(timeout=ACK_WAIT_SECONDS - 5), f"waited for ack_wait: {consumer.stats}"
+        idle_after = asyncio.get_running_loop().time() - killed_at
+        assert consumer.stats.acks_resent > 0 and idle_after < ACK_WAIT_SECONDS - 5
+        assert sorted(d.data for d in handler.handled) == [b"m0", b"m1", b"m2"]  # nothing redelivered
+    finally:
+        await consumer.stop()
+        await bus.close()
