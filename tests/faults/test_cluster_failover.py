@@ -1,4 +1,5 @@
-"""SIGKILL the nats-server a service depends on, on a three-server JetStream cluster with R3 streams, under load.
+"""SIGKILL (or SIGSTOP for a bounded time: a partition) the nats-server a service depends on, on a three-server
+JetStream cluster with R3 streams, under load.
 
 For every service that consumes events and keeps a projection (the cases of tests/faults/service_cases.py: the
 same inputs, load, decisions and projections as test_kill_and_restart.py), on tests/fixtures/nats_cluster.py's
@@ -11,7 +12,8 @@ asserts that the service rides it out: it never exits, its consumers catch up wi
 cluster's election; the bus retries what it answers meanwhile), and then, as in test_kill_and_restart.py, a clean
 replay into an empty database publishes nothing the failover run had not (no decision lost), no decision is in its
 stream twice, and the projections read back the same. The killed server is started again and catches up before
-the replay, so the replay runs on the whole cluster.
+the replay, so the replay runs on the whole cluster; a paused one is resumed after PAUSE_SECONDS (a new leader
+elected meanwhile) and rejoins as a follower.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from tests.fixtures.nats_cluster import REPLICAS, ClusterUnderTest
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(90)]
 
 ELECTION_TIMEOUT_SECONDS = 30.0
+DONE = {"kill": "killed", "pause": "paused"}
+PAUSE_SECONDS = 10.0
+"""How long a paused (SIGSTOP) server stays partitioned: past the election of a new leader, then it is resumed."""
 CLUSTER_CATCH_UP_SECONDS = 50.0
 """Longer than test_kill_and_restart's bound by the consumers' ack_wait (30 s): messages a killed server had sent
 on a connection it took down are redelivered by the consumer's new leader only after ack_wait."""
@@ -109,8 +114,9 @@ async def _drive_load(run: Run, process: KoordbusProcess, load: Callable[[int], 
 
 
 @pytest.mark.parametrize("service", cases.SERVICES)
+@pytest.mark.parametrize("fault", ["kill", "pause"])
 async def test_a_service_rides_out_the_loss_of_the_server_leading_its_stream(
-    service: str, nats_cluster: ClusterUnderTest, tmp_path: Path, seed: int
+    fault: str, service: str, nats_cluster: ClusterUnderTest, tmp_path: Path, seed: int
 ) -> None:
     cluster = nats_cluster.cluster
     rng = random.Random(seed)
@@ -142,21 +148,28 @@ async def test_a_service_rides_out_the_loss_of_the_server_leading_its_stream(
         victim = await cluster.wait_for(leader, timeout=ELECTION_TIMEOUT_SECONDS, what=f"a leader of {stream}")
         survivor.assert_alive()
         killed_at = time.monotonic()
-        await cluster.kill(cluster.index_of(victim))
+        if fault == "kill":
+            await cluster.kill(cluster.index_of(victim))
+        else:
+            cluster.pause(cluster.index_of(victim))
         elected = await cluster.wait_for(leader, timeout=ELECTION_TIMEOUT_SECONDS, what=f"a new leader of {stream}")
         election = time.monotonic() - killed_at
         what = (
-            f"{run.context()}, {victim} (leading {durable or stream}) killed {kill_after:.2f} s after the consumers "
-            f"started, {elected} elected in {election:.1f} s"
+            f"{run.context()}, {victim} (leading {durable or stream}) {DONE[fault]} {kill_after:.2f} s after the "
+            f"consumers started, {elected} elected in {election:.1f} s"
         )
         assert elected != victim, what
+        if fault == "pause":  # the partition heals: the old leader comes back as a follower
+            await asyncio.sleep(max(0.0, PAUSE_SECONDS - (time.monotonic() - killed_at)))
+            cluster.resume(cluster.index_of(victim))
         await load
         await run.caught_up(survivor)
         recovered = time.monotonic() - killed_at
         survivor.assert_alive()
-        print(f"\n{what}; caught up with the load {recovered:.1f} s after the kill")  # the figures, with -s
+        print(f"\n{what}; caught up with the load {recovered:.1f} s after the {fault}")  # the figures, with -s
 
-        await cluster.restart(cluster.index_of(victim))
+        if fault == "kill":
+            await cluster.restart(cluster.index_of(victim))
         for spec in case.decision_streams:
             await wait_for(lambda s=spec: cluster.stream_current(s), timeout=ELECTION_TIMEOUT_SECONDS, what=what)
         survivor.stop()
