@@ -180,6 +180,7 @@ async def run_up(args: argparse.Namespace) -> int:
         bus = await runtime.open_bus(
             stack, nats_url, name="koordbus-up", creds=creds, caps=stream_caps, replicas=replicas
         )
+        observe.watch_bus(registry, bus)
         engine = await runtime.open_database(stack, database_url, migrate=True)
         route_settings = routes_of(api_settings)
         nodemetric = await nodemetric_component.build(

@@ -55,3 +55,26 @@ def test_a_members_routes_carry_the_route_users_credentials() -> None:
     assert 'authorization { user: "route", password: "kabc", timeout: 5 }' in block
     assert 'routes: ["nats://route:kabc@127.0.0.1:6222", "nats://route:kabc@127.0.0.1:6223"]' in block
     assert "port: 6222" in block and 'name: "koordbus"' in block
+
+
+def test_a_buss_publish_retries_are_exported_by_failure() -> None:
+    import collections
+
+    from prometheus_client import generate_latest
+
+    from services.common import observe
+    from services.common.metrics import new_registry
+
+    class Counting:
+        def __init__(self) -> None:
+            self.publish_retries: collections.Counter[str] = collections.Counter({"no responders": 3})
+
+    registry = new_registry()
+    bus = Counting()
+    observe.watch_bus(registry, bus)  # type: ignore[arg-type]
+    observe.watch_bus(registry, bus)  # type: ignore[arg-type]  # once per registry
+    bus.publish_retries["no answer"] += 1
+    text = generate_latest(registry).decode()
+    assert 'koordbus_bus_publish_retries_total{failure="no responders"} 3.0' in text
+    assert 'koordbus_bus_publish_retries_total{failure="no answer"} 1.0' in text
+    assert 'koordbus_bus_publish_retries_total{failure="temporarily unavailable"} 0.0' in text
