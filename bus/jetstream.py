@@ -819,8 +819,8 @@ class _PullSource:
         self._spec = spec
         self._confirm_acks = confirm_acks
         """Whether acks ask the server to confirm them (on a cluster; see `ack`)."""
-        self._unconfirmed: dict[str, tuple[Msg, float]] = {}
-        """Ack token → (message, monotonic time its ack was sent) until the server confirms it."""
+        self._unconfirmed: dict[str, tuple[Msg, float, float]] = {}
+        """Ack token → (message, monotonic times its ack was first and last sent) until the server confirms it."""
         self._ack_prefix: str | None = None
         self._ack_sub: Any = None
         self._ack_tokens = itertools.count()
@@ -883,15 +883,16 @@ class _PullSource:
         if not self._confirm_acks():
             await msg.ack()
             return
-        await self._send_ack(msg, time.monotonic())
+        now = time.monotonic()
+        await self._send_ack(msg, first_sent=now, now=now)
 
-    async def _send_ack(self, msg: Msg, sent_at: float) -> None:
+    async def _send_ack(self, msg: Msg, *, first_sent: float, now: float) -> None:
         if self._ack_prefix is None:
             prefix = self._nc.new_inbox()
             self._ack_sub = await self._nc.subscribe(f"{prefix}.*", cb=self._on_ack_confirmed)
             self._ack_prefix = prefix
         token = str(next(self._ack_tokens))
-        self._unconfirmed[token] = (msg, sent_at)
+        self._unconfirmed[token] = (msg, first_sent, now)
         await self._nc.publish(msg.reply, b"+ACK", reply=f"{self._ack_prefix}.{token}")
 
     async def _on_ack_confirmed(self, msg: Msg) -> None:
@@ -901,11 +902,11 @@ class _PullSource:
 
     async def _resend_unconfirmed_acks(self) -> None:
         now = time.monotonic()
-        due = [(t, m, at) for t, (m, at) in self._unconfirmed.items() if now - at >= ACK_CONFIRM_SECONDS]
+        due = [(t, m, first) for t, (m, first, last) in self._unconfirmed.items() if now - last >= ACK_CONFIRM_SECONDS]
         for token, msg, first_sent in due:
             del self._unconfirmed[token]
             if now - first_sent < self._spec.ack_wait_seconds:
-                await self._send_ack(msg, now)
+                await self._send_ack(msg, first_sent=first_sent, now=now)
                 if self.stats is not None:
                     self.stats.acks_resent += 1
 
