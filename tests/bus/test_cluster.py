@@ -64,7 +64,8 @@ async def test_publishes_ride_out_the_loss_of_their_stream_leader(nats_cluster: 
     leader = await cluster.stream_leader(streams.KOORD_NODE)
     assert leader is not None
     # One publisher loses its server with the leader (it reconnects to another), one keeps its connection and meets
-    # the election: no responders, or no answer (a follower ignores it), until a follower is elected.
+    # the election (no responders, or no answer: a follower ignores it, until a follower is elected). Whether a
+    # publish is in flight at the election is up to timing; that none fails, and none is lost or doubled, is not.
     on_leader = await nats_cluster.connect("on-leader", members=[cluster.index_of(leader)], max_in_flight=256)
     follower = next(i for i in range(3) if cluster.server_name(i) != leader)
     bus = await nats_cluster.connect("on-follower", members=[follower], max_in_flight=256)
@@ -100,7 +101,6 @@ async def test_publishes_ride_out_the_loss_of_their_stream_leader(nats_cluster: 
     finally:
         stop.set()
         await asyncio.gather(*publishers)  # a publisher's error fails the test here
-    assert sum(bus.publish_retries.values()) > 0, bus.publish_retries  # the election was met, and ridden out
     stored = await stream_messages(bus, streams.KOORD_NODE, subjects.NODE_METRICS_ALL)
     ids = [m.msg_id for m in stored if m.msg_id != "forms-1"]
     assert sorted(ids) == sorted(acked)  # every acknowledged publish stored, exactly once
