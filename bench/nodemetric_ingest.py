@@ -26,11 +26,11 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from multiprocessing.context import SpawnContext, SpawnProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 if __package__ in (None, ""):  # run as a script (`python bench/nodemetric_ingest.py`): make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -350,15 +350,37 @@ def result(args: argparse.Namespace, first: Snapshot, last: Snapshot, *, load_se
     }
 
 
-async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+class NatsEndpoint(Protocol):
+    @property
+    def url(self) -> str: ...
+
+
+def embedded_nats(workdir: Path) -> contextlib.AbstractAsyncContextManager[NatsEndpoint]:
+    return EmbeddedNatsServer(workdir / "nats", log_file=workdir / "nats-server.log")
+
+
+async def run(
+    args: argparse.Namespace,
+    workdir: Path,
+    *,
+    nats: Callable[[Path], contextlib.AbstractAsyncContextManager[NatsEndpoint]] = embedded_nats,
+    stream_replicas: int = 1,
+) -> dict[str, Any]:
+    """The benchmark on the NATS `nats(workdir)` starts (one embedded nats-server; bench/cluster.py passes a
+    cluster), its streams at `stream_replicas`."""
     database_url = args.database_url or f"sqlite:///{workdir / 'bench.db'}"
-    async with EmbeddedNatsServer(workdir / "nats", log_file=workdir / "nats-server.log") as server:
+    async with nats(workdir) as server:
         log.info("nats-server at %s; data in %s", server.url, workdir)
         bus = await JetStreamBus.connect(server.url, name="bench")
         try:
-            node_stream = streams.node_stream(max_bytes=int(args.stream_max_gb * 2**30))
+            node_stream = streams.node_stream(max_bytes=int(args.stream_max_gb * 2**30), replicas=stream_replicas)
             await bus.ensure_streams(
-                [node_stream, streams.nodemetric_stream(), streams.dlq_stream(), streams.members_stream()]
+                [
+                    node_stream,
+                    streams.nodemetric_stream(replicas=stream_replicas),
+                    streams.dlq_stream(replicas=stream_replicas),
+                    streams.members_stream(replicas=stream_replicas),
+                ]
             )
             with contextlib.ExitStack() as stack:
                 replicas: list[Replica] = []
@@ -373,7 +395,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                             [*arguments, "--port", str(port)],
                             cpu=cpu,
                             log_path=service_log,
-                            env={"KOORDBUS_INSTANCE": instance} if instance else None,
+                            env={"KOORDBUS_STREAM_REPLICAS": str(stream_replicas)}
+                            | ({"KOORDBUS_INSTANCE": instance} if instance else {}),
                         )
                     )
                     await wait_for_service(port, service, service_log)

@@ -160,6 +160,8 @@ class ConsumerStats:
     dead_lettered: int = 0
     flush_failures: int = 0
     fetch_errors: int = 0
+    acks_resent: int = 0
+    """Acks sent again because the server did not confirm them (on a cluster: lost with a consumer leader)."""
     last_error: str = ""
     pending: int = 0
     """The lag: messages after the last one delivered that the consumer has yet to receive (that delivery's

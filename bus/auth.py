@@ -125,6 +125,9 @@ def render_callout_authorization(
 
 ISSUER_SEED_KEY = "issuer-seed"
 ISSUER_PUBLIC_KEY_KEY = "issuer-public-key"
+ROUTE_PASSWORD_KEY = "route-password"
+"""The cluster Secret's key holding the password a clustered nats-server's routes present (user ROUTE_USER)."""
+ROUTE_USER = "route"
 
 
 def password_key(service: str) -> str:
@@ -140,13 +143,15 @@ def creds_key(service: str) -> str:
 def cluster_secret_additions(
     existing: Mapping[str, str], *, services: Sequence[str], issuer_random: bytes
 ) -> dict[str, str]:
-    """What a release's NATS Secret lacks: the callout's account key (from `issuer_random`, 32 random bytes) and,
-    per service, a user `service-<name>` with a new password, as a password and as a credentials file. Keys present
-    stay as they are (a service whose two keys disagree gets both anew)."""
+    """What a release's NATS Secret lacks: the callout's account key (from `issuer_random`, 32 random bytes), the
+    routes' password and, per service, a user `service-<name>` with a new password, as a password and as a
+    credentials file. Keys present stay as they are (a service whose two keys disagree gets both anew)."""
     added: dict[str, str] = {}
     if ISSUER_SEED_KEY not in existing or ISSUER_PUBLIC_KEY_KEY not in existing:
         issuer = nkeys.from_random(nkeys.Prefix.ACCOUNT, issuer_random)
         added |= {ISSUER_SEED_KEY: issuer.seed, ISSUER_PUBLIC_KEY_KEY: issuer.public_key}
+    if ROUTE_PASSWORD_KEY not in existing:
+        added[ROUTE_PASSWORD_KEY] = new_password()
     for name in services:
         if _matching(existing.get(password_key(name)), existing.get(creds_key(name))):
             continue

@@ -16,6 +16,7 @@ import itertools
 import json
 import logging
 import math
+import random
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -29,13 +30,14 @@ from nats.aio.msg import Msg
 from nats.js import api as js_api
 from nats.js.client import JetStreamContext
 
-from bus import subjects
+from bus import retry, subjects
 from bus._loop import Fetched, LoopConsumer
 from bus.api import (
     HEADER_MSG_ID,
     HEADER_RPC_ERROR,
     Bus,
     ConsumerSpec,
+    ConsumerStats,
     Delivery,
     FollowFrom,
     Handler,
@@ -56,6 +58,8 @@ PUBLISH_TIMEOUT_SECONDS = 10.0
 NO_RESPONDERS_STATUS = "503"
 """The status header NATS answers a request with when nothing listens on the subject (no stream)."""
 API_TIMEOUT_SECONDS = 5.0
+ACK_CONFIRM_SECONDS = 2.0
+"""On a cluster, an ack the server has not confirmed this long after it was sent is sent again (_PullSource.ack)."""
 READ_RECENT_BATCH = 256
 READ_RECENT_INACTIVE_SECONDS = 10.0
 FOLLOW_INACTIVE_SECONDS = 60.0
@@ -197,6 +201,8 @@ class JetStreamBus:
         self._in_flight = 0
         self.in_flight_peak = 0
         """Most publishes outstanding at once: instrumentation for the in-flight bound."""
+        self.publish_retries: collections.Counter[str] = collections.Counter()
+        """Publishes sent again because the cluster could not take them (bus.retry), by bus.retry.Failure value."""
         self._consumers: list[LoopConsumer] = []
         self._ack_prefix: str | None = None
         self._ack_tokens = itertools.count()
@@ -214,8 +220,9 @@ class JetStreamBus:
         token: Callable[[], str] | None = None,
         ping_interval: float = PING_INTERVAL_SECONDS,
     ) -> JetStreamBus:
-        """Connect (as `user` when given, or with the token `token()` returns, asked again at every reconnect: a
-        Kubernetes token file rotates) and keep reconnecting forever (with nats-py's backoff) if the server goes
+        """Connect to `url` (a NATS cluster's servers comma-separated: any of them, the others for reconnects) as
+        `user` when given, or with the token `token()` returns, asked again at every reconnect: a Kubernetes token
+        file rotates; and keep reconnecting forever (with nats-py's backoff) if the server goes
         away or stops answering PINGs (MAX_OUTSTANDING_PINGS × `ping_interval`)."""
 
         async def on_error(e: Exception) -> None:
@@ -240,7 +247,7 @@ class JetStreamBus:
         nc = _Client()
         try:
             await nc.connect(
-                url,
+                [u.strip() for u in url.split(",")] if "," in url else url,
                 name=name,
                 ping_interval=ping_interval,  # type: ignore[arg-type]  # an int in nats-py's hints; a sleep's delay
                 max_outstanding_pings=MAX_OUTSTANDING_PINGS,
@@ -265,18 +272,35 @@ class JetStreamBus:
     # --- streams
 
     async def ensure_streams(self, specs: Iterable[StreamSpec]) -> None:
+        """Create each stream, or bring it to its spec. On a cluster, what a forming cluster or an election answers
+        (a peer not yet known online, no meta leader for a moment) is retried for up to
+        bus.retry.PUBLISH_RETRY_SECONDS per stream."""
         for spec in specs:
-            try:
-                info = await self._js.stream_info(spec.name)
-            except nats.js.errors.NotFoundError:
-                await self._api(self._js.add_stream(stream_config(spec)), f"create stream {spec.name}")
-                continue
-            except _UNAVAILABLE as e:
-                raise BusUnavailableError(f"stream info {spec.name}: {e}") from e
-            want = stream_config(spec, info.config)
-            if stream_differs(info.config, want):
-                log.info("updating stream %s to its spec", spec.name)
-                await self._api(self._js.update_stream(want), f"update stream {spec.name}")
+            loop = asyncio.get_running_loop()
+            give_up_at = loop.time() + retry.PUBLISH_RETRY_SECONDS
+            attempt = 0
+            while True:
+                try:
+                    await self._ensure_stream(spec)
+                    break
+                except (nats.js.errors.APIError, *_UNAVAILABLE) as e:
+                    failure = _failure(e)
+                    if failure is None or not self._may_retry(failure, {HEADER_MSG_ID: "idempotent"}, give_up_at):
+                        raise _api_error(e, f"ensure stream {spec.name}") from e
+                    attempt += 1
+                    log.info("stream %s: the cluster cannot take it yet (%s); retrying", spec.name, e)
+                    await self._back_off(failure, attempt)
+
+    async def _ensure_stream(self, spec: StreamSpec) -> None:
+        try:
+            info = await self._js.stream_info(spec.name)
+        except nats.js.errors.NotFoundError:
+            await self._js.add_stream(stream_config(spec))
+            return
+        want = stream_config(spec, info.config)
+        if stream_differs(info.config, want):
+            log.info("updating stream %s to its spec", spec.name)
+            await self._js.update_stream(want)
 
     async def stream_info(self, stream: str) -> tuple[int, int]:
         info = await self._api(self._js.stream_info(stream), f"stream info {stream}")
@@ -363,10 +387,8 @@ class JetStreamBus:
     async def _api(self, call: Any, what: str) -> Any:
         try:
             return await call
-        except _UNAVAILABLE as e:
-            raise BusUnavailableError(f"{what}: {e}") from e
-        except nats.js.errors.APIError as e:
-            raise BusError(f"{what}: {e}") from e
+        except (nats.js.errors.APIError, *_UNAVAILABLE) as e:
+            raise _api_error(e, what) from e
 
     # --- publishing
 
@@ -393,29 +415,82 @@ class JetStreamBus:
         # js.publish is a request on the connection's shared reply inbox, so concurrent calls pipeline.
         # (publish_async would too, but nats-py 2.16 raises stream errors inside its reply callback
         # instead of failing the future, so a rejected publish would hang until the timeout.)
-        try:
-            return await self._js.publish(subject, data, timeout=PUBLISH_TIMEOUT_SECONDS, headers=headers)
-        except nats.js.errors.NoStreamResponseError as e:
-            raise BusUnavailableError(f"no stream for subject {subject} (or no server answered)") from e
-        except _UNAVAILABLE as e:
-            raise BusUnavailableError(f"publish {subject}: {type(e).__name__} {e}") from e
-        except nats.js.errors.APIError as e:
-            if e.err_code == ERR_WRONG_LAST_SEQUENCE:
-                expected = int(headers[HEADER_EXPECTED_LAST_SUBJECT_SEQ])
-                raise ConflictError(f"{subject}: {e.description}", subject=subject, expected=expected) from e
-            raise BusError(f"publish {subject}: {e}") from e
+        # On a cluster, what a leader election answers is retried (bus.retry).
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + retry.PUBLISH_RETRY_SECONDS
+        attempt = 0
+        while True:
+            try:
+                return await self._js.publish(subject, data, timeout=PUBLISH_TIMEOUT_SECONDS, headers=headers)
+            except Exception as e:
+                failure = _failure(e)
+                if failure is None or not self._may_retry(failure, headers, give_up_at):
+                    raise _publish_error(e, subject, headers) from e
+                attempt += 1
+                await self._back_off(failure, attempt)
+
+    def _clustered(self) -> bool:
+        """The server we are connected to is a cluster's member (its INFO names the cluster)."""
+        info = getattr(self._nc, "_server_info", None) or {}
+        return bool(info.get("cluster"))
+
+    def _may_retry(self, failure: retry.Failure, headers: Mapping[str, str], give_up_at: float) -> bool:
+        return (
+            self._clustered()
+            and retry.may_retry(failure, has_msg_id=HEADER_MSG_ID in headers)
+            and asyncio.get_running_loop().time() < give_up_at
+        )
+
+    async def _back_off(self, failure: retry.Failure, attempt: int) -> None:
+        self.publish_retries[failure.value] += 1
+        await asyncio.sleep(retry.delay(attempt, jitter=random.random()))
 
     async def publish_many(self, messages: Sequence[tuple[str, bytes, str]]) -> list[PublishAck]:
         """Pipelined: every message goes out at once (within the in-flight bound) with its own reply subject on one
         shared ack inbox, and the acks are awaited together under one timeout — no task or timer per message, which
-        is most of what a single `publish` costs. The first failed ack raises once all are in."""
+        is most of what a single `publish` costs. On a cluster, the messages a leader election refused (or, with a
+        msg id, left unanswered) are sent again (bus.retry). The first failed ack raises once all are in."""
         if not messages:
             return []
         for subject, _, _ in messages:  # before anything is sent: the batch fails whole, the connection lives
             subjects.check_publishable(subject)
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + retry.PUBLISH_RETRY_SECONDS
+        results: list[PublishAck | Exception | None] = [None] * len(messages)
+        todo = list(range(len(messages)))
+        attempt = 0
+        while True:
+            replies = await self._publish_round([messages[i] for i in todo])
+            again: list[int] = []
+            worst: retry.Failure | None = None
+            for i, reply in zip(todo, replies, strict=True):
+                subject, _, mid = messages[i]
+                try:
+                    results[i] = _publish_ack(reply, subject)
+                    continue
+                except BusError as e:
+                    results[i] = e
+                failure = _reply_failure(reply)
+                headers = {HEADER_MSG_ID: mid} if mid else {}
+                if failure is not None and self._may_retry(failure, headers, give_up_at):
+                    again.append(i)
+                    worst = failure
+            if not again or worst is None:
+                break
+            attempt += 1
+            await self._back_off(worst, attempt)
+            todo = again
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        return [r for r in results if isinstance(r, PublishAck)]
+
+    async def _publish_round(self, messages: Sequence[tuple[str, bytes, str]]) -> list[Msg | None]:
+        """Send `messages` and wait for their acks under one timeout; a reply each, None where none came in time."""
         prefix = await self._ack_inbox()
         loop = asyncio.get_running_loop()
-        waiting: list[tuple[str, str, asyncio.Future[Msg]]] = []
+        waiting: list[asyncio.Future[Msg]] = []
+        tokens: list[str] = []
         try:
             for subject, data, mid in messages:
                 await self._in_flight_bound.acquire()
@@ -425,19 +500,28 @@ class JetStreamBus:
                 future: asyncio.Future[Msg] = loop.create_future()
                 future.add_done_callback(self._release_in_flight)
                 self._ack_waiters[token] = future
-                waiting.append((token, subject, future))
+                waiting.append(future)
+                tokens.append(token)
                 headers = {HEADER_MSG_ID: mid} if mid else None
                 await self._nc.publish(subject, data, reply=f"{prefix}.{token}", headers=headers)
-            async with asyncio.timeout(PUBLISH_TIMEOUT_SECONDS):
-                replies = await asyncio.gather(*(future for _, _, future in waiting))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(PUBLISH_TIMEOUT_SECONDS):
+                    await asyncio.wait(waiting)
         except _UNAVAILABLE as e:
-            raise BusUnavailableError(f"publish of {len(messages)} messages: {type(e).__name__} {e}") from e
+            if not self._clustered() or not all(mid for _, _, mid in messages):
+                raise BusUnavailableError(f"publish of {len(messages)} messages: {type(e).__name__} {e}") from e
         finally:
-            for token, _, future in waiting:
+            for token in tokens:
                 self._ack_waiters.pop(token, None)
-                if not future.done():
-                    future.cancel()
-        return [_publish_ack(reply, subject) for reply, (_, subject, _) in zip(replies, waiting, strict=True)]
+        replies = [f.result() if f.done() and not f.cancelled() else None for f in waiting]
+        for future in waiting:
+            if not future.done():
+                future.cancel()
+        replies += [None] * (len(messages) - len(replies))  # not even sent: the connection went away
+        if not self._clustered() and None in replies:
+            missing = f"no ack within {PUBLISH_TIMEOUT_SECONDS:g} s"
+            raise BusUnavailableError(f"publish of {len(messages)} messages: {missing}")
+        return replies
 
     async def _ack_inbox(self) -> str:
         """The subject prefix publish_many's acks come back on (one subscription per connection, made once)."""
@@ -462,8 +546,9 @@ class JetStreamBus:
     # --- consuming
 
     def consume(self, spec: ConsumerSpec, handler: Handler, *, reset: bool = False) -> LoopConsumer:
-        source = _PullSource(self._nc, self._js, spec, reset=reset)
+        source = _PullSource(self._nc, self._js, spec, reset=reset, confirm_acks=self._clustered)
         consumer = LoopConsumer(source, handler, spec, publish_dead_letter=self._publish_dlq)
+        source.stats = consumer.stats
         self._consumers.append(consumer)
         return consumer
 
@@ -607,8 +692,10 @@ class _Responder:
             await asyncio.gather(*self._answering, return_exceptions=True)
 
 
-def _publish_ack(reply: Msg, subject: str) -> PublishAck:
+def _publish_ack(reply: Msg | None, subject: str) -> PublishAck:
     """The stream's answer to one pipelined publish: its PubAck, or the error as the single publish raises it."""
+    if reply is None:
+        raise BusUnavailableError(f"publish {subject}: no ack within {PUBLISH_TIMEOUT_SECONDS:g} s")
     if (reply.headers or {}).get("Status") == NO_RESPONDERS_STATUS:
         raise BusUnavailableError(f"no stream for subject {subject} (or no server answered)")
     try:
@@ -617,16 +704,84 @@ def _publish_ack(reply: Msg, subject: str) -> PublishAck:
         raise BusError(f"publish {subject}: unreadable ack {reply.data[:200]!r}") from e
     error = answer.get("error")
     if error is not None:
-        raise BusError(f"publish {subject}: {error.get('description', error)} (code {error.get('err_code')})")
+        text = f"publish {subject}: {error.get('description', error)} (code {error.get('err_code')})"
+        if retry.temporary_api_error(error.get("err_code"), str(error.get("description", ""))):
+            raise BusUnavailableError(text)
+        raise BusError(text)
     return PublishAck(stream=answer["stream"], seq=int(answer["seq"]), duplicate=bool(answer.get("duplicate")))
 
 
+def _failure(error: Exception) -> retry.Failure | None:
+    """What a failed single publish says about the cluster (bus.retry); None: not the cluster's doing."""
+    if isinstance(error, nats.errors.NoRespondersError | nats.js.errors.NoStreamResponseError):
+        return retry.Failure.NO_RESPONDERS
+    if isinstance(error, nats.js.errors.APIError):
+        return retry.Failure.UNAVAILABLE if _temporary(error) else None
+    if isinstance(
+        error,
+        nats.errors.TimeoutError
+        | TimeoutError
+        | nats.errors.ConnectionReconnectingError
+        | nats.errors.StaleConnectionError,
+    ):
+        return retry.Failure.NO_ANSWER
+    return None
+
+
+def _temporary(error: nats.js.errors.APIError) -> bool:
+    return error.code == 503 or retry.temporary_api_error(error.err_code, error.description or "")
+
+
+def _reply_failure(reply: Msg | None) -> retry.Failure | None:
+    """What a pipelined publish's reply (None: none came) says about the cluster (bus.retry)."""
+    if reply is None:
+        return retry.Failure.NO_ANSWER
+    if (reply.headers or {}).get("Status") == NO_RESPONDERS_STATUS:
+        return retry.Failure.NO_RESPONDERS
+    try:
+        error = json.loads(reply.data).get("error")
+    except (ValueError, AttributeError):
+        return None
+    if error and retry.temporary_api_error(error.get("err_code"), str(error.get("description", ""))):
+        return retry.Failure.UNAVAILABLE
+    return None
+
+
+def _api_error(error: Exception, what: str) -> BusError:
+    """A failed JetStream API call as the bus's error: unavailable for what the cluster may take later."""
+    if isinstance(error, _UNAVAILABLE) or (isinstance(error, nats.js.errors.APIError) and _temporary(error)):
+        return BusUnavailableError(f"{what}: {error}")
+    return BusError(f"{what}: {error}")
+
+
+def _publish_error(error: Exception, subject: str, headers: Mapping[str, str]) -> BusError:
+    """A failed single publish as the bus's error."""
+    if isinstance(error, nats.js.errors.NoStreamResponseError):
+        return BusUnavailableError(f"no stream for subject {subject} (or no server answered)")
+    if isinstance(error, _UNAVAILABLE):
+        return BusUnavailableError(f"publish {subject}: {type(error).__name__} {error}")
+    if isinstance(error, nats.js.errors.APIError):
+        if error.err_code == ERR_WRONG_LAST_SEQUENCE:
+            expected = int(headers[HEADER_EXPECTED_LAST_SUBJECT_SEQ])
+            return ConflictError(f"{subject}: {error.description}", subject=subject, expected=expected)
+        if _temporary(error):
+            return BusUnavailableError(f"publish {subject}: {error}")
+        return BusError(f"publish {subject}: {error}")
+    if isinstance(error, BusError):
+        return error
+    return BusError(f"publish {subject}: {type(error).__name__} {error}")
+
+
 class _MsgAcker:
-    def __init__(self, msg: Msg) -> None:
+    def __init__(self, msg: Msg, source: _PullSource | None = None) -> None:
         self._msg = msg
+        self._source = source
 
     async def ack(self) -> None:
-        await self._msg.ack()
+        if self._source is not None:
+            await self._source.ack(self._msg)
+        else:
+            await self._msg.ack()
 
     async def nak(self, delay: float) -> None:
         await self._msg.nak(delay=delay)
@@ -661,10 +816,19 @@ class _PullSource:
         *,
         reset: bool,
         config: Callable[[], js_api.ConsumerConfig] | None = None,
+        confirm_acks: Callable[[], bool] = lambda: False,
     ) -> None:
         self._nc = nc
         self._js = js
         self._spec = spec
+        self._confirm_acks = confirm_acks
+        """Whether acks ask the server to confirm them (on a cluster; see `ack`)."""
+        self._unconfirmed: dict[str, tuple[Msg, float, float]] = {}
+        """Ack token → (message, monotonic times its ack was first and last sent) until the server confirms it."""
+        self._ack_prefix: str | None = None
+        self._ack_sub: Any = None
+        self._ack_tokens = itertools.count()
+        self.stats: ConsumerStats | None = None
         self._reset = reset
         self._config = config or (lambda: consumer_config(spec))
         """The consumer to create when it is missing (at the first fetch, or after the server lost it)."""
@@ -714,10 +878,48 @@ class _PullSource:
         self._request_remaining -= 1
         self._arrived.set()
 
+    async def ack(self, msg: Msg) -> None:
+        """Ack `msg`. On a cluster the ack asks for the server's confirmation (an empty reply): an ack sent while
+        the consumer's leader is lost or being elected goes nowhere, and the new leader would redeliver the message
+        only after ack_wait (30 s: the whole consumer stalled that long behind it). Unconfirmed acks are sent again
+        (acking twice is harmless) at each fetch once ACK_CONFIRM_SECONDS old, until the server confirms them or
+        ack_wait has passed (the message comes back anyway, and the handler has seen it)."""
+        if not self._confirm_acks():
+            await msg.ack()
+            return
+        now = time.monotonic()
+        await self._send_ack(msg, first_sent=now, now=now)
+
+    async def _send_ack(self, msg: Msg, *, first_sent: float, now: float) -> None:
+        if self._ack_prefix is None:
+            prefix = self._nc.new_inbox()
+            self._ack_sub = await self._nc.subscribe(f"{prefix}.*", cb=self._on_ack_confirmed)
+            self._ack_prefix = prefix
+        token = str(next(self._ack_tokens))
+        self._unconfirmed[token] = (msg, first_sent, now)
+        await self._nc.publish(msg.reply, b"+ACK", reply=f"{self._ack_prefix}.{token}")
+
+    async def _on_ack_confirmed(self, msg: Msg) -> None:
+        if (msg.headers or {}).get("Status") == NO_RESPONDERS_STATUS:
+            return  # no consumer leader took it: it stays unconfirmed, to be sent again
+        self._unconfirmed.pop(msg.subject.rpartition(".")[2], None)
+
+    async def _resend_unconfirmed_acks(self) -> None:
+        now = time.monotonic()
+        due = [(t, m, first) for t, (m, first, last) in self._unconfirmed.items() if now - last >= ACK_CONFIRM_SECONDS]
+        for token, msg, first_sent in due:
+            del self._unconfirmed[token]
+            if now - first_sent < self._spec.ack_wait_seconds:
+                await self._send_ack(msg, first_sent=first_sent, now=now)
+                if self.stats is not None:
+                    self.stats.acks_resent += 1
+
     async def fetch(self) -> list[Fetched]:
+        if self._unconfirmed:
+            await self._resend_unconfirmed_acks()
         if self._lost and not self._buffer:
             log.info("consumer %s on %s: the server lost it; binding again", self._spec.durable, self._spec.stream)
-            await self.close()
+            await self._unbind()
             self._lost = False
         inbox = await self._bind()
         if self._request_remaining <= 0 or time.monotonic() >= self._request_until:
@@ -732,7 +934,7 @@ class _PullSource:
                     await self._arrived.wait()
         batch = [self._buffer.popleft() for _ in range(min(len(self._buffer), self._spec.batch_size))]
         # Acks and naks are plain publishes; flushing after the batch is not needed for correctness.
-        return [Fetched(_delivery(m), _MsgAcker(m)) for m in batch]
+        return [Fetched(_delivery(m), _MsgAcker(m, self)) for m in batch]
 
     async def _request(self, inbox: str) -> None:
         """Ask for another batch, expiring before the fetch's own wait does."""
@@ -753,6 +955,15 @@ class _PullSource:
         return (info.num_pending or 0) + (info.num_ack_pending or 0)
 
     async def close(self) -> None:
+        ack_sub, self._ack_sub, self._ack_prefix = self._ack_sub, None, None
+        self._unconfirmed.clear()
+        if ack_sub is not None and not self._nc.is_closed:
+            with contextlib.suppress(*_UNAVAILABLE, nats.errors.BadSubscriptionError):
+                await ack_sub.unsubscribe()
+        await self._unbind()
+
+    async def _unbind(self) -> None:
+        """Drop the pull subscription and what it buffered (acks still unconfirmed are kept: see `ack`)."""
         sub, self._sub, self._inbox = self._sub, None, None
         self._buffer.clear()
         self._request_remaining = 0

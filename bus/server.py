@@ -43,22 +43,33 @@ def find_binary() -> Path:
 
 
 def render_config(
-    *, store_dir: Path, ports_dir: Path, port: int, sync_interval: str | None, authorization: str = ""
+    *,
+    store_dir: Path,
+    ports_dir: Path,
+    port: int,
+    sync_interval: str | None,
+    authorization: str = "",
+    server_name: str = "",
+    monitor_port: int | None = None,
+    extra: str = "",
 ) -> str:
-    """nats-server config: loopback only, no monitoring port, JetStream in `store_dir`; `authorization` is an
-    `authorization { … }` block (bus.auth.render_authorization), empty for anonymous access."""
+    """nats-server config: loopback only, JetStream in `store_dir`; `authorization` is an `authorization { … }`
+    block (bus.auth.render_authorization), empty for anonymous access. No monitoring port unless `monitor_port` (on
+    127.0.0.1; -1: a free one); `extra` is appended as is (a cluster member's `cluster { … }`, bus.cluster)."""
     jetstream = [f"  store_dir: {json.dumps(str(store_dir))}"]
     if sync_interval is not None:
         jetstream.append(f"  sync_interval: {json.dumps(sync_interval)}")
     lines = [
+        *([f"server_name: {json.dumps(server_name)}"] if server_name else []),
         "host: 127.0.0.1",
         f"port: {port}",
+        *([f"http: {json.dumps(f'127.0.0.1:{monitor_port}')}"] if monitor_port is not None else []),
         f"ports_file_dir: {json.dumps(str(ports_dir))}",
         "jetstream {",
         *jetstream,
         "}",
     ]
-    return "\n".join(lines) + "\n" + authorization
+    return "\n".join(lines) + "\n" + authorization + extra
 
 
 class EmbeddedNatsServer:
@@ -78,12 +89,18 @@ class EmbeddedNatsServer:
         sync_interval: str | None = None,
         binary: Path | None = None,
         authorization: str = "",
+        server_name: str = "",
+        monitor_port: int | None = None,
+        extra_config: str = "",
     ) -> None:
         self.data_dir = Path(store_dir)
         self.log_path = Path(log_file) if log_file is not None else self.data_dir / "nats-server.log"
         self._port = port
         self._sync_interval = sync_interval
         self._authorization = authorization
+        self._server_name = server_name
+        self._monitor_port = monitor_port
+        self._extra_config = extra_config
         self._binary = binary
         self._process: asyncio.subprocess.Process | None = None
         self._url: str | None = None
@@ -117,6 +134,9 @@ class EmbeddedNatsServer:
                 port=self._port,
                 sync_interval=self._sync_interval,
                 authorization=self._authorization,
+                server_name=self._server_name,
+                monitor_port=self._monitor_port,
+                extra=self._extra_config,
             )
         )
         self._process = await asyncio.create_subprocess_exec(
@@ -134,6 +154,10 @@ class EmbeddedNatsServer:
         except BaseException:
             await self.stop()
             raise
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.returncode is None
 
     async def _wait_ready(self, ports_file: Path) -> str:
         loop = asyncio.get_running_loop()
@@ -200,6 +224,20 @@ class EmbeddedNatsServer:
         with contextlib.suppress(ProcessLookupError):
             process.kill()
         await process.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP: the process stays, its sockets open, but it answers nothing (a partitioned or stalled server, for
+        failure tests); `resume` lets it go on."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        process = self._process
+        if process is None or process.returncode is not None:
+            raise NatsServerError("nats-server is not running")
+        os.kill(process.pid, sig)
 
     async def __aenter__(self) -> EmbeddedNatsServer:
         await self.start()

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bus import auth, event_context, streams
+from bus.cluster import LocalNatsCluster
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
 from koordbus import logs
@@ -142,6 +143,33 @@ async def open_embedded_nats(stack: AsyncExitStack, data_dir: Path, *, user: aut
 
         background(stack, supervise(), name="nats-server-supervisor")
     return server.url
+
+
+async def open_embedded_nats_cluster(
+    stack: AsyncExitStack, data_dir: Path, *, size: int, user: auth.NatsUser
+) -> LocalNatsCluster:
+    """Start `size` clustered nats-servers from the wheel (bus.cluster: authenticated routes, a store each under
+    `data_dir/nats-cluster`), letting in only `user`. A member that exits is logged, not fatal: the cluster goes on
+    (that is what it shows)."""
+    cluster = LocalNatsCluster(data_dir / "nats-cluster", size=size, authorization=auth.render_authorization([user]))
+    await cluster.start()
+    stack.push_async_callback(cluster.stop)
+    if (stop := _STOP.get(None)) is not None:
+        stop.on_deadline(cluster.kill_now)
+        for index, member in enumerate(cluster.members):
+
+            async def supervise(index: int = index, member: EmbeddedNatsServer = member) -> None:
+                code = await member.wait_exited()
+                if not stop.is_set():
+                    log.warning(
+                        "nats-server %s exited (code %d); the cluster goes on without it: see %s",
+                        cluster.server_name(index),
+                        code,
+                        member.log_path,
+                    )
+
+            background(stack, supervise(), name=f"nats-cluster-supervisor-{index}")
+    return cluster
 
 
 def ensure_nats_user(path: Path, *, service: str) -> auth.NatsUser:

@@ -107,6 +107,7 @@ async def run_service(args: argparse.Namespace) -> int:
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals(stack)
         bus = await open_cluster_bus(stack, common, name=args.name, ensure_streams=runner.ensure_streams)
+        observe.watch_bus(registry, bus)
         engine = None
         readiness: tuple[tuple[str, Any], ...] = ()
         if runner.database == "required":

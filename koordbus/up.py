@@ -13,7 +13,7 @@ import os
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bus import streams
 from koordbus import extender
@@ -24,6 +24,9 @@ from koordbus.parts import migration_settings, start_migration, start_migration_
 from koordbus.settings import EmbeddedStreamSettings
 from services.common import settings as settings_loader
 
+if TYPE_CHECKING:
+    from bus.cluster import LocalNatsCluster
+
 # The heavy parts (nats, sqlalchemy, fastapi, numpy) are imported by the subcommand that runs, so `koordbus calc`
 # and `--help` start fast.
 
@@ -32,6 +35,8 @@ log = logging.getLogger(__name__)
 
 SIMULATION_MIGRATION_ARGS_FILE = "simulation-migration-args.yaml"
 """With --simulate-nodes and no cluster: the migration service's args (koordbus.simcluster.descheduling)."""
+CLUSTER_STREAM_REPLICAS = 3
+"""Stream replicas with --nats-cluster (fewer when the cluster is smaller), as the chart's streamReplicas."""
 NATS_CREDS_FILE = "nats-creds.json"
 """`koordbus up` with its embedded nats-server: the credentials of the one NATS user it lets in, which every
 in-process client connects as (generated on first start, mode 0600; pass it as --nats-creds to join another
@@ -75,6 +80,14 @@ def add_parser(sub: Any) -> None:
         help="history the synthetic nodes publish at start, so percentiles show at once (default 1800)",
     )
     up.add_argument("--no-agent", action="store_true", help="do not run an agent for this host")
+    up.add_argument(
+        "--nats-cluster",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N clustered nats-servers on loopback instead of one (authenticated routes, a store each, streams "
+        "replicated on up to 3 of them): the distributed setup of the Helm chart on one machine (a dev option)",
+    )
     up.add_argument(
         "--kubeconfig",
         default=None,
@@ -152,14 +165,27 @@ async def run_up(args: argparse.Namespace) -> int:
     async with AsyncExitStack() as stack:
         stop = runtime.stop_event_on_signals(stack)
         creds = common.nats_creds
+        replicas = common.stream_replicas
+        nats_banner = ""
         if common.nats_url:
             nats_url = common.nats_url
         else:  # no anonymous access, even on loopback: other local users must not read or write the streams
             creds = str(data_dir / NATS_CREDS_FILE)
             user = runtime.ensure_nats_user(Path(creds), service="up")
-            nats_url = await runtime.open_embedded_nats(stack, data_dir, user=user)
+            if args.nats_cluster > 1:
+                nats_cluster = await runtime.open_embedded_nats_cluster(
+                    stack, data_dir, size=args.nats_cluster, user=user
+                )
+                nats_url = nats_cluster.url
+                replicas = min(args.nats_cluster, CLUSTER_STREAM_REPLICAS)
+                nats_banner = _cluster_banner(nats_cluster, replicas=replicas)
+            else:
+                nats_url = await runtime.open_embedded_nats(stack, data_dir, user=user)
         database_url = common.database_url or f"sqlite:///{data_dir / 'koordbus.db'}"
-        bus = await runtime.open_bus(stack, nats_url, name="koordbus-up", creds=creds, caps=stream_caps)
+        bus = await runtime.open_bus(
+            stack, nats_url, name="koordbus-up", creds=creds, caps=stream_caps, replicas=replicas
+        )
+        observe.watch_bus(registry, bus)
         engine = await runtime.open_database(stack, database_url, migrate=True)
         route_settings = routes_of(api_settings)
         nodemetric = await nodemetric_component.build(
@@ -287,6 +313,7 @@ async def run_up(args: argparse.Namespace) -> int:
             f"              (events: {base}/api/v1/events/stream)\n"
             f"  API         {base}/api/v1/nodemetrics   (docs: {base}/docs, metrics: {base}/metrics)\n"
             f"  NATS        {nats_url}   (credentials: {creds or 'none'})\n"
+            f"{nats_banner}"
             f"  database    {database_url}\n"
             f"  data dir    {data_dir}   (streams capped: {_caps_banner(stream_caps)})\n"
             f"  API token   {tokens_where}\n"
@@ -357,6 +384,17 @@ def _simulation_banner(args: argparse.Namespace, data_dir: Path, *, simulated_cl
         f"              {hot}, load-aware descheduling on ({args_file}),\n"
         "              migrations carried out on the simulated cluster (Migrations page);\n"
         "              the nodes' cpu-suppress and be-cgroup loops in dry-run (Node pages)\n"
+    )
+
+
+def _cluster_banner(cluster: LocalNatsCluster, *, replicas: int) -> str:
+    """The NATS cluster's banner lines: its members, where each says how JetStream stands, and how to see a leader
+    lost and elected again."""
+    monitors = ", ".join(f"http://127.0.0.1:{p.monitor}/jsz" for p in cluster.ports)
+    return (
+        f"              ({cluster.size} clustered nats-servers, streams at R{replicas}, routes authenticated;"
+        f" stores and logs in {cluster.data_dir})\n"
+        f"              (JetStream as each member sees it: {monitors})\n"
     )
 
 

@@ -9,6 +9,7 @@ the same metric families instead of colliding on "Duplicated timeseries". Per co
 (`koordbus_consumer_pending_messages`), labelled by consumer (durable) and service — names fixed in code, never a
 node or pod. Counters and histograms stay monotonic across a restart: a retired consumer's final counts are carried
 into the next consumer of the same name; the lag is exported for running consumers only.
+`watch_bus` exports the bus's own publish retries (`koordbus_bus_publish_retries_total`, by failure).
 `database_ready` and `bus_ready` build the checks the composition root hands to the API's `/readyz`.
 """
 
@@ -23,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bus import streams
+from bus import retry, streams
 from bus.api import Bus, Consumer, ConsumerSpec, ConsumerStats, Distribution
 from services.common.metrics import once_per_registry
 
@@ -37,6 +38,8 @@ COUNTERS: Final[Mapping[str, str]] = {
     "dead_lettered": "Messages copied to koord.v1.dlq.<service> with the reason, then terminated",
     "flush_failures": "Batches whose flush failed (the batch is redelivered)",
     "fetch_errors": "Failed fetches from the bus (the loop backs off and retries)",
+    "acks_resent": "Acks sent again because the server did not confirm them (on a NATS cluster: the consumer's "
+    "leader changed and took them along; without the resend the messages would come back after ack_wait)",
 }
 """ConsumerStats field → help text; each becomes `koordbus_consumer_<field>_total`."""
 HISTOGRAMS: Final[Mapping[str, str]] = {
@@ -225,6 +228,45 @@ def watch_consumer(registry: CollectorRegistry, spec: ConsumerSpec, consumer: Co
 def retire_consumer(registry: CollectorRegistry, spec: ConsumerSpec) -> None:
     """`retire_consumers` for the consumer `watch_consumer` exported under `spec`."""
     collector_for(registry).retire(service=spec.service, name=spec.durable)
+
+
+# --- the bus's own retries
+
+PUBLISH_RETRIES_METRIC: Final = "koordbus_bus_publish_retries"
+PUBLISH_RETRIES_HELP: Final = (
+    "Publishes the bus sent again because a NATS cluster could not take them then (bus.retry), by what it answered: "
+    "no responders or temporarily unavailable (a stream leader being elected), no answer (retried with its msg id)"
+)
+
+
+class PublishRetriesCollector:
+    """Exports a bus's `publish_retries` counts (bus.jetstream.JetStreamBus) as one counter labelled by failure."""
+
+    def __init__(self, counts: Mapping[str, int]) -> None:
+        self._counts = counts
+
+    def describe(self) -> list[Metric]:
+        return [CounterMetricFamily(PUBLISH_RETRIES_METRIC, PUBLISH_RETRIES_HELP, labels=("failure",))]
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(PUBLISH_RETRIES_METRIC, PUBLISH_RETRIES_HELP, labels=("failure",))
+        for failure in retry.Failure:
+            family.add_metric([failure.value], self._counts.get(failure.value, 0))
+        yield family
+
+
+def watch_bus(registry: CollectorRegistry, bus: Bus) -> None:
+    """Export `bus`'s publish retries on `registry` (once per registry; a bus that keeps none exports nothing)."""
+    counts = getattr(bus, "publish_retries", None)
+    if counts is None:
+        return
+
+    def create(registry: CollectorRegistry) -> PublishRetriesCollector:
+        collector = PublishRetriesCollector(counts)
+        registry.register(collector)
+        return collector
+
+    once_per_registry(registry, "bus-publish-retries", create)
 
 
 # --- readiness checks: None when ready, else a one-line reason (raising also means "not ready")

@@ -68,7 +68,7 @@ def test_the_defaults_run_every_service_the_agent_nats_and_the_migration_hook() 
     nats = by_kind(objects, "StatefulSet")["prod-koordbus-nats"]
     assert nats["spec"]["replicas"] == 3
     config = by_kind(objects, "ConfigMap")["prod-koordbus-nats"]["data"]["nats.conf"]
-    assert "sync_interval: always" in config and config.count("nats://prod-koordbus-nats-") == 3
+    assert "sync_interval: always" in config and len(re.findall(r"\$ROUTE_\d", config)) == 3
     job = by_kind(objects, "Job")["prod-koordbus-db-upgrade"]
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
     assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["db", "upgrade"]
@@ -347,15 +347,31 @@ def test_nats_identities_are_wired_for_every_process() -> None:
                                 "verbs": ["get", "update"]}  # fmt: skip
 
 
+def _nats_environment(objects: list[dict[str, Any]], secret_data: dict[str, str], pod: str) -> dict[str, str]:
+    """The environment the kubelet gives pod `pod` of the NATS StatefulSet: Secret keys from `secret_data`, the pod's
+    name, and `$(VAR)` references in values expanded as Kubernetes does."""
+    container = by_kind(objects, "StatefulSet")["prod-koordbus-nats"]["spec"]["template"]["spec"]["containers"][0]
+    env: dict[str, str] = {}
+    for entry in container["env"]:
+        source = entry.get("valueFrom", {})
+        if "secretKeyRef" in source:
+            env[entry["name"]] = secret_data[source["secretKeyRef"]["key"]]
+        elif "fieldRef" in source:
+            assert source["fieldRef"]["fieldPath"] == "metadata.name"
+            env[entry["name"]] = pod
+        else:
+            env[entry["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], entry["value"])
+    return env
+
+
 def test_the_rendered_nats_config_is_accepted_by_nats_server(tmp_path: Path) -> None:
-    """nats-server itself parses the chart's config, its passwords and issuer from the environment as the
+    """nats-server itself parses the chart's config, its passwords, issuer and routes from the environment as the
     StatefulSet passes them (values as `koordbus creds ensure-cluster-secret` makes them)."""
     objects = render(DEFAULTS)
     config = by_kind(objects, "ConfigMap")["prod-koordbus-nats"]["data"]["nats.conf"]
     users = ["natsauth", "api", "k8s", "migration", "nodemetric", "noderesource", "slo", "quota"]
     data = auth.cluster_secret_additions({}, services=users, issuer_random=bytes(32))
-    env = {"SERVER_NAME": "prod-koordbus-nats-0", "ISSUER_PUBLIC_KEY": data[auth.ISSUER_PUBLIC_KEY_KEY]}
-    env |= {f"PASSWORD_{u.upper()}": data[auth.password_key(u)] for u in users}
+    env = _nats_environment(objects, data, "prod-koordbus-nats-0")
     (tmp_path / "nats.conf").write_text(config.replace("store_dir: /data", f"store_dir: {tmp_path / 'data'}"))
 
     def check(extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -366,6 +382,49 @@ def test_the_rendered_nats_config_is_accepted_by_nats_server(tmp_path: Path) -> 
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
     refused = check({k: v for k, v in env.items() if k != "ISSUER_PUBLIC_KEY"})  # the check can fail
     assert refused.returncode != 0
+    assert check({k: v for k, v in env.items() if k != "ROUTE_1"}).returncode != 0  # the routes are read too
+
+
+def test_the_nats_routes_are_authenticated_and_the_monitoring_port_stays_in_the_pod() -> None:
+    objects = render(DEFAULTS)
+    config = by_kind(objects, "ConfigMap")["prod-koordbus-nats"]["data"]["nats.conf"]
+    cluster = config[config.index("cluster {") :]
+    assert "user: route" in cluster and "password: $ROUTE_PASSWORD" in cluster
+    assert all(f"$ROUTE_{i}" in cluster for i in range(3)) and "nats://" not in cluster  # each URL with credentials
+    data = {auth.ROUTE_PASSWORD_KEY: "kroute", auth.ISSUER_PUBLIC_KEY_KEY: "A"} | {
+        auth.password_key(u): "k" for u in ("natsauth", "api", "k8s", "migration", "nodemetric", "noderesource",
+                                            "slo", "quota")
+    }  # fmt: skip
+    env = _nats_environment(objects, data, "prod-koordbus-nats-1")
+    assert env["ROUTE_2"] == "nats://route:kroute@prod-koordbus-nats-2.prod-koordbus-nats-cluster:6222"
+    assert 'http: "127.0.0.1:8222"' in config and "http_port" not in config
+    pod = by_kind(objects, "StatefulSet")["prod-koordbus-nats"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert "monitor" not in {p["name"] for p in container["ports"]}
+    assert container["readinessProbe"]["exec"]["command"][-1] == "http://127.0.0.1:8222/healthz?js-enabled-only=true"
+
+    exposed = render({**DEFAULTS, "nats": {"bundled": {"monitoring": {"expose": True}}}})
+    config = by_kind(exposed, "ConfigMap")["prod-koordbus-nats"]["data"]["nats.conf"]
+    assert 'http: "0.0.0.0:8222"' in config
+    container = by_kind(exposed, "StatefulSet")["prod-koordbus-nats"]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "monitor", "containerPort": 8222} in container["ports"]
+    assert container["readinessProbe"]["httpGet"]["port"] == "monitor"
+    for obj in exposed:
+        kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+
+    single = render({**DEFAULTS, "nats": {"bundled": {"replicas": 1}}})
+    assert "cluster {" not in by_kind(single, "ConfigMap")["prod-koordbus-nats"]["data"]["nats.conf"]
+
+
+def test_the_nats_image_is_the_version_the_tests_run() -> None:
+    image = by_kind(render(DEFAULTS), "StatefulSet")["prod-koordbus-nats"]["spec"]["template"]["spec"]["containers"]
+    tag = image[0]["image"].rpartition(":")[2]
+    version = subprocess.run(
+        [str(server.find_binary()), "--version"], capture_output=True, text=True, timeout=30, check=True
+    ).stdout.strip()  # "nats-server: v2.15.1"
+    assert tag == f"{version.rpartition('v')[2]}-alpine", (tag, version)
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert compose["services"]["nats"]["image"] == image[0]["image"]
 
 
 def test_nats_auth_off_or_with_an_existing_secret() -> None:

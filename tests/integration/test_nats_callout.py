@@ -226,7 +226,7 @@ async def test_the_cluster_secret_is_made_once_and_only_ever_gains_keys(kube_api
         assert secret is not None
         return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
 
-    assert "added api-password, api.creds.json, issuer-public-key, issuer-seed" in await ensure("api")
+    assert "added api-password, api.creds.json, issuer-public-key, issuer-seed, route-password" in await ensure("api")
     first = data()
     issuer = nkeys.from_seed(first[auth.ISSUER_SEED_KEY])
     assert issuer.prefix is nkeys.Prefix.ACCOUNT and issuer.public_key == first[auth.ISSUER_PUBLIC_KEY_KEY]

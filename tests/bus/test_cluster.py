@@ -1,0 +1,200 @@
+"""The bus on a three-server JetStream cluster (tests/fixtures/nats_cluster.py: the chart's configuration, R3
+streams): the cluster forms with authenticated routes and nothing anonymous; publishes — single, pipelined and
+optimistic-concurrency appends — ride out the loss of their stream's leader, every acknowledged one stored exactly
+once; a member started again catches up and serves what it missed; an ack sent while a consumer has no leader is
+sent again rather than waiting out ack_wait."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from bus import api, streams, subjects
+from bus.errors import ConflictError
+from bus.jetstream import consumer_config
+from tests.bus import Names
+from tests.faults.processes import stream_messages, wait_for
+from tests.fixtures.nats_cluster import REPLICAS, ClusterUnderTest
+
+pytestmark = pytest.mark.timeout(60)
+
+ELECTION_SECONDS = 30.0
+"""Bound for a new leader after a kill (nats-server takes a few seconds)."""
+ACK_WAIT_SECONDS = 30.0
+
+
+async def test_the_cluster_forms_with_authenticated_routes_and_r3_streams(nats_cluster: ClusterUnderTest) -> None:
+    cluster = nats_cluster.cluster
+    assert await cluster.meta_leader() in {cluster.server_name(i) for i in range(3)}
+    for spec in streams.all_streams():
+        assert await cluster.stream_current(spec.name), spec.name
+    for member in cluster.members:
+        config = (member.data_dir / "nats-server.conf").read_text()
+        assert 'authorization { user: "route"' in config and "auth_callout" in config and "jetstream: enabled" in config
+        assert "nats://route:" in config  # every route presents the route user's credentials
+        assert 'http: "127.0.0.1:' in config  # monitoring on loopback only
+    bus = await nats_cluster.connect("forms")
+    try:
+        ack = await bus.publish(subjects.node_metrics("n1"), b"x", msg_id="forms-1")
+        assert ack.stream == streams.KOORD_NODE
+        info = await bus.jetstream.stream_info(streams.KOORD_NODE)
+        assert info.config.num_replicas == REPLICAS and info.cluster is not None
+    finally:
+        await bus.close()
+    for url in cluster.urls:  # nothing anonymous: every member asks a client for credentials
+        assert (await _greeting(url))["auth_required"] is True
+
+
+async def _greeting(url: str) -> dict[str, object]:
+    """The INFO a member greets a client with."""
+    host, _, port = url.removeprefix("nats://").rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        line = await asyncio.wait_for(reader.readline(), timeout=5)
+    finally:
+        writer.close()
+    info: dict[str, object] = json.loads(line.removeprefix(b"INFO "))
+    return info
+
+
+async def test_publishes_ride_out_the_loss_of_their_stream_leader(nats_cluster: ClusterUnderTest) -> None:
+    cluster = nats_cluster.cluster
+    leader = await cluster.stream_leader(streams.KOORD_NODE)
+    assert leader is not None
+    # One publisher loses its server with the leader (it reconnects to another), one keeps its connection and meets
+    # the election (no responders, or no answer: a follower ignores it, until a follower is elected). Whether a
+    # publish is in flight at the election is up to timing; that none fails, and none is lost or doubled, is not.
+    on_leader = await nats_cluster.connect("on-leader", members=[cluster.index_of(leader)], max_in_flight=256)
+    follower = next(i for i in range(3) if cluster.server_name(i) != leader)
+    bus = await nats_cluster.connect("on-follower", members=[follower], max_in_flight=256)
+    acked: list[str] = []
+    stop = asyncio.Event()
+
+    async def publish_singles() -> None:
+        n = 0
+        while not stop.is_set():
+            mid = f"single-{n}"
+            await on_leader.publish(subjects.node_metrics(f"n{n % 7}"), b"s", msg_id=mid)
+            acked.append(mid)
+            n += 1
+
+    async def publish_batches() -> None:
+        n = 0
+        while not stop.is_set():
+            batch = [(subjects.node_metrics(f"n{i}"), b"b", f"batch-{n}-{i}") for i in range(20)]
+            await bus.publish_many(batch)
+            acked.extend(mid for _, _, mid in batch)
+            n += 1
+
+    publishers = [asyncio.create_task(publish_singles()), asyncio.create_task(publish_batches())]
+    try:
+        await wait_for(lambda: _more_than(acked, 200), timeout=10, what="publishing before the kill")
+        await cluster.kill(cluster.index_of(leader))
+        before = len(acked)
+        new_leader = await cluster.wait_for(
+            lambda: cluster.stream_leader(streams.KOORD_NODE), timeout=ELECTION_SECONDS, what="a new leader"
+        )
+        assert new_leader != leader
+        await wait_for(lambda: _more_than(acked, before + 200), timeout=ELECTION_SECONDS, what="publishes after it")
+    finally:
+        stop.set()
+        await asyncio.gather(*publishers)  # a publisher's error fails the test here
+    stored = await stream_messages(bus, streams.KOORD_NODE, subjects.NODE_METRICS_ALL)
+    ids = [m.msg_id for m in stored if m.msg_id != "forms-1"]
+    assert sorted(ids) == sorted(acked)  # every acknowledged publish stored, exactly once
+
+    await cluster.restart(cluster.index_of(leader))
+    await wait_for(lambda: cluster.stream_current(streams.KOORD_NODE), timeout=ELECTION_SECONDS, what="catch-up")
+    await on_leader.close()
+    await bus.close()
+
+
+async def test_an_expected_sequence_append_across_a_leader_change_lands_once_and_a_rival_loses(
+    nats_cluster: ClusterUnderTest,
+) -> None:
+    cluster = nats_cluster.cluster
+    leader = await cluster.stream_leader(streams.KOORD_QUOTA)
+    assert leader is not None
+    bus = await nats_cluster.connect("appender", members=[i for i in range(3) if cluster.server_name(i) != leader])
+    subject = subjects.quota_events("team-a")
+    empty = api.PublishOptions(expected_last_subject_seq=0)
+    first = await bus.publish(subject, b"created", msg_id="q-1", options=empty)
+    await cluster.kill(cluster.index_of(leader))
+
+    after = api.PublishOptions(expected_last_subject_seq=first.seq)
+    second = await bus.publish(subject, b"updated", msg_id="q-2", options=after)  # during the election: retried
+    assert sum(bus.publish_retries.values()) > 0 and not second.duplicate, bus.publish_retries
+    again = await bus.publish(subject, b"updated", msg_id="q-2", options=after)  # its ack lost: sent once more
+    assert again.duplicate and again.seq == second.seq
+    with pytest.raises(ConflictError):  # a rival who read the same tree loses
+        await bus.publish(subject, b"rival", msg_id="q-3", options=after)
+
+    await cluster.restart(cluster.index_of(leader))
+    await wait_for(lambda: cluster.stream_current(streams.KOORD_QUOTA), timeout=ELECTION_SECONDS, what="catch-up")
+    # The member started again has the log: with the other leader gone it serves it.
+    current = await cluster.stream_leader(streams.KOORD_QUOTA)
+    assert current is not None
+    await cluster.kill(cluster.index_of(current))
+    await cluster.wait_for(lambda: cluster.stream_leader(streams.KOORD_QUOTA), timeout=ELECTION_SECONDS)
+    await cluster.wait_for(cluster.meta_leader, timeout=ELECTION_SECONDS)  # reading makes a consumer: the meta layer
+    stored = await stream_messages(bus, streams.KOORD_QUOTA, subject)
+    assert [(m.msg_id, m.data) for m in stored] == [("q-1", b"created"), ("q-2", b"updated")]
+    await bus.close()
+
+
+async def _more_than(items: list[str], count: int) -> bool:
+    return len(items) > count
+
+
+class _Held:
+    """A handler that holds the first message until released (so its ack goes out when the test says)."""
+
+    def __init__(self) -> None:
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+        self.handled: list[api.Delivery] = []
+
+    async def handle(self, delivery: api.Delivery) -> None:
+        if not self.handled:
+            self.holding.set()
+            await self.release.wait()
+        self.handled.append(delivery)
+
+    async def flush(self) -> None:
+        return None
+
+
+async def test_an_ack_sent_while_its_consumer_has_no_leader_is_sent_again_not_lost_until_ack_wait(
+    nats_cluster: ClusterUnderTest,
+) -> None:
+    """The consumer's leader is killed while the handler holds a message; the handler then finishes and its ack
+    leaves while no server leads the consumer. The bus sends it again once unconfirmed, so the consumer is idle well
+    before ack_wait, when the new leader would otherwise redeliver it."""
+    cluster = nats_cluster.cluster
+    names = Names()
+    setup = await nats_cluster.connect("setup")
+    await setup.ensure_streams([names.stream_spec(replicas=REPLICAS, storage="file")])
+    for i in range(3):
+        await setup.publish(names.subject("x"), f"m{i}".encode(), msg_id=f"m{i}")
+    spec = names.consumer(ack_wait_seconds=ACK_WAIT_SECONDS, fetch_timeout_seconds=0.5)
+    await setup.jetstream.add_consumer(spec.stream, config=consumer_config(spec))  # its leader known before it runs
+    leader = await cluster.wait_for(lambda: cluster.consumer_leader(spec.stream, spec.durable))
+    await setup.close()
+    # The consumer's bus keeps its connection: it is on a member that does not lead the consumer.
+    bus = await nats_cluster.connect("consumer", members=[i for i in range(3) if cluster.server_name(i) != leader])
+    handler = _Held()
+    consumer = bus.consume(spec, handler)
+    try:
+        await asyncio.wait_for(handler.holding.wait(), timeout=10)
+        killed_at = asyncio.get_running_loop().time()
+        await cluster.kill(cluster.index_of(leader))
+        handler.release.set()  # the acks go out now, to no leader
+        assert await consumer.wait_idle(timeout=ACK_WAIT_SECONDS - 5), f"waited for ack_wait: {consumer.stats}"
+        idle_after = asyncio.get_running_loop().time() - killed_at
+        assert consumer.stats.acks_resent > 0 and idle_after < ACK_WAIT_SECONDS - 5
+        assert sorted(d.data for d in handler.handled) == [b"m0", b"m1", b"m2"]  # nothing redelivered
+    finally:
+        await consumer.stop()
+        await bus.close()
