@@ -92,7 +92,10 @@ def test_up_serves_nodemetrics_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         batch_cpu = {
             n["metadata"]["name"]: int(n["status"]["allocatable"]["kubernetes.io/batch-cpu"]) for n in recorded["nodes"]
         }
-        assert sorted(batch_cpu) == names and all(0 < cpu < 32_000 for cpu in batch_cpu.values()), batch_cpu
+        # Every node's batch is computed; a node can have none: the simulated cluster's team pods just bound there
+        # have no usage yet and count by their requests (it failed so at 12:50 UTC with sim-node-0001 at 0).
+        assert sorted(batch_cpu) == names and all(0 <= cpu < 32_000 for cpu in batch_cpu.values()), batch_cpu
+        assert any(cpu > 0 for cpu in batch_cpu.values()), batch_cpu
 
         # The prod predictor, trained from the backfilled minutes, finds what the simulated prod pods request and do
         # not use: the NodeMetrics carry it (prodReclaimableMetric, prodPeakMetric; from the first report after a
