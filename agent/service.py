@@ -29,8 +29,7 @@ from typing import Protocol
 import msgspec
 
 from agent import core
-from agent.actuate import NodePod
-from agent.batch import BatchBuilder, Outbox, PodListThinner, attach_cpi, attribute_pods
+from agent.batch import BatchBuilder, Outbox, PodIdentities, PodListThinner, attach_cpi, attribute_pods
 from agent.collect import Collector
 from agent.cpi_collect import CpiCollector, CpiStats
 from agent.pods import PodSource
@@ -107,7 +106,7 @@ class AgentService:
         self._failure_streak = 0
         self._pods = pods
         self._pods_poll_interval = pods_poll_interval
-        self._listed: list[NodePod] | None = None
+        self._listed: PodIdentities | None = None
         self._listed_at: float | None = None
         self._pods_failing = False
         self.latest_tick: core.Tick | None = None
@@ -160,7 +159,7 @@ class AgentService:
             self._enqueue(self._builder.close(sent_at=now, dropped_batches=self._dropped_unreported))
         await self._send()
 
-    async def _list_pods(self, now: float) -> list[NodePod] | None:
+    async def _list_pods(self, now: float) -> PodIdentities | None:
         """The kubelet's pods, read again once pods_poll_interval has passed; None before the first good read."""
         if self._pods is None:
             return None
@@ -178,7 +177,7 @@ class AgentService:
         if self._pods_failing:
             log.info("node %s: the kubelet's pod list is readable again", self.settings.node_name)
         self._pods_failing = False
-        self._listed = listed.pods
+        self._listed = PodIdentities(listed.pods)
         return self._listed
 
     async def _read(self, now: float) -> core.NodeReading | None:

@@ -37,7 +37,7 @@ import numpy.typing as npt
 
 from agent import evict, simulate_pods
 from agent.actuate import NodePod
-from agent.batch import BatchBuilder, TrainingAccumulator, attribute_pods
+from agent.batch import BatchBuilder, PodIdentities, TrainingAccumulator, attribute_pods
 from agent.core import PodSample, Tick
 from schemas import kube, vocab
 from schemas.node import NodeMetricsReported, PodRef
@@ -100,6 +100,8 @@ class SimulatedNode:
         self._sys_mem = float(rng.uniform(2, 4)) * GiB
         self._page_cache = float(rng.uniform(0.05, 0.15)) * memory_bytes
         self._batch_pods: dict[tuple[int, int], NodePod] = {}
+        self._identities = PodIdentities(())
+        """The batch entries of the pods listed in the last window (agent.batch.PodIdentities), kept across windows."""
         self._training = TrainingAccumulator()
         """The agent's training round spans batches: a long-lived accumulator, like the real agent's builder's."""
         self._batch_allocatable: tuple[float, int] | None = None
@@ -261,8 +263,9 @@ class SimulatedNode:
         builder = BatchBuilder(self.name, interval=window_end - window_start, training=self._training)
         ticks, listed = self.ticks(window_start, window_end)
         self.last_second = (ticks[-1] if ticks else None), listed
+        identities = self._identities = self._identities.relisted(listed)
         for tick in ticks:
-            if builder.add(msgspec.structs.replace(tick, pods=attribute_pods(tick.pods, listed))) is not None:
+            if builder.add(msgspec.structs.replace(tick, pods=attribute_pods(tick.pods, identities))) is not None:
                 raise ValueError(f"window [{window_start}, {window_end}) is not aligned to a multiple of its length")
         batch = builder.close(sent_at=window_end)
         if batch is None:

@@ -380,6 +380,8 @@ class MigrationService:
             log.warning("migration: the state has not caught up with this arbiter's last round; skipping a round")
             return None
         self._metrics.rounds.inc()
+        if not self.state.waiting():  # nothing to decide: no view of every pod is built (a pod event drops it)
+            return arbiter.Round()
         view = self._view
         if view is None:
             view = self._view = arbiter.ClusterView.build(

@@ -19,6 +19,7 @@ from schemas import kube, migration
 from schemas import migration_events as ev
 from schemas.cluster import PodObserved, WorkloadObserved
 from services.common.metrics import new_registry
+from services.migration import arbiter
 from services.migration.service import MigrationService
 from services.migration.settings import MigrationSettings
 from tests.support.migration import job, pod
@@ -103,6 +104,21 @@ async def test_a_burst_of_200_jobs_never_passes_more_than_max_unavailable(koordb
         rounds_before = len(stored)
         await service.run_round()  # nothing changed: nothing new to tell
         assert len(await rounds_stored(koordbus_bus)) == rounds_before
+    finally:
+        await service.stop()
+
+
+async def test_a_round_with_no_waiting_job_builds_no_view_of_the_pods(koordbus_bus: JetStreamBus) -> None:
+    """A simulated cluster's pods change every second; an idle round must not rebuild a view of all of them."""
+    rs, pods = deployment(10)
+    await observe(koordbus_bus, rs, *pods)
+    service = await started(koordbus_bus)
+    try:
+        await eventually(lambda: len(service._pods) == 10)
+        assert (await service.run_round()) == arbiter.Round() and service._view is None
+        await request(koordbus_bus, job("j1", "web-1"))
+        await eventually(lambda: len(service.state.jobs) == 1)
+        assert (await service.run_round()) is not None and service._view is not None
     finally:
         await service.stop()
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from agent.batch import BatchBuilder, attribute_pods
+from agent.batch import BatchBuilder, PodIdentities, attribute_pods
 from agent.core import PodSample, Tick
 from agent.pods import parse_pod_list
 from agent.settings import AgentSettingsError, QosSettings
@@ -134,6 +134,21 @@ def test_classes_follow_koordinator_from_labels_and_priority_not_the_kube_qos() 
     assert (_pod_info(free, PROD_UID).priority, _pod_info(free, PROD_UID).qos) == ("koord-free", "LSR")
     unlisted = _pod_info(PodRef(uid=NEW_UID, kube_qos="BestEffort"), NEW_UID)
     assert (unlisted.namespace, unlisted.name, unlisted.priority) == ("", NEW_UID, "koord-batch")
+
+
+def test_a_list_joined_every_second_makes_each_pods_entry_once_and_the_same_as_a_fresh_join() -> None:
+    identities = PodIdentities(LISTED)
+    second = [measured(PROD_UID, "Burstable"), measured(BATCH_UID, "Burstable"), measured(NEW_UID, "BestEffort")]
+    first_join, next_join = attribute_pods(second, identities), attribute_pods(second, identities)
+    assert [s.pod for s in first_join] == [s.pod for s in attribute_pods(second, LISTED)]
+    assert all(a.pod is b.pod for a, b in zip(first_join, next_join, strict=True))  # made once, reused
+    # the cgroup's QoS is part of the entry when the list has none for the pod
+    assert identities.ref(NEW_UID, "Burstable") == PodRef(uid=NEW_UID, kube_qos="Burstable")
+    # a newer list keeps the entries of the very same pod objects and makes new ones for pods listed anew
+    renamed = parse_pod_list(kubelet_list(item(BATCH_UID, "jobs", "spark-exec-2", qos="Burstable"))).pods
+    relisted = identities.relisted([LISTED[0], *renamed])
+    assert relisted.ref(PROD_UID, "Burstable") is first_join[0].pod
+    assert relisted.ref(BATCH_UID, "Burstable").name == "spark-exec-2"
 
 
 def test_the_kubelets_ca_and_insecure_exclude_each_other() -> None:
