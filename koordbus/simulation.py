@@ -93,7 +93,7 @@ async def publish_window(
     naming them); returns how many batches were new (not duplicates).
 
     With `thinners` (one per node, kept across windows) unchanged pod lists are left out like a real agent does.
-    With `qos` each node's cpu-suppress loop plans in dry-run over the window's last second (agent.simulate_qos).
+    With `qos` each node's QoS loops plan in dry-run over the window (NodeQos, agent.simulate_qos).
     """
     batches: list[tuple[str, bytes, str]] = []
     evictions: list[tuple[str, bytes, str]] = []

@@ -77,9 +77,9 @@ function bar(used, total) {
   return h("span", {class: "meter"}, h("span", {class: `fill ${level}`, style: `width:${(share * 100).toFixed(1)}%`}));
 }
 
+// used / total with a meter, or with `note` in the meter's place (a full meter would say less than the note)
 function pair(used, total, fmt, note = null) {
-  return h("span", {class: "pair"}, bar(used, total), h("span", {}, `${fmt(used)} / ${fmt(total)}`),
-    ...(note ? [" ", note] : []));
+  return h("span", {class: "pair"}, note || bar(used, total), h("span", {}, `${fmt(used)} / ${fmt(total)}`));
 }
 
 export function overviewPage(root, {signal}) {
