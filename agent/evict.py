@@ -31,7 +31,7 @@ from typing import Final
 from agent import evict_strategy, qos
 from agent.actuate import NodePod
 from schemas import vocab
-from schemas.qos import PodEvictionRequested
+from schemas.qos import Change, PodEvictionRequested
 
 BE_MEMORY: Final = "BEMemoryEvict"
 MEMORY: Final = "MemoryEvict"
@@ -48,6 +48,9 @@ EVICTION_ENABLED: Final = "koordinator.sh/eviction-enabled"
 EVICTION_PRIORITY: Final = "koordinator.sh/eviction-priority"
 PRIORITY_LABEL: Final = "koordinator.sh/priority"
 DEFAULT_BE_USAGE_THRESHOLD: Final = 90
+REQUESTED: Final = "eviction requested"
+WOULD_REQUEST: Final = "eviction would be requested"
+"""What an eviction loop's Change says happened to a victim: its request published, or in dry-run nothing."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +68,14 @@ def eviction_request(*, node: str, at: float, pod: NodePod, feature: str, reason
     meta = pod.pod.metadata
     return PodEvictionRequested(
         node=node, at=at, namespace=meta.namespace, name=meta.name, uid=meta.uid, feature=feature, reason=reason
+    )
+
+
+def eviction_change(request: PodEvictionRequested, outcome: str) -> Change:
+    """The Change an eviction loop's ActuationApplied reports for a pod it asked (or in dry-run would ask) to evict,
+    with what happened: the agent's loops (agent.loops.evict) and a simulated node's (agent.simulate_qos) alike."""
+    return Change(
+        path=f"pods/{request.namespace}/{request.name}", before="running", after=outcome, reason=request.reason
     )
 
 

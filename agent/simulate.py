@@ -20,7 +20,9 @@ A node's online pods (each with its ReplicaSet) average `online_share` of its CP
 node's services request at most 90 % of it and use more, as Burstable pods); `pods()` lists its non-batch pods as
 the API server would, `add_pod` runs a pod scheduled onto it with its usage profile (agent.simulate_pods) and
 `remove_pod` stops one that finished or was evicted (koordbus.simcluster); `last_second` keeps the latest window's
-last second for the QoS loops (agent.simulate_qos).
+last second and `last_node_cpu` its node CPU samples for the QoS loops (agent.simulate_qos). A few stateless online
+services (`EVICTABLE_APPS`) carry `koordinator.sh/eviction-enabled: "true"`, as pods that opt in to Koordinator's
+priority-based eviction do, so a hot node's cpu-evict loop has pods it may pick.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ GiB = 1024**3
 DAY = 86_400.0
 _ONLINE_APPS = ("checkout", "search", "cart", "recommend", "gateway", "catalog", "profile", "payments")
 _ONLINE_NAMESPACES = ("shop", "search", "platform")
+EVICTABLE_APPS = frozenset({"recommend", "catalog"})
+"""Stateless online services that opt in to Koordinator's priority-based eviction (label
+`koordinator.sh/eviction-enabled: "true"`): MemoryEvict and CPUEvict may pick them on a node past its threshold."""
 _BATCH_JOBS = ("spark-etl", "flink-report", "ml-train", "log-compact")
 ONLINE_REQUEST_CAP = 0.9
 """The online pods a node starts with request at most this share of its CPU."""
@@ -110,6 +115,8 @@ class SimulatedNode:
         self._evicted: set[tuple[int, int]] = set()
         self.last_second: tuple[Tick | None, list[NodePod]] = (None, [])
         """The latest window's last second and the pods listed in it: what the QoS loops read (agent.simulate_qos)."""
+        self.last_node_cpu: tuple[tuple[float, int], ...] = ()
+        """The latest window's node CPU samples, (time, millicores) each second: what CPUEvict averages."""
         self.last_evictions: tuple[PodEvictionRequested, ...] = ()
         """The eviction requests of the batch pods the latest window's placement evicted (with the loop closed)."""
 
@@ -168,6 +175,7 @@ class SimulatedNode:
                 "pod-template-hash": template,
                 vocab.PRIORITY_CLASS_LABEL: vocab.PRIORITY_PROD,
                 vocab.QOS_CLASS_LABEL: vocab.QOS_LSR if guaranteed else vocab.QOS_LS,
+                **({evict.EVICTION_ENABLED: "true"} if app in EVICTABLE_APPS else {}),
             },
             priority_class=vocab.PRIORITY_PROD,
             container=kube.Container(name=app, resources=resources),
@@ -263,6 +271,7 @@ class SimulatedNode:
         builder = BatchBuilder(self.name, interval=window_end - window_start, training=self._training)
         ticks, listed = self.ticks(window_start, window_end)
         self.last_second = (ticks[-1] if ticks else None), listed
+        self.last_node_cpu = tuple((t.node[0], int(t.node[1] * 1000)) for t in ticks if t.node is not None)
         identities = self._identities = self._identities.relisted(listed)
         for tick in ticks:
             if builder.add(msgspec.structs.replace(tick, pods=attribute_pods(tick.pods, identities))) is not None:

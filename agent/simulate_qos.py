@@ -1,4 +1,5 @@
-"""A simulated node's cpu-suppress and be-cgroup loops in dry-run (the agent's planning, on synthetic cgroups): pure.
+"""A simulated node's cpu-suppress, be-cgroup, memory-evict and cpu-evict loops in dry-run (the agent's planning, on
+synthetic cgroups): pure.
 
 `koordbus up --simulate-nodes` (koordbus.simulation) asks `SuppressPlanner.plan` once per published window with the
 window's last second (the node's and its pods' CPU, agent.simulate) and the node's NodeSLO as the agent merges it
@@ -14,17 +15,31 @@ simulated (no event).
 batch resources (agent.actuate.be_cgroup_wants: cpu.shares, CFS quota, memory limit), against the values the kubelet
 gives a besteffort pod's cgroup (which stay, nothing being written); an event names the values not planned in its
 previous event, so each new batch pod shows once.
+
+`EvictPlanner.plan` is the memory-evict and cpu-evict loops (agent.loops.evict) over the window: BEMemoryEvict and
+MemoryEvict on the last second's node and pod memory against the node's total (agent.evict.memory_victims), CPUEvict
+on the node's CPU averaged over cpuEvictTimeWindowSeconds of the window's samples (agent.evict.node_cpu_victims), as
+the features the simulated agent runs (`FEATURES`) and the NodeSLO allow. What a real agent in dry-run publishes for
+its victims is what it returns: one ActuationApplied (dry_run=true) per loop, each victim a Change "eviction would be
+requested" with the feature's reason, and no PodEvictionRequested (in dry-run the agent asks the bridge for nothing,
+so the pod stays). Where the real loop's cool-downs and its publish-what-differs rule keep it from repeating itself,
+the planner says a loop's victims again only when they change. Under the simulated cluster's thresholds
+(koordbus.simulation.SIMULATED_THRESHOLDS) a hot node near its daily peak crosses CPUEvict's 75 % and its
+eviction-enabled online pods (agent.simulate.EVICTABLE_APPS) are picked; node memory stays near 40–65 % (batch memory
+is placed within a batch allocatable of 65 % less prod use), under the 70 % of memory eviction, so memory-evict is
+planned only where a NodeSLO sets a lower threshold.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from agent import actuate, suppress
+from agent import actuate, evict, suppress
 from agent.actuate import NodePod
 from agent.core import Tick
-from schemas.qos import ActuationApplied, Change
+from schemas.qos import ActuationApplied, ActuationLoop, Change
 
 QUOTA_PATH: Final = "cpu/kubepods/besteffort/cpu.cfs_quota_us"
 """The besteffort cgroup's CFS quota on a cgroup v1 cgroupfs node, relative to the cgroup root."""
@@ -116,3 +131,107 @@ class BeCgroupPlanner:
 
 def _name(path: str) -> str:
     return path.rsplit("/", 1)[-1]
+
+
+FEATURES: Final = frozenset({evict.BE_MEMORY, evict.MEMORY, evict.CPU})
+"""The eviction features a simulated node's agent runs (its --evict setting). The allocatable ones are left out: a
+simulated node's placement already evicts, for real, the batch pods past a shrunk batch allocatable
+(agent.simulate.place_batch_pods); BECPUEvict judges the BE group's real limit, which in dry-run stays the whole
+node (nothing suppresses it), so it would never find BE unsatisfied."""
+
+
+class EvictPlanner:
+    """One simulated node's memory-evict and cpu-evict loops in dry-run (agent.loops.evict's planning, with no pod
+    pending since nothing is asked for): remembers the victims of each loop's last event and CPUEvict's window."""
+
+    def __init__(self, node: str, *, cpu_cores: float, memory_bytes: int, features: frozenset[str] = FEATURES) -> None:
+        self.node = node
+        self.capacity_milli = max(round(cpu_cores), 1) * 1000
+        """The node's CPUs × 1000, as the agent counts them (agent.loops.evict reads the CPU topology)."""
+        self.memory_bytes = memory_bytes
+        self.features = features
+        self.node_cpu: collections.deque[tuple[float, int]] = collections.deque()
+        """(time, node CPU millicores) over CPUEvict's window, as the loop keeps it."""
+        self.last: dict[ActuationLoop, frozenset[str]] = {}
+
+    def plan(
+        self,
+        tick: Tick,
+        pods: Sequence[NodePod],
+        *,
+        node_cpu: Sequence[tuple[float, int]],
+        slo: Mapping[str, Any],
+        slo_revision: int,
+    ) -> list[ActuationApplied]:
+        """The loops' events for the window ending with `tick` (`node_cpu`: the window's node CPU samples): one per
+        loop whose victims differ from its last event's, each victim a Change "eviction would be requested"."""
+        threshold = slo.get("resourceUsedThresholdWithBE", {})
+        if not self.features or not threshold.get("enable") or tick.node is None:
+            self.node_cpu.clear()
+            return []
+        window_seconds = max(float(threshold.get("cpuEvictTimeWindowSeconds") or 1), 1.0)
+        self.node_cpu.extend(node_cpu)
+        while self.node_cpu and self.node_cpu[0][0] <= tick.at - window_seconds:
+            self.node_cpu.popleft()
+        victims: dict[ActuationLoop, list[evict.Victim]] = {
+            "memory-evict": self._memory(tick, pods, threshold),
+            "cpu-evict": self._cpu(tick, pods, threshold),
+        }
+        events: list[ActuationApplied] = []
+        for loop, found in victims.items():
+            uids = frozenset(v.pod.uid for v in found)
+            if uids == self.last.get(loop, frozenset()):
+                continue
+            self.last[loop] = uids
+            if not found:
+                continue
+            requests = [
+                evict.eviction_request(node=self.node, at=tick.at, pod=v.pod, feature=v.feature, reason=v.reason)
+                for v in found
+            ]
+            events.append(
+                ActuationApplied(
+                    node=self.node,
+                    loop=loop,
+                    at=tick.at,
+                    dry_run=True,
+                    changes=[evict.eviction_change(r, evict.WOULD_REQUEST) for r in requests],
+                    slo_revision=slo_revision,
+                )
+            )
+        return events
+
+    def _memory(self, tick: Tick, pods: Sequence[NodePod], threshold: Mapping[str, Any]) -> list[evict.Victim]:
+        """BEMemoryEvict and MemoryEvict over the last second (agent.loops.evict's `_memory`)."""
+        if not self.features & {evict.BE_MEMORY, evict.MEMORY}:
+            return []
+        assert tick.node is not None
+        victims, _ = evict.memory_victims(
+            features=self.features,
+            capacity=self.memory_bytes,
+            node_used=tick.node[2],
+            pod_memory={p.pod.uid: p.sample[2] for p in tick.pods},
+            pods=pods,
+            threshold_percent=int(threshold.get("memoryEvictThresholdPercent", 70)),
+            lower_percent=threshold.get("memoryEvictLowerPercent"),
+            priority_threshold=threshold.get("evictEnabledPriorityThreshold"),
+        )
+        return victims
+
+    def _cpu(self, tick: Tick, pods: Sequence[NodePod], threshold: Mapping[str, Any]) -> list[evict.Victim]:
+        """CPUEvict over the node's CPU in the window (agent.loops.evict's `_node_cpu`): needs
+        cpuEvictThresholdPercent and evictEnabledPriorityThreshold."""
+        percent = threshold.get("cpuEvictThresholdPercent")
+        priority_threshold = threshold.get("evictEnabledPriorityThreshold")
+        if evict.CPU not in self.features or percent is None or priority_threshold is None:
+            return []
+        victims, _ = evict.node_cpu_victims(
+            capacity_milli=self.capacity_milli,
+            window=list(self.node_cpu),
+            pod_cpu={p.pod.uid: int(p.sample[1] * 1000) for p in tick.pods},
+            pods=pods,
+            threshold_percent=int(percent),
+            lower_percent=threshold.get("cpuEvictLowerPercent"),
+            priority_threshold=int(priority_threshold),
+        )
+        return victims

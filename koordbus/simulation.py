@@ -14,6 +14,11 @@ dashboard's node page show like a real one), so batch used / allocatable stays a
 a shrink: the NodeMetric reported before it still names the pods evicted for it (the next report no longer does, as
 koordlet reports only the pods on the node). Until a node's first decision it has no batch resources, like a node
 koord-manager has not written yet, and runs no batch pods.
+
+With `qos` each node's QoS loops plan in dry-run over its latest window (NodeQos, agent.simulate_qos): cpu-suppress,
+be-cgroup, and the memory-evict and cpu-evict loops, whose planned victims are published as a dry-run agent publishes
+them (an ActuationApplied per loop, dry_run=true, "eviction would be requested"; nothing asked of the bridge). The
+cluster's resource-threshold-config (`SIMULATED_THRESHOLDS`) makes the hot nodes' peaks cross CPUEvict's threshold.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from agent.loops import evict as evict_loop
 from agent.loops.base import actuation_message
 from agent.settings import AgentSettings
 from agent.simulate import SimulatedNode, simulated_node_names
-from agent.simulate_qos import BeCgroupPlanner, SuppressPlanner
+from agent.simulate_qos import BeCgroupPlanner, EvictPlanner, SuppressPlanner
 from agent.simulate_topology import simulated_topology
 from agent.slo import effective_slo, spec_problems
 from bus import streams, subjects
@@ -88,7 +93,7 @@ async def publish_window(
     naming them); returns how many batches were new (not duplicates).
 
     With `thinners` (one per node, kept across windows) unchanged pod lists are left out like a real agent does.
-    With `qos` each node's cpu-suppress loop plans in dry-run over the window's last second (agent.simulate_qos).
+    With `qos` each node's QoS loops plan in dry-run over the window (NodeQos, agent.simulate_qos).
     """
     batches: list[tuple[str, bytes, str]] = []
     evictions: list[tuple[str, bytes, str]] = []
@@ -141,19 +146,35 @@ async def publish_topologies(bus: Bus, nodes: list[SimulatedNode], *, at: float)
 SIMULATED_COLOCATION: Final = {"enable": True}
 """The colocation-config of a simulated cluster: Koordinator's defaults with colocation on."""
 SIMULATED_THRESHOLDS: Final = {
-    "clusterStrategy": {"enable": True, "cpuSuppressThresholdPercent": 65, "cpuSuppressPolicy": "cfsQuota"}
+    "clusterStrategy": {
+        "enable": True,
+        "cpuSuppressThresholdPercent": 65,
+        "cpuSuppressPolicy": "cfsQuota",
+        "memoryEvictThresholdPercent": 70,
+        "cpuEvictThresholdPercent": 75,
+        "cpuEvictTimeWindowSeconds": 10,
+        "evictEnabledPriorityThreshold": vocab.PRIORITY_RANGES[vocab.PRIORITY_PROD][1],
+    }
 }
-"""Its resource-threshold-config: BE CPU suppress on (Koordinator's 65 %), by CFS quota."""
+"""Its resource-threshold-config: BE CPU suppress on (Koordinator's 65 %), by CFS quota; BE memory eviction at
+Koordinator's 70 %; CPUEvict when the node's CPU over 10 s reaches 75 %, of the pods that opt in with
+`koordinator.sh/eviction-enabled: "true"` up to koord-prod's priorities (agent.simulate.EVICTABLE_APPS: a hot node
+past its peak, above the descheduler's 70 %, gets some planned)."""
 RESOURCE_THRESHOLD_KEY: Final = "resource-threshold-config"
 
 
 class NodeQos:
-    """The simulated nodes' QoS loops in dry-run: each node's cpu-suppress and be-cgroup planners over its NodeSLO, read
-    from the KV bucket as the node's agent reads its own key (`refresh`, every NodeSLO refresh of the agent)."""
+    """The simulated nodes' QoS loops in dry-run: each node's cpu-suppress, be-cgroup, memory-evict and cpu-evict
+    planners over its NodeSLO, read from the KV bucket as the node's agent reads its own key (`refresh`, every NodeSLO
+    refresh of the agent)."""
 
     def __init__(self, nodes: list[SimulatedNode]) -> None:
         self.suppress = {node.name: SuppressPlanner(node.name, cpu_cores=node.cpu_cores) for node in nodes}
         self.be_cgroups = {node.name: BeCgroupPlanner(node.name) for node in nodes}
+        self.evictions = {
+            node.name: EvictPlanner(node.name, cpu_cores=node.cpu_cores, memory_bytes=node.memory_bytes)
+            for node in nodes
+        }
         self.slos: dict[str, tuple[dict[str, object], int]] = {}
 
     async def refresh(self, bus: Bus) -> None:
@@ -178,6 +199,7 @@ class NodeQos:
         events = [
             self.suppress[node.name].plan(tick, listed, slo=slo[0], slo_revision=slo[1]),
             self.be_cgroups[node.name].plan(tick.at, listed, slo=slo[0], slo_revision=slo[1]),
+            *self.evictions[node.name].plan(tick, listed, node_cpu=node.last_node_cpu, slo=slo[0], slo_revision=slo[1]),
         ]
         return [event for event in events if event is not None]
 

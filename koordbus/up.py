@@ -383,7 +383,7 @@ def _simulation_banner(args: argparse.Namespace, data_dir: Path, *, simulated_cl
         "              through the extender's filter/prioritize/bind and finished over time (Quotas page);\n"
         f"              {hot}, load-aware descheduling on ({args_file}),\n"
         "              migrations carried out on the simulated cluster (Migrations page);\n"
-        "              the nodes' cpu-suppress and be-cgroup loops in dry-run (Node pages)\n"
+        "              the nodes' cpu-suppress, be-cgroup and eviction loops in dry-run (Node pages)\n"
     )
 
 

@@ -23,7 +23,7 @@ from agent.loops.suppress import be_real_limit
 from agent.settings import QosSettings
 from bus import api, subjects
 from schemas import vocab
-from schemas.qos import ActuationApplied, ActuationLoop, Change, PodEvictionRequested, Problem
+from schemas.qos import ActuationApplied, ActuationLoop, PodEvictionRequested, Problem
 
 log = logging.getLogger(__name__)
 
@@ -270,11 +270,11 @@ class Evictions:
                 node=node, at=now, pod=victim.pod, feature=victim.feature, reason=victim.reason
             )
             if act.dry_run:
-                outcome = "eviction would be requested"
+                outcome = evict.WOULD_REQUEST
             else:
                 try:
                     await publish(*eviction_message(request))
-                    outcome = "eviction requested"
+                    outcome = evict.REQUESTED
                     act.stats.evictions_requested += 1
                 except Exception as e:
                     if not self.settings.evict_locally:
@@ -284,7 +284,7 @@ class Evictions:
                     outcome = f"killed locally ({killed} processes; the bus is away: {e})"
                     act.stats.evictions_killed_locally += 1
                 self.pending[meta.uid] = now
-            result.changes.append(eviction_change(request, outcome))
+            result.changes.append(evict.eviction_change(request, outcome))
 
 
 # --- the allocatable evictions (§5.5.2 MemoryAllocatableEvict, §5.5.3 CPUAllocatableEvict)
@@ -356,13 +356,6 @@ FEATURE_LOOPS: Final[dict[str, ActuationLoop]] = {
 """The loop each eviction feature belongs to (spec §5.5.2 memory, §5.5.3 CPU)."""
 
 
-def eviction_change(request: PodEvictionRequested, outcome: str) -> Change:
-    """The Change an eviction loop's ActuationApplied reports for a pod it asked to evict, with what happened."""
-    return Change(
-        path=f"pods/{request.namespace}/{request.name}", before="running", after=outcome, reason=request.reason
-    )
-
-
 def requested_actuations(requests: Sequence[PodEvictionRequested]) -> list[ActuationApplied]:
     """What an agent's round reports of `requests` once published, one ActuationApplied per eviction loop (what the
     dashboard's node page lists): for simulated nodes (koordbus.simulation), whose requests are all published."""
@@ -375,7 +368,7 @@ def requested_actuations(requests: Sequence[PodEvictionRequested]) -> list[Actua
             loop=loop,
             at=group[0].at,
             dry_run=False,
-            changes=[eviction_change(r, "eviction requested") for r in group],
+            changes=[evict.eviction_change(r, evict.REQUESTED) for r in group],
         )
         for loop, group in by_loop.items()
     ]

@@ -31,7 +31,14 @@ OVERVIEW_PAGE_MAX: Final = 5000
 
 router = APIRouter(prefix="/api/v1", tags=["dashboard"])
 
-NO_RESOURCES: Final = {"batchCpu": None, "batchMemory": None, "midCpu": None, "midMemory": None, "outcome": None}
+NO_RESOURCES: Final = {
+    "batchCpu": None,
+    "batchMemory": None,
+    "midCpu": None,
+    "midMemory": None,
+    "outcome": None,
+    "resourcesAt": None,
+}
 """A node's batch/mid columns while nothing is known of them."""
 
 

@@ -367,7 +367,8 @@ async def get_colocation_config(request: Request) -> ColocationConfigView:
 
 
 def overview_columns(resources: LatestResources) -> dict[str, Any]:
-    """One node's batch/mid columns of the overview (pure): millicores and bytes, null where unknown."""
+    """One node's batch/mid columns of the overview (pure): millicores and bytes, null where unknown, and when they
+    were decided (the dashboard tells a batch use reported before a decision that lowered the allocatable)."""
     amounts = resources.resources
     return {
         "batchCpu": amounts.get(vocab.BATCH_CPU),
@@ -375,6 +376,7 @@ def overview_columns(resources: LatestResources) -> dict[str, Any]:
         "midCpu": amounts.get(vocab.MID_CPU),
         "midMemory": amounts.get(vocab.MID_MEMORY),
         "outcome": resources.outcome,
+        "resourcesAt": resources.computed_at,
     }
 
 

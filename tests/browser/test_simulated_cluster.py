@@ -1,12 +1,15 @@
 """Every dashboard page shows the simulated cluster alive (issue 27 point 4), in headless Chromium against
 `koordbus up --simulate-nodes 20`, each within a minute of the start: the overview's batch used within batch
-allocatable, the quota tree with teams borrowing past their min, a descheduled pod's migration through its phases
-with the descheduler's round, the watermarks the scheduler and descheduler stated, and a node page listing the
-node's QoS actuations. Each page's screenshot lands in test-artifacts/browser/sim-*.png (and, under `make
-screenshots`, in docs/screenshots/ for the README)."""
+allocatable (a node above its own only where the page says a decision lowered it since the use was reported), the
+quota tree with teams borrowing past their min, a descheduled pod's migration through its phases with the
+descheduler's round, the watermarks the scheduler and descheduler stated, a node page listing the node's QoS
+actuations, and a hot node's page listing the evictions its cpu-evict loop plans in dry-run. Each page's
+screenshot lands in test-artifacts/browser/sim-*.png (and, under `make screenshots`, in docs/screenshots/ for the
+README)."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 
@@ -33,6 +36,15 @@ def _left_ms(up: Koordbus) -> float:
     return max((up.started + WITHIN_SECONDS - time.monotonic()) * 1000, 5000)
 
 
+WATCH_SECONDS = 15.0
+"""How long the overview's batch figures are watched once shown: every look must hold."""
+BATCH_FIGURES = """() => ({
+  detail: document.querySelector('[data-card=batch-cpu] .card-detail')?.textContent || '',
+  note: document.querySelector('[data-card=batch-cpu] .card-note')?.textContent || '',
+  over: JSON.parse(document.querySelector('[data-page=overviewPage]').dataset.batchOver || '[]'),
+})"""
+
+
 def test_overview_batch_used_stays_within_batch_allocatable(tab: Page, koordbus_up: Koordbus) -> None:
     tab.page.goto(koordbus_up.base + "/")
     wait_loaded(tab, "overviewPage")
@@ -44,6 +56,19 @@ def test_overview_batch_used_stays_within_batch_allocatable(tab: Page, koordbus_
         }""",
         timeout=_left_ms(koordbus_up),
     )
+    # From then on, at every look: the cluster's batch use within its batch allocatable, and a node above its own only
+    # where a decision lowered it at or after the report that measured the use (a prod pod bound, or that report's
+    # prod use), which the page says: batch pods are placed within the allocatable, those past a lowered one are
+    # evicted by allocatable, and the next report no longer counts them. An "over" not so explained is a failure.
+    end = time.monotonic() + WATCH_SECONDS
+    while time.monotonic() < end:
+        seen = tab.page.evaluate(BATCH_FIGURES)
+        figures = re.fullmatch(r"([0-9.]+) of ([0-9.]+) cores", seen["detail"])
+        assert figures is not None and float(figures[1]) <= float(figures[2]), seen
+        assert all(o["lowered"] for o in seen["over"]), seen
+        if any("cpu" in o["resources"] for o in seen["over"]):  # the card says so too
+            assert "above a batch allocatable lowered since their last report" in seen["note"], seen
+        time.sleep(0.5)
     used = tab.page.inner_text("[data-card=batch-cpu] .card-value")
     assert used.endswith("%") and 0 <= float(used[:-1]) <= 100, used
     tab.screenshot("sim-overview")
@@ -116,4 +141,29 @@ def test_a_node_page_lists_its_qos_actuations(tab: Page, koordbus_up: Koordbus) 
     text = tab.page.inner_text("#node-actuations")
     assert "cpu-suppress" in text or "evict" in text, text
     tab.screenshot("sim-node")
+    assert tab.errors == []
+
+
+def test_a_hot_node_page_lists_the_evictions_its_agent_plans(tab: Page, koordbus_up: Koordbus) -> None:
+    deadline = max(koordbus_up.started + WITHIN_SECONDS, time.monotonic() + 5)
+    node = ""
+    while not node and time.monotonic() < deadline:
+        for i in range(1, NODES + 1):
+            name = f"sim-node-{i:04d}"
+            events = koordbus_up.call("GET", f"/api/v1/nodes/{name}/actuations")["actuations"]
+            if any(e["loop"] == "cpu-evict" and e["dry_run"] for e in events):
+                node = name
+                break
+        else:
+            time.sleep(1.0)
+    assert node, "no simulated node's cpu-evict loop planned an eviction"
+    tab.page.goto(f"{koordbus_up.base}/#/node/{node}")
+    wait_loaded(tab, "nodePage")
+    tab.page.wait_for_function(
+        "document.querySelector('#node-actuations')?.textContent.includes('eviction would be requested')",
+        timeout=_left_ms(koordbus_up),
+    )
+    text = tab.page.inner_text("#node-actuations")
+    assert "cpu-evict" in text and "CPUEvict: node CPU" in text, text
+    tab.screenshot("sim-node-evictions")
     assert tab.errors == []

@@ -1,8 +1,10 @@
 """`koordbus up --simulate-nodes` runs a cluster that uses every capability (issue 27 point 1), through the real
 services: the teams' quota tree with borrowing, their pods placed through the extender (bind-time accounting, the
 Bindings recorded), hot nodes that load-aware descheduling moves pods off (jobs arbitrated, carried out on the
-simulated cluster: past their first phase), the simulated nodes' cpu-suppress and be-cgroup actuations in dry-run,
-and batch used within batch allocatable. Every check waits for its condition, bounded."""
+simulated cluster: past their first phase), the simulated nodes' cpu-suppress and be-cgroup actuations and a hot
+node's planned evictions in dry-run, and batch used within batch allocatable (a node above its own only where a
+decision lowered it since the use was reported). Every check waits for its condition, bounded; the last one then
+holds for ten looks."""
 
 from __future__ import annotations
 
@@ -111,16 +113,35 @@ def test_the_simulated_cluster_shows_every_capability(tmp_path: Path) -> None:
         assert "BE may use" in suppress["changes"][0]["reason"], suppress
         (limits, *_) = _until("a simulated node's be-cgroup actuation", actuated("be-cgroup"), deadline)
         assert any(c["path"].endswith("/cpu.shares") for c in limits["changes"]), limits
+        (planned, *_) = _until("a hot simulated node's eviction planned in dry-run", actuated("cpu-evict"), deadline)
+        change = planned["changes"][0]
+        assert change["after"] == "eviction would be requested" and "CPUEvict: node CPU" in change["reason"], planned
         watermarks = get("/api/v1/config/watermarks")
         assert watermarks["scheduler"]["reported"] and watermarks["descheduler"]["usageThresholds"] == {"cpu": 70.0}
 
         def batch_within() -> tuple[int, int] | None:
-            rows = get("/api/v1/overview/nodes?limit=100")["items"]
+            # the nodes whose batch decision is known (as the overview compares them)
+            rows = [r for r in get("/api/v1/overview/nodes?limit=100")["items"] if r["outcome"] is not None]
             used = sum(r["batchCpuUsed"] or 0 for r in rows)
             allocatable = sum(r["batchCpu"] or 0 for r in rows)
+            # A node above its own only where a decision lowered it at or after the report that measured the use
+            # (batch pods are placed within it; those past a lowered one are evicted by allocatable).
+            unexplained = [
+                r
+                for r in rows
+                if (
+                    (r["batchCpuUsed"] or 0) > (r["batchCpu"] or 0)
+                    or (r["batchMemoryUsed"] or 0) > (r["batchMemory"] or 0)
+                )
+                and (r["reportTime"] is None or r["resourcesAt"] < r["reportTime"])
+            ]
+            assert not unexplained, unexplained
             return (used, allocatable) if allocatable and used <= allocatable else None
 
         _until("batch used within batch allocatable", batch_within, deadline)
+        for _ in range(10):  # and it holds
+            assert batch_within() is not None
+            time.sleep(1.0)
     finally:
         process.send_signal(signal.SIGINT)
         output, _ = process.communicate(timeout=30)

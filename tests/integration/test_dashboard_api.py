@@ -102,9 +102,11 @@ async def test_overview_rows_join_liveness_usage_and_batch_resources(migrated_en
     assert (reporting["batchCpuUsed"], reporting["batchMemoryUsed"]) == (500, 300 << 20)
     assert (reporting["midCpuUsed"], reporting["midMemoryUsed"]) == (250, 100 << 20)
     assert (reporting["batchCpu"], reporting["batchMemory"], reporting["outcome"]) == (25_000, 146 * GI, "computed")
+    assert reporting["resourcesAt"] == NOW - 50  # decided after the NodeMetric of NOW - 60: the page can tell
     assert reporting["midCpu"] is None
     assert rows["a-quiet"]["stale"] is True and rows["a-quiet"]["cpuUsed"] == 1500
     assert rows["a-quiet"]["batchCpu"] is None and rows["a-quiet"]["outcome"] is None
+    assert rows["a-quiet"]["resourcesAt"] is None
     assert rows["z-new"]["cpuUsed"] is None and rows["z-new"]["reportTime"] is None
     # pods: the NodeMetric's (three on NODE, one on a-quiet); z-new, without one yet, its state report's two
     assert [row["pods"] for row in rows.values()] == [1, 3, 2]

@@ -5,7 +5,7 @@
 
 import {api, events} from "./api.js";
 import {AXES, barChart} from "./chart.js";
-import {ago, bytes, cores, h, percent} from "./format.js";
+import {ago, bytes, clock, cores, h, percent} from "./format.js";
 import {VirtualTable} from "./vtable.js";
 
 const PAGE = 1000;
@@ -36,14 +36,50 @@ export function usageFromNodeMetric(data) {
   return {reportTime: data.report_time, cpuUsed: usage.cpu ?? null, memoryUsed: usage.memory ?? null, ...sums};
 }
 
+// Where a node's batch use, as its last NodeMetric reported it, is above its batch allocatable: per resource, and
+// whether the allocatable was decided at or after that report. Batch pods are placed within the allocatable by their
+// requests, so a use above it means a decision since lowered it (from that very report, whose prod use rose, or on
+// a prod pod bound, counted by its request): the agent evicts the batch pods past it by allocatable, and the next
+// report, naming only the pods still on the node, no longer counts them. Over an allocatable decided before the
+// report is not that, and shows as such. A node with no decision known (yet) is not compared.
+export function batchOver(row) {
+  if (!batchKnown(row)) return null;
+  const over = [];
+  if ((row.batchCpuUsed || 0) > (row.batchCpu || 0)) over.push("cpu");
+  if ((row.batchMemoryUsed || 0) > (row.batchMemory || 0)) over.push("memory");
+  if (over.length === 0) return null;
+  const lowered = row.resourcesAt != null && row.reportTime != null && row.resourcesAt >= row.reportTime;
+  return {resources: over, lowered, reportTime: row.reportTime, resourcesAt: row.resourcesAt};
+}
+
+// A decision on the node's batch resources is known (removed ones, degraded or disabled, count as none).
+function batchKnown(row) {
+  return row.outcome !== null && row.outcome !== undefined;
+}
+
+function overNote(row, resource) {
+  const over = batchOver(row);
+  if (!over || !over.resources.includes(resource)) return null;
+  if (!over.lowered) {
+    return h("span", {class: "badge bad", "data-over": "over",
+      title: `batch ${resource} used (reported at ${clock(row.reportTime)}) above the allocatable decided before it, `
+        + `at ${clock(row.resourcesAt)}`}, "over");
+  }
+  return h("span", {class: "badge severity-info", "data-over": "lowered",
+    title: `batch allocatable decided at ${clock(row.resourcesAt)}, at or after the use reported at `
+      + `${clock(row.reportTime)}: lowered below what the batch pods on the node used; those past it are evicted by `
+      + "allocatable, and the next report no longer counts them"}, "lowered");
+}
+
 function bar(used, total) {
   const share = used !== null && used !== undefined && total ? Math.min(1, used / total) : 0;
   const level = share > 0.9 ? "hot" : share > 0.7 ? "warm" : "";
   return h("span", {class: "meter"}, h("span", {class: `fill ${level}`, style: `width:${(share * 100).toFixed(1)}%`}));
 }
 
-function pair(used, total, fmt) {
-  return h("span", {class: "pair"}, bar(used, total), h("span", {}, `${fmt(used)} / ${fmt(total)}`));
+// used / total with a meter, or with `note` in the meter's place (a full meter would say less than the note)
+function pair(used, total, fmt, note = null) {
+  return h("span", {class: "pair"}, note || bar(used, total), h("span", {}, `${fmt(used)} / ${fmt(total)}`));
 }
 
 export function overviewPage(root, {signal}) {
@@ -67,9 +103,9 @@ export function overviewPage(root, {signal}) {
       {key: "memory", label: "memory used / total", width: "1.6fr", sort: (r) => share(r.memoryUsed, r.memoryTotal),
         render: (r) => pair(r.memoryUsed, r.memoryTotal || null, bytes)},
       {key: "batchCpu", label: "batch cpu used / alloc.", width: "1.6fr", sort: (r) => r.batchCpu,
-        render: (r) => pair(r.batchCpuUsed, r.batchCpu, cores)},
+        render: (r) => pair(r.batchCpuUsed, r.batchCpu, cores, overNote(r, "cpu"))},
       {key: "batchMemory", label: "batch mem used / alloc.", width: "1.6fr", sort: (r) => r.batchMemory,
-        render: (r) => pair(r.batchMemoryUsed, r.batchMemory, bytes)},
+        render: (r) => pair(r.batchMemoryUsed, r.batchMemory, bytes, overNote(r, "memory"))},
       {key: "midCpu", label: "mid cpu / mem alloc.", width: "1.2fr", sort: (r) => r.midCpu,
         render: (r) => `${cores(r.midCpu)} / ${bytes(r.midMemory)}`},
       {key: "age", label: "last sample", width: "0.8fr", sort: (r) => -r.lastSample,
@@ -117,7 +153,12 @@ export function overviewPage(root, {signal}) {
       batchCpu: 0, batchCpuUsed: 0, batchMem: 0, batchMemUsed: 0, midCpu: 0, midCpuUsed: 0, midMem: 0, midMemUsed: 0};
     const buckets = new Array(10).fill(0);
     let unknown = 0;
+    const over = [];
+    let undecided = 0;
     for (const r of state.rows) {
+      const o = batchOver(r);
+      if (o) over.push({node: r.name, ...o});
+      if (!batchKnown(r) && (r.batchCpuUsed || r.batchMemoryUsed)) undecided++;
       t.nodes++;
       if (isStale(r)) t.stale++;
       if (r.cpuCores && r.memoryTotal) {
@@ -127,10 +168,12 @@ export function overviewPage(root, {signal}) {
         t.memTotal += r.memoryTotal;
         t.memUsed += r.memoryUsed || 0;
       }
-      t.batchCpu += r.batchCpu || 0;
-      t.batchCpuUsed += r.batchCpuUsed || 0;
-      t.batchMem += r.batchMemory || 0;
-      t.batchMemUsed += r.batchMemoryUsed || 0;
+      if (batchKnown(r)) { // batch used against allocatable where the allocatable is known
+        t.batchCpu += r.batchCpu || 0;
+        t.batchCpuUsed += r.batchCpuUsed || 0;
+        t.batchMem += r.batchMemory || 0;
+        t.batchMemUsed += r.batchMemoryUsed || 0;
+      }
       t.midCpu += r.midCpu || 0;
       t.midCpuUsed += r.midCpuUsed || 0;
       t.midMem += r.midMemory || 0;
@@ -139,9 +182,21 @@ export function overviewPage(root, {signal}) {
       if (s === null) unknown++;
       else buckets[Math.min(9, Math.floor(s * 10))]++;
     }
-    const card = (label, value, detail, id) =>
+    const card = (label, value, detail, id, note = "") =>
       h("div", {class: "card", "data-card": id}, h("div", {class: "card-label"}, label),
-        h("div", {class: "card-value"}, value), h("div", {class: "card-detail"}, detail));
+        h("div", {class: "card-value"}, value), h("div", {class: "card-detail"}, detail),
+        ...(note ? [h("div", {class: "card-detail card-note"}, note)] : []));
+    const lowered = (resource) => {
+      const nodes = over.filter((o) => o.lowered && o.resources.includes(resource)).length;
+      const notes = [];
+      if (nodes) {
+        notes.push(`${nodes} node${nodes === 1 ? "" : "s"} above a batch allocatable lowered since their last `
+          + "report: the batch pods past it are evicted by allocatable");
+      }
+      if (undecided) notes.push(`${undecided} node${undecided === 1 ? "" : "s"} with batch use and no decision known `
+        + "yet: not counted");
+      return notes.join("; ");
+    };
     cards.replaceChildren(
       card("nodes", String(t.nodes), `${t.sized} with known capacity`, "nodes"),
       card("stale nodes", String(t.stale), `no sample for ${state.staleAfter} s`, "stale"),
@@ -149,9 +204,9 @@ export function overviewPage(root, {signal}) {
         "cpu"),
       card("memory used", percent(t.memUsed, t.memTotal), `${bytes(t.memUsed)} of ${bytes(t.memTotal)}`, "memory"),
       card("batch cpu used / allocatable", percent(t.batchCpuUsed, t.batchCpu),
-        `${cores(t.batchCpuUsed)} of ${cores(t.batchCpu)} cores`, "batch-cpu"),
+        `${cores(t.batchCpuUsed)} of ${cores(t.batchCpu)} cores`, "batch-cpu", lowered("cpu")),
       card("batch memory used / allocatable", percent(t.batchMemUsed, t.batchMem),
-        `${bytes(t.batchMemUsed)} of ${bytes(t.batchMem)}`, "batch-memory"),
+        `${bytes(t.batchMemUsed)} of ${bytes(t.batchMem)}`, "batch-memory", lowered("memory")),
       card("mid cpu used / allocatable", percent(t.midCpuUsed, t.midCpu),
         `${cores(t.midCpuUsed)} of ${cores(t.midCpu)} cores`, "mid-cpu"),
       card("mid memory used / allocatable", percent(t.midMemUsed, t.midMem),
@@ -162,6 +217,7 @@ export function overviewPage(root, {signal}) {
     histogram.replaceChildren(barChart(groups, {width: 900, height: 180, y: AXES.count, yFormat: (v) => v.toFixed(0)}));
     counter.textContent = `${table.view.length} of ${state.rows.length} nodes`;
     root.dataset.eventsApplied = String(state.applied); // read by tests/browser
+    root.dataset.batchOver = JSON.stringify(over); // read by tests/browser
   }
 
   function changed() {
@@ -217,6 +273,7 @@ export function overviewPage(root, {signal}) {
         row[key] = name in resources ? resources[name] : null;
       }
       row.outcome = data.outcome;
+      row.resourcesAt = data.computed_at;
     } else if (envelope.type === "node.lifecycle") {
       return reloadSoon();
     }
