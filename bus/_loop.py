@@ -227,7 +227,11 @@ class LoopConsumer:
     async def _process(self, batch: list[Fetched]) -> None:
         delivered_at = time.monotonic()
         succeeded: list[Fetched] = []
-        for item in batch:
+        for index, item in enumerate(batch):
+            if self._stopping:  # what is not handled yet goes back at once, as if never fetched: a stop is prompt
+                for untouched in batch[index:]:
+                    await self._nak(untouched, 0.0)
+                break
             d = item.delivery
             self._stats.delivered += 1
             if d.pending >= 0:

@@ -290,6 +290,30 @@ async def test_durable_resumes_without_loss_or_reprocessing(bus: AnyBus, names: 
     assert not {d.stream_seq for d in first.committed} & {d.stream_seq for d in second.committed}
 
 
+async def test_a_stop_mid_batch_hands_back_at_once_what_was_not_handled(bus: AnyBus, names: Names) -> None:
+    """A stopping process does not work through the rest of a large batch (koordbus up's nodemetric ingest took its
+    whole 8 s shutdown deadline doing so): the item being handled finishes, is flushed and acked, and the rest is
+    nak'ed for redelivery now, not after ack_wait (30 s here)."""
+    await ready(bus, names)
+    await publish_n(bus, names, 20)
+    spec = names.consumer(batch_size=20, ack_wait_seconds=30.0)
+    first = Recorder(pause=0.05)
+    consumer = bus.consume(spec, first)
+    await wait_until(lambda: len(first.seen) >= 2)
+    await consumer.stop()
+    handled = len(first.seen)
+    assert handled < 20 and first.committed == first.seen
+    assert consumer.stats.naked == 20 - handled
+
+    second = Recorder()
+    resumed = bus.consume(spec, second)
+    await wait_until(lambda: handled + len(second.committed) >= 20, timeout=5)
+    assert await resumed.wait_idle(5)
+    await resumed.stop()
+    seqs = [d.stream_seq for d in first.committed + second.committed]
+    assert sorted(seqs) == list(range(1, 21))
+
+
 async def test_reset_with_start_time_replays_from_that_time(bus: AnyBus, names: Names) -> None:
     await ready(bus, names)
     await publish_n(bus, names, 3)
