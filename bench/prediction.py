@@ -4,9 +4,11 @@ Run as `python bench/prediction.py [flags]` (see --help) and, with tiny flags, b
 In one process, as the nodemetric service holds them: it trains N nodes' models (services.nodemetric.training) for
 --rounds minutes of synthetic per-pod usage (steady pods with noise, 60 % prod), then measures --measure-rounds
 more minutes of training plus one prediction per node (what each report asks), and the memory the models take
-(RSS growth per model, after a collection). Then it starts an embedded nats-server, publishes every node's snapshot
-to KOORD_PREDICTION (services.nodemetric.snapshots, as a replica does every 10 minutes) and times a restore of all
-of them, as a restarting replica does before its replay, checking a sample of nodes bit for bit. Exactly one JSON
+(RSS growth per model, after a collection), and the time of a full collection with them held (`gc_full_s`: how
+long the event loop of a service holding them would stall at one). Then it starts an embedded nats-server, publishes
+every node's snapshot to KOORD_PREDICTION (services.nodemetric.snapshots, as a replica does every 10 minutes) and
+times a restore of all of them, as a restarting replica does before its replay, checking a sample of nodes bit for
+bit. Exactly one JSON
 line goes to stdout; progress goes to stderr. The nats-server and the temporary directory go away on the way out.
 
 Targets (issue 22): the predictor adds at most 0.2 core (`predictor_cores`: CPU seconds per simulated minute / 60)
@@ -154,6 +156,17 @@ async def snapshot_and_restore(cluster: Cluster, workdir: Path) -> dict[str, Any
         await server.stop()
 
 
+def full_collection() -> tuple[float, int]:
+    """The fastest of three full collections (the event loop's stall when one runs), and how many objects the
+    collector tracks: the models' share of them is what a collection scans."""
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        gc.collect()
+        times.append(time.perf_counter() - started)
+    return min(times), len(gc.get_objects())
+
+
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     gc.collect()
     before = rss_bytes()
@@ -166,6 +179,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     gc.collect()
     models = sum(len(p.models.models) for p in cluster.predictors)
     model_bytes = (rss_bytes() - without_models) / models
+    gc_full_s, gc_tracked = full_collection()
     cpu_started = time.process_time()
     for _ in range(args.measure_rounds):
         cluster.train_minute(predict=True)
@@ -178,6 +192,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "model_bytes": round(model_bytes),
         "memory_per_million_models_mb": round(model_bytes * 1e6 / 2**20),
         "cluster_fixture_mb": round((without_models - before) / 2**20),
+        "gc_full_s": round(gc_full_s, 3),
+        "gc_tracked_objects": gc_tracked,
         "cpu_s_per_minute": round(cpu_per_minute, 2),
         "predictor_cores": round(cpu_per_minute / 60, 3),
         "ms_per_node_minute": round(cpu_per_minute / args.nodes * 1000, 3),
