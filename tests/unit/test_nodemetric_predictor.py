@@ -319,6 +319,7 @@ def test_no_part_of_a_model_is_tracked_by_the_cycle_collector() -> None:
     ]
     assert len(models.models) == 507 and max(len(m.cpu.weights) for m in models.models.values()) >= 20
     assert [part for part in parts if gc.is_tracked(part)] == []
+    assert len({id(m.cpu.reference_ns) for m in models.models.values()}) == 1  # one int, not one per histogram
     del parts
     gc.collect()
     assert len(gc.get_objects()) - before < 50  # the dict of models, not the models
