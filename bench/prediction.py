@@ -4,9 +4,12 @@ Run as `python bench/prediction.py [flags]` (see --help) and, with tiny flags, b
 In one process, as the nodemetric service holds them: it trains N nodes' models (services.nodemetric.training) for
 --rounds minutes of synthetic per-pod usage (steady pods with noise, 60 % prod), then measures --measure-rounds
 more minutes of training plus one prediction per node (what each report asks), and the memory the models take
-(RSS growth per model, after a collection). Then it starts an embedded nats-server, publishes every node's snapshot
-to KOORD_PREDICTION (services.nodemetric.snapshots, as a replica does every 10 minutes) and times a restore of all
-of them, as a restarting replica does before its replay, checking a sample of nodes bit for bit. Exactly one JSON
+(RSS growth per model, after a collection), and the time of a full collection with them held (`gc_full_s`: how
+long the event loop of a service holding them would stall at one). Then it starts an embedded nats-server, publishes
+every node's snapshot to KOORD_PREDICTION (services.nodemetric.snapshots, part by part as a replica does over each
+10 minutes, the parts back to back: the longest part and the longest event-loop stall meanwhile are reported) and
+times a restore of all of them, as a restarting replica does before its replay, checking a sample of nodes bit for
+bit. Exactly one JSON
 line goes to stdout; progress goes to stderr. The nats-server and the temporary directory go away on the way out.
 
 Targets (issue 22): the predictor adds at most 0.2 core (`predictor_cores`: CPU seconds per simulated minute / 60)
@@ -118,6 +121,20 @@ class Cluster:
                 predictor.predict(end, pods, explain=False)  # as a report asks
 
 
+class StallMonitor:
+    """The longest the event loop went without running this task (asking to run every millisecond) while it ran:
+    how long the ingest would have waited behind whatever held the loop."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+
+    async def run(self) -> None:
+        while True:
+            started = time.perf_counter()
+            await asyncio.sleep(0.001)
+            self.longest = max(self.longest, time.perf_counter() - started - 0.001)
+
+
 async def snapshot_and_restore(cluster: Cluster, workdir: Path) -> dict[str, Any]:
     server = EmbeddedNatsServer(store_dir=workdir / "nats")
     await server.start()
@@ -126,9 +143,17 @@ async def snapshot_and_restore(cluster: Cluster, workdir: Path) -> dict[str, Any
     try:
         await bus.ensure_streams([streams.prediction_stream()])
         writer = snapshots.SnapshotWriter(bus)
+        predictors = dict(zip(cluster.names, cluster.predictors, strict=True))
+        stalls = StallMonitor()
+        monitor = asyncio.create_task(stalls.run())
         started = time.perf_counter()
-        saved = await writer.save(dict(zip(cluster.names, cluster.predictors, strict=True)), now=time.time())
+        saved, tick_seconds = 0, []
+        for part in range(writer.parts):  # the service's ticks, back to back
+            tick_started = time.perf_counter()
+            saved += await writer.save(predictors, now=time.time(), part=part)
+            tick_seconds.append(time.perf_counter() - tick_started)
         save_seconds = time.perf_counter() - started
+        monitor.cancel()
         stored_bytes = (await bus.jetstream.stream_info(streams.KOORD_PREDICTION)).state.bytes
         log.info("%d snapshots published in %.1f s (%.0f MB stored)", saved, save_seconds, stored_bytes / 1e6)
         started = time.perf_counter()
@@ -144,6 +169,8 @@ async def snapshot_and_restore(cluster: Cluster, workdir: Path) -> dict[str, Any
         return {
             "snapshots": saved,
             "snapshot_save_s": round(save_seconds, 2),
+            "snapshot_tick_max_s": round(max(tick_seconds), 2),
+            "snapshot_stall_max_ms": round(stalls.longest * 1000, 1),
             "snapshot_stored_mb": round(stored_bytes / 1e6, 1),
             "restored_nodes": len(restored.predictors),
             "restore_s": round(restore_seconds, 2),
@@ -152,6 +179,17 @@ async def snapshot_and_restore(cluster: Cluster, workdir: Path) -> dict[str, Any
     finally:
         await bus.close()
         await server.stop()
+
+
+def full_collection() -> tuple[float, int]:
+    """The fastest of three full collections (the event loop's stall when one runs), and how many objects the
+    collector tracks: the models' share of them is what a collection scans."""
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        gc.collect()
+        times.append(time.perf_counter() - started)
+    return min(times), len(gc.get_objects())
 
 
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -166,6 +204,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     gc.collect()
     models = sum(len(p.models.models) for p in cluster.predictors)
     model_bytes = (rss_bytes() - without_models) / models
+    gc_full_s, gc_tracked = full_collection()
     cpu_started = time.process_time()
     for _ in range(args.measure_rounds):
         cluster.train_minute(predict=True)
@@ -178,6 +217,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "model_bytes": round(model_bytes),
         "memory_per_million_models_mb": round(model_bytes * 1e6 / 2**20),
         "cluster_fixture_mb": round((without_models - before) / 2**20),
+        "gc_full_s": round(gc_full_s, 3),
+        "gc_tracked_objects": gc_tracked,
         "cpu_s_per_minute": round(cpu_per_minute, 2),
         "predictor_cores": round(cpu_per_minute / 60, 3),
         "ms_per_node_minute": round(cpu_per_minute / args.nodes * 1000, 3),

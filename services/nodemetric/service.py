@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import time
@@ -515,24 +516,27 @@ class NodeMetricService:
             last = predictor.predict(window.last_report, window.current_pods())  # what the newest report said
         return msgspec.json.encode(PredictionReply(view=predictor.view(request.node, last)))
 
-    async def save_snapshots(self) -> None:
-        """Snapshot the models trained since their last snapshot; a bus failure is logged and retried next time.
-        A node not trained for longer than the models' expiration (its agent is gone) is forgotten first: every one
-        of its models would have expired at its next round anyway."""
+    async def save_snapshots(self, part: int | None = None) -> None:
+        """Snapshot the models trained since their last snapshot (only the nodes of `part` when given, as the
+        periodic loop does: services.nodemetric.snapshots); a bus failure is logged and retried next time. A node
+        not trained for longer than the models' expiration (its agent is gone) is forgotten first: every one of its
+        models would have expired at its next round anyway."""
         now = self._clock()
         idle_since = now - MODEL_EXPIRATION_SECONDS
         for node in [n for n, p in self._predictors.items() if (p.trained_until or now) < idle_since]:
             del self._predictors[node]
             self._snapshots.saved.pop(node, None)
         try:
-            self._metrics.snapshots.inc(await self._snapshots.save(self._predictors, now=now))
+            self._metrics.snapshots.inc(await self._snapshots.save(self._predictors, now=now, part=part))
         except BusError as e:
             log.warning("nodemetric: prediction snapshots not saved (next try in one interval): %s", e)
 
     async def _snapshot_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.snapshot_interval_seconds)
-            await self.save_snapshots()
+        """One part of the nodes every interval / parts: each node once per interval, in short slices."""
+        parts = self._snapshots.parts
+        for tick in itertools.count():
+            await asyncio.sleep(self.settings.snapshot_interval_seconds / parts)
+            await self.save_snapshots(part=tick % parts)
 
     @property
     def _ingest_name(self) -> str:

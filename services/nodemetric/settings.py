@@ -48,7 +48,8 @@ class NodeMetricSettings:
     """How often each node's prod-predictor models are snapshotted to KOORD_PREDICTION; unset: every 10 minutes as
     koordlet checkpoints, or the longest aggregation window when that is shorter. At most that window: a restarted
     or rebalanced replica restores the snapshot and retrains the rounds after it from the history it replays
-    anyway, so no training is lost."""
+    anyway, so no training is lost. The nodes are saved a tenth at a time, a tenth of the interval apart
+    (services.nodemetric.snapshots)."""
 
     def __post_init__(self) -> None:
         if self.liveness_grid_seconds < 0:

@@ -18,8 +18,9 @@ pytestmark = pytest.mark.e2e
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "prediction.py"
 KEYS = {
     "bench", "nodes", "pods", "models", "model_bytes", "memory_per_million_models_mb", "cluster_fixture_mb",
-    "cpu_s_per_minute", "predictor_cores", "ms_per_node_minute", "snapshots", "snapshot_save_s",
-    "snapshot_stored_mb", "restored_nodes", "restore_s", "restore_exact", "target_held", "command",
+    "gc_full_s", "gc_tracked_objects", "cpu_s_per_minute", "predictor_cores", "ms_per_node_minute", "snapshots",
+    "snapshot_save_s", "snapshot_tick_max_s", "snapshot_stall_max_ms", "snapshot_stored_mb", "restored_nodes",
+    "restore_s", "restore_exact", "target_held", "command",
 }  # fmt: skip
 
 
