@@ -30,7 +30,7 @@ import pytest
 from bus import streams
 from bus.jetstream import JetStreamBus
 from tests.faults import service_cases as cases
-from tests.faults.processes import KoordbusProcess, wait_for
+from tests.faults.processes import KoordbusProcess, stream_messages, wait_for
 from tests.faults.test_kill_and_restart import CATCH_UP_TIMEOUT_SECONDS, SEED_ENV, Run
 from tests.fixtures.nats_cluster import REPLICAS, ClusterUnderTest
 
@@ -100,6 +100,8 @@ class ClusterRun(Run):
         case, bus = self.case, self.bus
         heads = await self.decision_heads()
         before = await case.read_decisions(bus)
+        stored = [m for stream in case.decision_streams for m in await stream_messages(bus, stream, ">")]
+        last = {m.subject: m.data for m in stored}  # what the failover run left on each subject
 
         replay = self.process("replay")
         replay.start()
@@ -107,10 +109,22 @@ class ClusterRun(Run):
         await asyncio.to_thread(replay.stop)
 
         after = await case.read_decisions(bus)
-        assert await self.decision_heads() == heads, (
-            f"{what}: the clean replay published decisions the failover run had not: "
-            f"{[d for d in after if d not in before]}"
-        )
+        if await self.decision_heads() != heads:
+            published = [
+                m
+                for stream, head in zip(case.decision_streams, heads, strict=True)
+                for m in await stream_messages(bus, stream, ">")
+                if m.stream_seq > head
+            ]
+            changed = [
+                f"{m.subject}:\n  failover run: {last.get(m.subject, b'')[:2000]!r}\n  replay: {m.data[:2000]!r}"
+                for m in published
+            ]
+            raise AssertionError(
+                f"{what}: the clean replay published decisions the failover run had not: "
+                f"{[d for d in after if d not in before]}; per subject, the last one before and after the replay:\n"
+                + "\n".join(changed[:10])
+            )
         case.assert_no_duplicates(before, what)
         assert not (repeated := await case.repeats(bus)), f"{what}: decisions republished unchanged: {repeated}"
         assert case.enough(before), f"{what}: the load produced too few decisions to test anything: {len(before)}"
