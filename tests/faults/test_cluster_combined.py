@@ -24,9 +24,10 @@ exactly once; every quota command applied is in KOORD_QUOTA exactly once; and pe
 test_cluster_failover.py, a clean replay into an empty database (one process, no instance name) publishes nothing
 the run had not (no decision lost), no decision is stored twice, and the projections read back the same.
 
-Cost: about 2.5 minutes on a quiet two-core machine (3 nats-servers and 7 service processes, then 5 replays): four
-elections of ~5 s each, the pause, waiting for restarted servers to catch up, and up to a consumer's ack_wait (30 s)
-for deliveries a killed server took with it. It prints its figures with -s. KOORDBUS_FAULTS_SEED reproduces a run.
+Cost: 100–160 s (at nice 19 on a two-core machine busy with a benchmark; 3 nats-servers and 7 service processes,
+then 5 replays): five elections of ~5 s each, the pause, restarted servers catching up, and up to a consumer's
+ack_wait (30 s) for deliveries a killed server took with it; the timeout is 420 s. It prints its figures with -s.
+KOORDBUS_FAULTS_SEED reproduces the load and the timing of the faults (not the machine's).
 """
 
 from __future__ import annotations
