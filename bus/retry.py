@@ -5,9 +5,12 @@ the jitter); bus.jetstream applies it.
 
 Safe to retry: an answer saying nothing was stored — no responders (no stream leader holds the subject's interest
 during an election), "JetStream system temporarily unavailable", "stream is offline", "expected last sequence per
-subject temporarily unavailable". Safe only with a Nats-Msg-Id: a publish whose answer never came (a timeout, the
-connection lost under it), which may have been stored — the stream's duplicate window turns the second copy into
-a duplicate ack. Anything else (a wrong last sequence included) is the caller's to handle.
+subject temporarily unavailable", "duplicate message id is in process" (a replicated stream's answer to a publish
+whose msg id another publish is still storing: two replicas that both briefly own a partition publish the same
+decision; the retry is acked as that other copy's duplicate, or stored if it failed). Safe only with a
+Nats-Msg-Id: a publish whose answer never came (a timeout, the connection lost under it), which may have been
+stored — the stream's duplicate window turns the second copy into a duplicate ack. Anything else (a wrong last
+sequence included) is the caller's to handle.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ JITTER = 0.3
 """Each delay is shortened by up to this share, so publishers failing together do not retry together."""
 ERR_CLUSTER_NOT_AVAILABLE = 10008
 """JetStream's "JetStream system temporarily unavailable"."""
+ERR_DUPLICATE_IN_PROCESS = 10158
+"""JetStream's "duplicate message id is in process" (a replicated stream proposing another copy of it)."""
 TEMPORARY_DESCRIPTIONS = ("temporarily unavailable", "is offline", "can not handle request", "peer offline")
 """Words of JetStream's error descriptions for a stream or cluster that cannot take the request now (several
 codes, some newer than others; the words are stable). "peer offline": a stream placed while a server is not yet
@@ -42,7 +47,8 @@ class Failure(Enum):
 def temporary_api_error(code: int | None, description: str) -> bool:
     """Whether a JetStream API error says "not now" rather than "never"."""
     text = description.lower()
-    return code == ERR_CLUSTER_NOT_AVAILABLE or any(words in text for words in TEMPORARY_DESCRIPTIONS)
+    temporary_codes = (ERR_CLUSTER_NOT_AVAILABLE, ERR_DUPLICATE_IN_PROCESS)
+    return code in temporary_codes or any(words in text for words in TEMPORARY_DESCRIPTIONS)
 
 
 def may_retry(failure: Failure, *, has_msg_id: bool) -> bool:

@@ -33,7 +33,7 @@ from schemas.quota_events import Violation
 from services.quota import admission, core, profiles
 from services.quota.core import DEFAULT_TREE, QuotaTreeState, Rejected
 from services.quota.pods import EMPTY_LOAD, QuotaIndex, QuotaLoad, pod_load
-from services.quota.runtime import QuotaTree
+from services.quota.runtime import OUTSIDE, QuotaTree
 
 Terminating = Literal["count", "ignore-immediately", "ignore-after-grace"]
 DEFAULT_GRACE_SECONDS: Final = 30
@@ -352,7 +352,9 @@ class QuotaModel:
                 continue
             tree = self.trees[key]
             tree.set_load(name, self._loads.sums.get(name, EMPTY_LOAD))
-            note(key, [name, *(tree.ancestors(name) or ())])
+            # the system and default quotas have no ancestors, yet the root's runtime is the total less their used
+            outside = [quota.ROOT_QUOTA] if name in OUTSIDE else []
+            note(key, [name, *(tree.ancestors(name) or ()), *outside])
         self._load_dirty.clear()
         for name in self._touched:
             key = self._tree_of.get(name)

@@ -190,6 +190,9 @@ class QuotaService:
         self._last_seq: dict[str, int] = {}
         """Quota or tree subject → the stream sequence of its last status: part of the next status's msg id, so a
         status returning to an earlier value (A → B → A) is not dropped as a duplicate of the first A."""
+        self._unpublished: dict[str, set[str]] = {}
+        """Tree → quotas whose statuses a failed publish left out: the model's refresh reports a change once, so
+        they are added to the next one's (until then the stream holds their previous status)."""
         self._ready = False
         self.profile_errors: dict[str, str] = {}
         """Profile → why its root quota could not be written (shown with the profile's tree)."""
@@ -403,6 +406,9 @@ class QuotaService:
             return
         async with self._publish_lock:
             changed = self.model.refresh()
+            for tree, names in self._unpublished.items():
+                changed.setdefault(tree, set()).update(names)
+            self._unpublished = {}
             now = self._clock()
             messages: list[tuple[str, bytes, str]] = []
             published: dict[str, bytes] = {}
@@ -415,6 +421,7 @@ class QuotaService:
             try:
                 acks = await self.bus.publish_many(messages)
             except Exception as e:
+                self._unpublished = changed  # published again after the next batch or tick, if still not current
                 raise TemporaryError(f"publishing quota status failed: {e}", delay=PUBLISH_RETRY_DELAY_SECONDS) from e
             self._published.update(published)
             self._last_seq.update((subject, ack.seq) for (subject, _, _), ack in zip(messages, acks, strict=True))

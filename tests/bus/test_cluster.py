@@ -111,6 +111,25 @@ async def test_publishes_ride_out_the_loss_of_their_stream_leader(nats_cluster: 
     await bus.close()
 
 
+async def test_two_publishers_racing_with_one_msg_id_are_both_acked_and_it_is_stored_once(
+    nats_cluster: ClusterUnderTest,
+) -> None:
+    # Two replicas that both own a partition for a moment publish the same decision under the same msg id. A
+    # replicated stream answers the second, while it still stores the first, "duplicate message id is in process"
+    # (10158): the bus retries it (bus.retry) and it is acked as a duplicate (before, BusError for most of these).
+    first, second = await nats_cluster.connect("racer-1"), await nats_cluster.connect("racer-2")
+    try:
+        for n in range(30):
+            batch = [(subjects.node_metrics(f"n{n}"), b"r", f"race-{n}")] * 3
+            acks = await asyncio.gather(first.publish_many(batch), second.publish_many(batch))
+            assert {(a.stream, a.seq) for racer in acks for a in racer} == {(acks[0][0].stream, acks[0][0].seq)}
+        stored = await stream_messages(first, streams.KOORD_NODE, subjects.NODE_METRICS_ALL)
+        assert sorted(m.msg_id for m in stored) == sorted(f"race-{n}" for n in range(30))
+    finally:
+        await first.close()
+        await second.close()
+
+
 async def test_an_expected_sequence_append_across_a_leader_change_lands_once_and_a_rival_loses(
     nats_cluster: ClusterUnderTest,
 ) -> None:

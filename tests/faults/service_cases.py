@@ -104,12 +104,12 @@ def _ids(messages: list[Delivery]) -> Decisions:
 # ---- nodemetric: agent batches in, NodeMetricComputed out, the latest per node (and node liveness) projected
 
 
-def nodemetric_case(rng: random.Random) -> Case:
-    nodes = [SimulatedNode(f"fault-node-{i}", seed=rng.randrange(1 << 30), pods=4) for i in range(4)]
+def nodemetric_case(rng: random.Random, *, prefix: str = "fault", steps: int = 40) -> Case:
+    nodes = [SimulatedNode(f"{prefix}-node-{i}", seed=rng.randrange(1 << 30), pods=4) for i in range(4)]
     window = 10.0
-    # Event times 20 minutes back (inside the service's replay window): 40 windows are 6-7 reports per node.
-    base = math.floor(time.time() / 60) * 60 - 20 * 60
-    steps = 40
+    # Event times 20 minutes back (inside the service's 32-minute replay window): 40 windows are 6-7 reports per
+    # node; more steps start further back (up to 180 fit), so the last window still ends in the past.
+    base = math.floor(time.time() / 60) * 60 - max(20 * 60, (steps + 6) * window)
     batches: list[list[NodeMetricsReported]] = [
         [node.batch(base + step * window, base + (step + 1) * window) for node in nodes] for step in range(steps)
     ]
@@ -149,10 +149,9 @@ def nodemetric_case(rng: random.Random) -> Case:
 # ---- noderesource: nodes, pods, the colocation ConfigMap and NodeMetrics in, batch/mid decisions out and projected
 
 
-def noderesource_case(rng: random.Random) -> Case:
-    names = [f"fault-node-{i}" for i in range(4)]
+def noderesource_case(rng: random.Random, *, prefix: str = "fault", steps: int = 40) -> Case:
+    names = [f"{prefix}-node-{i}" for i in range(4)]
     now = time.time()
-    steps = 40
 
     async def setup(bus: JetStreamBus) -> None:
         await publish_events(bus, nr.config_event(), *[nr.node_event(n) for n in names])
@@ -166,7 +165,8 @@ def noderesource_case(rng: random.Random) -> Case:
         ]
         if rng.random() < 0.3:
             node = rng.choice(names)
-            events.append(nr.pod_event(f"batch-{step}", "2", "4Gi", node=node, priority="koord-batch", at=now))
+            batch = f"{prefix}-batch-{step}"
+            events.append(nr.pod_event(batch, "2", "4Gi", node=node, priority="koord-batch", at=now))
         await publish_events(bus, *events)
 
     async def decisions(bus: JetStreamBus) -> Decisions:
@@ -209,8 +209,12 @@ def noderesource_case(rng: random.Random) -> Case:
 # ---- slo: Nodes and the slo-controller-config ConfigMap in, each node's NodeSLO in the KOORD_SLO bucket out
 
 
-def slo_case(rng: random.Random) -> Case:
-    names = [f"fault-node-{i}" for i in range(6)]
+def slo_case(
+    rng: random.Random, *, prefix: str = "fault", steps: int = 40, configmap: Mapping[str, str] | None = None
+) -> Case:
+    """`configmap`: other keys of the slo-controller-config ConfigMap, kept in every version this case publishes
+    (noderesource's colocation-config when both run)."""
+    names = [f"{prefix}-node-{i}" for i in range(6)]
     pools = ["batch", "online", "edge"]
 
     def threshold(percent: int) -> str:
@@ -224,12 +228,15 @@ def slo_case(rng: random.Random) -> Case:
         )
 
     async def setup(bus: JetStreamBus) -> None:
-        await publish_events(bus, slo_core._configmap({"resource-threshold-config": threshold(50)}))
+        await publish_events(
+            bus, slo_core._configmap({**(configmap or {}), "resource-threshold-config": threshold(50)})
+        )
         await publish_events(bus, *[slo_core._node(n, {"pool": rng.choice(pools)}) for n in names])
 
     async def load(bus: JetStreamBus, step: int) -> None:
         if step % 8 == 7:
-            await publish_events(bus, slo_core._configmap({"resource-threshold-config": threshold(30 + step)}))
+            data = {**(configmap or {}), "resource-threshold-config": threshold(30 + step % 60)}
+            await publish_events(bus, slo_core._configmap(data))
         else:
             await publish_events(bus, slo_core._node(rng.choice(names), {"pool": rng.choice(pools)}))
 
@@ -252,6 +259,7 @@ def slo_case(rng: random.Random) -> Case:
         read_decisions=decisions,
         read_projection=projection,
         min_decisions=len(names),
+        steps=steps,
         database=False,
     )
 
@@ -273,15 +281,16 @@ async def _command(bus: JetStreamBus, request: CommandRequest) -> CommandReply:
 # ---- quota: the quota event log (commands) and the cluster's pods in, statuses out, statuses and history projected
 
 
-def quota_case(rng: random.Random) -> Case:
+def quota_case(rng: random.Random, *, prefix: str = "fault", steps: int = 40) -> Case:
     leaves = ["a", "b", "c"]
+    node_name = f"{prefix}-node-0"
 
     async def setup(bus: JetStreamBus) -> None:
-        node = quota_model.node("fault-node-0", "64")
+        node = quota_model.node(node_name, "64")
         await bus.publish(
-            subjects.cluster_node("fault-node-0"),
-            msgspec.json.encode(NodeObserved(name="fault-node-0", observed_at=1.0, node=node)),
-            msg_id="fault-node-0",
+            subjects.cluster_node(node_name),
+            msgspec.json.encode(NodeObserved(name=node_name, observed_at=1.0, node=node)),
+            msg_id=node_name,
         )
 
     async def after_start(bus: JetStreamBus) -> None:
@@ -301,7 +310,7 @@ def quota_case(rng: random.Random) -> Case:
             gone = PodObserved(namespace="apps", name=name, observed_at=1.0, deleted=True)
             await bus.publish(subjects.cluster_pod("apps", name), msgspec.json.encode(gone), msg_id=f"{name}-gone")
             return
-        pod = quota_model.pod(name, f"{rng.randrange(1, 6)}", quota_name=rng.choice(leaves), node_name="fault-node-0")
+        pod = quota_model.pod(name, f"{rng.randrange(1, 6)}", quota_name=rng.choice(leaves), node_name=node_name)
         event = PodObserved(namespace="apps", name=name, observed_at=1.0, pod=pod)
         await bus.publish(subjects.cluster_pod("apps", name), msgspec.json.encode(event), msg_id=name)
 
@@ -331,6 +340,7 @@ def quota_case(rng: random.Random) -> Case:
         read_decisions=decisions,
         read_projection=projection,
         min_decisions=len(leaves) + 1,
+        steps=steps,
         env={"KOORDBUS_TICK_SECONDS": "0.2", "KOORDBUS_LINGER_SECONDS": "0"},
     )
 
@@ -338,7 +348,7 @@ def quota_case(rng: random.Random) -> Case:
 # ---- migration: PodMigrationJob requests and the cluster in, arbitration rounds out, jobs and trails projected
 
 
-def migration_case(rng: random.Random) -> Case:
+def migration_case(rng: random.Random, *, prefix: str = "fault", steps: int = 40) -> Case:
     replicas = 20
     created = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")  # within the jobs' 5-minute TTL
 
@@ -349,7 +359,7 @@ def migration_case(rng: random.Random) -> Case:
         )  # fmt: skip
         await bus.publish(subjects.cluster_workload("default", "web"), msgspec.json.encode(workload), msg_id="web")
         for i in range(replicas):
-            pod = migration_support.pod(f"web-{i}", node=f"n{i % 4}", ready=rng.random() > 0.1)
+            pod = migration_support.pod(f"web-{i}", node=f"{prefix}-node-{i % 4}", ready=rng.random() > 0.1)
             event = PodObserved(namespace="default", name=f"web-{i}", observed_at=1.0, pod=pod)
             await bus.publish(subjects.cluster_pod("default", f"web-{i}"), msgspec.json.encode(event), msg_id=f"p{i}")
 
@@ -392,10 +402,11 @@ def migration_case(rng: random.Random) -> Case:
         read_decisions=decisions,
         read_projection=projection,
         min_decisions=5,
+        steps=steps,
     )
 
 
-BUILDERS: dict[str, Callable[[random.Random], Case]] = {
+BUILDERS: dict[str, Callable[..., Case]] = {
     "migration": migration_case,
     "quota": quota_case,
     "nodemetric": nodemetric_case,
@@ -405,5 +416,7 @@ BUILDERS: dict[str, Callable[[random.Random], Case]] = {
 SERVICES = list(BUILDERS)
 
 
-def build(service: str, rng: random.Random) -> Case:
-    return BUILDERS[service](rng)
+def build(service: str, rng: random.Random, **options: Any) -> Case:
+    """`options`: the builders' keywords — `prefix` of the node names (distinct per case when several services run
+    on one cluster), `steps` of load (each builder's load takes any number), for slo `configmap`."""
+    return BUILDERS[service](rng, **options)

@@ -30,7 +30,7 @@ import pytest
 from bus import streams
 from bus.jetstream import JetStreamBus
 from tests.faults import service_cases as cases
-from tests.faults.processes import KoordbusProcess, wait_for
+from tests.faults.processes import KoordbusProcess, stream_messages, wait_for
 from tests.faults.test_kill_and_restart import CATCH_UP_TIMEOUT_SECONDS, SEED_ENV, Run
 from tests.fixtures.nats_cluster import REPLICAS, ClusterUnderTest
 
@@ -72,13 +72,17 @@ class ClusterRun(Run):
 
     creds: Path
 
-    def process(self, database: str) -> KoordbusProcess:
-        arguments = ["service", self.case.service, "--nats-url", self.nats_url, "--port", "0"]
+    def process(self, database: str, *, instance: str = "", port: int = 0) -> KoordbusProcess:
+        """A process on `database`; with `instance`, a replica of a scaled-out service (its own log)."""
+        arguments = ["service", self.case.service, "--nats-url", self.nats_url, "--port", str(port)]
         arguments += ["--nats-creds", str(self.creds)]
         if self.case.database:
             arguments += ["--database-url", self.database_url(database)]
         env = {"KOORDBUS_LOG_LEVEL": "INFO", "KOORDBUS_STREAM_REPLICAS": str(REPLICAS), **self.case.env}
-        process = KoordbusProcess(arguments, log_path=self.tmp_path / f"{database}.log", env=env)
+        if instance:
+            env[f"KOORDBUS_{self.case.service.upper()}_INSTANCE"] = instance
+        log = f"{database}-{instance}" if instance else database
+        process = KoordbusProcess(arguments, log_path=self.tmp_path / f"{log}.log", env=env)
         self.started.append(process)
         return process
 
@@ -88,6 +92,44 @@ class ClusterRun(Run):
             return await consumers_state(self.bus, self.case.durables, since=process.started_at, idle=True)
 
         await wait_for(idle, timeout=CLUSTER_CATCH_UP_SECONDS, what=f"{self.context()}: consumers caught up")
+
+    async def assert_clean_replay(self, what: str) -> None:
+        """Once the failover run's processes have stopped (on database "failover"): a clean replay into an empty
+        database ("replay") publishes nothing the failover run had not (no decision lost), no decision is in its
+        stream twice or republished unchanged, and the two projections read back the same."""
+        case, bus = self.case, self.bus
+        heads = await self.decision_heads()
+        before = await case.read_decisions(bus)
+        stored = [m for stream in case.decision_streams for m in await stream_messages(bus, stream, ">")]
+        last = {m.subject: m.data for m in stored}  # what the failover run left on each subject
+
+        replay = self.process("replay")
+        replay.start()
+        await self.caught_up(replay)
+        await asyncio.to_thread(replay.stop)
+
+        after = await case.read_decisions(bus)
+        if await self.decision_heads() != heads:
+            published = [
+                m
+                for stream, head in zip(case.decision_streams, heads, strict=True)
+                for m in await stream_messages(bus, stream, ">")
+                if m.stream_seq > head
+            ]
+            changed = [
+                f"{m.subject}:\n  failover run: {last.get(m.subject, b'')[:2000]!r}\n  replay: {m.data[:2000]!r}"
+                for m in published
+            ]
+            raise AssertionError(
+                f"{what}: the clean replay published decisions the failover run had not: "
+                f"{[d for d in after if d not in before]}; per subject, the last one before and after the replay:\n"
+                + "\n".join(changed[:10])
+            )
+        case.assert_no_duplicates(before, what)
+        assert not (repeated := await case.repeats(bus)), f"{what}: decisions republished unchanged: {repeated}"
+        assert case.enough(before), f"{what}: the load produced too few decisions to test anything: {len(before)}"
+        through, clean = await self.projection("failover"), await self.projection("replay")
+        assert through == clean, f"{what}: the projection differs from a clean replay"
 
 
 async def consumers_state(
@@ -173,24 +215,7 @@ async def test_a_service_rides_out_the_loss_of_the_server_leading_its_stream(
         for spec in case.decision_streams:
             await wait_for(lambda s=spec: cluster.stream_current(s), timeout=ELECTION_TIMEOUT_SECONDS, what=what)
         survivor.stop()
-        heads = await run.decision_heads()
-        before = await case.read_decisions(bus)
-
-        replay = run.process("replay")
-        replay.start()
-        await run.caught_up(replay)
-        replay.stop()
-
-        after = await case.read_decisions(bus)
-        assert await run.decision_heads() == heads, (
-            f"{what}: the clean replay published decisions the failover run had not: "
-            f"{[d for d in after if d not in before]}"
-        )
-        case.assert_no_duplicates(before, what)
-        assert not (repeated := await case.repeats(bus)), f"{what}: decisions republished unchanged: {repeated}"
-        assert case.enough(before), f"{what}: the load produced too few decisions to test anything: {len(before)}"
-        through, clean = await run.projection("failover"), await run.projection("replay")
-        assert through == clean, f"{what}: the projection differs from a clean replay"
+        await run.assert_clean_replay(what)
     finally:
         if load is not None and not load.done():
             load.cancel()

@@ -4,6 +4,7 @@ last-value subjects, pods from the cluster stream, restart and replay, and an un
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -12,6 +13,7 @@ import msgspec
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bus import streams, subjects
+from bus.errors import BusUnavailableError
 from bus.jetstream import JetStreamBus
 from schemas import kube, quota
 from schemas import quota_events as ev
@@ -163,6 +165,40 @@ async def test_a_status_that_returns_to_an_earlier_value_is_published_again(koor
         assert after == before  # the last statuses on the stream were read back: nothing to publish again
     finally:
         await restarted.stop()
+
+
+async def test_statuses_a_failed_publish_left_out_are_published_after_it(
+    koordbus_bus: JetStreamBus, monkeypatch: Any
+) -> None:
+    """A status publish that fails (an election outlasting the bus's retries) is not forgotten. The model reports a
+    change once: when the tick's publish took it and failed, the statuses stayed as they were until the quota
+    changed again (a redelivered batch applies its changes again, a tick has nothing to apply again)."""
+    await observe(koordbus_bus, node("n1", "40"))
+    service = await started(koordbus_bus)
+    publish_many = koordbus_bus.publish_many
+    failing = asyncio.Event()
+
+    async def fails_once(messages: Any) -> Any:
+        if failing.is_set():
+            failing.clear()
+            raise BusUnavailableError("no answer (as during an election)")
+        return await publish_many(messages)
+
+    async def a_uses(cpu: int) -> bool:
+        held = await status(koordbus_bus, "a")
+        return held is not None and held.state is not None and held.state.used.get("cpu", 0) == cpu
+
+    try:
+        await build_team(koordbus_bus)
+        await eventually(lambda: a_uses(0))
+        monkeypatch.setattr(koordbus_bus, "publish_many", fails_once)
+        failing.set()
+        # a change only the tick publishes (as when the tick's refresh takes a batch's change before its flush)
+        service.model.set_pod("apps/p1", pod("p1", "30", quota_name="a", node_name="n1"), now=time.time())
+        await eventually(lambda: not failing.is_set())  # the publish with a's new status failed
+        await eventually(lambda: a_uses(30_000))  # the next tick publishes it
+    finally:
+        await service.stop()
 
 
 async def test_nodes_observed_after_start_make_the_default_trees_total(koordbus_bus: JetStreamBus) -> None:

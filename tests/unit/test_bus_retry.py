@@ -16,6 +16,7 @@ from bus.cluster import render_cluster_block
         (10118, "stream is offline"),
         (None, "JetStream cluster can not handle request"),
         (10005, "no suitable peers for placement, peer offline"),
+        (10158, "duplicate message id is in process"),
     ],
 )
 def test_what_a_cluster_says_while_it_elects_a_leader_is_temporary(code: int | None, description: str) -> None:

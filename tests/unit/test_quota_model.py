@@ -209,6 +209,20 @@ def test_nodes_joining_after_the_first_refresh_change_the_root_and_the_tree_alon
     assert model.refresh() == {}
 
 
+def test_a_pod_of_the_default_quota_changes_the_root_whose_runtime_is_the_total_less_it() -> None:
+    """The root's runtime is the cluster total less what the system and default quotas use: a pod of the default
+    quota (a namespace no quota claims) changes it even when no child's runtime moves, so the root is published."""
+    model = team_model()
+    before = state(model, quota.ROOT_QUOTA).runtime
+    model.set_pod("web/p1", pod("p1", "4", namespace="web", node_name="n1"), now=T)
+    changed = model.refresh()
+    assert quota.ROOT_QUOTA in changed[DEFAULT_TREE]
+    assert state(model, quota.ROOT_QUOTA).runtime == {**before, "cpu": before["cpu"] - 4_000}
+    model.set_pod("web/p1", None, now=T)
+    assert quota.ROOT_QUOTA in model.refresh()[DEFAULT_TREE]
+    assert state(model, quota.ROOT_QUOTA).runtime == before
+
+
 def test_an_unreadable_event_changes_nothing_but_its_sequence_is_seen() -> None:
     model = team_model()
     before = model.state
