@@ -161,8 +161,13 @@ async def test_a_jobs_reservation_ref_is_used_not_made(
     assert [verb for verb, _, _ in writes(kube_api, "web-0")] == ["patch"]
     assert [r.name for r in map(_meta, kube_api.objects("Reservation"))] == ["spare-0"]  # none made
     assert not [r for r in kube_api.requests if r.verb == "create" and "/reservations" in r.path]
-    created = [c for c in status(kube_api, "job-0").get("conditions", []) if c["type"] == "ReservationCreated"]
-    assert created and created[0]["message"] == "uses Reservation spare-0"
+
+    def reservation_created() -> list[dict[str, Any]]:
+        return [c for c in status(kube_api, "job-0").get("conditions", []) if c["type"] == "ReservationCreated"]
+
+    # the executor evicts first and writes the job's status after: the status may lag the pod's patch
+    await eventually(lambda: reservation_created() != [], timeout=20)
+    assert reservation_created()[0]["message"] == "uses Reservation spare-0"
 
 
 async def test_a_jobs_reservation_template_is_the_reservation_made(
