@@ -147,6 +147,7 @@ async def run_api(args: argparse.Namespace) -> int:
         reviewed = await _token_review(stack, review_roles, args.kubeconfig) if review_roles else None
         bus = await open_cluster_bus(stack, common, name="api")
         engine = await runtime.open_database(stack, require(common.database_url, "--database-url"), migrate=False)
+        hub = await event_hub(stack, bus, settings)
         app = create_app(
             ApiContext(
                 settings=settings,
@@ -161,7 +162,7 @@ async def run_api(args: argparse.Namespace) -> int:
                 ),
                 watermark_reader=WatermarkReader(bus),
                 watermark_defaults=watermark_defaults(),
-                event_hub=await event_hub(stack, bus, settings),
+                event_hub=hub,
                 registry=registry,
                 tokens=tokens,
                 reviewed_tokens=reviewed,
@@ -169,6 +170,6 @@ async def run_api(args: argparse.Namespace) -> int:
                 liveness=(("bus", runtime.bus_liveness(bus)),),
             )
         )
-        await runtime.serve_http(stack, app, host=settings.host, port=settings.port)
+        await runtime.serve_http(stack, app, host=settings.host, port=settings.port, end_streams=hub.end_streams)
         await stop.wait()
     return 0

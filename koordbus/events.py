@@ -122,8 +122,9 @@ def cmd_tail(api: apiclient.Api, args: argparse.Namespace) -> int:
                     if message.event == "warning":
                         sys.stderr.write(f"warning: {json.loads(message.data)['message']}\n")
                         continue
-                    if message.event == "dropped":
-                        sys.stderr.write(f"the API dropped this subscription: {json.loads(message.data)['reason']}\n")
+                    if message.event in ("dropped", "shutdown"):
+                        why = "dropped this subscription" if message.event == "dropped" else "is stopping"
+                        sys.stderr.write(f"the API {why}: {json.loads(message.data)['reason']}\n")
                         break
                     last_id = message.id or last_id
                     sys.stdout.write(

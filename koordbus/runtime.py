@@ -297,9 +297,12 @@ async def serve_http(
     port: int,
     tls: MutualTls | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    end_streams: Callable[[], None] | None = None,
 ) -> uvicorn.Server:
     """Run uvicorn inside this event loop until the stack closes (over mutual TLS when `tls` is given, or over HTTPS
-    with `ssl_context`, which the caller keeps: services.webhook.tls swaps certificates through it)."""
+    with `ssl_context`, which the caller keeps: services.webhook.tls swaps certificates through it). `end_streams`
+    ends the app's open streaming responses (event subscriptions): it is called first when the server stops, since
+    uvicorn's graceful shutdown waits for open responses to finish."""
     import uvicorn
 
     ssl_options: dict[str, object] = {}
@@ -312,7 +315,7 @@ async def serve_http(
             "ssl_ca_certs": tls.client_ca_file,
             "ssl_cert_reqs": ssl.CERT_REQUIRED,
         }
-    # Open event streams never end by themselves: past 3 s of shutdown, uvicorn cancels them.
+    # A response still open past 3 s of shutdown (a stream nobody ended) is cancelled.
     config = uvicorn.Config(
         app,
         host=host,
@@ -329,6 +332,8 @@ async def serve_http(
     task = asyncio.create_task(server.serve(), name="http")
 
     async def stop() -> None:
+        if end_streams is not None:
+            end_streams()
         server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(task, timeout=10)

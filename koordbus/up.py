@@ -220,6 +220,7 @@ async def run_up(args: argparse.Namespace) -> int:
             scheduler = await extender.start(
                 stack, bus, registry, data_dir=data_dir, host=args.host, port=extender_port, now=time.time()
             )
+        hub = await event_hub(stack, bus, api_settings)
         app = create_app(
             ApiContext(
                 settings=api_settings,
@@ -235,7 +236,7 @@ async def run_up(args: argparse.Namespace) -> int:
                 ),
                 watermark_reader=WatermarkReader(bus),
                 watermark_defaults=watermark_defaults(),
-                event_hub=await event_hub(stack, bus, api_settings),
+                event_hub=hub,
                 registry=registry,
                 tokens=tokens,
                 readiness=(
@@ -246,7 +247,9 @@ async def run_up(args: argparse.Namespace) -> int:
                 liveness=(("bus", runtime.bus_liveness(bus)),),
             )
         )
-        await runtime.serve_http(stack, app, host=api_settings.host, port=api_settings.port)
+        await runtime.serve_http(
+            stack, app, host=api_settings.host, port=api_settings.port, end_streams=hub.end_streams
+        )
         if not args.no_agent:
             agent_settings = settings_loader.load(AgentSettings, {"node_name": local_node_name()})
             agent = AgentService(agent_settings, bus)

@@ -9,6 +9,9 @@ reason, and nobody else notices. `subscribe` registers a subscription with the p
 hands out what the tails queued since — nothing is missed or repeated at the seam, and order holds per stream.
 
 Caps: subscriptions in total and per caller (a token's name); past either, `subscribe` raises CapacityError.
+
+`end_streams` ends every subscription at once with a last `shutdown` message (the process is stopping): an open
+stream never ends by itself, and the HTTP server's graceful shutdown waits for open responses to finish.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ TAIL_RETRY_SECONDS: Final = (0.5, 1.0, 2.0, 5.0)
 
 
 class CapacityError(Exception):
-    """Too many subscriptions (in total, or for one caller): the message says which cap."""
+    """Too many subscriptions (in total, or for one caller), or the server is stopping: the message says which."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,10 +50,10 @@ class Start:
 
 @dataclass(frozen=True, kw_only=True)
 class Message:
-    """What a subscriber is sent: an event (its id and JSON envelope), a warning, the reason it was dropped, or a
-    keepalive."""
+    """What a subscriber is sent: an event (its id and JSON envelope), a warning, the reason it was dropped, a
+    keepalive, or (the last) that the server is stopping."""
 
-    kind: Literal["event", "warning", "dropped", "keepalive"]
+    kind: Literal["event", "warning", "dropped", "keepalive", "shutdown"]
     data: bytes = b""
     event_type: str = ""
     id: str = ""
@@ -65,6 +68,8 @@ class Subscription:
     it, the queue holds what comes after."""
     queue: asyncio.Queue[tuple[str, int, str, bytes]]
     dropped: str | None = None
+    ended: str | None = None
+    """Why the server ended it (it is stopping); the reader stops at its next look."""
 
     def offer(self, item: tuple[str, int, str, bytes]) -> None:
         if self.dropped is not None:
@@ -73,6 +78,12 @@ class Subscription:
             self.queue.put_nowait(item)
         except asyncio.QueueFull:
             self.dropped = f"slow client: {self.queue.maxsize} events queued and not read; reconnect with the last id"
+
+    def end(self, reason: str) -> None:
+        """End it: a reader waiting for the next event wakes at once (an empty item) and stops."""
+        self.ended = reason
+        with contextlib.suppress(asyncio.QueueFull):  # full: the reader is not waiting, and looks before its next
+            self.queue.put_nowait(("", 0, "", b""))
 
 
 class _Tail:
@@ -172,6 +183,7 @@ class EventHub:
         self._tails: dict[str, _Tail] = {}
         self._subscriptions: set[Subscription] = set()
         self._starting = asyncio.Lock()
+        self._ending: str | None = None
 
     @property
     def subscriptions(self) -> int:
@@ -184,6 +196,8 @@ class EventHub:
                     last = (await self.bus.stream_bounds(stream))[1]
                     self._tails[stream] = _Tail(self, stream, last)
         # from here on nothing awaits: the caps hold however many subscribe at once
+        if self._ending is not None:
+            raise CapacityError(self._ending)
         if len(self._subscriptions) >= self.max_subscriptions:
             raise CapacityError(f"the API serves at most {self.max_subscriptions} event subscriptions at once")
         mine = sum(1 for s in self._subscriptions if s.caller == caller)
@@ -217,7 +231,7 @@ class EventHub:
             for stream in sub.filter.streams:
                 async for message in self._catch_up(sub, stream, start, positions):
                     yield message
-            while sub.dropped is None:  # a drop happens only on a full queue: never while waiting in get()
+            while sub.dropped is None and sub.ended is None:  # a drop happens only on a full queue: never in get()
                 if sub.queue.empty():
                     try:
                         item = await asyncio.wait_for(sub.queue.get(), keepalive_seconds)
@@ -227,10 +241,15 @@ class EventHub:
                 else:
                     item = sub.queue.get_nowait()
                 stream, seq, type_name, body = item
+                if not stream:  # end()'s wake-up
+                    break
                 positions[stream] = seq
                 cursor = catalogue.encode_cursor(positions)
                 yield Message(kind="event", id=cursor, event_type=type_name, data=catalogue.envelope(cursor, body))
-            yield Message(kind="dropped", data=_json({"reason": sub.dropped}))
+            if sub.ended is not None:
+                yield Message(kind="shutdown", data=_json({"reason": sub.ended}))
+            else:
+                yield Message(kind="dropped", data=_json({"reason": sub.dropped}))
         finally:
             self.unsubscribe(sub)
 
@@ -363,7 +382,14 @@ class EventHub:
             return envelopes, None, warnings
         return envelopes, catalogue.encode_cursor(positions), warnings
 
+    def end_streams(self, reason: str = "the server is stopping: reconnect with the last id") -> None:
+        """End every open subscription now (each reader's last message says why) and refuse new ones."""
+        self._ending = reason
+        for sub in self._subscriptions:
+            sub.end(reason)
+
     async def close(self) -> None:
+        self.end_streams()
         for tail in self._tails.values():
             await tail.stop()
         self._tails.clear()

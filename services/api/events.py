@@ -7,11 +7,13 @@ Every route takes the same filters: `type` (repeated or comma-separated; default
 cursor older than a stream retains resumes at the oldest event it still holds, after a `warning` message saying so.
 Bad filters and malformed cursors are a 400 naming the problem. A subscriber that does not read fast enough is
 dropped (`dropped` with the reason, then the stream ends) and never holds up anyone else; past the caps on
-subscriptions (in total, per caller) the answer is 503. The shapes are in services.api.event_catalogue; the fan-out
-in services.api.event_hub.
+subscriptions (in total, per caller) the answer is 503. When the process stops, every stream ends with `shutdown`
+(the reason; reconnect with the last id; a WebSocket closes with 1001). The shapes are in
+services.api.event_catalogue; the fan-out in services.api.event_hub.
 
-SSE messages: `id: <cursor>`, `event: <type>`, `data: <envelope>`; `event: warning` / `event: dropped` with a JSON
-object; `: keepalive` comments every 15 s. WebSocket frames: the envelope, or `{"type": "warning" | "dropped", …}`;
+SSE messages: `id: <cursor>`, `event: <type>`, `data: <envelope>`; `event: warning` / `dropped` / `shutdown` with a
+JSON object; `: keepalive` comments every 15 s. WebSocket frames: the envelope, or `{"type": "warning" | "dropped" |
+"shutdown", …}`;
 the token goes in the `Authorization` header of the upgrade request.
 """
 
@@ -209,13 +211,18 @@ async def event_socket(websocket: WebSocket) -> None:
     await websocket.accept()
 
     async def pump() -> None:
+        last = ""
         async for message in hub.events(sub, start):
+            last = message.kind
             if message.kind == "event":
                 await websocket.send_text(message.data.decode())
-            else:  # warning, dropped (the last), keepalive
+            else:  # warning, keepalive, dropped or shutdown (the last)
                 payload = json.loads(message.data) if message.data else {}
                 await websocket.send_text(json.dumps({"type": message.kind, **payload}))
-        await websocket.close(code=1013, reason="dropped for falling behind: reconnect with the last id")
+        if last == "shutdown":  # 1001: going away
+            await websocket.close(code=1001, reason="the server is stopping: reconnect with the last id")
+        else:
+            await websocket.close(code=1013, reason="dropped for falling behind: reconnect with the last id")
 
     async def until_closed() -> None:  # a client that leaves is noticed at once, not at the next send
         while (await websocket.receive())["type"] != "websocket.disconnect":

@@ -74,3 +74,36 @@ async def test_a_catch_up_that_waits_on_a_slow_server_misses_nothing(
         assert got == list(range(30))
     finally:
         await hub.close()
+
+
+async def test_ending_the_streams_stops_every_reader_with_the_reason() -> None:
+    """end_streams wakes a reader waiting for its next event and stops one whose queue is full of unread events;
+    each one's last message says why; a subscription asked for afterwards is refused."""
+    bus = MemoryBus()
+    await bus.ensure_streams(streams.all_streams())
+    hub = EventHub(bus, queue_size=3)
+    try:
+        wanted = catalogue.parse_filter(["noderesource.computed"], {})
+        waiting = await hub.subscribe(wanted, caller="waiting")
+        full = await hub.subscribe(wanted, caller="full")
+        got: list[Message] = []
+
+        async def read() -> None:
+            async for message in hub.events(waiting, Start(), keepalive_seconds=3600):
+                got.append(message)
+
+        reading = asyncio.create_task(read())
+        for n in range(3):
+            await bus.publish(subjects.noderesource_computed(f"n{n}"), json.dumps({"n": n}).encode(), msg_id=f"{n}")
+        await eventually(lambda: len(got) == 3 and full.queue.full())
+        hub.end_streams("stopping for the test")
+        await asyncio.wait_for(reading, 5)
+        assert [m.kind for m in got] == ["event"] * 3 + ["shutdown"]
+        assert json.loads(got[-1].data) == {"reason": "stopping for the test"}
+        rest = [m async for m in hub.events(full, Start())]
+        assert rest[-1].kind == "shutdown" and full.dropped is None
+        assert hub.subscriptions == 0
+        with pytest.raises(event_hub.CapacityError, match="stopping for the test"):
+            await hub.subscribe(wanted, caller="late")
+    finally:
+        await hub.close()

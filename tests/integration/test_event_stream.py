@@ -24,6 +24,8 @@ from bus.jetstream import JetStreamBus
 from bus.memory import MemoryBus
 from koordbus import cli, runtime
 from koordbus.events import SseMessage, parse_sse
+from services.api import event_catalogue as catalogue
+from services.api import event_hub as event_hub_module
 from services.api.app import ApiContext, create_app
 from services.api.event_hub import EventHub
 from services.api.settings import ApiSettings
@@ -94,7 +96,7 @@ class Subscriber:
 
     @property
     def events(self) -> list[dict[str, Any]]:
-        return [json.loads(m.data) for m in self.messages if m.event not in ("warning", "dropped")]
+        return [json.loads(m.data) for m in self.messages if m.event not in ("warning", "dropped", "shutdown")]
 
     async def close(self) -> None:
         self._task.cancel()
@@ -286,6 +288,45 @@ async def test_websocket_subscribers(api: Api) -> None:
         with pytest.raises(websockets.ConnectionClosed) as closed:
             await refused.recv()
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+
+
+async def test_a_stopping_server_ends_every_stream_first(
+    koordbus_bus: JetStreamBus, client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """When the server stops, each open SSE stream gets `event: shutdown` and ends, a WebSocket gets the same and
+    close code 1001, before the HTTP server waits for open responses: uvicorn has nothing to cancel (without the
+    ending, it waits out its graceful-shutdown timeout and logs an ERROR for every stream still open)."""
+    bus = koordbus_bus
+    await bus.ensure_streams(streams.all_streams())
+    hub = EventHub(bus)
+    context = ApiContext(settings=ApiSettings(), registry=new_registry(), tokens=api_auth.token_store(), event_hub=hub)
+    stack = contextlib.AsyncExitStack()
+    async with stack:
+        stack.push_async_callback(hub.close)
+        port = free_port()
+        await runtime.serve_http(stack, create_app(context), host="127.0.0.1", port=port, end_streams=hub.end_streams)
+        base = f"http://127.0.0.1:{port}"
+        sse = Subscriber(client, f"{base}/api/v1/events/stream?type=noderesource.computed")
+        await sse.opened()
+        ws = await websockets.connect(
+            base.replace("http", "ws") + "/api/v1/events/ws", additional_headers=api_auth.headers(auth.VIEWER)
+        )
+        await eventually(lambda: hub.subscriptions == 2)
+        await decided(bus, "n1", 1)
+        await eventually(lambda: len(sse.events) == 1)
+        assert json.loads(await asyncio.wait_for(ws.recv(), 10))["data"]["n"] == 1
+    # the stack is closed: the server has stopped
+    assert [m.event for m in sse.messages][-1] == "shutdown"
+    assert "stopping" in json.loads(sse.messages[-1].data)["reason"]
+    last = json.loads(await asyncio.wait_for(ws.recv(), 10))
+    assert last["type"] == "shutdown" and "stopping" in last["reason"]
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await ws.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
+    assert not [r for r in caplog.records if "graceful shutdown exceeded" in r.getMessage()]
+    await sse.close()
+    with pytest.raises(event_hub_module.CapacityError, match="stopping"):
+        await hub.subscribe(catalogue.parse_filter(["noderesource.computed"], {}), caller="late")
 
 
 async def test_koordbus_events_tail_list_and_types(api: Api, capsys: pytest.CaptureFixture[str]) -> None:

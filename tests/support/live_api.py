@@ -102,7 +102,7 @@ async def _serve(tmp: Path, port: int, ready: threading.Event, stop: asyncio.Eve
             watermark_defaults=watermark_defaults(),
             event_hub=hub,
         )
-        await runtime.serve_http(stack, create_app(context), host="127.0.0.1", port=port)
+        await runtime.serve_http(stack, create_app(context), host="127.0.0.1", port=port, end_streams=hub.end_streams)
         ready.set()
         await stop.wait()
 
@@ -169,5 +169,5 @@ async def serve_events_api(stack: contextlib.AsyncExitStack, bus: JetStreamBus) 
     )
     stack.push_async_callback(hub.close)
     port = free_port()
-    await runtime.serve_http(stack, create_app(context), host="127.0.0.1", port=port)
+    await runtime.serve_http(stack, create_app(context), host="127.0.0.1", port=port, end_streams=hub.end_streams)
     return f"http://127.0.0.1:{port}"
