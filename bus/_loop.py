@@ -169,6 +169,11 @@ class LoopConsumer:
     def stats(self) -> ConsumerStats:
         return self._stats
 
+    def stop_soon(self) -> None:
+        """Take no more: the item in hand is finished and settled, the rest of its batch handed back (`stop` still
+        has to be awaited). For a process that was told to stop, before it stops each service in turn."""
+        self._stopping = True
+
     async def stop(self) -> None:
         self._stopping = True
         if not self._in_batch:

@@ -634,6 +634,11 @@ class JetStreamBus:
             raise RemoteError(f"{subject}: {error}")
         return bytes(reply.data)
 
+    def stop_consuming(self) -> None:
+        """Every consumer of this bus takes no more messages (LoopConsumer.stop_soon); `close` stops them."""
+        for consumer in self._consumers:
+            consumer.stop_soon()
+
     async def close(self) -> None:
         self.link.closing = True
         consumers, self._consumers = self._consumers, []

@@ -59,6 +59,7 @@ class Stop:
         self.failure = ""
         self._deadline: threading.Timer | None = None
         self._on_deadline: list[Callable[[], None]] = []
+        self._on_stop: list[Callable[[], None]] = []
 
     def set(self) -> None:
         """Stop cleanly (a signal); the shutdown deadline starts now."""
@@ -66,7 +67,15 @@ class Stop:
             self._deadline = threading.Timer(SHUTDOWN_DEADLINE_SECONDS, self._exit_now)
             self._deadline.daemon = True
             self._deadline.start()
+            for quiet in self._on_stop:
+                quiet()
         self._event.set()
+
+    def on_stop(self, quiet: Callable[[], None]) -> None:
+        """`quiet` runs (on the event loop, at once) when the stop is set, before the services are stopped one by
+        one: the bus's consumers take no more messages, so a backlog being worked through does not hold the loop
+        while the shutdown needs it."""
+        self._on_stop.append(quiet)
 
     def fail(self, message: str) -> None:
         """Stop because the process cannot go on; the first message is the one reported."""
@@ -218,6 +227,7 @@ async def open_bus(
     bus = await JetStreamBus.connect(url, name=name, user=user, password=password, token=token)
     stack.push_async_callback(bus.close)
     if (stop := _STOP.get(None)) is not None:
+        stop.on_stop(bus.stop_consuming)
 
         async def watch() -> None:
             reason = await bus.link.wait_lost()
@@ -362,10 +372,14 @@ def stop_event_on_signals(stack: AsyncExitStack) -> Stop:
     return stop
 
 
-def background(stack: AsyncExitStack, coro: Awaitable[None], *, name: str) -> asyncio.Task[None]:
-    """Run `coro` as a task that is cancelled (and awaited) when the stack closes. A crash is never silent: it is
-    logged with its traceback and stops the command (its `Stop` fails, so it exits non-zero for its supervisor to
-    restart) rather than leaving a process that answers /healthz without the part that crashed."""
+def background(
+    stack: AsyncExitStack, coro: Awaitable[None], *, name: str, cancel_on_stop: bool = False
+) -> asyncio.Task[None]:
+    """Run `coro` as a task that is cancelled (and awaited) when the stack closes, or as soon as the command is told
+    to stop with `cancel_on_stop` (what stands in for the outside world: the simulation's load must not compete with
+    the shutdown). A crash is never silent: it is logged with its traceback and stops the command (its `Stop` fails,
+    so it exits non-zero for its supervisor to restart) rather than leaving a process that answers /healthz without
+    the part that crashed."""
 
     async def guarded() -> None:
         try:
@@ -378,6 +392,12 @@ def background(stack: AsyncExitStack, coro: Awaitable[None], *, name: str) -> as
                 stop.fail(f"{name} stopped with an error: {type(e).__name__}: {e}")
 
     task = asyncio.create_task(guarded(), name=name)
+    if cancel_on_stop and (stop := _STOP.get(None)) is not None:
+
+        def cancel_now() -> None:
+            task.cancel()
+
+        stop.on_stop(cancel_now)
 
     async def cancel() -> None:
         task.cancel()

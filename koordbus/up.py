@@ -277,6 +277,7 @@ async def run_up(args: argparse.Namespace) -> int:
                     qos=simulated_cluster,
                 ),
                 name="simulation",
+                cancel_on_stop=True,
             )
             if simulated_cluster:
                 sim_cluster = SimCluster(
@@ -296,7 +297,7 @@ async def run_up(args: argparse.Namespace) -> int:
                 )
                 if cluster.recorded_verbs is not None:
                     cluster.recorded_verbs.on_evict = sim_cluster.evicted
-                runtime.background(stack, sim_cluster.run(), name="simulated-cluster")
+                runtime.background(stack, sim_cluster.run(), name="simulated-cluster", cancel_on_stop=True)
         simulated = bool(args.simulate_nodes) and cluster.recorded_writes is not None
         base = f"http://{api_settings.host}:{api_settings.port}"
         tokens_where = (
