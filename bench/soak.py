@@ -551,6 +551,7 @@ async def drive(
         tasks.append(asyncio.create_task(traffic(api, nodes, args.write_interval, counts)))
         await samples.measure_disk(data_dir, at=time.monotonic() - started)
         next_report = started + 60
+        next_sample = time.monotonic()
         while (now := time.monotonic()) < started + args.duration:
             if up.poll() is not None:
                 raise RuntimeError(f"koordbus up died during the soak:\n{processes.tail(log_path)}")
@@ -561,7 +562,9 @@ async def drive(
                 log.info("%.0f s: RSS %.0f MiB, data dir %.0f MiB, %d requests, %d 5xx", now - started,
                          samples.rss["total"][-1][1] / 2**20, samples.disk[-1][1] / 2**20, api.answers.requests,
                          sum(api.answers.server_errors.values()))  # fmt: skip
-            await processes.pause(min(args.sample_interval, started + args.duration - time.monotonic()))
+            # at a fixed rate: the time a sample takes (a slow /metrics scrape on a busy machine) is not added to it
+            next_sample = max(next_sample + args.sample_interval, time.monotonic())
+            await processes.pause(min(next_sample, started + args.duration) - time.monotonic())
         await sample(api, up.pid, samples, at=time.monotonic() - started, warmup=args.warmup)
         await samples.measure_disk(data_dir, at=time.monotonic() - started)
     finally:

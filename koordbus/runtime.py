@@ -400,7 +400,10 @@ def background(
         stop.on_stop(cancel_now)
 
     async def cancel() -> None:
-        task.cancel()
+        # Cancelled once only: a task the stop already cancelled may be closing its connections in a `finally`,
+        # and a second cancellation would cut that short (an HTTPS client left open holds the server's shutdown).
+        if not task.cancelling():
+            task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
         if inspect.iscoroutine(coro):  # cancelled before it ran: closed, or Python warns it was never awaited

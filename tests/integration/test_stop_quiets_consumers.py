@@ -8,6 +8,7 @@ finishes the message in hand and takes no more: what it had fetched goes back to
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import AsyncExitStack
 
 from koordbus import runtime
@@ -30,3 +31,27 @@ async def test_a_stop_quiets_the_consumers_before_the_services_are_stopped(nats_
         await wait_until(lambda: consumer.stats.naked > 0)  # the rest of its batch handed back, not worked through
         assert len(slow.seen) <= handled + 1 and slow.committed == slow.seen
         assert consumer.stats.naked == 50 - len(slow.seen)
+
+
+async def test_a_task_cancelled_by_the_stop_finishes_its_cleanup() -> None:
+    """A background task cancelled by the stop (cancel_on_stop) is not cancelled a second time when the stack
+    closes: its `finally` (the simulated cluster closing its HTTPS clients) runs to the end. Cut short, an HTTPS
+    client left open held the extender's graceful shutdown past its timeout (uvicorn's ERROR in up's log)."""
+    cleaned: list[str] = []
+    in_cleanup = asyncio.Event()
+
+    async def simulation() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            in_cleanup.set()
+            await asyncio.sleep(0.2)  # closing connections takes a few round trips
+            cleaned.append("closed")
+
+    async with AsyncExitStack() as stack:
+        stop = runtime.stop_event_on_signals(stack)
+        task = runtime.background(stack, simulation(), name="simulation", cancel_on_stop=True)
+        await asyncio.sleep(0)
+        stop.set()
+        await in_cleanup.wait()
+    assert task.cancelled() and cleaned == ["closed"]
