@@ -21,7 +21,11 @@ HEADER_DLQ_SUBJECT = "Koord-Dlq-Subject"
 HEADER_DLQ_STREAM_SEQ = "Koord-Dlq-Stream-Seq"
 HEADER_DLQ_CONSUMER = "Koord-Dlq-Consumer"
 HEADER_RPC_ERROR = "Koord-Rpc-Error"
-"""Set on a reply when the responder's handler raised: the request raises RemoteError with this text."""
+"""Set on a reply when the responder's handler raised: the request raises RemoteError with this text (or
+BusUnavailableError when the text starts with UNAVAILABLE_PREFIX)."""
+UNAVAILABLE_PREFIX = "BusUnavailableError: "
+"""The handler failed because the bus did not answer it (a publish without an ack in time): the asker hears it as
+the bus being unavailable (a 503 at the API, worth trying again), not as the responder failing."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,7 +215,8 @@ class PublishOptions:
 
 class RequestHandler(Protocol):
     """Answers one request (core NATS request/reply, no stream): the reply's bytes. Raising makes the request
-    fail with RemoteError naming the exception; handlers should answer their own errors in their reply format."""
+    fail with RemoteError naming the exception (BusUnavailableError when the handler's own use of the bus raised
+    it); handlers should answer their own errors in their reply format."""
 
     async def __call__(self, data: bytes) -> bytes: ...
 
@@ -314,7 +319,8 @@ class Bus(Protocol):
 
     async def request(self, subject: str, data: bytes, *, timeout: float) -> bytes:
         """Send a request and return the reply's bytes. BusUnavailableError when nobody serves the subject or
-        no answer comes within `timeout`; RemoteError when the responder's handler raised."""
+        no answer comes within `timeout`, or the responder's handler found the bus unavailable; RemoteError when the
+        responder's handler raised anything else."""
         ...
 
     async def close(self) -> None: ...

@@ -35,6 +35,7 @@ from bus._loop import Fetched, LoopConsumer
 from bus.api import (
     HEADER_MSG_ID,
     HEADER_RPC_ERROR,
+    UNAVAILABLE_PREFIX,
     Bus,
     ConsumerSpec,
     ConsumerStats,
@@ -579,6 +580,9 @@ class JetStreamBus:
             try:
                 reply = await handler(msg.data)
                 headers = None
+            except BusUnavailableError as e:  # the bus, not the handler: no traceback to read at 3 a.m.
+                log.warning("request handler on %s: %s", subject, e)
+                reply, headers = b"", {HEADER_RPC_ERROR: f"{UNAVAILABLE_PREFIX}{e}"[:1000]}
             except Exception as e:
                 log.exception("request handler on %s failed", subject)
                 reply, headers = b"", {HEADER_RPC_ERROR: f"{type(e).__name__}: {e}"[:1000]}
@@ -630,6 +634,8 @@ class JetStreamBus:
         except _UNAVAILABLE as e:
             raise BusUnavailableError(f"request {subject}: {type(e).__name__} {e}") from e
         error = (reply.headers or {}).get(HEADER_RPC_ERROR)
+        if error is not None and error.startswith(UNAVAILABLE_PREFIX):
+            raise BusUnavailableError(f"request {subject}: the responder: {error.removeprefix(UNAVAILABLE_PREFIX)}")
         if error is not None:
             raise RemoteError(f"{subject}: {error}")
         return bytes(reply.data)

@@ -415,6 +415,8 @@ class MemoryBus:
             return await asyncio.wait_for(responder.answer(bytes(data)), timeout)
         except TimeoutError:
             raise BusUnavailableError(f"request {subject}: no answer within {timeout:g} s") from None
+        except BusUnavailableError as e:
+            raise BusUnavailableError(f"request {subject}: the responder: {e}") from e
         except Exception as e:
             raise RemoteError(f"{subject}: {type(e).__name__}: {e}") from e
 

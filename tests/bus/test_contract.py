@@ -601,6 +601,24 @@ async def test_request_to_a_failing_handler_is_a_remote_error(bus: AnyBus, names
         await responder.stop()
 
 
+async def test_a_handler_that_finds_the_bus_unavailable_makes_the_request_unavailable(
+    bus: AnyBus, names: Names
+) -> None:
+    """The responder's own publish got no ack in time: the asker hears BusUnavailableError (a 503 at the API, worth
+    trying again), not RemoteError (a 502: the responder broke)."""
+    subject = names.subject("rpc", "unacked")
+
+    async def unacked(data: bytes) -> bytes:
+        raise BusUnavailableError("publish koord.v1.quota.events.default: no ack within 5 s")
+
+    responder = await bus.serve(subject, unacked, queue="unacked")
+    try:
+        with pytest.raises(BusUnavailableError, match=r"the responder: publish .* no ack"):
+            await bus.request(subject, b"x", timeout=5)
+    finally:
+        await responder.stop()
+
+
 async def test_request_times_out_when_the_handler_hangs(bus: AnyBus, names: Names) -> None:
     subject = names.subject("rpc", "slow")
     release = asyncio.Event()
