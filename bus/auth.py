@@ -1,12 +1,13 @@
 """Who may do what on NATS: a user per node agent, allowed to publish only its own node's subjects
 (`koord.v1.node.<node>.>`) and to read only its own NodeSLO key (a direct get of `$KV.KOORD_SLO.<node>`), and users
 for the control-plane services, allowed everything. Pure: it renders the `authorization` block of a nats-server
-config from `NatsUser`s, reads and writes the credentials files the processes connect with (`koordbus creds`), and
-makes the identities of a cluster's Secret and of docker-compose.yml's NATS.
+config from `NatsUser`s (`koordbus up`'s) or the chart's `accounts`/`authorization` blocks, reads and writes
+the credentials files the processes connect with (`koordbus creds`), and makes the identities of a cluster's Secret
+and of docker-compose.yml's NATS.
 
 A credentials file is JSON `{"user": …, "password": …}`; the server config carries the same password (mount both
-as Kubernetes Secrets). Every connection authenticates, `koordbus up`'s to its embedded server included (one
-generated user, koordbus.runtime.ensure_nats_user).
+as Kubernetes Secrets). Every connection authenticates, `koordbus up`'s to its embedded server included (a
+generated user per in-process service and one for its agent's node, as the chart has them: koordbus.up).
 """
 
 from __future__ import annotations
@@ -99,12 +100,10 @@ def render_callout_authorization(
     """The `accounts` and `authorization` blocks of a nats-server config with an auth callout (server-config mode,
     no operator): `callout_user` (account AUTH) answers the authorization requests of every connection but the
     listed service users' (account KOORD, everything allowed), signing users into KOORD with the account key whose
-    public key is `issuer_public_key`. Passwords may be `$VARIABLE`s the server reads from its environment."""
+    public key is `issuer_public_key`. Passwords may be `$VARIABLE`s the server reads from its environment. A user
+    with `permissions` (an agent's, where no callout grants them: `chart_authorization`) gets them here."""
 
-    def entry(user: NatsUser) -> str:
-        password = user.password if user.password.startswith("$") else json.dumps(user.password)
-        return f"{{user: {json.dumps(user.user)}, password: {password}}}"
-
+    entry = _account_entry
     koord_users = "".join(f"      {entry(u)}\n" for u in service_users)
     bypass = ", ".join(json.dumps(u.user) for u in (callout_user, *service_users))
     return (
@@ -120,6 +119,24 @@ def render_callout_authorization(
         f"    auth_users: [{bypass}]\n"
         "  }\n"
         "}\n"
+    )
+
+
+def _account_entry(user: NatsUser) -> str:
+    password = user.password if user.password.startswith("$") else json.dumps(user.password)
+    permissions = "" if user.permissions is None else f", permissions: {json.dumps(user.permissions)}"
+    return f"{{user: {json.dumps(user.user)}, password: {password}{permissions}}}"
+
+
+def chart_authorization(users: Sequence[NatsUser], *, issuer_random: bytes) -> str:
+    """The `accounts`/`authorization` blocks the Helm chart renders (render_callout_authorization), for servers with
+    no callout running (the cluster test fixture): `users` in KOORD, checked by the server itself —
+    the services', everything allowed, and an agent's with its node's permissions (bus.auth.node_permissions, what
+    the callout would grant it) — and the callout's user in AUTH with a password nobody is given. `issuer_random`
+    (32 bytes) makes the callout's account key, of which the config holds only the public half."""
+    issuer = nkeys.from_random(nkeys.Prefix.ACCOUNT, issuer_random)
+    return render_callout_authorization(
+        issuer_public_key=issuer.public_key, callout_user=issue_service("natsauth"), service_users=users
     )
 
 

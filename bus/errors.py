@@ -37,7 +37,12 @@ class RemoteError(BusError):
 
 
 class BusUnavailableError(BusError):
-    """The bus could not be reached (or did not answer in time)."""
+    """The bus could not be reached (or did not answer in time). `reason`, for a request: "no responders" (nobody
+    got it), "no answer" (no reply in time: it may have been handled) or "connection" (lost under it: the same)."""
+
+    def __init__(self, message: str, *, reason: str = "unavailable") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class PayloadTooLargeError(BusError):

@@ -30,7 +30,7 @@ from nats.aio.msg import Msg
 from nats.js import api as js_api
 from nats.js.client import JetStreamContext
 
-from bus import retry, subjects
+from bus import retry, rpc, subjects
 from bus._loop import Fetched, LoopConsumer
 from bus.api import (
     HEADER_MSG_ID,
@@ -626,16 +626,17 @@ class JetStreamBus:
         try:
             reply = await self._nc.request(subject, data, timeout=timeout)
         except nats.errors.NoRespondersError as e:
-            raise BusUnavailableError(f"request {subject}: nobody serves this subject") from e
+            raise BusUnavailableError(f"request {subject}: nobody serves this subject", reason=rpc.NO_RESPONDERS) from e
         except nats.errors.MaxPayloadError as e:
             raise PayloadTooLargeError(f"request {subject}: {len(data)} bytes is over the bus's max payload") from e
         except (nats.errors.TimeoutError, TimeoutError) as e:
-            raise BusUnavailableError(f"request {subject}: no answer within {timeout:g} s") from e
+            raise BusUnavailableError(f"request {subject}: no answer within {timeout:g} s", reason=rpc.NO_ANSWER) from e
         except _UNAVAILABLE as e:
-            raise BusUnavailableError(f"request {subject}: {type(e).__name__} {e}") from e
+            raise BusUnavailableError(f"request {subject}: {type(e).__name__} {e}", reason=rpc.CONNECTION) from e
         error = (reply.headers or {}).get(HEADER_RPC_ERROR)
         if error is not None and error.startswith(UNAVAILABLE_PREFIX):
-            raise BusUnavailableError(f"request {subject}: the responder: {error.removeprefix(UNAVAILABLE_PREFIX)}")
+            reason = error.removeprefix(UNAVAILABLE_PREFIX)
+            raise BusUnavailableError(f"request {subject}: the responder: {reason}", reason=rpc.RESPONDER)
         if error is not None:
             raise RemoteError(f"{subject}: {error}")
         return bytes(reply.data)

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from bus import subject_transform, subjects
+from bus import rpc, subject_transform, subjects
 from bus._loop import Fetched, LoopConsumer
 from bus.api import (
     HEADER_MSG_ID,
@@ -408,15 +408,17 @@ class MemoryBus:
         subjects.check_publishable(subject)
         candidates = self._responders.get(subject)
         if not candidates:
-            raise BusUnavailableError(f"request {subject}: nobody serves this subject")
+            raise BusUnavailableError(f"request {subject}: nobody serves this subject", reason=rpc.NO_RESPONDERS)
         self._turn += 1
         responder = candidates[self._turn % len(candidates)]
         try:
             return await asyncio.wait_for(responder.answer(bytes(data)), timeout)
         except TimeoutError:
-            raise BusUnavailableError(f"request {subject}: no answer within {timeout:g} s") from None
+            raise BusUnavailableError(
+                f"request {subject}: no answer within {timeout:g} s", reason=rpc.NO_ANSWER
+            ) from None
         except BusUnavailableError as e:
-            raise BusUnavailableError(f"request {subject}: the responder: {e}") from e
+            raise BusUnavailableError(f"request {subject}: the responder: {e}", reason=rpc.RESPONDER) from e
         except Exception as e:
             raise RemoteError(f"{subject}: {type(e).__name__}: {e}") from e
 

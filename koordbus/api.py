@@ -154,7 +154,7 @@ async def run_api(args: argparse.Namespace) -> int:
                 components=(
                     nodemetric_component.reads(NodeMetricStore(engine), routes_of(settings), bus=bus),
                     noderesource_component.reads(NodeResourceStore(engine)),
-                    quota_component.routes_over(QuotaStore(engine), QuotaClient(bus)),
+                    quota_component.routes_over(QuotaStore(engine), QuotaClient(bus, registry=registry)),
                     migration_component.routes_over(MigrationStore(engine), MigrationClient(bus)),
                     loadaware_component.queries(LoadAwareClient(bus)),
                     slo_component.reads(bus),

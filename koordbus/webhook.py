@@ -64,7 +64,13 @@ async def build_webhook(process: ServiceProcess) -> None:
 
     settings, certificate = process.prepared
     quotas = QuotaValidation(
-        QuotaClient(process.bus, timeout=settings.quota_timeout_seconds).command,
+        # within the webhook's own bound (kube-apiserver's timeout): only a request nobody got is sent again in it
+        QuotaClient(
+            process.bus,
+            timeout=settings.quota_timeout_seconds,
+            within=settings.quota_timeout_seconds,
+            registry=process.registry,
+        ).command,
         mirror_users=settings.quota_mirror_users,
         registry=process.registry,
     )

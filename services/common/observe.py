@@ -240,10 +240,15 @@ PUBLISH_RETRIES_HELP: Final = (
 
 
 class PublishRetriesCollector:
-    """Exports a bus's `publish_retries` counts (bus.jetstream.JetStreamBus) as one counter labelled by failure."""
+    """Exports the `publish_retries` counts (bus.jetstream.JetStreamBus) of a process's buses, summed, as one counter
+    labelled by failure."""
 
-    def __init__(self, counts: Mapping[str, int]) -> None:
-        self._counts = counts
+    def __init__(self) -> None:
+        self._counts: list[Mapping[str, int]] = []
+
+    def add(self, counts: Mapping[str, int]) -> None:
+        if not any(held is counts for held in self._counts):
+            self._counts.append(counts)
 
     def describe(self) -> list[Metric]:
         return [CounterMetricFamily(PUBLISH_RETRIES_METRIC, PUBLISH_RETRIES_HELP, labels=("failure",))]
@@ -251,22 +256,23 @@ class PublishRetriesCollector:
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(PUBLISH_RETRIES_METRIC, PUBLISH_RETRIES_HELP, labels=("failure",))
         for failure in retry.Failure:
-            family.add_metric([failure.value], self._counts.get(failure.value, 0))
+            family.add_metric([failure.value], sum(counts.get(failure.value, 0) for counts in self._counts))
         yield family
 
 
 def watch_bus(registry: CollectorRegistry, bus: Bus) -> None:
-    """Export `bus`'s publish retries on `registry` (once per registry; a bus that keeps none exports nothing)."""
+    """Export `bus`'s publish retries on `registry`, added to those of the process's other buses (each bus counted
+    once however often it is watched; a bus that keeps none adds nothing)."""
     counts = getattr(bus, "publish_retries", None)
     if counts is None:
         return
 
     def create(registry: CollectorRegistry) -> PublishRetriesCollector:
-        collector = PublishRetriesCollector(counts)
+        collector = PublishRetriesCollector()
         registry.register(collector)
         return collector
 
-    once_per_registry(registry, "bus-publish-retries", create)
+    once_per_registry(registry, "bus-publish-retries", create).add(counts)
 
 
 # --- readiness checks: None when ready, else a one-line reason (raising also means "not ready")

@@ -36,4 +36,4 @@ async def build(
     service = QuotaService(bus, settings, registry=registry, store=store)
     await service.start()
     stack.push_async_callback(service.stop)
-    return routes_over(store, QuotaClient(bus))
+    return routes_over(store, QuotaClient(bus, registry=registry))

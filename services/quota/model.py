@@ -3,6 +3,9 @@
 services.quota.service feeds it quota events (with their stream sequence), pod and node observations and the clock,
 and asks it what changed. It holds:
 
+* the commands the log has applied, by command id (the last COMMANDS_KEPT): a command sent again — its caller's
+  request timed out while the first copy was applied — is answered from the log, not decided a second time;
+
 * the aggregate (services.quota.core.QuotaTreeState) folded from the events; each event's object gets the
   event's stream sequence as its resourceVersion, so a replay yields identical objects;
 * one runtime tree (services.quota.runtime.QuotaTree) per tree id ("default" for the tree of koordinator-root-quota)
@@ -21,6 +24,7 @@ computed state may have changed; the service compares their states with what it 
 from __future__ import annotations
 
 import datetime as dt
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
@@ -38,6 +42,19 @@ from services.quota.runtime import OUTSIDE, QuotaTree
 Terminating = Literal["count", "ignore-immediately", "ignore-after-grace"]
 DEFAULT_GRACE_SECONDS: Final = 30
 """A deleted pod's grace period when its object does not say (Kubernetes' default terminationGracePeriodSeconds)."""
+COMMANDS_KEPT: Final = 10_000
+"""How many applied commands (the most recent) a command sent again is recognised among: far more than arrive while
+a caller retries a request (seconds), few enough to keep in memory."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AppliedCommand:
+    """What the log holds of one command: its events as stored (resourceVersion stamped), the tree and stream
+    sequence of the last one."""
+
+    events: tuple[ev.QuotaEvent, ...]
+    tree: str
+    seq: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,6 +152,8 @@ class QuotaModel:
         self.corrupt: dict[str, str] = {}
         """Tree → why its last unusable event was skipped (the tree stays at its last valid state)."""
         self.events_seq = 0
+        self.commands: OrderedDict[str, AppliedCommand] = OrderedDict()
+        """Command id → what the log holds of it (AppliedCommand), the COMMANDS_KEPT most recent."""
         self.deleted: dict[str, quota.ElasticQuota] = {}
         """Quotas deleted (as they were), until a quota of that name is created again: their tombstones say where
         they lived."""
@@ -227,6 +246,20 @@ class QuotaModel:
                     self._set_spec(spec, resolution_changed=changed)
             case _:
                 self.state = self.state.apply(event)
+        self._note_command(event, seq=seq, tree=tree)
+
+    def _note_command(self, event: ev.QuotaEvent, *, seq: int, tree: str) -> None:
+        if not event.command_id:
+            return
+        held = self.commands.pop(event.command_id, None)
+        events = (*held.events, event) if held is not None else (event,)
+        self.commands[event.command_id] = AppliedCommand(events=events, tree=tree, seq=seq)
+        while len(self.commands) > COMMANDS_KEPT:
+            self.commands.popitem(last=False)
+
+    def applied_command(self, command_id: str) -> AppliedCommand | None:
+        """What the log holds of the command `command_id` (None: not applied, or too long ago to remember)."""
+        return self.commands.get(command_id) if command_id else None
 
     def note_seq(self, tree: str, seq: int) -> None:
         self.tree_seq[tree] = max(self.tree_seq.get(tree, 0), seq)

@@ -16,6 +16,10 @@ Requests (core NATS request/reply on `koord.v1.rpc.quota.*`, queue group "quota"
     a lost race means another writer (a replica, another koordbus) appended in between: the reply is "conflict" and
     the caller retries on fresh state. The reply comes after the service applied its own event, so a read after a
     write sees it. An `expected_resource_version` adds Kubernetes-style optimistic concurrency on the object.
+    A command whose id the log already holds (its caller's request timed out while it was applied, by this replica
+    or another, and services.quota.client sent it again) is not decided again: the reply is the first one's, made
+    from the logged events and flagged `duplicate` — so a create sent twice does not answer "already exists", nor a
+    delete "not found".
   * check: the §3.8 admission check for pods in order; what-if: the computed states that would change.
 Called by the CLI (`koordbus service quota`, `koordbus up`) and the integration tests.
 """
@@ -103,6 +107,12 @@ class _Instruments:
         )
         self.status_published = Counter(
             "koordbus_quota_status_published", "Quota and tree statuses published", registry=registry
+        )
+        self.commands_again = Counter(
+            "koordbus_quota_commands_again",
+            "Quota commands received again after the log had applied them (a caller's retry after a lost reply), "
+            "answered from the log",
+            registry=registry,
         )
         self.checks = Counter("koordbus_quota_checks", "Pods checked by the admission check", registry=registry)
         self.verdicts = Counter(
@@ -346,7 +356,10 @@ class QuotaService:
             make = ev.UpdateQuota if root.metadata.name in self.model.state.quotas else ev.CreateQuota
             digest = hashlib.blake2b(msgspec.json.encode(root), digest_size=16).hexdigest()
             command = make(command_id=msg_id("quota.profile", name, digest), quota=root)
-            reply = await self.execute(CommandRequest(actor=f"profile-controller/{name}", command=command))
+            # not deduplicated: a root going back to an earlier value (A → B → A) has that earlier command's id
+            reply = await self.execute(
+                CommandRequest(actor=f"profile-controller/{name}", command=command), deduplicate=False
+            )
             if reply.outcome == "applied":
                 self.profile_errors.pop(name, None)
                 log.info("quota: profile %s: root quota %s brought to its nodes", name, root.metadata.name)
@@ -565,9 +578,10 @@ class QuotaService:
     def _now(self) -> dt.datetime:
         return dt.datetime.fromtimestamp(self._clock(), dt.UTC)
 
-    async def execute(self, request: CommandRequest) -> CommandReply:
+    async def execute(self, request: CommandRequest, *, deduplicate: bool = True) -> CommandReply:
         """Decide and append one command (see the module docstring). The service first applies everything the log
-        holds, so each event's expected sequence is the last one on its tree's subject as the service saw it."""
+        holds, so each event's expected sequence is the last one on its tree's subject as the service saw it; a
+        command the log already holds is answered from it (unless not `deduplicate`)."""
         command = request.command
         async with self._command_lock:
             tree = core.tree_of(self.model.state, command)
@@ -578,6 +592,11 @@ class QuotaService:
                     tree=tree,
                     message=f"the quota service has not yet applied the quota log up to event {last}; try again",
                 )
+            applied = self.model.applied_command(command.command_id) if deduplicate else None
+            if applied is not None and not request.dry_run:
+                self._metrics.commands_again.inc()
+                events = list(applied.events)
+                return self._reply(events, outcome="applied", tree=applied.tree, seq=applied.seq, duplicate=True)
             conflict = self._object_conflict(request)
             if conflict:
                 return CommandReply(outcome="conflict", tree=tree, message=conflict)

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 
-from bus import api, streams, subject_transform, subjects
+from bus import api, rpc, streams, subject_transform, subjects
 from bus.errors import BusError, BusUnavailableError, ConflictError, PermanentError, RemoteError, TemporaryError
 from bus.jetstream import JetStreamBus
 from bus.memory import MemoryBus
@@ -613,8 +613,9 @@ async def test_a_handler_that_finds_the_bus_unavailable_makes_the_request_unavai
 
     responder = await bus.serve(subject, unacked, queue="unacked")
     try:
-        with pytest.raises(BusUnavailableError, match=r"the responder: publish .* no ack"):
+        with pytest.raises(BusUnavailableError, match=r"the responder: publish .* no ack") as raised:
             await bus.request(subject, b"x", timeout=5)
+        assert raised.value.reason == rpc.RESPONDER  # bus.rpc sends it again only where handling twice is safe
     finally:
         await responder.stop()
 

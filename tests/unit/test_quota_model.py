@@ -315,3 +315,20 @@ def test_invariants_are_checked_after_every_change() -> None:
     unscaled.set_pod("apps/q", pod("q", "30", quota_name="a"), now=T)
     unscaled.refresh()
     assert any("children's runtimes sum to cpu 30" in p for p in unscaled.problems[quota.ROOT_QUOTA])
+
+
+def test_the_commands_the_log_applied_are_known_by_id_the_most_recent_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.quota import model as model_module
+
+    monkeypatch.setattr(model_module, "COMMANDS_KEPT", 2)
+    model = QuotaModel()
+    run(model, ev.CreateQuota(command_id="c1", quota=eq("a", min={"cpu": "1"}, max={"cpu": "2"})))
+    applied = model.applied_command("c1")
+    assert applied is not None and (applied.seq, applied.tree) == (1, DEFAULT_TREE)
+    (created,) = applied.events
+    assert isinstance(created, ev.QuotaCreated) and created.quota.metadata.resource_version == "1"  # as stored
+    assert model.applied_command("") is None and model.applied_command("unknown") is None
+    run(model, ev.DeleteQuota(command_id="c2", name="a"))
+    run(model, ev.CreateQuota(command_id="c3", quota=eq("b", min={"cpu": "1"}, max={"cpu": "2"})))
+    assert model.applied_command("c1") is None  # the oldest, past COMMANDS_KEPT
+    assert [model.applied_command(c) is not None for c in ("c2", "c3")] == [True, True]
