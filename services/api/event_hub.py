@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from bus.api import Bus, Delivery, FollowFrom
+from bus.errors import BusError
 from services.api import event_catalogue as catalogue
 
 log = logging.getLogger(__name__)
@@ -225,12 +226,19 @@ class EventHub:
         self, sub: Subscription, start: Start, *, keepalive_seconds: float = KEEPALIVE_SECONDS
     ) -> AsyncIterator[Message]:
         """Catch-up from `start`, then the live events, until the subscription is dropped (its last message says
-        why) or the caller stops iterating. Unsubscribes at the end."""
+        why: a full queue, or the log not answering the catch-up) or the caller stops iterating. Unsubscribes at
+        the end."""
         positions = dict(sub.joined)
         try:
-            for stream in sub.filter.streams:
-                async for message in self._catch_up(sub, stream, start, positions):
-                    yield message
+            try:
+                for stream in sub.filter.streams:
+                    async for message in self._catch_up(sub, stream, start, positions):
+                        yield message
+            except BusError as e:  # the subscriber resumes from its last id; a stream that has begun cannot 503
+                log.warning("event subscription of %s: the catch-up read failed: %s", sub.caller, e)
+                reason = f"the event log did not answer ({e}); reconnect with the last id"
+                yield Message(kind="dropped", data=_json({"reason": reason}))
+                return
             while sub.dropped is None and sub.ended is None:  # a drop happens only on a full queue: never in get()
                 if sub.queue.empty():
                     try:

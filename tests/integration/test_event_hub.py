@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from typing import Any
 
 import pytest
 
 from bus import streams, subjects
+from bus.errors import BusUnavailableError
 from bus.jetstream import JetStreamBus
 from bus.memory import MemoryBus
 from services.api import event_catalogue as catalogue
@@ -105,5 +107,42 @@ async def test_ending_the_streams_stops_every_reader_with_the_reason() -> None:
         assert hub.subscriptions == 0
         with pytest.raises(event_hub.CapacityError, match="stopping for the test"):
             await hub.subscribe(wanted, caller="late")
+    finally:
+        await hub.close()
+
+
+async def test_a_catch_up_the_log_does_not_answer_drops_the_subscription_with_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The log times out under a catch-up read (a busy server: `consumer info` got no answer): the stream has begun,
+    so it cannot become a 503; the subscriber is dropped with the reason and resumes from its last id. (It escaped
+    as an exception after the response had started: an ERROR with a traceback, the stream cut without a word.)"""
+    bus = MemoryBus()
+    await bus.ensure_streams(streams.all_streams())
+    for n in range(3):
+        await bus.publish(subjects.noderesource_computed(f"n{n}"), json.dumps({"n": n}).encode(), msg_id=f"{n}")
+    real_follow = bus.follow
+
+    async def follow_that_times_out(*args: Any, **kwargs: Any) -> Any:
+        follower = await real_follow(*args, **kwargs)
+
+        async def caught_up() -> bool:
+            raise BusUnavailableError("follow KOORD_NODERESOURCE: nats: timeout")
+
+        async def nothing() -> list[Any]:
+            return []
+
+        monkeypatch.setattr(follower, "next", nothing)
+        monkeypatch.setattr(follower, "caught_up", caught_up)
+        return follower
+
+    hub = EventHub(bus)
+    try:
+        sub = await hub.subscribe(catalogue.parse_filter(["noderesource.computed"], {}), caller="c")
+        monkeypatch.setattr(bus, "follow", follow_that_times_out)
+        got = [m async for m in hub.events(sub, Start(time=0))]
+        assert [m.kind for m in got] == ["dropped"]
+        assert "the event log did not answer" in json.loads(got[0].data)["reason"]
+        assert hub.subscriptions == 0
     finally:
         await hub.close()
