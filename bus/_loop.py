@@ -169,6 +169,11 @@ class LoopConsumer:
     def stats(self) -> ConsumerStats:
         return self._stats
 
+    @property
+    def stopped(self) -> bool:
+        """Its loop has ended (after `stop_soon`, once the batch in hand is settled); `stop` still closes it."""
+        return self._task.done()
+
     def stop_soon(self) -> None:
         """Take no more: the item in hand is finished and settled, the rest of its batch handed back (`stop` still
         has to be awaited). For a process that was told to stop, before it stops each service in turn."""
