@@ -77,7 +77,7 @@ def start(
         bus,
         nodes,
         api=f"http://{_loopback(api_settings.host)}:{api_settings.port}",
-        token=_token(api_settings, data_dir),
+        token=api_token(api_settings, data_dir),
         running_since=time.time() - args.simulate_backfill,
         extender=None
         if scheduler is None
@@ -93,7 +93,7 @@ def start(
     runtime.background(stack, sim_cluster.run(), name="simulated-cluster", cancel_on_stop=True)
 
 
-def _token(settings: Any, data_dir: Path) -> str:
+def api_token(settings: Any, data_dir: Path) -> str:
     """A token the simulated cluster calls the API with: `up`'s admin token, else the first admin or quota-admin
     token of the token file ("" with authentication off)."""
     if not settings.auth_enabled:
@@ -104,7 +104,10 @@ def _token(settings: Any, data_dir: Path) -> str:
         fields = line.split()
         if len(fields) >= 2 and not line.lstrip().startswith("#") and fields[1] in ("admin", "quota-admin"):
             return fields[0]
-    log.warning("the simulated cluster finds no admin or quota-admin token in %s: it cannot import its quotas")
+    log.warning(
+        "the simulated cluster finds no admin or quota-admin token in %s: it cannot import its quotas",
+        settings.api_tokens_file,
+    )
     return ""
 
 
