@@ -104,7 +104,7 @@ async def _token_review(stack: AsyncExitStack, roles: dict[str, str], kubeconfig
 
 
 async def run_api(args: argparse.Namespace) -> int:
-    from koordbus import runtime
+    from koordbus import http_serve, runtime
     from services.api.app import ApiContext, create_app
     from services.api.settings import ApiSettings
     from services.common import auth, observe
@@ -170,6 +170,6 @@ async def run_api(args: argparse.Namespace) -> int:
                 liveness=(("bus", runtime.bus_liveness(bus)),),
             )
         )
-        await runtime.serve_http(stack, app, host=settings.host, port=settings.port, end_streams=hub.end_streams)
+        await http_serve.serve_http(stack, app, host=settings.host, port=settings.port, end_streams=hub.end_streams)
         await stop.wait()
     return 0

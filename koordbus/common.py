@@ -131,7 +131,7 @@ def service_route_settings() -> Any:
 
 async def serve_service_port(stack: AsyncExitStack, port: int, registry: Any, **context: Any) -> None:
     """A service process's HTTP port (0 = none): /healthz, /readyz, /metrics and the read routes of what it holds."""
-    from koordbus import runtime
+    from koordbus import http_serve
     from services.api.app import ApiContext, create_app
     from services.api.settings import ApiSettings
     from services.common import auth
@@ -141,7 +141,7 @@ async def serve_service_port(stack: AsyncExitStack, port: int, registry: Any, **
         # without a token file the read routes accept no token (health and metrics stay open)
         tokens = auth.load_token_file(settings.api_tokens_file) if settings.api_tokens_file else auth.TokenStore()
         app = create_app(ApiContext(settings=settings, registry=registry, tokens=tokens, **context))
-        await runtime.serve_http(stack, app, host="0.0.0.0", port=port)
+        await http_serve.serve_http(stack, app, host="0.0.0.0", port=port)
 
 
 @dataclass(frozen=True)

@@ -121,10 +121,10 @@ def _write_private(path: Path, text: str) -> None:
 
 def pick_port(host: str, port: int | None) -> int:
     """The port to serve on: `port` as given (0: a free one); None: DEFAULT_PORT, or a free one when it is taken."""
-    from koordbus import runtime
+    from koordbus import http_serve
 
     if port is None:
-        if runtime.port_is_free(host, DEFAULT_PORT):
+        if http_serve.port_is_free(host, DEFAULT_PORT):
             return DEFAULT_PORT
         log.warning("extender: port %d on %s is in use; serving on a free port", DEFAULT_PORT, host)
         port = 0
@@ -132,7 +132,7 @@ def pick_port(host: str, port: int | None) -> int:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
             s.bind((host, 0))
             return int(s.getsockname()[1])
-    if not runtime.port_is_free(host, port):
+    if not http_serve.port_is_free(host, port):
         raise SystemExit(
             f"koordbus up: port {port} on {host} is in use; pass --extender-port (0: a free one) or --no-extender"
         )
@@ -150,7 +150,7 @@ async def start(
 ) -> RunningExtender:
     """Start the extender service on `bus` (it replays KOORD_CLUSTER and KOORD_NODEMETRIC, then states its
     watermarks) and serve its verbs, explain, health and metrics over mutual TLS on host:port."""
-    from koordbus import runtime
+    from koordbus import http_serve, runtime
     from koordbus.parts import loadaware_args
     from services.common import settings as settings_loader
     from services.loadaware.http import create_app
@@ -167,8 +167,8 @@ async def start(
     await service.start()
     stack.push_async_callback(service.stop)
     app = create_app(service, registry, liveness=runtime.bus_liveness(bus))
-    mutual = runtime.MutualTls(cert_file=str(tls.cert), key_file=str(tls.key), client_ca_file=str(tls.ca))
-    await runtime.serve_http(stack, app, host=host, port=port, tls=mutual)
+    mutual = http_serve.MutualTls(cert_file=str(tls.cert), key_file=str(tls.key), client_ca_file=str(tls.ca))
+    await http_serve.serve_http(stack, app, host=host, port=port, tls=mutual)
     shown = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host  # a wildcard bind answers on loopback too
     url = f"https://{f'[{shown}]' if ':' in shown else shown}:{port}"
     _write_private(data_dir / URL_FILE, url + "\n")

@@ -1,8 +1,9 @@
-"""Building blocks the subcommands compose: bus, database, services, agent, API server, simulated nodes.
+"""Building blocks the subcommands compose: logging, the stop and its signals, the embedded nats-server (or cluster),
+the bus and its NATS users, the database, background tasks (serving HTTP is koordbus.http_serve).
 
 Each `open_*` function enters its resource into an AsyncExitStack so shutdown runs in reverse
-order of start-up (simulation → agent → API → services → bus → embedded nats-server). The web server and the
-database toolkit are imported where they are used: `koordbus agent` uses neither and runs on every node.
+order of start-up (simulation → agent → API → services → bus → embedded nats-server). The database toolkit is
+imported where it is used: `koordbus agent` does without it and runs on every node.
 
 A process is never silently dead: `stop_event_on_signals` makes the command's `Stop`, which `open_bus` and
 `open_embedded_nats` find (a context variable, so no command passes it along) to stop the process with a clear
@@ -20,14 +21,11 @@ import inspect
 import logging
 import os
 import signal
-import socket
-import ssl
 import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,8 +36,6 @@ from bus.server import EmbeddedNatsServer
 from koordbus import logs
 
 if TYPE_CHECKING:
-    import uvicorn
-    from fastapi import FastAPI
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = logging.getLogger("koordbus")
@@ -279,88 +275,6 @@ def bus_liveness(bus: JetStreamBus, *, bound: float = BUS_LIVENESS_SECONDS) -> C
         return f"the NATS connection has been down for {down:.0f} s" if down >= bound else None
 
     return check
-
-
-def port_is_free(host: str, port: int) -> bool:
-    """Nothing listens on the port (a connection of a process just killed, in TIME_WAIT, does not count: uvicorn
-    binds with SO_REUSEADDR too)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-@dataclass(frozen=True, kw_only=True)
-class MutualTls:
-    """Serve HTTPS with this certificate and key (PEM files) only to clients presenting a certificate that chains to
-    `client_ca_file`; the handshake refuses any other client."""
-
-    cert_file: str
-    key_file: str
-    client_ca_file: str
-
-
-async def serve_http(
-    stack: AsyncExitStack,
-    app: FastAPI,
-    *,
-    host: str,
-    port: int,
-    tls: MutualTls | None = None,
-    ssl_context: ssl.SSLContext | None = None,
-    end_streams: Callable[[], None] | None = None,
-) -> uvicorn.Server:
-    """Run uvicorn inside this event loop until the stack closes (over mutual TLS when `tls` is given, or over HTTPS
-    with `ssl_context`, which the caller keeps: services.webhook.tls swaps certificates through it). `end_streams`
-    ends the app's open streaming responses (event subscriptions): it is called first when the server stops, since
-    uvicorn's graceful shutdown waits for open responses to finish."""
-    import uvicorn
-
-    ssl_options: dict[str, object] = {}
-    if ssl_context is not None:
-        ssl_options = {"ssl_context_factory": lambda _config, _default: ssl_context}
-    elif tls is not None:
-        ssl_options = {
-            "ssl_certfile": tls.cert_file,
-            "ssl_keyfile": tls.key_file,
-            "ssl_ca_certs": tls.client_ca_file,
-            "ssl_cert_reqs": ssl.CERT_REQUIRED,
-        }
-    # A response still open past 3 s of shutdown (a stream nobody ended) is cancelled.
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level="warning",
-        lifespan="off",
-        access_log=False,
-        timeout_graceful_shutdown=3,
-        **ssl_options,  # type: ignore[arg-type]
-    )
-    server = uvicorn.Server(config)
-    # The CLI owns SIGINT/SIGTERM (stop_event_on_signals); uvicorn must not take them over.
-    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
-    task = asyncio.create_task(server.serve(), name="http")
-
-    async def stop() -> None:
-        if end_streams is not None:
-            end_streams()
-        server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, timeout=10)
-
-    stack.push_async_callback(stop)
-    for _ in range(200):
-        if server.started or task.done():
-            break
-        await asyncio.sleep(0.05)
-    if task.done():
-        task.result()
-        raise RuntimeError(f"the HTTP server on {host}:{port} stopped during start-up")
-    return server
 
 
 def stop_event_on_signals(stack: AsyncExitStack) -> Stop:

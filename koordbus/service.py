@@ -237,7 +237,7 @@ def _loadaware_settings(args: argparse.Namespace) -> Any:
 async def _build_loadaware(process: ServiceProcess) -> None:
     import gc
 
-    from koordbus import runtime
+    from koordbus import http_serve, runtime
     from services.loadaware.http import create_app
     from services.loadaware.service import LoadAwareService
 
@@ -248,13 +248,13 @@ async def _build_loadaware(process: ServiceProcess) -> None:
     gc.freeze()  # the replayed state lives as long as the process: keep full collections off it (requests)
     stack.push_async_callback(service.stop)
     if settings.tls:
-        tls = runtime.MutualTls(
+        tls = http_serve.MutualTls(
             cert_file=settings.tls_cert_file,
             key_file=settings.tls_key_file,
             client_ca_file=settings.tls_client_ca_file,
         )
         app = create_app(service, registry, liveness=runtime.bus_liveness(bus))
-        await runtime.serve_http(stack, app, host="0.0.0.0", port=settings.extender_port, tls=tls)
+        await http_serve.serve_http(stack, app, host="0.0.0.0", port=settings.extender_port, tls=tls)
     else:
         log.warning(
             "loadaware: the extender verbs are served without TLS on port %s: anyone who reaches it can place "
@@ -264,7 +264,7 @@ async def _build_loadaware(process: ServiceProcess) -> None:
         )
     if args.port:
         plain = create_app(service, registry, verbs=not settings.tls, liveness=runtime.bus_liveness(bus))
-        await runtime.serve_http(stack, plain, host="0.0.0.0", port=args.port)
+        await http_serve.serve_http(stack, plain, host="0.0.0.0", port=args.port)
     return None
 
 

@@ -57,7 +57,7 @@ def webhook_settings(args: argparse.Namespace) -> Any:
 async def build_webhook(process: ServiceProcess) -> None:
     """The service on the process's bus, its admission routes over HTTPS on KOORDBUS_WEBHOOK_PORT (once the view is
     replayed), the certificate reloader, and health, readiness and metrics on the plain --port."""
-    from koordbus import runtime
+    from koordbus import http_serve, runtime
     from services.quota.client import QuotaClient
     from services.webhook.http import create_app
     from services.webhook.service import VALIDATE_ELASTICQUOTAS, QuotaValidation, WebhookService
@@ -92,11 +92,11 @@ async def build_webhook(process: ServiceProcess) -> None:
     process.stack.push_async_callback(service.stop)
     liveness = runtime.bus_liveness(process.bus)
     app = create_app(service, process.registry, liveness=liveness)
-    await runtime.serve_http(
+    await http_serve.serve_http(
         process.stack, app, host="0.0.0.0", port=settings.webhook_port, ssl_context=certificate.server_context
     )
     runtime.background(process.stack, certificate.watch(settings.tls_reload_seconds), name="webhook-certificate")
     log.info("webhook: admission routes %s over HTTPS on port %d", ", ".join(service.routes), settings.webhook_port)
     if process.args.port:
         plain = create_app(service, process.registry, admission=False, liveness=liveness)
-        await runtime.serve_http(process.stack, plain, host="0.0.0.0", port=process.args.port)
+        await http_serve.serve_http(process.stack, plain, host="0.0.0.0", port=process.args.port)

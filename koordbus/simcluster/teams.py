@@ -59,16 +59,26 @@ USAGE_OF_REQUEST: Final = (0.45, 0.75)
 """A team pod uses this share of its CPU request on average (drawn per pod); memory 0.6 of its request."""
 
 
-def _resources(per_node: float, nodes: int) -> dict[str, str]:
-    cores = max(round(per_node * nodes), 1)
+def _cores(per_node: float, nodes: int) -> int:
+    """A team's share of `nodes` nodes in whole cores: at least one."""
+    return max(round(per_node * nodes), 1)
+
+
+def _resources(cores: int) -> dict[str, str]:
     return {"cpu": str(cores), "memory": f"{cores * MEMORY_PER_CORE}Gi"}
+
+
+def _weight(cores: int) -> str:
+    return f'{{"cpu":"{cores}","memory":"{cores * MEMORY_PER_CORE}Gi"}}'
 
 
 def quotas(nodes: int) -> list[dict[str, Any]]:
     """The ElasticQuotas of the teams' tree for a cluster of `nodes` simulated nodes (parent first), as `kubectl get
-    elasticquota -o yaml` would list them."""
-    teams_min = sum(t.min_per_node for t in TEAMS)
-    teams_max = sum(t.max_per_node for t in TEAMS)
+    elasticquota -o yaml` would list them. The parent's min and max are the sums of its teams' rounded ones, so the
+    quota service's rules hold at any node count (the children's min within the parent's, min ≤ max): rounded from
+    the unrounded sums, the parent's min fell below its teams' at 1, 2, 5, 9 … nodes."""
+    mins = [_cores(team.min_per_node, nodes) for team in TEAMS]
+    maxes = [_cores(team.max_per_node, nodes) for team in TEAMS]
     items: list[dict[str, Any]] = [
         {
             "apiVersion": quota.API_VERSION,
@@ -77,15 +87,16 @@ def quotas(nodes: int) -> list[dict[str, Any]]:
                 "name": PARENT,
                 "namespace": quota.QUOTA_NAMESPACE,
                 "labels": {quota.LABEL_IS_PARENT: "true"},
-                "annotations": {quota.ANNOTATION_SHARED_WEIGHT: _weight(teams_max, nodes)},
+                "annotations": {quota.ANNOTATION_SHARED_WEIGHT: _weight(sum(maxes))},
             },
-            "spec": {"min": _resources(teams_min, nodes), "max": _resources(teams_max, nodes)},
+            "spec": {"min": _resources(sum(mins)), "max": _resources(sum(maxes))},
         }
     ]
-    for team in TEAMS:
+    for team, least, most in zip(TEAMS, mins, maxes, strict=True):
         labels = {quota.LABEL_PARENT: PARENT, quota.LABEL_IS_PARENT: "false"}
         if not team.lends:
             labels[quota.LABEL_ALLOW_LENT_RESOURCE] = "false"
+        weight = _cores(team.shared_weight_per_node, nodes)
         items.append(
             {
                 "apiVersion": quota.API_VERSION,
@@ -94,17 +105,12 @@ def quotas(nodes: int) -> list[dict[str, Any]]:
                     "name": team.name,
                     "namespace": team.name,
                     "labels": labels,
-                    "annotations": {quota.ANNOTATION_SHARED_WEIGHT: _weight(team.shared_weight_per_node, nodes)},
+                    "annotations": {quota.ANNOTATION_SHARED_WEIGHT: _weight(weight)},
                 },
-                "spec": {"min": _resources(team.min_per_node, nodes), "max": _resources(team.max_per_node, nodes)},
+                "spec": {"min": _resources(least), "max": _resources(most)},
             }
         )
     return items
-
-
-def _weight(per_node: float, nodes: int) -> str:
-    cores = max(round(per_node * nodes), 1)
-    return f'{{"cpu":"{cores}","memory":"{cores * MEMORY_PER_CORE}Gi"}}'
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 
 from bus.jetstream import JetStreamBus
-from koordbus import cli, runtime
+from koordbus import cli, http_serve
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
 from services.common import auth
@@ -104,7 +104,7 @@ async def test_koordbus_migration_plan_prints_the_round_through_a_live_api(
     try:
         async with contextlib.AsyncExitStack() as exits:
             port = free_port()
-            await runtime.serve_http(exits, create_app(context), host="127.0.0.1", port=port)
+            await http_serve.serve_http(exits, create_app(context), host="127.0.0.1", port=port)
             base = f"http://127.0.0.1:{port}"
             code, out, err = await koordbus()
             assert code == 0, err

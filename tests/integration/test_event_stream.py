@@ -22,7 +22,7 @@ from bus import streams, subjects
 from bus.errors import BusUnavailableError
 from bus.jetstream import JetStreamBus
 from bus.memory import MemoryBus
-from koordbus import cli, runtime
+from koordbus import cli, http_serve
 from koordbus.events import SseMessage, parse_sse
 from services.api import event_catalogue as catalogue
 from services.api import event_hub as event_hub_module
@@ -52,7 +52,7 @@ async def api(koordbus_bus: JetStreamBus) -> AsyncIterator[Api]:
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(hub.close)
         port = free_port()
-        await runtime.serve_http(stack, create_app(context), host="127.0.0.1", port=port)
+        await http_serve.serve_http(stack, create_app(context), host="127.0.0.1", port=port)
         yield Api(base=f"http://127.0.0.1:{port}", hub=hub, bus=bus)
 
 
@@ -304,7 +304,9 @@ async def test_a_stopping_server_ends_every_stream_first(
     async with stack:
         stack.push_async_callback(hub.close)
         port = free_port()
-        await runtime.serve_http(stack, create_app(context), host="127.0.0.1", port=port, end_streams=hub.end_streams)
+        await http_serve.serve_http(
+            stack, create_app(context), host="127.0.0.1", port=port, end_streams=hub.end_streams
+        )
         base = f"http://127.0.0.1:{port}"
         sse = Subscriber(client, f"{base}/api/v1/events/stream?type=noderesource.computed")
         await sse.opened()

@@ -19,7 +19,7 @@ import msgspec
 import pytest
 
 from bus.jetstream import JetStreamBus
-from koordbus import runtime
+from koordbus import http_serve
 from schemas import kube
 from schemas.cluster import ConfigMapObserved, NodeObserved, PodObserved
 from schemas.node import ResourceMap
@@ -174,7 +174,7 @@ async def test_the_cli_saves_a_state_and_replays_it(stack: Any, tmp_path: Path) 
     explain = ("scheduler", "explain", "--offline", "-f", str(tmp_path / "state.json"), str(tmp_path / "be.json"))
     async with contextlib.AsyncExitStack() as served:
         port = free_port()
-        await runtime.serve_http(served, app, host="127.0.0.1", port=port)
+        await http_serve.serve_http(served, app, host="127.0.0.1", port=port)
         connection = ("--api", f"http://127.0.0.1:{port}", "--token", api_auth.TOKENS[auth.VIEWER])
         for node_name in ("capped", "cold"):
             saved = await asyncio.to_thread(_koordbus, "scheduler", "state", node_name, *connection)

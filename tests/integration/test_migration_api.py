@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from bus import streams, subjects
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
-from koordbus import cli, runtime
+from koordbus import cli, http_serve
 from schemas.cluster import PodObserved, WorkloadObserved
 from services.api.app import ApiContext, create_app
 from services.api.settings import ApiSettings
@@ -158,7 +158,7 @@ async def test_roles_and_bad_input(api: httpx.AsyncClient) -> None:
 async def test_the_migration_cli(app: FastAPI, capsys: pytest.CaptureFixture[str]) -> None:
     async with contextlib.AsyncExitStack() as exits:
         port = free_port()
-        await runtime.serve_http(exits, app, host="127.0.0.1", port=port)
+        await http_serve.serve_http(exits, app, host="127.0.0.1", port=port)
         base = f"http://127.0.0.1:{port}"
 
         async def koordbus(*args: str, role: str = auth.ADMIN) -> tuple[int, str, str]:

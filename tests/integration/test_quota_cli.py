@@ -15,7 +15,7 @@ import pytest_asyncio
 import yaml
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from koordbus import cli, runtime
+from koordbus import cli, http_serve
 from services.common import auth
 from tests.fakes.kube_api import FakeKubeApi
 from tests.support import api_auth
@@ -62,7 +62,7 @@ def free_port() -> int:
 async def api_url(tmp_path: Path, migrated_engine: AsyncEngine) -> AsyncIterator[str]:
     async with quota_stack(tmp_path, migrated_engine) as stack, contextlib.AsyncExitStack() as exits:
         port = free_port()
-        await runtime.serve_http(exits, stack.app, host="127.0.0.1", port=port)
+        await http_serve.serve_http(exits, stack.app, host="127.0.0.1", port=port)
         yield f"http://127.0.0.1:{port}"
 
 

@@ -23,7 +23,7 @@ from bus import auth, streams, subjects
 from bus.api import HEADER_DLQ_REASON
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
-from koordbus.up import NATS_CREDS_FILE
+from koordbus.up_bus import NATS_CREDS_FILE
 from schemas import quota_events as ev
 from schemas.kube import ObjectMeta
 from schemas.quota import LABEL_TREE_ID, ElasticQuota

@@ -16,7 +16,7 @@ from pathlib import Path
 from bus import streams
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
-from koordbus import runtime
+from koordbus import http_serve
 from koordbus.common import watermark_defaults
 from services.api.app import ApiContext, create_app
 from services.api.event_hub import EventHub
@@ -102,7 +102,9 @@ async def _serve(tmp: Path, port: int, ready: threading.Event, stop: asyncio.Eve
             watermark_defaults=watermark_defaults(),
             event_hub=hub,
         )
-        await runtime.serve_http(stack, create_app(context), host="127.0.0.1", port=port, end_streams=hub.end_streams)
+        await http_serve.serve_http(
+            stack, create_app(context), host="127.0.0.1", port=port, end_streams=hub.end_streams
+        )
         ready.set()
         await stop.wait()
 
@@ -169,5 +171,5 @@ async def serve_events_api(stack: contextlib.AsyncExitStack, bus: JetStreamBus) 
     )
     stack.push_async_callback(hub.close)
     port = free_port()
-    await runtime.serve_http(stack, create_app(context), host="127.0.0.1", port=port, end_streams=hub.end_streams)
+    await http_serve.serve_http(stack, create_app(context), host="127.0.0.1", port=port, end_streams=hub.end_streams)
     return f"http://127.0.0.1:{port}"

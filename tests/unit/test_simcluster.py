@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import msgspec
 
 from agent.actuate import NodePod
@@ -9,6 +11,8 @@ from agent.simulate import SimulatedNode
 from agent.simulate_pods import UsageProfile
 from koordbus.simcluster import descheduling, placement, pods, teams
 from schemas import kube, quota
+from schemas import quota_events as ev
+from services.quota.core import QuotaTreeState, Rejected, decide
 
 T0 = 1_795_776_000.0
 
@@ -39,6 +43,22 @@ def test_the_teams_tree_is_valid_and_some_teams_want_more_than_their_min() -> No
     assert web["metadata"]["labels"][quota.LABEL_ALLOW_LENT_RESOURCE] == "false"
     billing = [p for p in teams.wanted(20, now=T0) if p.team == "team-billing"]
     assert billing and all(p.pod["metadata"]["labels"][quota.LABEL_PREEMPTIBLE] == "false" for p in billing)
+
+
+def test_the_teams_tree_imports_at_any_node_count() -> None:
+    """The quota service accepts the tree `koordbus up --simulate-nodes N` imports for every N, a handful of nodes
+    included, where each team's share rounds up to its one core (its min-sum and min-le-max rules refused it at 1, 2
+    and 5 nodes when the parent's min was rounded from the unrounded sum)."""
+    for nodes in (*range(1, 101), 250, 333, 500, 1000, 5000):
+        batch = tuple(msgspec.convert(q, quota.ElasticQuota) for q in teams.quotas(nodes))
+        command = ev.ImportQuotas(command_id=f"import-{nodes}", quotas=batch)
+        try:
+            events = decide(
+                QuotaTreeState(), command, now=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), actor="t", pods_by_quota={}
+            )
+        except Rejected as rejected:
+            raise AssertionError(f"{nodes} nodes: {[v.message for v in rejected.violations]}") from None
+        assert sum(len(e.quotas) for e in events if isinstance(e, ev.QuotasImported)) == len(batch), nodes
 
 
 def test_team_pods_start_and_finish_over_time_and_are_the_same_after_a_restart() -> None:
