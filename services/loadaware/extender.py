@@ -23,7 +23,11 @@ from services.loadaware import core, estimator, fast, state
 
 RECENT_PODS = 10_000
 """Pods remembered from filter/prioritize requests, for `assume` and `bind` (ExtenderBindingArgs names the pod
-only)."""
+only): at most this many,"""
+RECENT_POD_SECONDS = 600.0
+"""and for at most this long since their last filter/prioritize: kube-scheduler binds a pod in the cycle that
+filtered it (seconds), and filters it again before another try. Without an age bound, `koordbus up`'s simulated
+cluster kept the last 10,000 pods it ever placed (tens of MB, growing for hours in the soak)."""
 
 
 class BadRequest(ValueError):
@@ -90,19 +94,25 @@ class Placement:
 @dataclass(slots=True)
 class Extender:
     state: state.LoadState
-    recent: OrderedDict[str, kube.Pod] = field(default_factory=OrderedDict)
+    recent: OrderedDict[str, tuple[kube.Pod, float]] = field(default_factory=OrderedDict)
+    """Pod uid → the pod and when a request last carried it, oldest first."""
     matrix: fast.Matrix = field(init=False)
 
     def __post_init__(self) -> None:
         self.matrix = fast.Matrix(self.state)
 
-    def _incoming(self, pod: kube.Pod) -> core.IncomingPod:
+    def _incoming(self, pod: kube.Pod, *, now: float) -> core.IncomingPod:
         if pod.metadata.uid:
-            self.recent[pod.metadata.uid] = pod
+            self.recent[pod.metadata.uid] = (pod, now)
             self.recent.move_to_end(pod.metadata.uid)
-            while len(self.recent) > RECENT_PODS:
-                self.recent.popitem(last=False)
+        self._forget_old(now)
         return core.incoming(pod, self.state.args)
+
+    def _forget_old(self, now: float) -> None:
+        while len(self.recent) > RECENT_PODS:
+            self.recent.popitem(last=False)
+        while self.recent and now - next(iter(self.recent.values()))[1] > RECENT_POD_SECONDS:
+            self.recent.popitem(last=False)
 
     def unknown(self, names: list[str]) -> list[str]:
         return [name for name in names if name not in self.state.nodes]
@@ -110,7 +120,7 @@ class Extender:
     def filter(self, body: bytes, *, now: float) -> tuple[bytes, Candidates]:
         request = decode_args(body)
         self.state.expire_assumed(now)
-        pod = self._incoming(request.pod)
+        pod = self._incoming(request.pod, now=now)
         if request.raw_nodes is None:  # nodeCacheCapable: every figure comes from the state, vectorized
             passed, failed = self.matrix.filter(pod, request.names, now=now)
             return msgspec.json.encode(wire.ExtenderFilterResult(node_names=passed, failed_nodes=failed)), request
@@ -130,7 +140,7 @@ class Extender:
     def prioritize(self, body: bytes, *, now: float) -> tuple[bytes, Candidates]:
         request = decode_args(body)
         self.state.expire_assumed(now)
-        pod = self._incoming(request.pod)
+        pod = self._incoming(request.pod, now=now)
         if request.raw_nodes is None:
             ranked = self.matrix.scores(pod, request.names, now=now)
             priorities = [
@@ -170,7 +180,8 @@ class Extender:
         self.state.expire_assumed(now)
         if not self.state.knows_node(binding.node):
             return Placement(binding=binding, key=key, known=False, refused=f"node {binding.node} is unknown")
-        pod = self.recent.get(binding.pod_uid)
+        self._forget_old(now)
+        pod = self.recent[binding.pod_uid][0] if binding.pod_uid in self.recent else None
         if pod is None:
             return Placement(binding=binding, key=key, known=False)
         if self.state.pod_node(key) is not None:  # the watch, when it was first, knows better

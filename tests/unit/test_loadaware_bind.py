@@ -8,7 +8,7 @@ import pytest
 
 from services.loadaware import state
 from services.loadaware.args import DEFAULT_ARGS
-from services.loadaware.extender import BadRequest, Extender
+from services.loadaware.extender import RECENT_POD_SECONDS, BadRequest, Extender
 from tests.support.loadaware import node, pod, pod_json, report
 
 NOW = 1_800_000_000.0
@@ -87,3 +87,20 @@ def test_a_pending_pod_event_older_than_the_bind_does_not_take_the_placement_off
     ext.assume(binding("b"), now=NOW)
     ext.state.apply_pod("default/web", pending, node="", seen_at=NOW + 3)
     assert ext.state.pod_node("default/web") is None
+
+
+def test_a_pod_filtered_long_ago_is_forgotten_and_the_memory_goes_with_it() -> None:
+    """The pods remembered for bind are bounded by age, not only by count: one filtered more than
+    RECENT_POD_SECONDS ago is unknown to bind (kube-scheduler filters a pod again before another try), and a
+    stream of placed pods leaves nothing behind once they are old."""
+    ext = extender()
+    assert ext.bind(binding(), now=NOW + RECENT_POD_SECONDS).known  # still within the bound
+    ext.undo(ext.bind(binding(), now=NOW + RECENT_POD_SECONDS))
+    late = ext.bind(binding(), now=NOW + RECENT_POD_SECONDS + 1)
+    assert not late.known and late.assumed is None and not ext.recent
+    for n in range(50):  # a pod a second, each filtered then placed
+        other = pod_json(f"job-{n}", cpu="1", memory="1Gi")
+        ext.filter(msgspec.json.encode({"Pod": other, "NodeNames": ["a", "b"]}), now=NOW + 1000 + n)
+    assert len(ext.recent) == 50
+    ext.filter(msgspec.json.encode({"Pod": WEB, "NodeNames": ["a"]}), now=NOW + 1000 + 49 + RECENT_POD_SECONDS + 0.5)
+    assert list(ext.recent) == ["uid-default-web"]  # the 50 are older than the bound: gone
