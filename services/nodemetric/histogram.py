@@ -15,6 +15,10 @@ amd64, because bucket boundaries and decay factors must come out as the same flo
 
 Weights are stored sparsely (bucket → weight, zero buckets absent): the arithmetic is the dense one's, since an
 absent bucket adds 0.0 and is never scaled, but a model costs only the buckets it uses.
+
+A histogram keeps the last percentile it answered. The answer depends on the weights, the total and the bounds
+only, never on the time it is asked at (decay is applied when a sample is added: `shift_reference` rescales the
+weights then, through `scale`), so every method that changes any of them forgets it.
 """
 
 from __future__ import annotations
@@ -320,10 +324,18 @@ class Histogram(_Options, kw_only=True, gc=False):
     min_bucket: int = -1
     """-1 until made: the last bucket of the options."""
     max_bucket: int = 0
+    _cached_p: float = math.nan
+    """The p of the last percentile answered (NaN, which equals nothing: none) and that answer, kept until a change
+    (`_forget`): a report reads each model's percentile once per training round or more, the API all of them."""
+    _cached: float = 0.0
 
     def __post_init__(self) -> None:
         if self.min_bucket == -1:
             self.min_bucket = self.options.num_buckets - 1
+
+    def _forget(self) -> None:
+        """Drop the kept percentile: called by every method that changes a weight, the total or a bound."""
+        self._cached_p = math.nan
 
     @property
     def weights(self) -> dict[int, float]:
@@ -344,8 +356,9 @@ class Histogram(_Options, kw_only=True, gc=False):
     def _add(self, value: float, weight: float) -> None:
         if weight < 0.0:
             raise HistogramError("sample weight must be non-negative")
+        self._cached_p = math.nan  # _forget(), written out: the hottest path of the nodemetric service's training
         bucket = self.options.find_bucket(value)
-        # the hottest path of the nodemetric service's training: weight() and min()/max() written out
+        # weight() and min()/max() written out, for the same reason
         w, offset = self._w, 8 * (bucket - self._lo)
         if w and 0 <= offset < len(w):
             bucket_weight = _F64.unpack_from(w, offset)[0] + weight
@@ -363,6 +376,7 @@ class Histogram(_Options, kw_only=True, gc=False):
     def _subtract(self, value: float, weight: float) -> None:
         if weight < 0.0:
             raise HistogramError("sample weight must be non-negative")
+        self._forget()
         bucket = self.options.find_bucket(value)
         epsilon = self.options.epsilon
         self.total = _safe_subtract(self.total, weight, epsilon)
@@ -373,6 +387,7 @@ class Histogram(_Options, kw_only=True, gc=False):
         """Add another histogram's buckets (those between its bounds) and total."""
         if other.options != self.options:
             raise HistogramError("can't merge histograms with different options")
+        self._forget()
         for bucket, weight in sorted(other.weights.items()):
             if other.min_bucket <= bucket <= other.max_bucket:
                 self._set(bucket, self.weight(bucket) + weight)
@@ -386,6 +401,13 @@ class Histogram(_Options, kw_only=True, gc=False):
     def percentile(self, p: float) -> float:
         """The end of the first bucket (from `min_bucket`, before `max_bucket`) where the running weight reaches
         p × total, else of `max_bucket`; the start of the bucket instead when it is the last. 0.0 when empty."""
+        if p == self._cached_p:
+            return self._cached
+        answer = self._percentile(p)
+        self._cached_p, self._cached = p, answer
+        return answer
+
+    def _percentile(self, p: float) -> float:
         if self.is_empty():
             return 0.0
         threshold = p * self.total
@@ -406,6 +428,7 @@ class Histogram(_Options, kw_only=True, gc=False):
         """Multiply the weights between the bounds, and the total, by `factor`."""
         if factor < 0.0:
             raise HistogramError("scale factor must be non-negative")
+        self._forget()
         first = max(self.min_bucket - self._lo, 0)
         stop = min(self.max_bucket - self._lo + 1, len(self._w) // 8)
         if first < stop:
@@ -417,6 +440,7 @@ class Histogram(_Options, kw_only=True, gc=False):
         self._settle_bounds()
 
     def _set(self, bucket: int, weight: float) -> None:
+        self._forget()
         w = self._w
         if not w:
             if weight != 0.0:
@@ -434,6 +458,7 @@ class Histogram(_Options, kw_only=True, gc=False):
 
     def _settle_bounds(self) -> None:
         """Move `min_bucket` up and `max_bucket` down past buckets lighter than epsilon (not beyond the ends)."""
+        self._forget()
         epsilon = self.options.epsilon
         heavy = [self._lo + i for i, w in enumerate(_floats(self._w)) if w >= epsilon]
         self.min_bucket = next((b for b in heavy if b >= self.min_bucket), self.options.num_buckets - 1)
@@ -474,6 +499,7 @@ class DecayingHistogram(Histogram, gc=False):
                 raise HistogramError(f"bucket {bucket} outside the {options.num_buckets} buckets")
             histogram._set(bucket, weight)
         histogram.total, histogram.min_bucket, histogram.max_bucket = total, min_bucket, max_bucket
+        histogram._forget()
         histogram.reference_ns = _shared_time(reference_ns)
         return histogram
 
