@@ -23,13 +23,11 @@ weights then, through `scale`), so every method that changes any of them forgets
 
 from __future__ import annotations
 
-import bisect
 import functools
-import itertools
 import math
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 import msgspec
@@ -226,6 +224,11 @@ def linear_options(max_value: float, bucket_size: float, epsilon: float) -> Line
     return LinearOptions(_bucket_count(max_value / bucket_size), bucket_size, epsilon)
 
 
+_TABLED_BUCKETS: Final = 4096
+"""Options with at most this many buckets keep a table of their bucket starts (the predictors' models ask for one
+on every percentile; an integer power each time was a fifth of the nodemetric service's prediction time)."""
+
+
 @dataclass(frozen=True)
 class ExponentialOptions:
     """Bucket 0 is [0, first); bucket b ≥ 1 starts at first × (ratio^b − 1)/(ratio − 1), so each bucket is `ratio`
@@ -235,39 +238,30 @@ class ExponentialOptions:
     first_bucket_size: float
     ratio: float
     epsilon: float
+    _starts: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    """Every bucket's start, made with the options (empty above _TABLED_BUCKETS buckets): read, not hashed for."""
+    _log_ratio: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        tabled = self.num_buckets <= _TABLED_BUCKETS
+        object.__setattr__(self, "_starts", (0.0, *map(self._start, range(1, self.num_buckets))) if tabled else ())
+        object.__setattr__(self, "_log_ratio", go_log(self.ratio))
 
     def find_bucket(self, value: float) -> int:
         if value < self.first_bucket_size:
             return 0
-        scaled = go_log(value * (self.ratio - 1) / self.first_bucket_size + 1) / _go_log_cached(self.ratio)
+        scaled = go_log(value * (self.ratio - 1) / self.first_bucket_size + 1) / self._log_ratio
         if scaled >= self.num_buckets:
             return self.num_buckets - 1
         return int(scaled)
 
     def bucket_start(self, bucket: int) -> float:
-        if bucket == 0:
-            return 0.0
-        if self.num_buckets <= _TABLED_BUCKETS:
-            return _bucket_starts(self)[bucket]
-        return self._start(bucket)
+        if self._starts:
+            return self._starts[bucket]
+        return 0.0 if bucket == 0 else self._start(bucket)
 
     def _start(self, bucket: int) -> float:
         return self.first_bucket_size * (go_pow_int(self.ratio, bucket) - 1) / (self.ratio - 1)
-
-
-@functools.lru_cache(maxsize=16)
-def _go_log_cached(x: float) -> float:
-    return go_log(x)
-
-
-_TABLED_BUCKETS: Final = 4096
-"""Options with at most this many buckets keep a table of their bucket starts (the predictors' models ask for them
-on every percentile; an integer power each time was a fifth of the nodemetric service's prediction time)."""
-
-
-@functools.cache
-def _bucket_starts(options: ExponentialOptions) -> tuple[float, ...]:
-    return (0.0, *(options._start(b) for b in range(1, options.num_buckets)))
 
 
 def exponential_options(max_value: float, first_bucket_size: float, ratio: float, epsilon: float) -> ExponentialOptions:
@@ -408,21 +402,25 @@ class Histogram(_Options, kw_only=True, gc=False):
         return answer
 
     def _percentile(self, p: float) -> float:
-        if self.is_empty():
+        # is_empty() and weight(), written out: once per model read by a report
+        w, lo, min_bucket, max_bucket, options = self._w, self._lo, self.min_bucket, self.max_bucket, self.options
+        first, size = min_bucket - lo, len(w) // 8
+        if not 0 <= first < size or _F64.unpack_from(w, 8 * first)[0] < options.epsilon:
             return 0.0
         threshold = p * self.total
-        bucket = max(self.min_bucket, self.max_bucket)
-        first = max(self.min_bucket - self._lo, 0)
-        stop = min(self.max_bucket - self._lo, len(self._w) // 8)
+        bucket = max(min_bucket, max_bucket)
+        stop = min(max_bucket - lo, size)
         if first < stop:
-            # the running sums, left to right as the walk adds them (a weight of 0.0 leaves a sum as it was)
-            running = list(itertools.accumulate(_floats(self._w)[first:stop]))
-            reached = bisect.bisect_left(running, threshold)
-            if reached < len(running):
-                bucket = self._lo + first + reached
-        if bucket < self.options.num_buckets - 1:
-            return self.options.bucket_start(bucket + 1)
-        return self.options.bucket_start(bucket)
+            # the walk from min_bucket to before max_bucket: the running sum, left to right, until it reaches p
+            running = 0.0
+            for i, weight in enumerate(_floats(w)[first:stop], first):
+                running += weight
+                if running >= threshold:
+                    bucket = lo + i
+                    break
+        if bucket < options.num_buckets - 1:
+            return options.bucket_start(bucket + 1)
+        return options.bucket_start(bucket)
 
     def scale(self, factor: float) -> None:
         """Multiply the weights between the bounds, and the total, by `factor`."""
