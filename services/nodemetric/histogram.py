@@ -224,6 +224,13 @@ def linear_options(max_value: float, bucket_size: float, epsilon: float) -> Line
     return LinearOptions(_bucket_count(max_value / bucket_size), bucket_size, epsilon)
 
 
+_LOG_SLACK: Final = 1e-9
+"""How close to a whole number a bucket index computed with the C library's log must be for Go's log to decide it.
+Both logs come within an ulp of the true logarithm (below 710, so within 2^-43 of each other); over a log(ratio) of
+at least _C_LOG_MIN_LOG_RATIO the quotients then differ by under 3e-11 (the quotient's own rounding included, at
+most 7.1e4 / 2^52 more), a thirtieth of the slack."""
+_C_LOG_MIN_LOG_RATIO: Final = 0.01
+"""Options whose log(ratio) is smaller (ratio < 1.01) always use Go's log: the bound above does not cover them."""
 _TABLED_BUCKETS: Final = 4096
 """Options with at most this many buckets keep a table of their bucket starts (the predictors' models ask for one
 on every percentile; an integer power each time was a fifth of the nodemetric service's prediction time)."""
@@ -241,16 +248,25 @@ class ExponentialOptions:
     _starts: tuple[float, ...] = field(init=False, repr=False, compare=False)
     """Every bucket's start, made with the options (empty above _TABLED_BUCKETS buckets): read, not hashed for."""
     _log_ratio: float = field(init=False, repr=False, compare=False)
+    _c_log: bool = field(init=False, repr=False, compare=False)
+    """Whether find_bucket may take the C library's log first (see _LOG_SLACK)."""
 
     def __post_init__(self) -> None:
         tabled = self.num_buckets <= _TABLED_BUCKETS
         object.__setattr__(self, "_starts", (0.0, *map(self._start, range(1, self.num_buckets))) if tabled else ())
         object.__setattr__(self, "_log_ratio", go_log(self.ratio))
+        object.__setattr__(self, "_c_log", self._log_ratio >= _C_LOG_MIN_LOG_RATIO)
 
     def find_bucket(self, value: float) -> int:
         if value < self.first_bucket_size:
             return 0
-        scaled = go_log(value * (self.ratio - 1) / self.first_bucket_size + 1) / self._log_ratio
+        x = value * (self.ratio - 1) / self.first_bucket_size + 1
+        # Go's log in Python is most of a training sample's cost; the C library's differs from it so little that only
+        # a quotient within _LOG_SLACK of a whole number (a bucket boundary, the bucket count) could truncate or
+        # compare differently: only then is Go's computed (an infinite or NaN quotient fails the test too).
+        scaled = math.log(x) / self._log_ratio if self._c_log else math.nan
+        if not _LOG_SLACK < scaled % 1.0 < 1.0 - _LOG_SLACK:
+            scaled = go_log(x) / self._log_ratio
         if scaled >= self.num_buckets:
             return self.num_buckets - 1
         return int(scaled)
@@ -526,10 +542,20 @@ class DecayingHistogram(Histogram, gc=False):
         self.reference_ns = _shared_time(new_reference)
 
     def _decay_factor(self, t_ns: int) -> float:
-        horizon = self.reference_ns + _wrap_int64(self.half_life_ns * MAX_DECAY_EXPONENT)
-        if t_ns > horizon:
+        half_life_ns = self.half_life_ns
+        if t_ns > self.reference_ns + _horizon(half_life_ns):
             self.shift_reference(t_ns)
-        return _decay(go_duration(t_ns - self.reference_ns), self.half_life_ns)
+        elapsed = t_ns - self.reference_ns
+        if not _INT64_MIN <= elapsed <= _INT64_MAX:  # go_duration, its common case written out (twice per model)
+            elapsed = go_duration(elapsed)
+        return _decay(elapsed, half_life_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _horizon(half_life_ns: int) -> int:
+    """How far past the reference a sample may lie before the reference moves: 100 half-lives, as Go's int64
+    product (wrapping around)."""
+    return _wrap_int64(half_life_ns * MAX_DECAY_EXPONENT)
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,9 +1,12 @@
-"""The percentile a histogram keeps (services.nodemetric.histogram) is never stale: after any sequence of adds,
-subtracts, merges, scalings, reference shifts and restores, each read equals what a histogram built afresh from the
-same operations, never asked before, answers."""
+"""What services.nodemetric.histogram does to save time gives Koordinator's answers still: the percentile a histogram
+keeps is never stale (after any sequence of adds, subtracts, merges, scalings, reference shifts and restores, each
+read equals what a histogram built afresh from the same operations, never asked before, answers), and the bucket of
+a value found with the C library's log is the one Go's log gives."""
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Callable
 
 from hypothesis import given, settings
@@ -111,3 +114,34 @@ def test_a_restored_histogram_answers_its_own_state() -> None:
         weights=h.weights.items(),
     )
     assert restored.percentile(0.9) == h.percentile(0.9) == OPTIONS.bucket_start(OPTIONS.find_bucket(3.0) + 1)
+
+
+def _go_bucket(options: hist.ExponentialOptions, value: float) -> int:
+    """find_bucket as Koordinator computes it, Go's log for every value."""
+    if value < options.first_bucket_size:
+        return 0
+    scaled = hist.go_log(value * (options.ratio - 1) / options.first_bucket_size + 1) / hist.go_log(options.ratio)
+    return options.num_buckets - 1 if scaled >= options.num_buckets else int(scaled)
+
+
+def _ulps(x: float, n: int) -> float:
+    for _ in range(abs(n)):
+        x = math.nextafter(x, math.inf if n > 0 else -math.inf)
+    return x
+
+
+def test_the_bucket_of_a_value_is_the_one_gos_log_gives_even_at_a_boundary() -> None:
+    """find_bucket takes the C library's log unless the quotient lies near a whole number: around every boundary
+    (where the quotient crosses one, ulps apart and at the slack's distance either side) and at random values
+    it agrees with Go's log alone."""
+    rng = random.Random(3)
+    fine = hist.exponential_options(100, 0.5, 1.001, hist.EPSILON)  # ratio < 1.01: Go's log throughout
+    for options in (hist.CPU_OPTIONS, hist.MEMORY_OPTIONS, OPTIONS, fine):
+        values = [rng.uniform(0, options.bucket_start(options.num_buckets - 1) * 1.1) for _ in range(2000)]
+        for b in range(1, options.num_buckets + 1, max(1, options.num_buckets // 200)):
+            # the value whose quotient is exactly b, as far as float64 goes
+            edge = (math.exp(b * hist.go_log(options.ratio)) - 1) * options.first_bucket_size / (options.ratio - 1)
+            values += [_ulps(edge, n) for n in range(-4, 5)]
+            values += [edge * (1 + d) for d in (-1e-9, -3e-11, -1e-11, 1e-11, 3e-11, 1e-9)]
+        values += [options.first_bucket_size, math.inf, 1e308]
+        assert [options.find_bucket(v) for v in values] == [_go_bucket(options, v) for v in values]
