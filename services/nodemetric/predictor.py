@@ -210,7 +210,7 @@ class Models:
 
     def prediction(self, uid: str) -> Prediction | None:
         model = self.models.get(uid)
-        return None if model is None else model.prediction()
+        return None if model is None else _ModelPrediction(model)  # model.prediction(), one call less per pod
 
 
 def _plus(total: tuple[float, float] | None, cpu: float, memory: float) -> tuple[float, float]:
@@ -360,17 +360,19 @@ class PodReclaimablePredictor:
         ratio = _margin_ratio(self.safety_margin_percent)
         peak: ResourceList = {}
         reclaimable: ResourceList = {}
-        for name, percentile in _PEAK_PERCENTILES:
+        unreclaimable_sum, reclaimable_sum = self.unreclaimable, self.reclaimable
+        for name, percentile in _PEAK_PERCENTILES:  # each pod of each report: sums added to in place
             predicted = _read(prediction, percentile, name)
             if predicted is None:
                 continue
-            peak[name] = amount = _scaled(predicted, ratio)
+            peak[name] = amount = int(float(predicted) * ratio)  # _scaled
+            unreclaimable_sum[name] = unreclaimable_sum.get(name, 0) + amount
             left = pod.request.get(name, 0) - amount
             if left > 0:
                 reclaimable[name] = left
-        _add_to(self.unreclaimable, peak)
-        _add_to(self.reclaimable, reclaimable)
-        self._note(pod, "predicted", peak=peak, reclaimable=reclaimable)
+                reclaimable_sum[name] = reclaimable_sum.get(name, 0) + left
+        if self.notes is not None:
+            self._note(pod, "predicted", peak=peak, reclaimable=reclaimable)
 
     def result(self) -> ResourceList:
         allocatable = self.allocatable()
