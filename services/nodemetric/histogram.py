@@ -336,7 +336,8 @@ class Histogram(_Options, kw_only=True, gc=False):
     max_bucket: int = 0
     _cached_p: float = math.nan
     """The p of the last percentile answered (NaN, which equals nothing: none) and that answer, kept until a change
-    (`_forget`): a report reads each model's percentile once per training round or more, the API all of them."""
+    (`_forget`). One answer: the predictors read one percentile of each histogram (p95 cpu, p98 memory); a pod's
+    model is read once per report, between two training rounds, the system and class models three times."""
     _cached: float = 0.0
 
     def __post_init__(self) -> None:
