@@ -15,17 +15,19 @@ amd64, because bucket boundaries and decay factors must come out as the same flo
 
 Weights are stored sparsely (bucket → weight, zero buckets absent): the arithmetic is the dense one's, since an
 absent bucket adds 0.0 and is never scaled, but a model costs only the buckets it uses.
+
+A histogram keeps the last percentile it answered. The answer depends on the weights, the total and the bounds
+only, never on the time it is asked at (decay is applied when a sample is added: `shift_reference` rescales the
+weights then, through `scale`), so every method that changes any of them forgets it.
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
-import itertools
 import math
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 import msgspec
@@ -222,6 +224,18 @@ def linear_options(max_value: float, bucket_size: float, epsilon: float) -> Line
     return LinearOptions(_bucket_count(max_value / bucket_size), bucket_size, epsilon)
 
 
+_LOG_SLACK: Final = 1e-9
+"""How close to a whole number a bucket index computed with the C library's log must be for Go's log to decide it.
+Both logs come within an ulp of the true logarithm (below 710, so within 2^-43 of each other); over a log(ratio) of
+at least _C_LOG_MIN_LOG_RATIO the quotients then differ by under 3e-11 (the quotient's own rounding included, at
+most 7.1e4 / 2^52 more), a thirtieth of the slack."""
+_C_LOG_MIN_LOG_RATIO: Final = 0.01
+"""Options whose log(ratio) is smaller (ratio < 1.01) always use Go's log: the bound above does not cover them."""
+_TABLED_BUCKETS: Final = 4096
+"""Options with at most this many buckets keep a table of their bucket starts (the predictors' models ask for one
+on every percentile; an integer power each time was a fifth of the nodemetric service's prediction time)."""
+
+
 @dataclass(frozen=True)
 class ExponentialOptions:
     """Bucket 0 is [0, first); bucket b ≥ 1 starts at first × (ratio^b − 1)/(ratio − 1), so each bucket is `ratio`
@@ -231,39 +245,39 @@ class ExponentialOptions:
     first_bucket_size: float
     ratio: float
     epsilon: float
+    _starts: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    """Every bucket's start, made with the options (empty above _TABLED_BUCKETS buckets): read, not hashed for."""
+    _log_ratio: float = field(init=False, repr=False, compare=False)
+    _c_log: bool = field(init=False, repr=False, compare=False)
+    """Whether find_bucket may take the C library's log first (see _LOG_SLACK)."""
+
+    def __post_init__(self) -> None:
+        tabled = self.num_buckets <= _TABLED_BUCKETS
+        object.__setattr__(self, "_starts", (0.0, *map(self._start, range(1, self.num_buckets))) if tabled else ())
+        object.__setattr__(self, "_log_ratio", go_log(self.ratio))
+        object.__setattr__(self, "_c_log", self._log_ratio >= _C_LOG_MIN_LOG_RATIO)
 
     def find_bucket(self, value: float) -> int:
         if value < self.first_bucket_size:
             return 0
-        scaled = go_log(value * (self.ratio - 1) / self.first_bucket_size + 1) / _go_log_cached(self.ratio)
+        x = value * (self.ratio - 1) / self.first_bucket_size + 1
+        # Go's log in Python is most of a training sample's cost; the C library's differs from it so little that only
+        # a quotient within _LOG_SLACK of a whole number (a bucket boundary, the bucket count) could truncate or
+        # compare differently: only then is Go's computed (an infinite or NaN quotient fails the test too).
+        scaled = math.log(x) / self._log_ratio if self._c_log else math.nan
+        if not _LOG_SLACK < scaled % 1.0 < 1.0 - _LOG_SLACK:
+            scaled = go_log(x) / self._log_ratio
         if scaled >= self.num_buckets:
             return self.num_buckets - 1
         return int(scaled)
 
     def bucket_start(self, bucket: int) -> float:
-        if bucket == 0:
-            return 0.0
-        if self.num_buckets <= _TABLED_BUCKETS:
-            return _bucket_starts(self)[bucket]
-        return self._start(bucket)
+        if self._starts:
+            return self._starts[bucket]
+        return 0.0 if bucket == 0 else self._start(bucket)
 
     def _start(self, bucket: int) -> float:
         return self.first_bucket_size * (go_pow_int(self.ratio, bucket) - 1) / (self.ratio - 1)
-
-
-@functools.lru_cache(maxsize=16)
-def _go_log_cached(x: float) -> float:
-    return go_log(x)
-
-
-_TABLED_BUCKETS: Final = 4096
-"""Options with at most this many buckets keep a table of their bucket starts (the predictors' models ask for them
-on every percentile; an integer power each time was a fifth of the nodemetric service's prediction time)."""
-
-
-@functools.cache
-def _bucket_starts(options: ExponentialOptions) -> tuple[float, ...]:
-    return (0.0, *(options._start(b) for b in range(1, options.num_buckets)))
 
 
 def exponential_options(max_value: float, first_bucket_size: float, ratio: float, epsilon: float) -> ExponentialOptions:
@@ -320,10 +334,19 @@ class Histogram(_Options, kw_only=True, gc=False):
     min_bucket: int = -1
     """-1 until made: the last bucket of the options."""
     max_bucket: int = 0
+    _cached_p: float = math.nan
+    """The p of the last percentile answered (NaN, which equals nothing: none) and that answer, kept until a change
+    (`_forget`). One answer: the predictors read one percentile of each histogram (p95 cpu, p98 memory); a pod's
+    model is read once per report, between two training rounds, the system and class models three times."""
+    _cached: float = 0.0
 
     def __post_init__(self) -> None:
         if self.min_bucket == -1:
             self.min_bucket = self.options.num_buckets - 1
+
+    def _forget(self) -> None:
+        """Drop the kept percentile: called by every method that changes a weight, the total or a bound."""
+        self._cached_p = math.nan
 
     @property
     def weights(self) -> dict[int, float]:
@@ -344,8 +367,9 @@ class Histogram(_Options, kw_only=True, gc=False):
     def _add(self, value: float, weight: float) -> None:
         if weight < 0.0:
             raise HistogramError("sample weight must be non-negative")
+        self._cached_p = math.nan  # _forget(), written out: the hottest path of the nodemetric service's training
         bucket = self.options.find_bucket(value)
-        # the hottest path of the nodemetric service's training: weight() and min()/max() written out
+        # weight() and min()/max() written out, for the same reason
         w, offset = self._w, 8 * (bucket - self._lo)
         if w and 0 <= offset < len(w):
             bucket_weight = _F64.unpack_from(w, offset)[0] + weight
@@ -363,6 +387,7 @@ class Histogram(_Options, kw_only=True, gc=False):
     def _subtract(self, value: float, weight: float) -> None:
         if weight < 0.0:
             raise HistogramError("sample weight must be non-negative")
+        self._forget()
         bucket = self.options.find_bucket(value)
         epsilon = self.options.epsilon
         self.total = _safe_subtract(self.total, weight, epsilon)
@@ -373,6 +398,7 @@ class Histogram(_Options, kw_only=True, gc=False):
         """Add another histogram's buckets (those between its bounds) and total."""
         if other.options != self.options:
             raise HistogramError("can't merge histograms with different options")
+        self._forget()
         for bucket, weight in sorted(other.weights.items()):
             if other.min_bucket <= bucket <= other.max_bucket:
                 self._set(bucket, self.weight(bucket) + weight)
@@ -386,26 +412,38 @@ class Histogram(_Options, kw_only=True, gc=False):
     def percentile(self, p: float) -> float:
         """The end of the first bucket (from `min_bucket`, before `max_bucket`) where the running weight reaches
         p × total, else of `max_bucket`; the start of the bucket instead when it is the last. 0.0 when empty."""
-        if self.is_empty():
+        if p == self._cached_p:
+            return self._cached
+        answer = self._percentile(p)
+        self._cached_p, self._cached = p, answer
+        return answer
+
+    def _percentile(self, p: float) -> float:
+        # is_empty() and weight(), written out: once per model read by a report
+        w, lo, min_bucket, max_bucket, options = self._w, self._lo, self.min_bucket, self.max_bucket, self.options
+        first, size = min_bucket - lo, len(w) // 8
+        if not 0 <= first < size or _F64.unpack_from(w, 8 * first)[0] < options.epsilon:
             return 0.0
         threshold = p * self.total
-        bucket = max(self.min_bucket, self.max_bucket)
-        first = max(self.min_bucket - self._lo, 0)
-        stop = min(self.max_bucket - self._lo, len(self._w) // 8)
+        bucket = max(min_bucket, max_bucket)
+        stop = min(max_bucket - lo, size)
         if first < stop:
-            # the running sums, left to right as the walk adds them (a weight of 0.0 leaves a sum as it was)
-            running = list(itertools.accumulate(_floats(self._w)[first:stop]))
-            reached = bisect.bisect_left(running, threshold)
-            if reached < len(running):
-                bucket = self._lo + first + reached
-        if bucket < self.options.num_buckets - 1:
-            return self.options.bucket_start(bucket + 1)
-        return self.options.bucket_start(bucket)
+            # the walk from min_bucket to before max_bucket: the running sum, left to right, until it reaches p
+            running = 0.0
+            for i, weight in enumerate(_floats(w)[first:stop], first):
+                running += weight
+                if running >= threshold:
+                    bucket = lo + i
+                    break
+        if bucket < options.num_buckets - 1:
+            return options.bucket_start(bucket + 1)
+        return options.bucket_start(bucket)
 
     def scale(self, factor: float) -> None:
         """Multiply the weights between the bounds, and the total, by `factor`."""
         if factor < 0.0:
             raise HistogramError("scale factor must be non-negative")
+        self._forget()
         first = max(self.min_bucket - self._lo, 0)
         stop = min(self.max_bucket - self._lo + 1, len(self._w) // 8)
         if first < stop:
@@ -417,6 +455,7 @@ class Histogram(_Options, kw_only=True, gc=False):
         self._settle_bounds()
 
     def _set(self, bucket: int, weight: float) -> None:
+        self._forget()
         w = self._w
         if not w:
             if weight != 0.0:
@@ -434,6 +473,7 @@ class Histogram(_Options, kw_only=True, gc=False):
 
     def _settle_bounds(self) -> None:
         """Move `min_bucket` up and `max_bucket` down past buckets lighter than epsilon (not beyond the ends)."""
+        self._forget()
         epsilon = self.options.epsilon
         heavy = [self._lo + i for i, w in enumerate(_floats(self._w)) if w >= epsilon]
         self.min_bucket = next((b for b in heavy if b >= self.min_bucket), self.options.num_buckets - 1)
@@ -474,6 +514,7 @@ class DecayingHistogram(Histogram, gc=False):
                 raise HistogramError(f"bucket {bucket} outside the {options.num_buckets} buckets")
             histogram._set(bucket, weight)
         histogram.total, histogram.min_bucket, histogram.max_bucket = total, min_bucket, max_bucket
+        histogram._forget()
         histogram.reference_ns = _shared_time(reference_ns)
         return histogram
 
@@ -502,10 +543,20 @@ class DecayingHistogram(Histogram, gc=False):
         self.reference_ns = _shared_time(new_reference)
 
     def _decay_factor(self, t_ns: int) -> float:
-        horizon = self.reference_ns + _wrap_int64(self.half_life_ns * MAX_DECAY_EXPONENT)
-        if t_ns > horizon:
+        half_life_ns = self.half_life_ns
+        if t_ns > self.reference_ns + _horizon(half_life_ns):
             self.shift_reference(t_ns)
-        return _decay(go_duration(t_ns - self.reference_ns), self.half_life_ns)
+        elapsed = t_ns - self.reference_ns
+        if not _INT64_MIN <= elapsed <= _INT64_MAX:  # go_duration, its common case written out (twice per model)
+            elapsed = go_duration(elapsed)
+        return _decay(elapsed, half_life_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _horizon(half_life_ns: int) -> int:
+    """How far past the reference a sample may lie before the reference moves: 100 half-lives, as Go's int64
+    product (wrapping around)."""
+    return _wrap_int64(half_life_ns * MAX_DECAY_EXPONENT)
 
 
 @functools.lru_cache(maxsize=64)

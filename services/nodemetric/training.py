@@ -38,13 +38,14 @@ def seconds_ns(t: float) -> int:
 
 def pod_facts(info: PodInfo) -> predictor.PodFacts:
     """What the predictors read of a pod, from what the window knows of it."""
-    return predictor.PodFacts(
-        key=f"{info.namespace}/{info.name}",
-        uid=info.uid,
-        priority_class=info.priority,
-        request={CPU: info.cpu_request, MEMORY: info.memory_request},
-        created_ns=None if info.created_at is None else seconds_ns(info.created_at),
-        terminating=info.terminating,
+    created_at = info.created_at
+    return predictor.PodFacts(  # positionally: once per reclaimable pod and report, 100 a node at 10,000 nodes
+        f"{info.namespace}/{info.name}",
+        info.uid,
+        info.priority,
+        {CPU: info.cpu_request, MEMORY: info.memory_request},
+        None if created_at is None else round(created_at * SECOND_NS),  # seconds_ns, written out
+        info.terminating,
     )
 
 
@@ -106,7 +107,9 @@ class NodePredictor:
             allocatable=self._allocatable,
             explain=explain,
         )
-        outcome = predictor.predict(prod, [pod_facts(info) for info in pods])
+        # only the reclaimable pods: the predictors pass over the others without a trace (no count, note or error)
+        reclaimable = predictor.RECLAIMABLE_CLASSES
+        outcome = predictor.predict(prod, [pod_facts(info) for info in pods if info.priority in reclaimable])
         explanation = {
             "trainedUntil": self.trained_until,
             "models": len(self.models.models),

@@ -212,17 +212,16 @@ def test_the_prediction_is_the_min_predictors_over_the_trained_models() -> None:
     report = T0 + 1800
     prediction = node.predict(report, pods)
     kube_node = {"metadata": {}, "status": {"allocatable": {"cpu": "32", "memory": "128Gi"}}}
-    expected = predictor.predict(
-        predictor.prod_predictor(
-            "min",
-            lookup=direct.prediction,
-            node=msgspec.convert(kube_node, kube.Node),
-            now_ns=training.seconds_ns(report),
-        ),
-        [training.pod_facts(p) for p in pods],
+    prod = predictor.prod_predictor(
+        "min",
+        lookup=direct.prediction,
+        node=msgspec.convert(kube_node, kube.Node),
+        now_ns=training.seconds_ns(report),
     )
+    expected = predictor.predict(prod, [training.pod_facts(p) for p in pods])  # every pod, the batch one too
     assert prediction.reclaimable.resources == expected.reclaimable
     assert prediction.peak is not None and prediction.peak.resources == expected.peak
+    assert prediction.explanation["predictors"] == prod.explain()
     # web requests 4 cores and uses about 1.2: its p95 × 1.1 is unreclaimable, the rest reclaimable
     web_p95 = direct.prediction("web")["p95"]["cpu"]  # type: ignore[index]
     assert 0 < prediction.reclaimable.resources["cpu"] <= 4000 - int(web_p95 * 1.1)
