@@ -334,19 +334,10 @@ class Histogram(_Options, kw_only=True, gc=False):
     min_bucket: int = -1
     """-1 until made: the last bucket of the options."""
     max_bucket: int = 0
-    _cached_p: float = math.nan
-    """The p of the last percentile answered (NaN, which equals nothing: none) and that answer, kept until a change
-    (`_forget`). One answer: the predictors read one percentile of each histogram (p95 cpu, p98 memory); a pod's
-    model is read once per report, between two training rounds, the system and class models three times."""
-    _cached: float = 0.0
 
     def __post_init__(self) -> None:
         if self.min_bucket == -1:
             self.min_bucket = self.options.num_buckets - 1
-
-    def _forget(self) -> None:
-        """Drop the kept percentile: called by every method that changes a weight, the total or a bound."""
-        self._cached_p = math.nan
 
     @property
     def weights(self) -> dict[int, float]:
@@ -367,7 +358,6 @@ class Histogram(_Options, kw_only=True, gc=False):
     def _add(self, value: float, weight: float) -> None:
         if weight < 0.0:
             raise HistogramError("sample weight must be non-negative")
-        self._cached_p = math.nan  # _forget(), written out: the hottest path of the nodemetric service's training
         bucket = self.options.find_bucket(value)
         # weight() and min()/max() written out, for the same reason
         w, offset = self._w, 8 * (bucket - self._lo)
@@ -387,7 +377,6 @@ class Histogram(_Options, kw_only=True, gc=False):
     def _subtract(self, value: float, weight: float) -> None:
         if weight < 0.0:
             raise HistogramError("sample weight must be non-negative")
-        self._forget()
         bucket = self.options.find_bucket(value)
         epsilon = self.options.epsilon
         self.total = _safe_subtract(self.total, weight, epsilon)
@@ -398,7 +387,6 @@ class Histogram(_Options, kw_only=True, gc=False):
         """Add another histogram's buckets (those between its bounds) and total."""
         if other.options != self.options:
             raise HistogramError("can't merge histograms with different options")
-        self._forget()
         for bucket, weight in sorted(other.weights.items()):
             if other.min_bucket <= bucket <= other.max_bucket:
                 self._set(bucket, self.weight(bucket) + weight)
@@ -412,13 +400,6 @@ class Histogram(_Options, kw_only=True, gc=False):
     def percentile(self, p: float) -> float:
         """The end of the first bucket (from `min_bucket`, before `max_bucket`) where the running weight reaches
         p × total, else of `max_bucket`; the start of the bucket instead when it is the last. 0.0 when empty."""
-        if p == self._cached_p:
-            return self._cached
-        answer = self._percentile(p)
-        self._cached_p, self._cached = p, answer
-        return answer
-
-    def _percentile(self, p: float) -> float:
         # is_empty() and weight(), written out: once per model read by a report
         w, lo, min_bucket, max_bucket, options = self._w, self._lo, self.min_bucket, self.max_bucket, self.options
         first, size = min_bucket - lo, len(w) // 8
@@ -443,7 +424,6 @@ class Histogram(_Options, kw_only=True, gc=False):
         """Multiply the weights between the bounds, and the total, by `factor`."""
         if factor < 0.0:
             raise HistogramError("scale factor must be non-negative")
-        self._forget()
         first = max(self.min_bucket - self._lo, 0)
         stop = min(self.max_bucket - self._lo + 1, len(self._w) // 8)
         if first < stop:
@@ -455,7 +435,6 @@ class Histogram(_Options, kw_only=True, gc=False):
         self._settle_bounds()
 
     def _set(self, bucket: int, weight: float) -> None:
-        self._forget()
         w = self._w
         if not w:
             if weight != 0.0:
@@ -473,7 +452,6 @@ class Histogram(_Options, kw_only=True, gc=False):
 
     def _settle_bounds(self) -> None:
         """Move `min_bucket` up and `max_bucket` down past buckets lighter than epsilon (not beyond the ends)."""
-        self._forget()
         epsilon = self.options.epsilon
         heavy = [self._lo + i for i, w in enumerate(_floats(self._w)) if w >= epsilon]
         self.min_bucket = next((b for b in heavy if b >= self.min_bucket), self.options.num_buckets - 1)
@@ -514,7 +492,6 @@ class DecayingHistogram(Histogram, gc=False):
                 raise HistogramError(f"bucket {bucket} outside the {options.num_buckets} buckets")
             histogram._set(bucket, weight)
         histogram.total, histogram.min_bucket, histogram.max_bucket = total, min_bucket, max_bucket
-        histogram._forget()
         histogram.reference_ns = _shared_time(reference_ns)
         return histogram
 
