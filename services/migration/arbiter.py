@@ -36,9 +36,10 @@ from services.migration.args import MigrationArgs
 from services.migration.lownodeload_round import scheduling_node, scheduling_pod
 
 
-class Decision(msgspec.Struct, frozen=True):
+class Decision(msgspec.Struct, frozen=True, gc=False):
     """A struct rather than a frozen dataclass: a round makes one per waiting job, and this one is built ten times
-    faster."""
+    faster. Not tracked by the garbage collector (it holds only strings: no cycle), so thousands of them made in a
+    round do not set off collections."""
 
     job: str
     outcome: str
@@ -67,9 +68,9 @@ WAITING: Final = 1
 OTHER: Final = 2
 
 
-class JobEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """One job object as a round reads it through a view (ClusterView.entry). A struct: the first round over a view
-    makes one per job."""
+class JobEntry(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One job object as a round reads it through a view (ClusterView.entry). A struct, untracked by the garbage
+    collector (nothing it holds refers back to it): the first round over a view makes one per job."""
 
     job: migration.PodMigrationJob
     """The very object this was worked out for: a job seen again as another object is worked out again."""
@@ -91,10 +92,20 @@ class JobEntry(msgspec.Struct, frozen=True, kw_only=True):
     key."""
     static: Decision | None = None
     """A waiting job's decision by ClusterView.static_verdict, if that holds it."""
+    evict: bool = False
+    """Its pod has the evict annotation (no retryable limit holds it)."""
+    node: str = ""
+    pod_namespace: str = ""
+    owner_uid: str | None = None
     workload: filters.WorkloadView | None = None
     owner_known: bool = True
+    """What the retryable limits read of a waiting job's pod (filters.Limits.hold)."""
     gone: tuple[str, str] | None = None
     """(controller uid, pod key) of a Succeeded job whose pod the view still shows (evicted_but_still_seen)."""
+
+
+_ORDER_KEY: Final = operator.attrgetter("order_key")
+_BATCH_OWNER: Final = operator.attrgetter("batch_owner")
 
 
 @dataclass
@@ -110,6 +121,18 @@ class Memo:
     """job name → the entry of the job object last seen under that name."""
     held: dict[str, tuple[filters.Verdict, Decision]] = field(default_factory=dict)
     """job name → the last verdict that held it back and the decision saying so."""
+    ordered: tuple[list[JobEntry], dict[str, int], list[JobEntry]] = field(default_factory=lambda: ([], {}, []))
+    """The last round's waiting entries, migrating pods per batch Job, and their order (order.arrange)."""
+
+    def arrange(self, waiting: list[JobEntry], in_batch_job: dict[str, int]) -> list[JobEntry]:
+        """order.arrange of the waiting entries; the last round's order again when they are the same entries in
+        the same order with the same batch Job counts (a round that passed nothing)."""
+        last, last_in_batch_job, last_order = self.ordered
+        if len(last) == len(waiting) and all(map(operator.is_, last, waiting)) and last_in_batch_job == in_batch_job:
+            return last_order
+        arranged = order.arrange(waiting, key=_ORDER_KEY, batch_owner=_BATCH_OWNER, migrating_in_job=in_batch_job)
+        self.ordered = (waiting, in_batch_job, arranged)
+        return arranged
 
 
 @dataclass
@@ -216,15 +239,18 @@ class ClusterView:
         ref = job.spec.pod_ref
         static: Decision | None = None
         workload: filters.WorkloadView | None = None
-        owner_known = True
+        owner_known, evict = True, False
+        node = pod_namespace = ""
         seen: tuple[str, str] | None = None
         phase = job.status.phase or migration.PHASE_PENDING
         if phase == migration.PHASE_RUNNING or (phase == migration.PHASE_PENDING and migration.passed_arbitration(job)):
             kind = MIGRATING
         elif phase == migration.PHASE_PENDING and not job.spec.paused:
             kind = WAITING
-            if pod is not None and (verdict := self.static_verdict(key, args)) is not None:
-                static = Decision(name, verdict[0], verdict[1].filter, verdict[1].message)
+            if pod is not None:
+                if (verdict := self.static_verdict(key, args)) is not None:
+                    static = Decision(name, verdict[0], verdict[1].filter, verdict[1].message)
+                node, pod_namespace, evict = pod.spec.node_name, pod.metadata.namespace, filters.evict_annotation(pod)
             workload = self.views.get(owner.uid) if owner is not None else None
             owner_known = owner is None or owner.uid in self.workloads
         else:
@@ -243,6 +269,10 @@ class ClusterView:
             batch_owner=order.batch_job_owner(owner),
             order_key=(self.ranks[key] if pod is not None else -1, -order.creation_seconds(job.metadata)),
             static=static,
+            evict=evict,
+            node=node,
+            pod_namespace=pod_namespace,
+            owner_uid=owner.uid if owner is not None else None,
             workload=workload,
             owner_known=owner_known,
             gone=seen,
@@ -268,10 +298,6 @@ def arbitrate_objects(
     return arbitrate(jobs, ClusterView.build(pods, workloads, args), args)
 
 
-_ORDER_KEY: Final = operator.attrgetter("order_key")
-_BATCH_OWNER: Final = operator.attrgetter("batch_owner")
-
-
 def arbitrate(jobs: Iterable[migration.PodMigrationJob], view: ClusterView, args: MigrationArgs) -> Round:
     memo = view.memo(args)
     entries, limits, held = memo.entries, memo.limits, memo.held
@@ -294,7 +320,7 @@ def arbitrate(jobs: Iterable[migration.PodMigrationJob], view: ClusterView, args
             migrating.by_workload.setdefault(uid, set()).add(key)
     result = Round()
     names, decisions = result.order, result.decisions
-    for entry in order.arrange(waiting, key=_ORDER_KEY, batch_owner=_BATCH_OWNER, migrating_in_job=in_batch_job):
+    for entry in memo.arrange(waiting, in_batch_job):
         name = entry.name
         names.append(name)
         pod, owner, key = entry.pod, entry.owner, entry.key
@@ -305,7 +331,17 @@ def arbitrate(jobs: Iterable[migration.PodMigrationJob], view: ClusterView, args
         if entry.static is not None:
             decisions.append(entry.static)
             continue
-        verdict = limits.hold(pod, migrating, entry.workload, owner=owner, owner_known=entry.owner_known, key=key)
+        verdict = None
+        if not entry.evict:
+            verdict = limits.hold(
+                migrating,
+                entry.workload,
+                key=key,
+                node=entry.node,
+                namespace=entry.pod_namespace,
+                owner=entry.owner_uid,
+                owner_known=entry.owner_known,
+            )
         if verdict is not None:
             told = held.get(name)
             if told is None or told[0] is not verdict:

@@ -35,9 +35,9 @@ MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
 _NONE: Final[frozenset[str]] = frozenset()
 
 
-class Verdict(msgspec.Struct, frozen=True):
-    """A struct rather than a frozen dataclass: a round makes one per job held back, and this one is built ten
-    times faster."""
+class Verdict(msgspec.Struct, frozen=True, gc=False):
+    """A struct rather than a frozen dataclass, built ten times faster; holding only strings, it is left out of the
+    garbage collector's tracking."""
 
     filter: str
     """The gate / filter that said no (e.g. MaxMigratingPerNode)."""
@@ -193,7 +193,17 @@ def retryable(
     """Which limit holds the pod back now, or None. The job under arbitration is not among `migrating` yet, and
     the pod's other jobs there count against none of its limits (spec §4.5). `key`: the pod's, if the caller has
     it at hand. A round checks many pods against the same args: it takes `Limits.of(args)` once instead."""
-    return Limits.of(args).hold(pod, migrating, workload, owner=owner, owner_known=owner_known, key=key)
+    if evict_annotation(pod):
+        return None
+    return Limits.of(args).hold(
+        migrating,
+        workload,
+        key=key or kube.pod_key(pod),
+        node=pod.spec.node_name,
+        namespace=pod.metadata.namespace,
+        owner=owner.uid if owner is not None else None,
+        owner_known=owner_known,
+    )
 
 
 MESSAGES: Final = {
@@ -249,42 +259,38 @@ class Limits:
 
     def hold(
         self,
-        pod: kube.Pod,
         migrating: Migrating,
         workload: WorkloadView | None,
         *,
-        owner: kube.OwnerReference | None,
+        key: str,
+        node: str,
+        namespace: str,
+        owner: str | None,
         owner_known: bool,
-        key: str | None = None,
     ) -> Verdict | None:
-        """retryable's answer for these limits."""
-        if evict_annotation(pod):
-            return None
-        key = key or kube.pod_key(pod)
+        """retryable's answer for these limits, for a pod without the evict annotation, given by its key, node,
+        namespace and controller uid (the arbiter keeps them per job: no pod is read per round)."""
         own = migrating.jobs_of.get(key, 0)
         limit = self.globally
         if limit and (total := migrating.total - own) >= limit:
             return self.verdict("MaxMigratingGlobally", "", total, limit)
         limit = self.per_node
-        node = pod.spec.node_name
         if limit and node:
             on_node = migrating.by_node.get(node, _NONE)
             if (others := len(on_node) - (key in on_node)) >= limit:
                 return self.verdict("MaxMigratingPerNode", node, others, limit)
         limit = self.per_namespace
-        if limit:
-            namespace = pod.metadata.namespace
-            if (count := migrating.by_namespace.get(namespace, 0) - own) >= limit:
-                return self.verdict("MaxMigratingPerNamespace", namespace, count, limit)
+        if limit and (count := migrating.by_namespace.get(namespace, 0) - own) >= limit:
+            return self.verdict("MaxMigratingPerNamespace", namespace, count, limit)
         if owner is None:
             return None
         if not owner_known or workload is None:
             return self.verdict("Workload", key)
-        moving = migrating.by_workload.get(owner.uid, _NONE)
+        moving = migrating.by_workload.get(owner, _NONE)
         moving_count = len(moving) - (key in moving)
         limit = workload.max_migrating
         if self.per_workload and moving_count and moving_count >= limit:
-            return self.verdict("MaxMigratingPerWorkload", owner.uid, moving_count, limit)
+            return self.verdict("MaxMigratingPerWorkload", owner, moving_count, limit)
         if self.unavailable:
             limit = workload.max_unavailable
             unready = workload.unready
@@ -293,7 +299,7 @@ class Limits:
             if moving:
                 unavailable += len(moving.difference(unready)) - (key in moving and key not in unready)
             if unavailable >= limit:
-                return self.verdict("MaxUnavailablePerWorkload", owner.uid, unavailable, limit)
+                return self.verdict("MaxUnavailablePerWorkload", owner, unavailable, limit)
         return None
 
 

@@ -244,3 +244,22 @@ def test_rounds_over_a_kept_view_match_a_fresh_round(data: st.DataObject, pods: 
             jobs[name] = msgspec.structs.replace(
                 passed, metadata=msgspec.structs.replace(passed.metadata, annotations=annotations)
             )
+
+
+def test_the_kept_order_follows_a_change_of_the_migrating_counts_alone() -> None:
+    """The waiting jobs are the very same objects in both rounds; only a migrating job of batch Job job-y finishes
+    in between, so job-y's waiting job no longer goes first (the fourth sort)."""
+    pods = [
+        pod("px", owner="job-x", owner_kind="Job", priority=5500),
+        pod("py", owner="job-y", owner_kind="Job", priority=9100),
+        pod("pm", owner="job-y", owner_kind="Job", node="n2"),
+    ]
+    args = MigrationArgs()
+    view = arbiter.ClusterView.build(pods, WORKLOADS, args)
+    waiting = [job("wx", "px"), job("wy", "py")]
+    running = job("m", "pm", phase="Running")
+    first = arbiter.arbitrate([*waiting, running], view, args)
+    assert first.order == reference_round([*waiting, running], pods, WORKLOADS, args).order == ["wy", "wx"]
+    done = msgspec.structs.replace(running, status=migration.PodMigrationJobStatus(phase="Succeeded"))
+    second = arbiter.arbitrate([*waiting, done], view, args)
+    assert second.order == reference_round([*waiting, done], pods, WORKLOADS, args).order == ["wx", "wy"]
