@@ -99,7 +99,8 @@ class JobEntry(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     owner_uid: str | None = None
     workload: filters.WorkloadView | None = None
     owner_known: bool = True
-    """What the retryable limits read of a waiting job's pod (filters.Limits.hold)."""
+    """With key, node, pod_namespace, owner_uid and workload: what the retryable limits read of a waiting job's pod
+    (a filters.Held)."""
     gone: tuple[str, str] | None = None
     """(controller uid, pod key) of a Succeeded job whose pod the view still shows (evicted_but_still_seen)."""
 
@@ -323,25 +324,15 @@ def arbitrate(jobs: Iterable[migration.PodMigrationJob], view: ClusterView, args
     for entry in memo.arrange(waiting, in_batch_job):
         name = entry.name
         names.append(name)
-        pod, owner, key = entry.pod, entry.owner, entry.key
+        pod = entry.pod
         if pod is None:
             decisions.append(Decision(name, "passed", message="pod not found: the reconcile fails it"))
-            migrating.add(key, None, entry.namespace, owner=None)
+            migrating.add(entry.key, None, entry.namespace, owner=None)
             continue
         if entry.static is not None:
             decisions.append(entry.static)
             continue
-        verdict = None
-        if not entry.evict:
-            verdict = limits.hold(
-                migrating,
-                entry.workload,
-                key=key,
-                node=entry.node,
-                namespace=entry.pod_namespace,
-                owner=entry.owner_uid,
-                owner_known=entry.owner_known,
-            )
+        verdict = None if entry.evict else limits.hold(migrating, entry)
         if verdict is not None:
             told = held.get(name)
             if told is None or told[0] is not verdict:
@@ -349,5 +340,5 @@ def arbitrate(jobs: Iterable[migration.PodMigrationJob], view: ClusterView, args
             decisions.append(told[1])
             continue
         decisions.append(Decision(name, "passed"))
-        migrating.add(key, pod, pod.metadata.namespace, owner=owner)
+        migrating.add(entry.key, pod, pod.metadata.namespace, owner=entry.owner)
     return result

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol
 
 import msgspec
 
@@ -195,15 +195,45 @@ def retryable(
     it at hand. A round checks many pods against the same args: it takes `Limits.of(args)` once instead."""
     if evict_annotation(pod):
         return None
-    return Limits.of(args).hold(
-        migrating,
-        workload,
+    facts = PodFacts(
         key=key or kube.pod_key(pod),
         node=pod.spec.node_name,
-        namespace=pod.metadata.namespace,
-        owner=owner.uid if owner is not None else None,
+        pod_namespace=pod.metadata.namespace,
+        owner_uid=owner.uid if owner is not None else None,
+        workload=workload,
         owner_known=owner_known,
     )
+    return Limits.of(args).hold(migrating, facts)
+
+
+class Held(Protocol):
+    """What the retryable limits read of a pod: its key, node, namespace, controller's uid (None: it has none),
+    that controller's view and whether the controller is known. The arbiter keeps these per job
+    (arbiter.JobEntry), so a round reads no pod."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def pod_namespace(self) -> str: ...
+    @property
+    def owner_uid(self) -> str | None: ...
+    @property
+    def workload(self) -> WorkloadView | None: ...
+    @property
+    def owner_known(self) -> bool: ...
+
+
+class PodFacts(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A Held read off one pod (retryable's)."""
+
+    key: str
+    node: str
+    pod_namespace: str
+    owner_uid: str | None
+    workload: WorkloadView | None
+    owner_known: bool
 
 
 MESSAGES: Final = {
@@ -257,19 +287,10 @@ class Limits:
             given = self._given[(name, subject, count, limit)] = Verdict(name, message)
         return given
 
-    def hold(
-        self,
-        migrating: Migrating,
-        workload: WorkloadView | None,
-        *,
-        key: str,
-        node: str,
-        namespace: str,
-        owner: str | None,
-        owner_known: bool,
-    ) -> Verdict | None:
-        """retryable's answer for these limits, for a pod without the evict annotation, given by its key, node,
-        namespace and controller uid (the arbiter keeps them per job: no pod is read per round)."""
+    def hold(self, migrating: Migrating, pod: Held) -> Verdict | None:
+        """retryable's answer for these limits, for a pod without the evict annotation. (Two arguments: the
+        arbiter calls this for every waiting job of every round.)"""
+        key, node = pod.key, pod.node
         own = migrating.jobs_of.get(key, 0)
         limit = self.globally
         if limit and (total := migrating.total - own) >= limit:
@@ -280,11 +301,12 @@ class Limits:
             if (others := len(on_node) - (key in on_node)) >= limit:
                 return self.verdict("MaxMigratingPerNode", node, others, limit)
         limit = self.per_namespace
-        if limit and (count := migrating.by_namespace.get(namespace, 0) - own) >= limit:
-            return self.verdict("MaxMigratingPerNamespace", namespace, count, limit)
+        if limit and (count := migrating.by_namespace.get(pod.pod_namespace, 0) - own) >= limit:
+            return self.verdict("MaxMigratingPerNamespace", pod.pod_namespace, count, limit)
+        owner, workload = pod.owner_uid, pod.workload
         if owner is None:
             return None
-        if not owner_known or workload is None:
+        if not pod.owner_known or workload is None:
             return self.verdict("Workload", key)
         moving = migrating.by_workload.get(owner, _NONE)
         moving_count = len(moving) - (key in moving)
