@@ -68,9 +68,10 @@ WAITING: Final = 1
 OTHER: Final = 2
 
 
-class JobEntry(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+class JobEntry(msgspec.Struct, frozen=True, gc=False):
     """One job object as a round reads it through a view (ClusterView.entry). A struct, untracked by the garbage
-    collector (nothing it holds refers back to it): the first round over a view makes one per job."""
+    collector (nothing it holds refers back to it): the first round over a view makes one per job, with positional
+    arguments (five times faster than keywords for these many fields)."""
 
     job: migration.PodMigrationJob
     """The very object this was worked out for: a job seen again as another object is worked out again."""
@@ -260,23 +261,23 @@ class ClusterView:
             if gone is not None and (gone_owner := self.owners.get(kube.pod_key(gone))) is not None:
                 seen = (gone_owner.uid, kube.pod_key(gone))
         made = entries[name] = JobEntry(
-            job=job,
-            name=name,
-            kind=kind,
-            pod=pod,
-            key=key,
-            owner=owner,
-            namespace=ref.namespace if ref is not None else "",
-            batch_owner=order.batch_job_owner(owner),
-            order_key=(self.ranks[key] if pod is not None else -1, -order.creation_seconds(job.metadata)),
-            static=static,
-            evict=evict,
-            node=node,
-            pod_namespace=pod_namespace,
-            owner_uid=owner.uid if owner is not None else None,
-            workload=workload,
-            owner_known=owner_known,
-            gone=seen,
+            job,
+            name,
+            kind,
+            pod,
+            key,
+            owner,
+            ref.namespace if ref is not None else "",  # namespace
+            order.batch_job_owner(owner),
+            (self.ranks[key] if pod is not None else -1, -order.creation_seconds(job.metadata)),  # order_key
+            static,
+            evict,
+            node,
+            pod_namespace,
+            owner.uid if owner is not None else None,  # owner_uid
+            workload,
+            owner_known,
+            seen,  # gone
         )
         return made
 

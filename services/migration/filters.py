@@ -84,7 +84,7 @@ def non_retryable(
     verdict = evictable(pod, args)
     if verdict is not None or evict_annotation(pod):
         return verdict
-    if args.gate_on("ExpectedReplicas") and owner is not None:
+    if owner is not None and args.gate_on("ExpectedReplicas"):
         if not owner_known or workload is None:
             return Verdict("ExpectedReplicas", f"the workload controlling pod {kube.pod_key(pod)} cannot be read")
         if not args.skip_check_expected_replicas:
@@ -117,35 +117,38 @@ def evictable(pod: kube.Pod, args: MigrationArgs) -> Verdict | None:
 
 
 def _evictability(pod: kube.Pod, args: MigrationArgs) -> Verdict | None:
-    meta = pod.metadata  # (the pod's key only for a message: most pods pass)
+    # Most pods pass every rule: each test puts the pod's own condition before the gate and formats the pod's key
+    # only for a message.
+    meta = pod.metadata
     owners = meta.owner_references
     if meta.deletion_timestamp is not None:
         return Verdict("Terminating", f"pod {kube.pod_key(pod)} is already terminating")
     if MIRROR_ANNOTATION in meta.annotations:
         return Verdict("MirrorPod", f"pod {kube.pod_key(pod)} is a mirror (static) pod")
-    if any(ref.kind == "DaemonSet" for ref in owners):
-        return Verdict("DaemonSet", f"pod {kube.pod_key(pod)} belongs to a DaemonSet")
-    if args.gate_on("BarePods") and not owners:
+    for ref in owners:
+        if ref.kind == "DaemonSet":
+            return Verdict("DaemonSet", f"pod {kube.pod_key(pod)} belongs to a DaemonSet")
+    if not owners and args.gate_on("BarePods"):
         allowed = args.evict_all_bare_pods or (args.evict_failed_bare_pods and pod.status.phase == "Failed")
         if not allowed:
             return Verdict("BarePods", f"pod {kube.pod_key(pod)} has no owner (evictAllBarePods is off)")
     priority = pod.spec.priority or 0
     critical = priority >= SYSTEM_CRITICAL_PRIORITY or pod.spec.priority_class_name in SYSTEM_CRITICAL_CLASSES
-    if args.gate_on("SystemCritical") and critical and not args.evict_system_critical_pods:
+    if critical and not args.evict_system_critical_pods and args.gate_on("SystemCritical"):
         return Verdict("SystemCritical", f"pod {kube.pod_key(pod)} is system-critical")
     local, pvc = _volumes(pod)
-    if args.gate_on("LocalStorage") and local and not args.evict_local_storage_pods:
+    if local and not args.evict_local_storage_pods and args.gate_on("LocalStorage"):
         return Verdict("LocalStorage", f"pod {kube.pod_key(pod)} uses local storage (emptyDir or hostPath)")
-    if args.gate_on("PVC") and pvc and args.ignore_pvc_pods:
+    if pvc and args.ignore_pvc_pods and args.gate_on("PVC"):
         return Verdict("PVC", f"pod {kube.pod_key(pod)} uses a PersistentVolumeClaim (ignorePvcPods is on)")
     threshold = args.priority_threshold.value if args.priority_threshold is not None else None
-    if args.gate_on("PriorityThreshold") and threshold is not None and priority >= threshold:
+    if threshold is not None and priority >= threshold and args.gate_on("PriorityThreshold"):
         return Verdict("PriorityThreshold", f"pod {kube.pod_key(pod)} priority {priority} ≥ threshold {threshold}")
     selector = args.label_selector
-    if args.gate_on("LabelSelector") and selector is not None and not selector_matches(selector, meta.labels):
+    if selector is not None and args.gate_on("LabelSelector") and not selector_matches(selector, meta.labels):
         return Verdict("LabelSelector", f"pod {kube.pod_key(pod)} does not match the label selector")
     spaces = args.namespaces
-    if args.gate_on("Namespaces") and spaces is not None and not _namespace_selected(meta.namespace, spaces):
+    if spaces is not None and args.gate_on("Namespaces") and not _namespace_selected(meta.namespace, spaces):
         return Verdict("Namespaces", f"pod {kube.pod_key(pod)}'s namespace {meta.namespace} is not selected")
     return None
 
