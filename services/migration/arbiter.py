@@ -10,12 +10,23 @@ job waits instead, a deliberate difference from Koordinator, whose empty node li
 a missing pod: the reconcile then fails it with MissingPod) makes it migrating at once, so it counts against the
 jobs after it in the same round. So no round ever passes more than a limit allows. Called by `koordbus calc
 arbitrate`, the migration service and bench/arbitration.py.
+
+A view lives for many rounds (the service's lives until pods, workloads or nodes change), and most jobs are the same
+objects from one round to the next (jobs are immutable: a changed job is another object). So what a round reads of a
+job — its facts, whether it is migrating or waiting, its place in the order, its static verdict — is worked out the
+first round that job object is seen and kept on the view (`ClusterView.entry`): a later round is one pass over the
+jobs, one sort of kept keys and the limits. tests/unit/test_migration_arbiter_rounds.py holds rounds over a kept
+view to a round computed afresh.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Final
+
+import msgspec
 
 from schemas import kube, migration
 from schemas.scheduling import SchedulingNode, SchedulingPod
@@ -25,8 +36,11 @@ from services.migration.args import MigrationArgs
 from services.migration.lownodeload_round import scheduling_node, scheduling_pod
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(msgspec.Struct, frozen=True, gc=False):
+    """A struct rather than a frozen dataclass: a round makes one per waiting job, and this one is built ten times
+    faster. Not tracked by the garbage collector (it holds only strings: no cycle), so thousands of them made in a
+    round do not set off collections."""
+
     job: str
     outcome: str
     """passed | failed | waiting"""
@@ -49,15 +63,78 @@ def _pod_key(job: migration.PodMigrationJob) -> str:
     return f"{ref.namespace}/{ref.name}" if ref is not None else ""
 
 
-@dataclass(frozen=True, slots=True)
-class JobFacts:
-    """What a round reads of a job through the view: its pod (None: not in the view), the pod's key, its controller
-    and its sort key (None with no pod)."""
+MIGRATING: Final = 0
+WAITING: Final = 1
+OTHER: Final = 2
 
+
+class JobEntry(msgspec.Struct, frozen=True, gc=False):
+    """One job object as a round reads it through a view (ClusterView.entry). A struct, untracked by the garbage
+    collector (nothing it holds refers back to it): the first round over a view makes one per job, with positional
+    arguments (five times faster than keywords for these many fields)."""
+
+    job: migration.PodMigrationJob
+    """The very object this was worked out for: a job seen again as another object is worked out again."""
+    name: str
+    kind: int
+    """MIGRATING (Running, or Pending and passed), WAITING (Pending, not passed, not paused) or OTHER."""
     pod: kube.Pod | None
+    """Its pod in the view (None: not there)."""
     key: str
+    """The pod's key (namespace/name; from the reference without a pod)."""
     owner: kube.OwnerReference | None
-    sort_key: order.PodKey | None
+    """The pod's controller."""
+    namespace: str
+    """Its pod reference's namespace ("" without one)."""
+    batch_owner: str | None
+    """The uid of the batch Job controlling its pod (order.batch_job_owner)."""
+    order_key: tuple[int, float]
+    """(the rank of its pod's sort key in the view, -1 without a pod; minus its creation seconds): order.arrange's
+    key."""
+    static: Decision | None = None
+    """A waiting job's decision by ClusterView.static_verdict, if that holds it."""
+    evict: bool = False
+    """Its pod has the evict annotation (no retryable limit holds it)."""
+    node: str = ""
+    pod_namespace: str = ""
+    owner_uid: str | None = None
+    workload: filters.WorkloadView | None = None
+    owner_known: bool = True
+    """With key, node, pod_namespace, owner_uid and workload: what the retryable limits read of a waiting job's pod
+    (a filters.Held)."""
+    gone: tuple[str, str] | None = None
+    """(controller uid, pod key) of a Succeeded job whose pod the view still shows (evicted_but_still_seen)."""
+
+
+_ORDER_KEY: Final = operator.attrgetter("order_key")
+_BATCH_OWNER: Final = operator.attrgetter("batch_owner")
+
+
+@dataclass
+class Memo:
+    """What a view keeps from round to round for one args object (ClusterView.memo)."""
+
+    args: MigrationArgs
+    limits: filters.Limits
+    """The retryable limits of `args`, with the verdicts they have given."""
+    static: dict[str, tuple[str, filters.Verdict] | None] = field(default_factory=dict)
+    """pod key → static_verdict's answer."""
+    entries: dict[str, JobEntry] = field(default_factory=dict)
+    """job name → the entry of the job object last seen under that name."""
+    held: dict[str, tuple[filters.Verdict, Decision]] = field(default_factory=dict)
+    """job name → the last verdict that held it back and the decision saying so."""
+    ordered: tuple[list[JobEntry], dict[str, int], list[JobEntry]] = field(default_factory=lambda: ([], {}, []))
+    """The last round's waiting entries, migrating pods per batch Job, and their order (order.arrange)."""
+
+    def arrange(self, waiting: list[JobEntry], in_batch_job: dict[str, int]) -> list[JobEntry]:
+        """order.arrange of the waiting entries; the last round's order again when they are the same entries in
+        the same order with the same batch Job counts (a round that passed nothing)."""
+        last, last_in_batch_job, last_order = self.ordered
+        if len(last) == len(waiting) and all(map(operator.is_, last, waiting)) and last_in_batch_job == in_batch_job:
+            return last_order
+        arranged = order.arrange(waiting, key=_ORDER_KEY, batch_owner=_BATCH_OWNER, migrating_in_job=in_batch_job)
+        self.ordered = (waiting, in_batch_job, arranged)
+        return arranged
 
 
 @dataclass
@@ -69,17 +146,15 @@ class ClusterView:
     by_uid: dict[str, kube.Pod]
     owners: dict[str, kube.OwnerReference | None]
     """pod key → its controller reference."""
-    sort_keys: dict[str, order.PodKey]
+    ranks: dict[str, int]
+    """pod key → the rank of its PodSorter key (order.pod_sort_key) among the view's pods' (equal keys, equal
+    ranks): a round sorts by these, cheaper to compare than the keys."""
     workloads: dict[str, migration.Workload]
     views: dict[str, filters.WorkloadView]
     nodes: list[SchedulingNode] = field(default_factory=list)
     """The nodes nodeFit tries (in name order); empty when the caller gave none."""
     pods_on: dict[str, list[SchedulingPod]] = field(default_factory=dict)
-    _static: dict[str, tuple[str, filters.Verdict] | None] = field(default_factory=dict, repr=False, compare=False)
-    """pod key → static_verdict's answer, for the view's life."""
-    _static_args: MigrationArgs | None = field(default=None, repr=False, compare=False)
-    _facts: dict[tuple[str, ...], JobFacts] = field(default_factory=dict, repr=False, compare=False)
-    """(job name, pod reference) → job_facts' answer, for the view's life."""
+    _memo: Memo | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def build(
@@ -93,13 +168,15 @@ class ClusterView:
         by_key = {kube.pod_key(p): p for p in pods}
         known = {w.uid: w for w in workloads}
         fitting = args.node_fit and args.gate_on("NodeFit")
+        sort_keys = {key: order.pod_sort_key(p) for key, p in by_key.items()}
+        rank = {sort_key: index for index, sort_key in enumerate(sorted(set(sort_keys.values())))}
         return cls(
             nodes=[scheduling_node(n) for n in sorted(nodes, key=lambda n: n.metadata.name)] if fitting else [],
             pods_on=balance.pods_by_node([scheduling_pod(p) for p in by_key.values()]) if fitting else {},
             by_key=by_key,
             by_uid={p.metadata.uid: p for p in by_key.values() if p.metadata.uid},
             owners={key: kube.controller_of(p.metadata) for key, p in by_key.items()},
-            sort_keys={key: order.pod_sort_key(p) for key, p in by_key.items()},
+            ranks={key: rank[sort_key] for key, sort_key in sort_keys.items()},
             workloads=known,
             views=filters.workload_views(known, by_key, args),
         )
@@ -125,11 +202,9 @@ class ClusterView:
         yet); None when they all pass. None of that changes for the view's life (the service rebuilds the view when
         pods, workloads or nodes change), so it is worked out once per pod and view: most of a round's cost when
         thousands of jobs wait round after round."""
-        if self._static_args is not args:
-            self._static.clear()
-            self._static_args = args
-        if key in self._static:
-            return self._static[key]
+        static = self.memo(args).static
+        if key in static:
+            return static[key]
         pod = self.by_key[key]
         owner = self.owners.get(key)
         workload = self.views.get(owner.uid) if owner is not None else None
@@ -143,23 +218,68 @@ class ClusterView:
                 answer = ("waiting", filters.Verdict("NodeFit", "no nodes known to fit the pod on yet"))
             elif (verdict := filters.fits_elsewhere(pod, self.nodes, self.pods_on)) is not None:
                 answer = ("failed", verdict)
-        self._static[key] = answer
+        static[key] = answer
         return answer
 
-    def job_facts(self, job: migration.PodMigrationJob) -> JobFacts:
-        """The job's pod, key, controller and sort key in this view; looked up once per job reference and view."""
+    def memo(self, args: MigrationArgs) -> Memo:
+        """What this view keeps between rounds for `args` (started afresh when another args object comes)."""
+        memo = self._memo
+        if memo is None or memo.args is not args:
+            memo = self._memo = Memo(args=args, limits=filters.Limits.of(args))
+        return memo
+
+    def entry(self, job: migration.PodMigrationJob, args: MigrationArgs) -> JobEntry:
+        """The job's entry, worked out once per job object (and args) for the view's life."""
+        entries = self.memo(args).entries
+        name = job.metadata.name
+        kept = entries.get(name)
+        if kept is not None and kept.job is job:
+            return kept
+        pod = self.pod_of(job)
+        key = kube.pod_key(pod) if pod is not None else _pod_key(job)
+        owner = self.owners.get(key) if pod is not None else None
         ref = job.spec.pod_ref
-        cache_key = (job.metadata.name, ref.namespace, ref.name, ref.uid) if ref is not None else (job.metadata.name,)
-        facts = self._facts.get(cache_key)
-        if facts is None:
-            pod = self.pod_of(job)
-            if pod is None:
-                facts = JobFacts(pod=None, key=_pod_key(job), owner=None, sort_key=None)
-            else:
-                key = kube.pod_key(pod)
-                facts = JobFacts(pod=pod, key=key, owner=self.owners.get(key), sort_key=self.sort_keys.get(key))
-            self._facts[cache_key] = facts
-        return facts
+        static: Decision | None = None
+        workload: filters.WorkloadView | None = None
+        owner_known, evict = True, False
+        node = pod_namespace = ""
+        seen: tuple[str, str] | None = None
+        phase = job.status.phase or migration.PHASE_PENDING
+        if phase == migration.PHASE_RUNNING or (phase == migration.PHASE_PENDING and migration.passed_arbitration(job)):
+            kind = MIGRATING
+        elif phase == migration.PHASE_PENDING and not job.spec.paused:
+            kind = WAITING
+            if pod is not None:
+                if (verdict := self.static_verdict(key, args)) is not None:
+                    static = Decision(name, verdict[0], verdict[1].filter, verdict[1].message)
+                node, pod_namespace, evict = pod.spec.node_name, pod.metadata.namespace, filters.evict_annotation(pod)
+            workload = self.views.get(owner.uid) if owner is not None else None
+            owner_known = owner is None or owner.uid in self.workloads
+        else:
+            kind = OTHER
+            gone = self.evicted_but_still_seen(job)
+            if gone is not None and (gone_owner := self.owners.get(kube.pod_key(gone))) is not None:
+                seen = (gone_owner.uid, kube.pod_key(gone))
+        made = entries[name] = JobEntry(
+            job,
+            name,
+            kind,
+            pod,
+            key,
+            owner,
+            ref.namespace if ref is not None else "",  # namespace
+            order.batch_job_owner(owner),
+            (self.ranks[key] if pod is not None else -1, -order.creation_seconds(job.metadata)),  # order_key
+            static,
+            evict,
+            node,
+            pod_namespace,
+            owner.uid if owner is not None else None,  # owner_uid
+            workload,
+            owner_known,
+            seen,  # gone
+        )
+        return made
 
     def pod_of(self, job: migration.PodMigrationJob) -> kube.Pod | None:
         ref = job.spec.pod_ref
@@ -181,53 +301,45 @@ def arbitrate_objects(
 
 
 def arbitrate(jobs: Iterable[migration.PodMigrationJob], view: ClusterView, args: MigrationArgs) -> Round:
-    jobs = list(jobs)
-    facts = {job.metadata.name: view.job_facts(job) for job in jobs}
+    memo = view.memo(args)
+    entries, limits, held = memo.entries, memo.limits, memo.held
     migrating = filters.Migrating()
     in_batch_job: dict[str, int] = {}
-    waiting: list[migration.PodMigrationJob] = []
-    for job in jobs:  # is_migrating / is_waiting, the phase read once
-        phase = job.status.phase or migration.PHASE_PENDING
-        passed = migration.passed_arbitration(job)
-        if phase == migration.PHASE_RUNNING or (phase == migration.PHASE_PENDING and passed):
-            fact = facts[job.metadata.name]
-            ref = job.spec.pod_ref
-            migrating.add(fact.key, fact.pod, ref.namespace if ref else "", owner=fact.owner)
-            batch_owner = order.batch_job_owner(fact.owner)
-            if batch_owner is not None:
+    waiting: list[JobEntry] = []
+    for job in jobs:
+        entry = entries.get(job.metadata.name)
+        if entry is None or entry.job is not job:  # (view.entry's own check, spared a call for most jobs)
+            entry = view.entry(job, args)
+        kind = entry.kind
+        if kind == WAITING:
+            waiting.append(entry)
+        elif kind == MIGRATING:
+            migrating.add(entry.key, entry.pod, entry.namespace, owner=entry.owner)
+            if (batch_owner := entry.batch_owner) is not None:
                 in_batch_job[batch_owner] = in_batch_job.get(batch_owner, 0) + 1
-            continue
-        if phase == migration.PHASE_PENDING and not job.spec.paused:
-            waiting.append(job)
-        elif (gone := view.evicted_but_still_seen(job)) is not None:
-            owner = view.owners.get(kube.pod_key(gone))
-            if owner is not None:
-                migrating.by_workload.setdefault(owner.uid, set()).add(kube.pod_key(gone))
-    names = [job.metadata.name for job in waiting]
-    batch_owners = {name: order.batch_job_owner(facts[name].owner) for name in names}
-    sort_keys = {name: facts[name].sort_key for name in names}
+        elif entry.gone is not None:
+            uid, key = entry.gone
+            migrating.by_workload.setdefault(uid, set()).add(key)
     result = Round()
-    for job in order.sort_jobs(waiting, sort_keys, batch_owners, in_batch_job):
-        name = job.metadata.name
-        result.order.append(name)
-        fact = facts[name]
-        pod, owner, key = fact.pod, fact.owner, fact.key
+    names, decisions = result.order, result.decisions
+    for entry in memo.arrange(waiting, in_batch_job):
+        name = entry.name
+        names.append(name)
+        pod = entry.pod
         if pod is None:
-            result.decisions.append(Decision(name, "passed", message="pod not found: the reconcile fails it"))
-            ref = job.spec.pod_ref
-            migrating.add(key, None, ref.namespace if ref else "", owner=None)
+            decisions.append(Decision(name, "passed", message="pod not found: the reconcile fails it"))
+            migrating.add(entry.key, None, entry.namespace, owner=None)
             continue
-        static = view.static_verdict(key, args)
-        if static is not None:
-            outcome, held = static
-            result.decisions.append(Decision(name, outcome, held.filter, held.message))
+        if entry.static is not None:
+            decisions.append(entry.static)
             continue
-        workload = view.views.get(owner.uid) if owner is not None else None
-        owner_known = owner is None or owner.uid in view.workloads
-        verdict = filters.retryable(pod, args, migrating, workload, owner=owner, owner_known=owner_known, key=key)
+        verdict = None if entry.evict else limits.hold(migrating, entry)
         if verdict is not None:
-            result.decisions.append(Decision(name, "waiting", verdict.filter, verdict.message))
+            told = held.get(name)
+            if told is None or told[0] is not verdict:
+                told = held[name] = (verdict, Decision(name, "waiting", verdict.filter, verdict.message))
+            decisions.append(told[1])
             continue
-        result.decisions.append(Decision(name, "passed"))
-        migrating.add(key, pod, pod.metadata.namespace, owner=owner)
+        decisions.append(Decision(name, "passed"))
+        migrating.add(entry.key, pod, pod.metadata.namespace, owner=entry.owner)
     return result

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol
+
+import msgspec
 
 from schemas import kube, migration
 from schemas.scheduling import SchedulingNode, SchedulingPod
@@ -33,8 +35,10 @@ MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
 _NONE: Final[frozenset[str]] = frozenset()
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(msgspec.Struct, frozen=True, gc=False):
+    """A struct rather than a frozen dataclass, built ten times faster; holding only strings, it is left out of the
+    garbage collector's tracking."""
+
     filter: str
     """The gate / filter that said no (e.g. MaxMigratingPerNode)."""
     message: str
@@ -80,7 +84,7 @@ def non_retryable(
     verdict = evictable(pod, args)
     if verdict is not None or evict_annotation(pod):
         return verdict
-    if args.gate_on("ExpectedReplicas") and owner is not None:
+    if owner is not None and args.gate_on("ExpectedReplicas"):
         if not owner_known or workload is None:
             return Verdict("ExpectedReplicas", f"the workload controlling pod {kube.pod_key(pod)} cannot be read")
         if not args.skip_check_expected_replicas:
@@ -113,36 +117,39 @@ def evictable(pod: kube.Pod, args: MigrationArgs) -> Verdict | None:
 
 
 def _evictability(pod: kube.Pod, args: MigrationArgs) -> Verdict | None:
-    meta, key = pod.metadata, kube.pod_key(pod)
+    # Most pods pass every rule: each test puts the pod's own condition before the gate and formats the pod's key
+    # only for a message.
+    meta = pod.metadata
     owners = meta.owner_references
     if meta.deletion_timestamp is not None:
-        return Verdict("Terminating", f"pod {key} is already terminating")
+        return Verdict("Terminating", f"pod {kube.pod_key(pod)} is already terminating")
     if MIRROR_ANNOTATION in meta.annotations:
-        return Verdict("MirrorPod", f"pod {key} is a mirror (static) pod")
-    if any(ref.kind == "DaemonSet" for ref in owners):
-        return Verdict("DaemonSet", f"pod {key} belongs to a DaemonSet")
-    if args.gate_on("BarePods") and not owners:
+        return Verdict("MirrorPod", f"pod {kube.pod_key(pod)} is a mirror (static) pod")
+    for ref in owners:
+        if ref.kind == "DaemonSet":
+            return Verdict("DaemonSet", f"pod {kube.pod_key(pod)} belongs to a DaemonSet")
+    if not owners and args.gate_on("BarePods"):
         allowed = args.evict_all_bare_pods or (args.evict_failed_bare_pods and pod.status.phase == "Failed")
         if not allowed:
-            return Verdict("BarePods", f"pod {key} has no owner (evictAllBarePods is off)")
+            return Verdict("BarePods", f"pod {kube.pod_key(pod)} has no owner (evictAllBarePods is off)")
     priority = pod.spec.priority or 0
     critical = priority >= SYSTEM_CRITICAL_PRIORITY or pod.spec.priority_class_name in SYSTEM_CRITICAL_CLASSES
-    if args.gate_on("SystemCritical") and critical and not args.evict_system_critical_pods:
-        return Verdict("SystemCritical", f"pod {key} is system-critical")
+    if critical and not args.evict_system_critical_pods and args.gate_on("SystemCritical"):
+        return Verdict("SystemCritical", f"pod {kube.pod_key(pod)} is system-critical")
     local, pvc = _volumes(pod)
-    if args.gate_on("LocalStorage") and local and not args.evict_local_storage_pods:
-        return Verdict("LocalStorage", f"pod {key} uses local storage (emptyDir or hostPath)")
-    if args.gate_on("PVC") and pvc and args.ignore_pvc_pods:
-        return Verdict("PVC", f"pod {key} uses a PersistentVolumeClaim (ignorePvcPods is on)")
+    if local and not args.evict_local_storage_pods and args.gate_on("LocalStorage"):
+        return Verdict("LocalStorage", f"pod {kube.pod_key(pod)} uses local storage (emptyDir or hostPath)")
+    if pvc and args.ignore_pvc_pods and args.gate_on("PVC"):
+        return Verdict("PVC", f"pod {kube.pod_key(pod)} uses a PersistentVolumeClaim (ignorePvcPods is on)")
     threshold = args.priority_threshold.value if args.priority_threshold is not None else None
-    if args.gate_on("PriorityThreshold") and threshold is not None and priority >= threshold:
-        return Verdict("PriorityThreshold", f"pod {key} priority {priority} ≥ threshold {threshold}")
+    if threshold is not None and priority >= threshold and args.gate_on("PriorityThreshold"):
+        return Verdict("PriorityThreshold", f"pod {kube.pod_key(pod)} priority {priority} ≥ threshold {threshold}")
     selector = args.label_selector
-    if args.gate_on("LabelSelector") and selector is not None and not selector_matches(selector, meta.labels):
-        return Verdict("LabelSelector", f"pod {key} does not match the label selector")
+    if selector is not None and args.gate_on("LabelSelector") and not selector_matches(selector, meta.labels):
+        return Verdict("LabelSelector", f"pod {kube.pod_key(pod)} does not match the label selector")
     spaces = args.namespaces
-    if args.gate_on("Namespaces") and spaces is not None and not _namespace_selected(meta.namespace, spaces):
-        return Verdict("Namespaces", f"pod {key}'s namespace {meta.namespace} is not selected")
+    if spaces is not None and args.gate_on("Namespaces") and not _namespace_selected(meta.namespace, spaces):
+        return Verdict("Namespaces", f"pod {kube.pod_key(pod)}'s namespace {meta.namespace} is not selected")
     return None
 
 
@@ -188,55 +195,137 @@ def retryable(
 ) -> Verdict | None:
     """Which limit holds the pod back now, or None. The job under arbitration is not among `migrating` yet, and
     the pod's other jobs there count against none of its limits (spec §4.5). `key`: the pod's, if the caller has
-    it at hand."""
+    it at hand. A round checks many pods against the same args: it takes `Limits.of(args)` once instead."""
     if evict_annotation(pod):
         return None
-    key = key or kube.pod_key(pod)
-    own = migrating.jobs_of.get(key, 0)
-    limit = args.max_migrating_globally
-    total = migrating.total - own
-    if args.gate_on("MaxMigratingGlobally") and limit and total >= limit:
-        return Verdict("MaxMigratingGlobally", f"{total} pods migrating, the global limit is {limit}")
-    limit = args.max_migrating_per_node
-    node = pod.spec.node_name
-    if args.gate_on("MaxMigratingPerNode") and limit and node:
-        on_node = migrating.by_node.get(node, _NONE)
-        others = len(on_node) - (key in on_node)
-        if others >= limit:
-            return Verdict("MaxMigratingPerNode", f"{others} pods migrating from node {node}, the limit is {limit}")
-    limit = args.max_migrating_per_namespace
-    namespace = pod.metadata.namespace
-    if args.gate_on("MaxMigratingPerNamespace") and limit:
-        count = migrating.by_namespace.get(namespace, 0) - own
-        if count >= limit:
-            return Verdict(
-                "MaxMigratingPerNamespace", f"{count} pods migrating in namespace {namespace}, the limit is {limit}"
-            )
-    if owner is None:
-        return None
-    if not owner_known or workload is None:
-        return Verdict("Workload", f"the workload controlling pod {key} cannot be read")
-    moving = migrating.by_workload.get(owner.uid, _NONE)
-    own_moving = key in moving
-    moving_count = len(moving) - own_moving
-    max_migrating = workload.max_migrating
-    if args.gate_on("MaxMigratingPerWorkload") and moving_count and moving_count >= max_migrating:
-        return Verdict(
-            "MaxMigratingPerWorkload",
-            f"{moving_count} pods of workload {owner.uid} migrating, maxMigrating is {max_migrating}",
+    facts = PodFacts(
+        key=key or kube.pod_key(pod),
+        node=pod.spec.node_name,
+        pod_namespace=pod.metadata.namespace,
+        owner_uid=owner.uid if owner is not None else None,
+        workload=workload,
+        owner_known=owner_known,
+    )
+    return Limits.of(args).hold(migrating, facts)
+
+
+class Held(Protocol):
+    """What the retryable limits read of a pod: its key, node, namespace, controller's uid (None: it has none),
+    that controller's view and whether the controller is known. The arbiter keeps these per job
+    (arbiter.JobEntry), so a round reads no pod."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def pod_namespace(self) -> str: ...
+    @property
+    def owner_uid(self) -> str | None: ...
+    @property
+    def workload(self) -> WorkloadView | None: ...
+    @property
+    def owner_known(self) -> bool: ...
+
+
+class PodFacts(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A Held read off one pod (retryable's)."""
+
+    key: str
+    node: str
+    pod_namespace: str
+    owner_uid: str | None
+    workload: WorkloadView | None
+    owner_known: bool
+
+
+MESSAGES: Final = {
+    "MaxMigratingGlobally": "{count} pods migrating, the global limit is {limit}",
+    "MaxMigratingPerNode": "{count} pods migrating from node {subject}, the limit is {limit}",
+    "MaxMigratingPerNamespace": "{count} pods migrating in namespace {subject}, the limit is {limit}",
+    "Workload": "the workload controlling pod {subject} cannot be read",
+    "MaxMigratingPerWorkload": "{count} pods of workload {subject} migrating, maxMigrating is {limit}",
+    "MaxUnavailablePerWorkload": (
+        "{count} pods of workload {subject} unavailable or migrating, maxUnavailable is {limit}"
+    ),
+}
+"""The retryable filters' messages: `subject` is the node, namespace, workload uid or pod key."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The retryable limits of some args with their gates applied (0: no limit, False: gate skipped), read once
+    per round rather than once per pod. It keeps the verdicts it has given (one per filter, subject and numbers):
+    a round holds back thousands of pods, mostly with a verdict given before, and building the message was most of
+    the cost of holding one."""
+
+    globally: int
+    per_node: int
+    per_namespace: int
+    per_workload: bool
+    """The MaxMigratingPerWorkload gate (its limit is each workload's, in its WorkloadView)."""
+    unavailable: bool
+    """The MaxUnavailablePerWorkload gate."""
+    _given: dict[tuple[str, str, int, int], Verdict] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, args: MigrationArgs) -> Limits:
+        def limit(gate: str, value: int | None) -> int:
+            return (value or 0) if args.gate_on(gate) else 0
+
+        return cls(
+            globally=limit("MaxMigratingGlobally", args.max_migrating_globally),
+            per_node=limit("MaxMigratingPerNode", args.max_migrating_per_node),
+            per_namespace=limit("MaxMigratingPerNamespace", args.max_migrating_per_namespace),
+            per_workload=args.gate_on("MaxMigratingPerWorkload"),
+            unavailable=args.gate_on("MaxUnavailablePerWorkload"),
         )
-    if args.gate_on("MaxUnavailablePerWorkload"):
-        max_unavailable = workload.max_unavailable
-        unready = workload.unready
-        # |unready ∪ (moving − {key})|, counted without building either set
-        unavailable = len(unready) + sum(1 for k in moving if k not in unready and k != key)
-        if unavailable >= max_unavailable:
-            return Verdict(
-                "MaxUnavailablePerWorkload",
-                f"{unavailable} pods of workload {owner.uid} unavailable or migrating, maxUnavailable is "
-                f"{max_unavailable}",
-            )
-    return None
+
+    def verdict(self, name: str, subject: str, count: int = 0, limit: int = 0) -> Verdict:
+        """The Verdict of filter `name` with its message (MESSAGES) filled in; the same object for the same
+        figures."""
+        given = self._given.get((name, subject, count, limit))
+        if given is None:
+            message = MESSAGES[name].format(subject=subject, count=count, limit=limit)
+            given = self._given[(name, subject, count, limit)] = Verdict(name, message)
+        return given
+
+    def hold(self, migrating: Migrating, pod: Held) -> Verdict | None:
+        """retryable's answer for these limits, for a pod without the evict annotation. (Two arguments: the
+        arbiter calls this for every waiting job of every round.)"""
+        key, node = pod.key, pod.node
+        own = migrating.jobs_of.get(key, 0)
+        limit = self.globally
+        if limit and (total := migrating.total - own) >= limit:
+            return self.verdict("MaxMigratingGlobally", "", total, limit)
+        limit = self.per_node
+        if limit and node:
+            on_node = migrating.by_node.get(node, _NONE)
+            if (others := len(on_node) - (key in on_node)) >= limit:
+                return self.verdict("MaxMigratingPerNode", node, others, limit)
+        limit = self.per_namespace
+        if limit and (count := migrating.by_namespace.get(pod.pod_namespace, 0) - own) >= limit:
+            return self.verdict("MaxMigratingPerNamespace", pod.pod_namespace, count, limit)
+        owner, workload = pod.owner_uid, pod.workload
+        if owner is None:
+            return None
+        if not pod.owner_known or workload is None:
+            return self.verdict("Workload", key)
+        moving = migrating.by_workload.get(owner, _NONE)
+        moving_count = len(moving) - (key in moving)
+        limit = workload.max_migrating
+        if self.per_workload and moving_count and moving_count >= limit:
+            return self.verdict("MaxMigratingPerWorkload", owner, moving_count, limit)
+        if self.unavailable:
+            limit = workload.max_unavailable
+            unready = workload.unready
+            # |unready ∪ (moving − {key})|; `moving` is small (at most the workload's limits), `unready` may not be
+            unavailable = len(unready)
+            if moving:
+                unavailable += len(moving.difference(unready)) - (key in moving and key not in unready)
+            if unavailable >= limit:
+                return self.verdict("MaxUnavailablePerWorkload", owner, unavailable, limit)
+        return None
 
 
 def active(pod: kube.Pod) -> bool:

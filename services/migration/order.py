@@ -6,12 +6,14 @@ LSE = SYSTEM < none), the pod-deletion-cost annotation, the eviction-cost annota
 `sort_jobs` applies the four stable job sorts in Koordinator's order, so the last one dominates and earlier ones
 break its ties: by job creation (newer first), by pod (PodSorter; jobs without a pod first), grouping jobs of one
 batch `Job`'s pods next to the first of them, and by how many of that Job's pods are already migrating (more first).
+`arrange` is the same over anything with a precomputed key: the arbiter sorts its per-job records with it, their
+keys kept from round to round (tests/unit/test_migration_arbiter_rounds.py holds it to the four sorts written out).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Final
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Final, TypeVar
 
 from schemas import kube, migration, vocab
 
@@ -71,6 +73,9 @@ def batch_job_owner(owner: kube.OwnerReference | None) -> str | None:
     return owner.uid if owner is not None and owner.kind == "Job" else None
 
 
+T = TypeVar("T")
+
+
 def sort_jobs(
     jobs: Sequence[migration.PodMigrationJob],
     pod_keys: Mapping[str, PodKey | None],
@@ -81,26 +86,41 @@ def sort_jobs(
     (None: the pod is missing) and to the uid of the batch Job controlling that pod; `migrating_in_job` counts
     migrating pods per such uid."""
 
-    def pod_key(job: migration.PodMigrationJob) -> PodKey:
-        key = pod_keys.get(job.metadata.name)
-        return FIRST if key is None else key
+    def key(job: migration.PodMigrationJob) -> tuple[PodKey, float]:
+        pod_key = pod_keys.get(job.metadata.name)
+        return (FIRST if pod_key is None else pod_key, -creation_seconds(job.metadata))
 
-    ordered = sorted(jobs, key=lambda job: -creation_seconds(job.metadata))
-    ordered.sort(key=pod_key)
-    by_owner: dict[str, list[migration.PodMigrationJob]] = {}
-    for job in ordered:
-        owner = batch_owners.get(job.metadata.name)
-        if owner is not None:
-            by_owner.setdefault(owner, []).append(job)
-    grouped: list[migration.PodMigrationJob] = []
-    placed: set[str] = set()
-    for job in ordered:
-        owner = batch_owners.get(job.metadata.name)
-        if owner is None:
-            grouped.append(job)
-        elif owner not in placed:
-            placed.add(owner)
-            grouped.extend(by_owner[owner])
+    return arrange(
+        jobs, key=key, batch_owner=lambda job: batch_owners.get(job.metadata.name), migrating_in_job=migrating_in_job
+    )
+
+
+def arrange(
+    items: Iterable[T],
+    *,
+    key: Callable[[T], tuple[Any, float]],
+    batch_owner: Callable[[T], str | None],
+    migrating_in_job: Mapping[str, int],
+) -> list[T]:
+    """§4.4's order of `items`. `key`: (the pod's sort key, or anything ordered the same way, FIRST-like for a
+    missing pod; minus the job's creation seconds); `batch_owner`: the uid of the batch Job controlling the pod.
+
+    The first two stable sorts (newer jobs first, then by pod) are one stable sort by (pod, newer job first): the
+    ties the pod sort leaves keep the creation order, whose own ties keep the given order."""
+    ordered = sorted(items, key=key)
+    owners = [batch_owner(item) for item in ordered]
+    if any(owner is not None for owner in owners):
+        by_owner: dict[str, list[T]] = {}
+        for item, owner in zip(ordered, owners, strict=True):
+            if owner is not None:
+                by_owner.setdefault(owner, []).append(item)
+        grouped: list[T] = []
+        for item, owner in zip(ordered, owners, strict=True):
+            if owner is None:
+                grouped.append(item)
+            elif (group := by_owner.pop(owner, None)) is not None:  # the first of its Job: the whole group here
+                grouped.extend(group)
+        ordered = grouped
     if migrating_in_job:
-        grouped.sort(key=lambda job: -migrating_in_job.get(batch_owners.get(job.metadata.name) or "", 0))
-    return grouped
+        ordered.sort(key=lambda item: -migrating_in_job.get(batch_owner(item) or "", 0))
+    return ordered
