@@ -104,7 +104,9 @@ class SimulatedNode:
         self._sys_cpu = float(rng.uniform(0.3, 0.8))
         self._sys_mem = float(rng.uniform(2, 4)) * GiB
         self._page_cache = float(rng.uniform(0.05, 0.15)) * memory_bytes
-        self._batch_pods: dict[tuple[int, int], NodePod] = {}
+        self._batch_pods: dict[int, dict[int, NodePod]] = {}
+        """Per batch slot, its pods by incarnation: the latest two (a window may span a slot's new incarnation; an
+        older one is never asked for again in a forward-running simulation)."""
         self._identities = PodIdentities(())
         """The batch entries of the pods listed in the last window (agent.batch.PodIdentities), kept across windows."""
         self._training = TrainingAccumulator()
@@ -203,17 +205,16 @@ class SimulatedNode:
         return math.ceil(float(self._b_cpu[slot]) * _BATCH_CPU_PEAK * 1000) / 1000, int(self._b_mem[slot])
 
     def _batch_pod(self, slot: int, incarnation: int) -> NodePod:
-        pod = self._batch_pods.get((slot, incarnation))
+        incarnations = self._batch_pods.setdefault(slot, {})
+        pod = incarnations.get(incarnation)
         if pod is None:
-            if len(self._batch_pods) > 8 * max(len(self._b_cpu), 1):
-                self._batch_pods.clear()  # old incarnations are never asked for again in a forward-running sim
             job = _BATCH_JOBS[int(self._b_job[slot]) % len(_BATCH_JOBS)]
             cpu, memory = self.batch_request(slot)
             amounts: dict[str, str | int | float] = {
                 vocab.BATCH_CPU: str(round(cpu * 1000)),
                 vocab.BATCH_MEMORY: str(memory),
             }
-            pod = self._batch_pods[(slot, incarnation)] = _node_pod(
+            pod = incarnations[incarnation] = _node_pod(
                 uid=_uid(self.name, self.seed, "batch", slot, incarnation),
                 namespace="batch",
                 name=f"{job}-{incarnation % 100_000}-exec-{slot}",
@@ -229,6 +230,8 @@ class SimulatedNode:
                 ),
                 qos=vocab.KUBE_QOS_BESTEFFORT,
             )
+            if len(incarnations) > 2:
+                del incarnations[min(incarnations)]
         return pod
 
     def pods(self) -> list[NodePod]:
