@@ -5,6 +5,9 @@ It writes a config file and the server log into the caller's data dir, binds 127
 free port (the server picks it; we read it back from the ports file the server writes), waits
 until the server answers a client with its INFO line, and stops it with SIGTERM, then SIGKILL (`kill` skips the
 SIGTERM, for the failure tests in tests/faults/).
+
+The server runs in a session of its own, so a signal sent to the caller's process group (a terminal's Ctrl-C on
+`make up`) does not stop it under the services still using it: the caller stops them first, then the server.
 """
 
 from __future__ import annotations
@@ -148,6 +151,7 @@ class EmbeddedNatsServer:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,  # a terminal's Ctrl-C reaches the caller only: it stops the server after its users
         )
         try:
             self._url = await self._wait_ready(ports_dir / f"{binary.name}_{self._process.pid}.ports")

@@ -2,9 +2,11 @@
 
 * Its nats-server killed: `up` used to keep answering /healthz 200 and every write 503 forever; now it stops within
   the bound, exits non-zero and says why.
-* SIGTERM or SIGINT reaching both `up` and its nats-server, in either order (a terminal's Ctrl-C reaches the whole
-  process group; a supervisor may signal every process): `up` exits within 10 s (it used to reconnect forever,
-  deaf to further signals).
+* SIGTERM or SIGINT reaching both `up` and its nats-server, in either order (a supervisor may signal every
+  process): `up` exits within 10 s (it used to reconnect forever, deaf to further signals).
+* A terminal's Ctrl-C (SIGINT to `up`'s process group, as on `make up`): `up` stops cleanly, exit 0, its services
+  first and then its nats-server (the server shared the group, stopped at once under the services still using it,
+  and `up` exited 1 at its 8 s shutdown deadline).
 * Started again on the same port right after a SIGKILL, with a connection of the killed process in TIME_WAIT: it
   starts (the port check bound without SO_REUSEADDR and refused for about a minute).
 """
@@ -39,12 +41,16 @@ def free_port() -> int:
 class Up:
     """One `koordbus up` process with its output in a file."""
 
-    def __init__(self, data_dir: Path, port: int, log_path: Path) -> None:
+    def __init__(self, data_dir: Path, port: int, log_path: Path, *args: str) -> None:
         self.data_dir, self.port, self.log_path = data_dir, port, log_path
-        command = [sys.executable, "-m", "koordbus.cli", "up", "--data-dir", str(data_dir), "--port", str(port)]
+        command = [sys.executable, "-m", "koordbus.cli", "up", "--data-dir", str(data_dir), "--port", str(port), *args]
         with log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [*command, "--no-agent"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            self.process = subprocess.Popen(  # a process group of its own, as a terminal's foreground job
+                [*command, "--no-agent"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def log(self) -> str:
@@ -118,6 +124,37 @@ def test_up_exits_in_time_when_the_signal_reaches_it_and_its_nats_server(
         os.kill(pid, signum)
     started.exit_code_within(EXIT_BOUND_SECONDS)
     assert time.monotonic() - sent < EXIT_BOUND_SECONDS
+
+
+def test_up_stops_cleanly_on_a_terminals_ctrl_c(tmp_path: Path) -> None:
+    # With a simulated cluster, as the README's `make up ARGS="--simulate-nodes 50"`: with the server gone first, the
+    # shutdown of its parts still using the bus was cut at the deadline (seen from about 30 s after the start).
+    up = Up(tmp_path / "data", free_port(), tmp_path / "up.log", "--simulate-nodes", "5")
+    nats_pid = 0
+    try:
+        up.wait_ready()
+        nats_pid = up.nats_pid()
+        wait_for_log(up, "bindings: ")  # the simulated cluster is placing its pods through the extender
+        os.killpg(up.process.pid, signal.SIGINT)
+        assert up.exit_code_within(EXIT_BOUND_SECONDS) == 0, up.log()[-3000:]
+        assert "did not finish" not in up.log()
+        with pytest.raises(ProcessLookupError):  # stopped and reaped by `up`
+            os.kill(nats_pid, 0)
+        server_log = (up.data_dir / "nats-server.log").read_text()
+        assert 'Trapped "terminated" signal' in server_log  # `up`'s SIGTERM once its services stopped …
+        assert 'Trapped "interrupt" signal' not in server_log  # … not the terminal's SIGINT
+    finally:
+        up.kill()
+        if nats_pid:
+            kill_quietly(nats_pid)
+
+
+def wait_for_log(up: Up, text: str) -> None:
+    deadline = time.monotonic() + 60
+    while text not in up.log():
+        assert time.monotonic() < deadline, f"no {text!r} in the log within 60 s:\n{up.log()[-3000:]}"
+        assert up.process.poll() is None, f"koordbus up exited early:\n{up.log()[-3000:]}"
+        time.sleep(0.2)
 
 
 def test_up_starts_again_on_the_same_port_right_after_a_sigkill(tmp_path: Path) -> None:
