@@ -94,6 +94,17 @@ class _Client(Client):
     the InvalidStateError ended the connection's read loop without a word, and the client stayed "connected" while
     it read nothing any more (tests/bus/test_liveness_bus.py reproduces it with a paused server)."""
 
+    closing = False
+    """Set by JetStreamBus.close: a reconnect attempt from then on ends the reconnect loop."""
+
+    async def _connect_to_server(self, s: Any) -> None:
+        # close() cancels the reconnect loop, but Python 3.11's wait_for (nats-py's connect timeout) swallows a
+        # cancellation that lands as a refused attempt completes: the loop then went on retrying a server that was
+        # gone, and asyncio.run's cleanup waited for it forever (`koordbus up` after SIGTERM to it and its server).
+        if self.closing:
+            raise asyncio.CancelledError
+        await super()._connect_to_server(s)
+
     async def _process_pong(self) -> None:
         if self._pongs and self._pongs[0].done():
             self._pongs.pop(0)
@@ -648,6 +659,8 @@ class JetStreamBus:
 
     async def close(self) -> None:
         self.link.closing = True
+        if isinstance(self._nc, _Client):
+            self._nc.closing = True
         consumers, self._consumers = self._consumers, []
         for consumer in consumers:
             await consumer.stop()

@@ -5,7 +5,6 @@ imports stay small (koordbus.cli loads only this subcommand for `koordbus agent`
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import sys
 import time
@@ -93,15 +92,21 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="where the last good NodeSLO is kept across restarts (default /var/lib/koordbus)",
     )
-    agent.set_defaults(run=lambda a: asyncio.run(run_agent(a)))
+    agent.set_defaults(run=_run)
 
 
-async def run_agent(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace) -> int:
     # Only what the agent needs: it runs on every node (no FastAPI, SQLAlchemy or aiohttp; bench/agent.py).
     if "nats" not in sys.modules:
         # nats-py imports aiohttp, when installed, for ws:// URLs only: 15 MB of every agent for a transport agents
         # do not use. Such a URL then fails with nats-py's "Could not import aiohttp transport".
         sys.modules.setdefault("aiohttp", None)  # type: ignore[arg-type]
+    from koordbus import runtime
+
+    return runtime.run_command(run_agent(args))
+
+
+async def run_agent(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
     from agent.loops.runner import QosLoops

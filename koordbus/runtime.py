@@ -24,10 +24,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bus import auth, event_context, streams
 from bus.cluster import LocalNatsCluster
@@ -94,9 +94,14 @@ class Stop:
             raise SystemExit(f"koordbus: {self.failure}")
 
     def close(self) -> None:
-        """The command has shut down (the last step of its stack): no deadline, no signal handlers any more."""
+        """The command's stack has closed: no signal handlers any more, and no deadline, except under
+        `run_command`, which keeps it armed until asyncio.run has returned (asyncio.run still cancels and awaits
+        the tasks left over, and one that does not end must not keep the process past the deadline)."""
         if self._deadline is not None:
-            self._deadline.cancel()
+            if _IN_COMMAND.get():
+                _ARMED.append(self._deadline)
+            else:
+                self._deadline.cancel()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
@@ -113,6 +118,20 @@ class Stop:
 
 
 _STOP: contextvars.ContextVar[Stop] = contextvars.ContextVar("koordbus_stop")
+_IN_COMMAND: contextvars.ContextVar[bool] = contextvars.ContextVar("koordbus_in_command", default=False)
+_ARMED: list[threading.Timer] = []
+"""Deadlines of stops whose stack has closed, cancelled once asyncio.run has returned (run_command)."""
+
+
+def run_command(main: Coroutine[Any, Any, int]) -> int:
+    """asyncio.run(main) for a long-running command (up, service, agent): once it is stopping, the process exits
+    within SHUTDOWN_DEADLINE_SECONDS even if a task left over ignores its cancellation after the stack closed."""
+    _IN_COMMAND.set(True)  # asyncio.run's task runs in a copy of this context
+    try:
+        return asyncio.run(main)
+    finally:
+        while _ARMED:
+            _ARMED.pop().cancel()
 
 
 def configure_logging(level: str, log_format: str = "text") -> None:

@@ -8,7 +8,6 @@ HTTP port, and runs until Ctrl-C / SIGTERM, then shuts down in reverse order.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 from contextlib import AsyncExitStack
 from typing import Any
@@ -91,7 +90,13 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="k8s: watch the cluster but write nothing; what would be written is served at /api/v1/k8s/recorded-writes",
     )
-    service.set_defaults(run=lambda a: asyncio.run(run_service(a)))
+    service.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from koordbus import runtime
+
+    return runtime.run_command(run_service(args))
 
 
 async def run_service(args: argparse.Namespace) -> int:

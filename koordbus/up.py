@@ -9,7 +9,6 @@ SIGTERM, when it shuts down in reverse order (koordbus.runtime). Called by koord
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import time
@@ -91,7 +90,7 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="with --kubeconfig: decide but write nothing to the cluster (see /api/v1/k8s/recorded-writes)",
     )
-    up.set_defaults(run=lambda a: asyncio.run(run_up(a)))
+    up.set_defaults(run=_run)
 
 
 def prepare_data_dir(path: str) -> Path:
@@ -109,6 +108,12 @@ def prepare_data_dir(path: str) -> Path:
             except OSError as e:  # another user's file: say so, the start goes on
                 log.warning("cannot make %s private: %s", entry, e)
     return data_dir
+
+
+def _run(args: argparse.Namespace) -> int:
+    from koordbus import runtime
+
+    return runtime.run_command(run_up(args))
 
 
 async def run_up(args: argparse.Namespace) -> int:

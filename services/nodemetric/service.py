@@ -64,6 +64,10 @@ INGEST_CONSUMER = "nodemetric-ingest"
 RPC_QUEUE = "nodemetric"
 MODEL_EXPIRATION_SECONDS = MODEL_EXPIRATION_NS / 1e9
 PROJECTOR_CONSUMER = "nodemetric-projector"
+STOP_SNAPSHOT_SECONDS = 3.0
+"""The snapshots saved at stop get this long (within the process's 8 s shutdown deadline, koordbus.runtime): with
+the bus away they would wait on acknowledgements past it. What is not saved then is replayed by the next owner from
+the samples since each node's last snapshot."""
 
 
 def collect_policy(settings: NodeMetricSettings) -> MetricCollectPolicy:
@@ -459,7 +463,7 @@ class NodeMetricService:
             if consumer is not None:
                 await consumer.stop()
         if self._writers:
-            await self.save_snapshots()
+            await self._save_snapshots_at_stop()
         if self._membership is not None:
             with contextlib.suppress(Exception):  # the others then notice by the TTL instead
                 await self._membership.leave()
@@ -530,6 +534,16 @@ class NodeMetricService:
             self._metrics.snapshots.inc(await self._snapshots.save(self._predictors, now=now, part=part))
         except BusError as e:
             log.warning("nodemetric: prediction snapshots not saved (next try in one interval): %s", e)
+
+    async def _save_snapshots_at_stop(self) -> None:
+        try:
+            await asyncio.wait_for(self.save_snapshots(), STOP_SNAPSHOT_SECONDS)
+        except TimeoutError:
+            log.warning(
+                "nodemetric: prediction snapshots at stop not saved within %g s (is the bus away?); the next owner "
+                "replays the samples since each node's last snapshot",
+                STOP_SNAPSHOT_SECONDS,
+            )
 
     async def _snapshot_loop(self) -> None:
         """One part of the nodes every interval / parts: each node once per interval, in short slices."""

@@ -7,6 +7,7 @@
 * A subject longer than nats-server accepts is refused before anything is sent (bus.subjects.SubjectError), on both
   buses; on the real one the connection stays usable (nats-server used to drop it, and nats-py closed the client for
   good: every service of the process lost the bus).
+* A closed bus leaves no reconnect loop behind, even one whose cancellation was lost (bus.jetstream._Client).
 * A connection keeps reading: a PONG that comes after its flush timed out no longer ends nats-py's read loop, and a
   read loop ended by anything else is noticed by unanswered PINGs and reconnected (bus.jetstream._Client,
   PING_INTERVAL_SECONDS).
@@ -142,4 +143,20 @@ async def test_a_connection_that_stopped_reading_is_reconnected_once_its_pings_g
 
         await eventually(answered, timeout=15)
     finally:
+        await bus.close()
+
+
+async def test_a_reconnect_loop_ends_once_the_bus_is_closing_even_if_its_cancellation_was_lost(tmp_path: Path) -> None:
+    # JetStreamBus.close cancels nats-py's reconnect loop, but Python 3.11's wait_for (nats-py's connect timeout)
+    # swallows a cancellation that lands as a refused attempt completes; the loop then retried a server that was gone
+    # for ever, and asyncio.run's cleanup waited for it (`koordbus up` after SIGTERM reached it and its nats-server).
+    # Here the loop is not cancelled at all: the bus marked closing must end it at its next attempt.
+    async with EmbeddedNatsServer(tmp_path / "nats") as server:
+        bus = await JetStreamBus.connect(server.url, name="closing")
+        await server.kill()
+        await eventually(lambda: bus.link.down_since is not None, timeout=5)
+        loop_task = bus._nc._reconnection_task  # nats-py's reconnect loop, refused once a second
+        assert loop_task is not None and not loop_task.done()
+        bus._nc.closing = True  # what close() sets before anything else
+        await eventually(loop_task.done, timeout=5)
         await bus.close()

@@ -175,6 +175,6 @@ async def test_the_agent_process_loads_none_of_the_control_planes_libraries(
     imported = {line.rpartition("|")[2].strip() for line in output.splitlines() if line.startswith("import time:")}
     assert "agent.loops.runner" in imported and "nats" in imported  # the profile is there
     # a package counts as loaded when one of its submodules was (a refused `import aiohttp` is profiled too: nats-py
-    # tries it, and the agent blocks it, see koordbus.agent.run_agent)
+    # tries it, and the agent blocks it, see koordbus.agent._run)
     loaded = {m.split(".")[0] for m in imported if "." in m} | {m for m in imported if m == "yarl"}
     assert sorted(loaded & set(CONTROL_PLANE_LIBRARIES)) == []

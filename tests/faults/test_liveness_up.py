@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,6 +148,48 @@ def test_up_stops_cleanly_on_a_terminals_ctrl_c(tmp_path: Path) -> None:
         up.kill()
         if nats_pid:
             kill_quietly(nats_pid)
+
+
+def test_up_stops_cleanly_when_the_signal_reaches_it_and_its_server_with_trained_models(tmp_path: Path) -> None:
+    # A supervisor signalling every process (systemd's default KillMode): the server gone first, `up`'s stop used to
+    # wait on the prediction snapshots it saves at stop until the 8 s deadline cut it ('shutdown did not finish',
+    # exit 1), and, once that wait was bounded, asyncio.run's cleanup waited forever for a reconnect loop whose
+    # cancellation Python 3.11's wait_for had swallowed.
+    up = Up(tmp_path / "data", free_port(), tmp_path / "up.log", "--simulate-nodes", "3")
+    nats_pid = 0
+    try:
+        up.wait_ready()
+        nats_pid = up.nats_pid()
+        wait_for_models(up, "sim-node-0001")
+        sent = time.monotonic()
+        os.kill(nats_pid, signal.SIGTERM)
+        os.kill(up.process.pid, signal.SIGTERM)
+        assert up.exit_code_within(EXIT_BOUND_SECONDS) == 0, up.log()[-3000:]
+        assert time.monotonic() - sent < EXIT_BOUND_SECONDS
+        assert "did not finish" not in up.log()
+    finally:
+        up.kill()
+        if nats_pid:
+            kill_quietly(nats_pid)
+
+
+def wait_for_models(up: Up, node: str) -> None:
+    """Until the nodemetric service holds trained prediction models for `node` (what it snapshots at stop)."""
+    token = (up.data_dir / "api-token").read_text().strip()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{up.port}/api/v1/nodes/{node}/prediction", headers={"Authorization": f"Bearer {token}"}
+    )
+    deadline = time.monotonic() + 120
+    while True:
+        assert up.process.poll() is None, f"koordbus up exited early:\n{up.log()[-3000:]}"
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except urllib.error.HTTPError as e:
+            assert e.code == 404, e  # no models yet
+        assert time.monotonic() < deadline, f"no prediction models for {node} within 120 s"
+        time.sleep(0.5)
 
 
 def wait_for_log(up: Up, text: str) -> None:
