@@ -76,7 +76,10 @@ class ConsumerSpec:
     """A failed flush is retried with the same batch (capped exponential backoff with jitter) until it succeeds or
     the consumer stops, and nothing newer is fetched meanwhile; the batch stays unacknowledged. For projections
     whose store skips sequences at or below its offset: a nak'ed batch comes back after newer messages, and once
-    those are written the store would skip it for good. Off: the batch is nak'ed and redelivered (any order)."""
+    those are written the store would skip it for good. Off: the batch is nak'ed and redelivered (any order).
+    On, the messages are also handed out in stream order when deliveries are lost in flight (a server or
+    connection lost with a pull's messages on their way: the server redelivers them only after ack_wait, after
+    newer ones): the consumer is restarted after the last message handed out (ConsumerStats.deliveries_lost)."""
     inactive_threshold_seconds: float | None = None
     """The server deletes the durable after this long without a consumer: for durables named after a replica's
     instance (a Deployment's pod names change with every pod, so old ones would otherwise stay for ever). None:
@@ -166,6 +169,9 @@ class ConsumerStats:
     fetch_errors: int = 0
     acks_resent: int = 0
     """Acks sent again because the server did not confirm them (on a cluster: lost with a consumer leader)."""
+    deliveries_lost: int = 0
+    """Deliveries lost in flight on a consumer read in stream order (ConsumerSpec.retry_flush_in_place), seen as a
+    gap in the consumer's sequence; the consumer was restarted after the last message handed out."""
     last_error: str = ""
     pending: int = 0
     """The lag: messages after the last one delivered that the consumer has yet to receive (that delivery's

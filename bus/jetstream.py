@@ -20,6 +20,7 @@ import random
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import nats
@@ -831,6 +832,12 @@ class _PullSource:
     messages or per expiry, not one or two per message (which had a nodemetric service at 100 messages/s spend
     more than half its CPU on pulls). Messages still buffered when the source closes are simply not acked: the
     server redelivers them after ack_wait.
+
+    A consumer read in stream order (ConsumerSpec.retry_flush_in_place: its store skips what is at or below its
+    offset) checks the consumer's delivery sequence: a gap means deliveries were lost in flight (the server that
+    sent them, or the connection, went down with them), which the server would redeliver only after ack_wait, after
+    newer ones the store would already have passed. The batch is cut before the gap, the buffer dropped, and the
+    consumer made again from the message after the last one handed out.
     """
 
     def __init__(
@@ -869,6 +876,14 @@ class _PullSource:
         self._request_until = 0.0
         """Monotonic time after which the newest request is over even if its ending status never arrived."""
         self._request_subject = f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{spec.durable}"
+        self._in_order = spec.retry_flush_in_place
+        self._last_delivery: int | None = None
+        """The consumer's delivery sequence of the last message received (0: none yet from a consumer this source
+        made; None: unknown, a consumer that was already there)."""
+        self._handed_out: int | None = None
+        """The highest stream sequence handed out since this source started."""
+        self._restart = False
+        """A gap was seen: make the consumer again after `_handed_out` at the next fetch."""
 
     async def _bind(self) -> str:
         # One bind at a time: the loop's first fetch and a wait_idle() may both get here first, and a second
@@ -884,8 +899,10 @@ class _PullSource:
                 self._reset = False
             try:
                 await self._js.consumer_info(spec.stream, spec.durable)
+                self._last_delivery = None
             except nats.js.errors.NotFoundError:
                 await self._js.add_consumer(spec.stream, config=self._config())
+                self._last_delivery = 0
             inbox = self._nc.new_inbox()
             self._sub = await self._nc.subscribe(inbox, cb=self._on_message)
             self._inbox = inbox
@@ -946,6 +963,8 @@ class _PullSource:
             log.info("consumer %s on %s: the server lost it; binding again", self._spec.durable, self._spec.stream)
             await self._unbind()
             self._lost = False
+        if self._restart:
+            await self._restart_after_handed_out()
         inbox = await self._bind()
         if self._request_remaining <= 0 or time.monotonic() >= self._request_until:
             self._request_remaining = 0
@@ -958,8 +977,46 @@ class _PullSource:
                 async with asyncio.timeout(self._spec.fetch_timeout_seconds):
                     await self._arrived.wait()
         batch = [self._buffer.popleft() for _ in range(min(len(self._buffer), self._spec.batch_size))]
+        if self._in_order:
+            batch = self._before_any_gap(batch)
         # Acks and naks are plain publishes; flushing after the batch is not needed for correctness.
         return [Fetched(_delivery(m), _MsgAcker(m, self)) for m in batch]
+
+    def _before_any_gap(self, batch: list[Msg]) -> list[Msg]:
+        """`batch` up to a gap in the consumer's delivery sequence; at a gap, the buffer is dropped and the
+        consumer is to be made again (see the class docstring)."""
+        for index, msg in enumerate(batch):
+            sequence = msg.metadata.sequence
+            if self._last_delivery is not None and sequence.consumer > self._last_delivery + 1:
+                lost = sequence.consumer - self._last_delivery - 1
+                log.warning(
+                    "consumer %s on %s: %d deliveries lost in flight before stream sequence %d; making it again "
+                    "after stream sequence %s, so that nothing is handed out of order",
+                    self._spec.durable,
+                    self._spec.stream,
+                    lost,
+                    sequence.stream,
+                    self._handed_out,
+                )
+                if self.stats is not None:
+                    self.stats.deliveries_lost += lost
+                self._buffer.clear()
+                self._request_remaining = 0
+                self._restart = True
+                return batch[:index]
+            self._last_delivery = sequence.consumer
+            self._handed_out = max(self._handed_out or 0, sequence.stream)
+        return batch
+
+    async def _restart_after_handed_out(self) -> None:
+        """Drop the pull subscription and make the consumer again, from the message after the last one handed out
+        (from its configured start when none was)."""
+        await self._unbind()
+        if self._handed_out is not None:
+            restart = replace(self._spec, deliver_policy="by_start_sequence", opt_start_seq=self._handed_out + 1)
+            self._config = lambda: consumer_config(restart)
+        self._reset = True
+        self._restart = False
 
     async def _request(self, inbox: str) -> None:
         """Ask for another batch, expiring before the fetch's own wait does."""

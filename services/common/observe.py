@@ -40,6 +40,8 @@ COUNTERS: Final[Mapping[str, str]] = {
     "fetch_errors": "Failed fetches from the bus (the loop backs off and retries)",
     "acks_resent": "Acks sent again because the server did not confirm them (on a NATS cluster: the consumer's "
     "leader changed and took them along; without the resend the messages would come back after ack_wait)",
+    "deliveries_lost": "Deliveries lost in flight on a consumer read in stream order (a server or connection lost "
+    "with a pull's messages on their way); the consumer was restarted after the last message handed out",
 }
 """ConsumerStats field → help text; each becomes `koordbus_consumer_<field>_total`."""
 HISTOGRAMS: Final[Mapping[str, str]] = {
