@@ -64,10 +64,16 @@ ACK_CONFIRM_SECONDS = 2.0
 """On a cluster, an ack the server has not confirmed this long after it was sent is sent again (_PullSource.ack)."""
 READ_RECENT_BATCH = 256
 READ_RECENT_INACTIVE_SECONDS = 10.0
+"""An ephemeral reader left behind by a dropped connection is removed by the server after this long."""
 FOLLOW_INACTIVE_SECONDS = 60.0
 """A follower's consumer outlives a reader that stops pulling for this long (a slow API client) — and if the
 server deletes it anyway, the follower makes a new one from where it was."""
-"""An ephemeral reader left behind by a dropped connection is removed by the server after this long."""
+FOLLOW_DELETE_SECONDS = 1.0
+"""How long closing a follower waits for its consumer's deletion: the server deletes an unused one after
+FOLLOW_INACTIVE_SECONDS anyway, and a close while the server is away must not wait for the request timeout (it
+held a shutdown past its deadline)."""
+RESPONDER_DRAIN_SECONDS = 2.0
+"""How long stopping a responder waits for its subscription's drain (the server's answer to a flush)."""
 PING_INTERVAL_SECONDS = 20.0
 MAX_OUTSTANDING_PINGS = 3
 """A connection whose PINGs go unanswered this many times in a row is taken as dead and reconnected: within about
@@ -612,7 +618,7 @@ class JetStreamBus:
             await self._round_trip()  # the server has the subscription: a request sent after this is served
         except _UNAVAILABLE as e:
             raise BusUnavailableError(f"serve {subject}: {e}") from e
-        return _Responder(sub, answering)
+        return _Responder(self._nc, sub, answering)
 
     async def _round_trip(self) -> None:
         """Return once the server has processed everything this connection sent so far: a message published now came
@@ -707,13 +713,20 @@ class Link:
 
 
 class _Responder:
-    def __init__(self, sub: Any, answering: set[asyncio.Task[None]]) -> None:
+    def __init__(self, nc: Client, sub: Any, answering: set[asyncio.Task[None]]) -> None:
+        self._nc = nc
         self._sub = sub
         self._answering = answering
 
     async def stop(self) -> None:
-        with contextlib.suppress(*_UNAVAILABLE, nats.errors.BadSubscriptionError):
-            await self._sub.drain()
+        # Drained (requests already received are answered) while the server is there; a drain waits for the
+        # server's answer to a flush, so without one (the server gone, or going) it would wait out the flush timeout.
+        with contextlib.suppress(*_UNAVAILABLE, nats.errors.BadSubscriptionError, TimeoutError):
+            if not self._nc.is_connected:
+                await self._sub.unsubscribe()
+            else:
+                async with asyncio.timeout(RESPONDER_DRAIN_SECONDS):
+                    await self._sub.drain()
         if self._answering:
             await asyncio.gather(*self._answering, return_exceptions=True)
 
@@ -1053,9 +1066,11 @@ class _PullSource:
             return
         with contextlib.suppress(*_UNAVAILABLE, nats.errors.BadSubscriptionError):
             await sub.unsubscribe()
-        # Make sure the batch's acks have left this process before the caller moves on.
-        with contextlib.suppress(*_UNAVAILABLE):
-            await self._nc.flush(timeout=2)
+        # Make sure the batch's acks have left this process before the caller moves on (not while the server is
+        # away: the flush would wait its whole timeout for an answer, the acks going out on reconnection anyway).
+        if self._nc.is_connected:
+            with contextlib.suppress(*_UNAVAILABLE):
+                await self._nc.flush(timeout=2)
 
 
 class _Follower:
@@ -1077,6 +1092,7 @@ class _Follower:
         self._next_seq = first_seq
         self._first_time = first_time
         self._filters = filters
+        self._nc = nc
         self._stream = stream
         self._name = name = f"follow-{secrets.token_hex(8)}"
         self._js = js
@@ -1129,8 +1145,11 @@ class _Follower:
 
     async def close(self) -> None:
         await self._source.close()
-        with contextlib.suppress(*_UNAVAILABLE, nats.js.errors.NotFoundError, nats.js.errors.APIError):
-            await self._js.delete_consumer(self._stream, self._name)
+        if not self._nc.is_connected:  # deleted by the server once unused
+            return
+        with contextlib.suppress(*_UNAVAILABLE, nats.js.errors.NotFoundError, nats.js.errors.APIError, TimeoutError):
+            async with asyncio.timeout(FOLLOW_DELETE_SECONDS):
+                await self._js.delete_consumer(self._stream, self._name)
 
 
 def _delivery(msg: Msg) -> Delivery:

@@ -42,6 +42,10 @@ log = logging.getLogger("koordbus")
 
 SHUTDOWN_DEADLINE_SECONDS = 8.0
 """From the stop signal (or failure) to the process's exit at the latest: under the 10 s a supervisor waits."""
+CANCEL_GRACE_SECONDS = 1.0
+"""A cancelled background task gets this long to end (its `finally` closing what it opened) before it is cancelled
+again: a library may swallow a cancellation (Python 3.11's wait_for does when the awaited future completes as the
+cancellation lands, nats-py's requests use it), and the task would otherwise run on, holding the shutdown."""
 BUS_LIVENESS_SECONDS = 30.0
 """/healthz fails once the bus connection has been down this long (nats-py keeps reconnecting meanwhile)."""
 
@@ -337,9 +341,12 @@ def background(
         stop.on_stop(cancel_now)
 
     async def cancel() -> None:
-        # Cancelled once only: a task the stop already cancelled may be closing its connections in a `finally`,
-        # and a second cancellation would cut that short (an HTTPS client left open holds the server's shutdown).
+        # Cancelled again only after CANCEL_GRACE_SECONDS: a task the stop already cancelled may be closing its
+        # connections in a `finally`, and cancelling it at once would cut that short (an HTTPS client left open
+        # holds the server's shutdown); one whose cancellation was swallowed must not run on.
         if not task.cancelling():
+            task.cancel()
+        while not (await asyncio.wait({task}, timeout=CANCEL_GRACE_SECONDS))[0]:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task

@@ -92,9 +92,9 @@ def kill_quietly(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[Up]:
-    up = Up(tmp_path / "data", free_port(), tmp_path / "up.log")
+def ready_up(tmp_path: Path, *args: str) -> Iterator[Up]:
+    """`koordbus up` with `args`, yielded once ready; killed afterwards, its nats-server too."""
+    up = Up(tmp_path / "data", free_port(), tmp_path / "up.log", *args)
     nats_pid = 0
     try:
         up.wait_ready()
@@ -104,6 +104,17 @@ def started(tmp_path: Path) -> Iterator[Up]:
         up.kill()
         if nats_pid:
             kill_quietly(nats_pid)
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[Up]:
+    yield from ready_up(tmp_path)
+
+
+@pytest.fixture
+def simulating(tmp_path: Path) -> Iterator[Up]:
+    """With a small simulated cluster, as the README's `make up ARGS="--simulate-nodes 50"`."""
+    yield from ready_up(tmp_path, "--simulate-nodes", "3")
 
 
 def test_up_stops_with_a_clear_message_when_its_nats_server_dies(started: Up) -> None:
@@ -127,50 +138,33 @@ def test_up_exits_in_time_when_the_signal_reaches_it_and_its_nats_server(
     assert time.monotonic() - sent < EXIT_BOUND_SECONDS
 
 
-def test_up_stops_cleanly_on_a_terminals_ctrl_c(tmp_path: Path) -> None:
-    # With a simulated cluster, as the README's `make up ARGS="--simulate-nodes 50"`: with the server gone first, the
-    # shutdown of its parts still using the bus was cut at the deadline (seen from about 30 s after the start).
-    up = Up(tmp_path / "data", free_port(), tmp_path / "up.log", "--simulate-nodes", "5")
-    nats_pid = 0
-    try:
-        up.wait_ready()
-        nats_pid = up.nats_pid()
-        wait_for_log(up, "bindings: ")  # the simulated cluster is placing its pods through the extender
-        os.killpg(up.process.pid, signal.SIGINT)
-        assert up.exit_code_within(EXIT_BOUND_SECONDS) == 0, up.log()[-3000:]
-        assert "did not finish" not in up.log()
-        with pytest.raises(ProcessLookupError):  # stopped and reaped by `up`
-            os.kill(nats_pid, 0)
-        server_log = (up.data_dir / "nats-server.log").read_text()
-        assert 'Trapped "terminated" signal' in server_log  # `up`'s SIGTERM once its services stopped …
-        assert 'Trapped "interrupt" signal' not in server_log  # … not the terminal's SIGINT
-    finally:
-        up.kill()
-        if nats_pid:
-            kill_quietly(nats_pid)
+def test_up_stops_cleanly_on_a_terminals_ctrl_c(simulating: Up) -> None:
+    # The server took the terminal's SIGINT too and went first; the shutdown of the parts still using the bus was then
+    # cut at the deadline (seen from about 30 s after the start).
+    nats_pid = simulating.nats_pid()
+    wait_for_log(simulating, "bindings: ")  # the simulated cluster is placing its pods through the extender
+    os.killpg(simulating.process.pid, signal.SIGINT)
+    assert simulating.exit_code_within(EXIT_BOUND_SECONDS) == 0, simulating.log()[-3000:]
+    assert "did not finish" not in simulating.log()
+    with pytest.raises(ProcessLookupError):  # stopped and reaped by `up`
+        os.kill(nats_pid, 0)
+    server_log = (simulating.data_dir / "nats-server.log").read_text()
+    assert 'Trapped "terminated" signal' in server_log  # `up`'s SIGTERM once its services stopped …
+    assert 'Trapped "interrupt" signal' not in server_log  # … not the terminal's SIGINT
 
 
-def test_up_stops_cleanly_when_the_signal_reaches_it_and_its_server_with_trained_models(tmp_path: Path) -> None:
+def test_up_stops_cleanly_when_the_signal_reaches_it_and_its_server_with_trained_models(simulating: Up) -> None:
     # A supervisor signalling every process (systemd's default KillMode): the server gone first, `up`'s stop used to
     # wait on the prediction snapshots it saves at stop until the 8 s deadline cut it ('shutdown did not finish',
     # exit 1), and, once that wait was bounded, asyncio.run's cleanup waited forever for a reconnect loop whose
     # cancellation Python 3.11's wait_for had swallowed.
-    up = Up(tmp_path / "data", free_port(), tmp_path / "up.log", "--simulate-nodes", "3")
-    nats_pid = 0
-    try:
-        up.wait_ready()
-        nats_pid = up.nats_pid()
-        wait_for_models(up, "sim-node-0001")
-        sent = time.monotonic()
-        os.kill(nats_pid, signal.SIGTERM)
-        os.kill(up.process.pid, signal.SIGTERM)
-        assert up.exit_code_within(EXIT_BOUND_SECONDS) == 0, up.log()[-3000:]
-        assert time.monotonic() - sent < EXIT_BOUND_SECONDS
-        assert "did not finish" not in up.log()
-    finally:
-        up.kill()
-        if nats_pid:
-            kill_quietly(nats_pid)
+    wait_for_models(simulating, "sim-node-0001")
+    sent = time.monotonic()
+    os.kill(simulating.nats_pid(), signal.SIGTERM)
+    os.kill(simulating.process.pid, signal.SIGTERM)
+    assert simulating.exit_code_within(EXIT_BOUND_SECONDS) == 0, simulating.log()[-3000:]
+    assert time.monotonic() - sent < EXIT_BOUND_SECONDS
+    assert "did not finish" not in simulating.log()
 
 
 def wait_for_models(up: Up, node: str) -> None:
