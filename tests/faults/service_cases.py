@@ -284,12 +284,16 @@ async def _command(bus: JetStreamBus, request: CommandRequest) -> CommandReply:
 def quota_case(rng: random.Random, *, prefix: str = "fault", steps: int = 40) -> Case:
     leaves = ["a", "b", "c"]
     node_name = f"{prefix}-node-0"
+    # Observed when the other cases' objects are (the colocation ConfigMap's time): with the noderesource service
+    # running too (test_cluster_combined.py), a node and pods observed "before" the ConfigMap made a clean replay's
+    # decision for this node, which takes in the ConfigMap, newer than the live one, which came after it.
+    observed_at = nr.T0
 
     async def setup(bus: JetStreamBus) -> None:
         node = quota_model.node(node_name, "64")
         await bus.publish(
             subjects.cluster_node(node_name),
-            msgspec.json.encode(NodeObserved(name=node_name, observed_at=1.0, node=node)),
+            msgspec.json.encode(NodeObserved(name=node_name, observed_at=observed_at, node=node)),
             msg_id=node_name,
         )
 
@@ -307,11 +311,11 @@ def quota_case(rng: random.Random, *, prefix: str = "fault", steps: int = 40) ->
         name = f"pod-{step}"
         if step > 5 and rng.random() < 0.3:  # an earlier pod goes away
             name = f"pod-{rng.randrange(step)}"
-            gone = PodObserved(namespace="apps", name=name, observed_at=1.0, deleted=True)
+            gone = PodObserved(namespace="apps", name=name, observed_at=observed_at, deleted=True)
             await bus.publish(subjects.cluster_pod("apps", name), msgspec.json.encode(gone), msg_id=f"{name}-gone")
             return
         pod = quota_model.pod(name, f"{rng.randrange(1, 6)}", quota_name=rng.choice(leaves), node_name=node_name)
-        event = PodObserved(namespace="apps", name=name, observed_at=1.0, pod=pod)
+        event = PodObserved(namespace="apps", name=name, observed_at=observed_at, pod=pod)
         await bus.publish(subjects.cluster_pod("apps", name), msgspec.json.encode(event), msg_id=name)
 
     async def decisions(bus: JetStreamBus) -> Decisions:
