@@ -843,8 +843,8 @@ class _PullSource:
     open ones, so a busy stream flows without a round trip between batches. A fetch hands out what is buffered, or
     waits up to the fetch timeout for the next message. A trickle thus costs one pull request per batch_size
     messages or per expiry, not one or two per message (which had a nodemetric service at 100 messages/s spend
-    more than half its CPU on pulls). Messages still buffered when the source closes are simply not acked: the
-    server redelivers them after ack_wait.
+    more than half its CPU on pulls). Messages still buffered when the source closes are nak'ed, so the server
+    redelivers them at once.
 
     A consumer read in stream order (ConsumerSpec.retry_flush_in_place: its store skips what is at or below its
     offset) checks the consumer's delivery sequence: a gap means deliveries were lost in flight (the server that
@@ -1050,6 +1050,14 @@ class _PullSource:
         return (info.num_pending or 0) + (info.num_ack_pending or 0)
 
     async def close(self) -> None:
+        # What arrived and was never handed out goes back now (a nak), not after ack_wait: another consumer of the
+        # durable, or this one started again, gets it at once (under load a fetch hands over part of what came).
+        buffered = list(self._buffer)
+        self._buffer.clear()
+        if buffered and self._nc.is_connected:
+            with contextlib.suppress(*_UNAVAILABLE, nats.errors.Error):
+                for msg in buffered:
+                    await msg.nak()
         ack_sub, self._ack_sub, self._ack_prefix = self._ack_sub, None, None
         self._unconfirmed.clear()
         if ack_sub is not None and not self._nc.is_closed:
