@@ -243,9 +243,13 @@ async def record_offset(
     )
 
 
-async def delete_offset(connection: AsyncConnection, consumer: str) -> None:
+async def delete_offset(connection: AsyncConnection, consumer: str, *, with_partitions: bool = False) -> None:
+    """Forget `consumer`'s offset; `with_partitions`: its per-partition offsets too (`<consumer>.p<n>`)."""
     offsets = _offsets()
-    await connection.execute(sa.delete(offsets).where(offsets.c.consumer == consumer))
+    matches = offsets.c.consumer == consumer
+    if with_partitions:
+        matches = matches | offsets.c.consumer.startswith(f"{consumer}.p", autoescape=True)
+    await connection.execute(sa.delete(offsets).where(matches))
 
 
 def _no_event_time(fresh: Sequence[tuple[int, Any]]) -> float:
@@ -260,6 +264,7 @@ async def project_batch(
     stream: str,
     write: Callable[[AsyncConnection, list[tuple[int, Item]]], Awaitable[int]],
     event_time: Callable[[list[tuple[int, Item]]], float] = _no_event_time,
+    offset_of: Callable[[Item], str] | None = None,
 ) -> int:
     """Project one batch of (stream sequence, item) pairs in one transaction, skipping what is already projected.
 
@@ -267,18 +272,35 @@ async def project_batch(
     are dropped, and a sequence given twice (a redelivered message queued twice before a write) is kept once; the
     rest go to `write` in stream order, with the transaction's connection; then the offset moves to their last
     sequence, with `event_time` of them (0.0 when not given). Returns what `write` returns; 0 when nothing was
-    new (`write` is not called and the offset stays).
+    new (`write` is not called and the offsets stay).
+
+    `offset_of` names the offset each item is tracked under instead (one per partition of a partitioned stream,
+    whose partitions move between replicas: a replica taking a partition over replays it from before the
+    partition's own offset, which its other partitions' offsets are already past). The offsets are locked in
+    name order, so two writers never wait on each other in a cycle.
     """
+    groups: dict[str, dict[int, Item]] = {}
+    for seq, item in items:
+        groups.setdefault(consumer if offset_of is None else offset_of(item), {})[seq] = item
     async with write_transaction(engine) as connection:
-        offset = await read_offset(connection, consumer, lock=True)
-        fresh = sorted({seq: item for seq, item in items if seq > offset}.items(), key=lambda pair: pair[0])
-        if not fresh:
+        advanced: dict[str, list[tuple[int, Item]]] = {}
+        for name in sorted(groups):
+            offset = await read_offset(connection, name, lock=True)
+            fresh = sorted(((seq, item) for seq, item in groups[name].items() if seq > offset), key=_by_sequence)
+            if fresh:
+                advanced[name] = fresh
+        if not advanced:
             return 0
-        written = await write(connection, fresh)
-        await record_offset(
-            connection, consumer=consumer, stream=stream, last_seq=fresh[-1][0], event_time=event_time(fresh)
-        )
+        written = await write(connection, sorted((p for f in advanced.values() for p in f), key=_by_sequence))
+        for name, fresh in advanced.items():
+            await record_offset(
+                connection, consumer=name, stream=stream, last_seq=fresh[-1][0], event_time=event_time(fresh)
+            )
         return written
+
+
+def _by_sequence(pair: tuple[int, object]) -> int:
+    return pair[0]
 
 
 # --- migrations

@@ -247,6 +247,7 @@ class _BatchedWriter(Generic[T]):
         self._write = write
         self._limit = limit
         self._rows: list[T] = []
+        self._writing = asyncio.Lock()
         self.failures = 0
 
     def add(self, row: T) -> None:
@@ -257,15 +258,19 @@ class _BatchedWriter(Generic[T]):
         return len(self._rows) >= self._limit
 
     async def write(self) -> None:
-        rows, self._rows = self._rows, []
-        if not rows:
-            return
-        try:
-            await self._write(rows)
-        except Exception:
-            self._rows = rows + self._rows  # kept for the next attempt (the store skips what it already has)
-            self.failures += 1
-            raise
+        """Write the rows queued so far. One write at a time (the interval's, a full queue's, a rebalance's): rows
+        written out of order would be lost, the store skipping what is at or below the offset a later write left."""
+        async with self._writing:
+            rows, self._rows = self._rows, []
+            if not rows:
+                return
+            try:
+                await self._write(rows)
+            except BaseException as e:  # a cancelled write keeps its rows too, for close()
+                self._rows = rows + self._rows  # kept for the next attempt (the store skips what it already has)
+                if isinstance(e, Exception):
+                    self.failures += 1
+                raise
 
     async def run(self, interval: float) -> None:
         while True:
@@ -385,6 +390,7 @@ class NodeMetricService:
             deliver_policy="by_start_sequence",
             opt_start_seq=projected + 1,
             inactive_threshold_seconds=INSTANCE_DURABLE_INACTIVE_SECONDS if self.settings.instance else None,
+            retry_flush_in_place=True,  # the store skips sequences below its offset
         )
         interval = self.settings.projection_write_interval_seconds
         self._writers = [
@@ -429,6 +435,7 @@ class NodeMetricService:
                 deliver_policy="by_start_time",
                 opt_start_time=max(replay_from, 0.0),
                 inactive_threshold_seconds=INSTANCE_DURABLE_INACTIVE_SECONDS if self.settings.instance else None,
+                retry_flush_in_place=True,  # the store skips sequences below each partition's offset
             )
             self._ingest = self.bus.consume(ingest, _IngestHandler(self), reset=True)
         watched = {PROJECTOR_CONSUMER: self._projector} if self._projector is not None else {}
@@ -562,7 +569,10 @@ class NodeMetricService:
         return membership.durable(PROJECTOR_CONSUMER, self.settings.instance)
 
     async def _write_node_rows(self, rows: list[tuple[int, NodeSeen | NodeStateReported]]) -> None:
-        await self.store.apply_node_events(rows, consumer=self._ingest_name, stream=streams.KOORD_NODE)
+        # Offsets per partition, not per replica: see NodeMetricStore.apply_node_events.
+        await self.store.apply_node_events(
+            rows, consumer=INGEST_CONSUMER, stream=streams.KOORD_NODE, partition=subjects.node_partition
+        )
 
     async def _write_computed_rows(self, rows: list[tuple[int, NodeMetricComputedRecord, str]]) -> None:
         await self.store.apply_computed(

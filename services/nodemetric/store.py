@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, cast
 
 import msgspec
@@ -195,11 +196,21 @@ class NodeMetricStore:
             self._engine, items, consumer=consumer, stream=stream, write=write, event_time=_latest_report
         )
 
-    async def apply_node_events(self, items: Sequence[tuple[int, _NodeEvent]], *, consumer: str, stream: str) -> int:
+    async def apply_node_events(
+        self,
+        items: Sequence[tuple[int, _NodeEvent]],
+        *,
+        consumer: str,
+        stream: str,
+        partition: Callable[[str], int] | None = None,
+    ) -> int:
         """Project one consumer's node-stream batch (metric batches seen and state reports) in one transaction.
 
         Use this when both kinds share a consumer: applying them in two calls would let the first call's
-        offset hide the other kind's lower sequences. Returns the node rows written.
+        offset hide the other kind's lower sequences. With `partition` (a node's partition of the stream), each
+        partition's rows are tracked under their own offset, `<consumer>.p<partition>`, whoever writes them: the
+        replica that takes a partition over replays it from further back than its other partitions' offsets (one
+        offset for all of them skipped the replayed rows for good). Returns the node rows written.
         """
 
         async def write(connection: AsyncConnection, fresh: builtins.list[tuple[int, _NodeEvent]]) -> int:
@@ -215,7 +226,13 @@ class NodeMetricStore:
             return len({row["node"] for row in (*seen_rows, *state_rows)})
 
         return await db.project_batch(
-            self._engine, items, consumer=consumer, stream=stream, write=write, event_time=_latest_node_event
+            self._engine,
+            items,
+            consumer=consumer,
+            stream=stream,
+            write=write,
+            event_time=_latest_node_event,
+            offset_of=None if partition is None else functools.partial(_partition_offset, consumer, partition),
         )
 
     async def apply_node_seen(self, items: Sequence[tuple[int, NodeSeen]], *, consumer: str, stream: str) -> int:
@@ -229,11 +246,12 @@ class NodeMetricStore:
         return await self.apply_node_events(items, consumer=consumer, stream=stream)
 
     async def reset(self, consumer: str) -> None:
-        """Forget everything `consumer` projected (its offset and its rows) so a replay can rebuild it."""
+        """Forget everything `consumer` projected (its offsets, its partitions' too, and its rows) so a replay can
+        rebuild it."""
         async with db.write_transaction(self._engine) as connection:
             await connection.execute(sa.delete(_METRICS).where(_METRICS.c.consumer == consumer))
             await connection.execute(sa.delete(_NODES).where(_NODES.c.consumer == consumer))
-            await db.delete_offset(connection, consumer)
+            await db.delete_offset(connection, consumer, with_partitions=True)
 
     # --- reads
 
@@ -329,6 +347,10 @@ def _newest_per_node(
 
 def _latest_node_event(fresh: Sequence[tuple[int, _NodeEvent]]) -> float:
     return max(item.window_end if isinstance(item, NodeSeen) else item.at for _, item in fresh)
+
+
+def _partition_offset(consumer: str, partition: Callable[[str], int], item: _NodeEvent) -> str:
+    return f"{consumer}.p{partition(item.node)}"
 
 
 def _latest_report(fresh: Sequence[tuple[int, NodeMetricComputedRecord]]) -> float:

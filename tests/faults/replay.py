@@ -57,7 +57,10 @@ async def replay_into(bus: Bus, url: str) -> dict[str, list[dict[str, object]]]:
             assert isinstance(event, NodeStateReported)
             node_events.append((delivery.stream_seq, event))
         await nodemetric_store.apply_node_events(
-            node_events, consumer=nodemetric.INGEST_CONSUMER, stream=streams.KOORD_NODE
+            node_events,
+            consumer=nodemetric.INGEST_CONSUMER,
+            stream=streams.KOORD_NODE,
+            partition=subjects.node_partition,  # as the service tracks them
         )
         computed = await bus.read_recent(
             streams.KOORD_NODEMETRIC, subjects.NODEMETRIC_COMPUTED_ALL, since=0, limit=READ_LIMIT

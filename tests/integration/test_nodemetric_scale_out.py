@@ -1,6 +1,7 @@
 """Two nodemetric replicas on one real nats-server and one database: the node partitions (KOORD_NODE's subject
 transform) are split so every node is handled by exactly one replica, and a replica that dies hands its
-partitions to the other, which rebuilds those nodes' windows from the stream."""
+partitions to the other, which rebuilds those nodes' windows (and the nodes' rows it had not written) from the
+stream."""
 
 from __future__ import annotations
 
@@ -34,8 +35,15 @@ async def publish_window(bus: JetStreamBus, window_start: float) -> None:
         await bus.publish(subjects.node_metrics(node), encode_node_event(batch(node, window_start)), msg_id=msg_id)
 
 
-def replica(bus: JetStreamBus, store: NodeMetricStore, instance: str) -> NodeMetricService:
-    settings = NodeMetricSettings(instance=instance, membership_ttl_seconds=4.0, report_phase_step_seconds=0)
+def replica(bus: JetStreamBus, store: NodeMetricStore, instance: str, *, write_every: float) -> NodeMetricService:
+    """A replica recording every batch in the nodes' rows, written every `write_every` seconds."""
+    settings = NodeMetricSettings(
+        instance=instance,
+        membership_ttl_seconds=4.0,
+        report_phase_step_seconds=0,
+        liveness_grid_seconds=0,
+        projection_write_interval_seconds=write_every,
+    )
     return NodeMetricService(bus, store, settings, registry=new_registry())
 
 
@@ -46,7 +54,9 @@ async def test_replicas_split_the_nodes_and_a_dead_replicas_partitions_move(
     await db.run_migrations(url)
     engine = db.create_engine(url)
     store = NodeMetricStore(engine)
-    first, second = replica(koordbus_bus, store, "r1"), replica(koordbus_bus, store, "r2")
+    # the second writes its rows only when it stops: killed, it leaves them unwritten
+    first = replica(koordbus_bus, store, "r1", write_every=0.5)
+    second = replica(koordbus_bus, store, "r2", write_every=3600)
     start = (time.time() // 60) * 60 - 600
     try:
         await first.start()
@@ -73,15 +83,30 @@ async def test_replicas_split_the_nodes_and_a_dead_replicas_partitions_move(
             holder = first if node in first._windows else second
             assert subjects.node_partition(node) in (holder.owned or ())
 
-        # The second replica dies (no farewell): after the TTL its partitions move, and the first rebuilds the
-        # moved nodes' windows from the stream and keeps them up to date.
+        # The first has written its own nodes' rows (the offsets it holds are past every window published)
+        kept = set(first._windows)
+
+        async def first_written() -> bool:
+            return {r.node for r in await store.nodes_by_name(kept) if r.last_seen == start + 30} == kept
+
+        await eventually(first_written, timeout=20)
+
+        # The second replica dies (no farewell, its rows unwritten): after the TTL its partitions move, and the
+        # first rebuilds the moved nodes' windows from the stream, keeps them up to date and writes their rows.
         moved = set(second._windows)
         second._membership = None  # as if killed: it never says goodbye
+        second.node_rows._rows.clear()  # nor writes what it had not
         await second.stop()
         await publish_window(koordbus_bus, start + 30)
         await eventually(lambda: first.owned == frozenset(range(subjects.NODE_PARTITIONS)), timeout=20)
         await eventually(lambda: moved <= set(first._windows), timeout=20)
         await eventually(lambda: all((first._windows[n].newest_end or 0) >= start + 40 for n in NODES), timeout=20)
+
+        async def every_row_written() -> bool:
+            rows = await store.nodes_by_name(NODES)
+            return [(r.first_seen, r.last_seen) for r in rows] == [(start + 10, start + 40)] * len(NODES)
+
+        await eventually(every_row_written, timeout=20)
     finally:
         await first.stop()
         await second.stop()

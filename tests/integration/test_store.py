@@ -289,3 +289,40 @@ async def test_a_message_queued_twice_counts_once(store: NodeMetricStore) -> Non
     await store.apply_node_events([twice, twice], consumer=NODE_CONSUMER, stream="KOORD_NODE")
     (node_a,) = await store.nodes_by_name(["node-a"])
     assert node_a.dropped_batches == 2
+
+
+def _partition(node: str) -> int:
+    return int(node.rsplit("-", 1)[1]) % 2
+
+
+async def test_a_partition_taken_over_is_written_from_its_own_offset(store: NodeMetricStore) -> None:
+    """Partitions move between replicas: the one taking a partition over replays it from before its own other
+    partitions' offsets. Per-partition offsets write what the previous owner had not; one offset for every
+    partition skipped it (nodes' last batches lost in a failover test)."""
+    # Replica A wrote node-0's partition up to 20, replica B node-1's up to 30; then B takes node-0's partition
+    # over and replays it from 10 (A had not written 24 and 28 when it lost the partition).
+    await store.apply_node_events(
+        [(10, NodeSeen(node="node-0", window_end=100.0)), (20, NodeSeen(node="node-0", window_end=200.0))],
+        consumer=NODE_CONSUMER,
+        stream="KOORD_NODE",
+        partition=_partition,
+    )
+    await store.apply_node_events(
+        [(30, NodeSeen(node="node-1", window_end=300.0))],
+        consumer=NODE_CONSUMER,
+        stream="KOORD_NODE",
+        partition=_partition,
+    )
+    replayed = [
+        (seq, NodeSeen(node="node-0", window_end=float(seq * 10), dropped_batches=1)) for seq in (10, 20, 24, 28)
+    ]
+    assert await store.apply_node_events(replayed, consumer=NODE_CONSUMER, stream="KOORD_NODE", partition=_partition)
+
+    node_0, node_1 = await store.nodes_by_name(["node-0", "node-1"])
+    assert (node_0.last_seen, node_0.last_batch_seq, node_0.dropped_batches) == (280.0, 28, 2)  # 10, 20 once
+    assert node_1.last_batch_seq == 30
+    assert (await store.offset(f"{NODE_CONSUMER}.p0"), await store.offset(f"{NODE_CONSUMER}.p1")) == (28, 30)
+
+    await store.reset(NODE_CONSUMER)
+    assert await store.nodes_by_name(["node-0", "node-1"]) == []
+    assert (await store.offset(f"{NODE_CONSUMER}.p0"), await store.offset(f"{NODE_CONSUMER}.p1")) == (0, 0)
