@@ -26,9 +26,10 @@ so every replica reads all of it and keeps only what concerns its nodes (Cluster
 changes it forgets the nodes it lost and, for those it gained, reads their last decisions and replays the current
 cluster state and NodeMetrics, as at start-up, deciding them only once that replay is done; the nodes it kept are
 decided throughout. A gained node's first decision is compared with the last one its previous owner published (so
-nothing unchanged is published again), and decisions derive their time and msg id from their content and the
-triggering event, so two replicas that briefly both own a partition publish the same message, which JetStream
-deduplicates; a NodeMetric the previous owner consumed but never decided is replayed and decided by the new one.
+nothing unchanged is published again), and decisions derive their time from the triggering event and their msg id
+from what they decide (`decision_identity`), so two replicas that briefly both own a partition publish one message,
+which JetStream deduplicates; a NodeMetric the previous owner consumed but never decided is replayed and decided by
+the new one.
 Every replica projects every decision under the one store offset of PROJECTOR_CONSUMER: the database serializes
 the writes and skips what another replica already wrote.
 """
@@ -73,6 +74,7 @@ from services.noderesource.state import (
     ClusterState,
     LastWrite,
     StateEvent,
+    decision_identity,
     decision_time,
     event_time,
     is_repeat,
@@ -686,7 +688,7 @@ class NodeResourceService:
         messages = []
         for decision in decisions:
             data = msgspec.json.encode(decision)
-            digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+            digest = hashlib.blake2b(decision_identity(decision), digest_size=16).hexdigest()
             messages.append(
                 (
                     subjects.noderesource_computed(decision.node),

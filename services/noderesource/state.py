@@ -404,6 +404,28 @@ def is_repeat(previous: NodeResourceComputed | None, decision: NodeResourceCompu
     )
 
 
+def decision_identity(decision: NodeResourceComputed) -> bytes:
+    """What a decision decides, encoded: the node, its time, and is_repeat's fields with whether a write is due. Its
+    msg id is made from this, not from the whole message, so two replicas that briefly both own the node (a
+    partition moving) and decide it at the same time to the same effect publish one message, which JetStream
+    deduplicates, whatever moved each to it (its trigger: a replica replaying what it gained names more causes) and
+    however each explains it."""
+    return msgspec.json.encode(
+        (
+            decision.node,
+            decision.computed_at,
+            decision.outcome,
+            decision.reason,
+            decision.resources,
+            decision.annotations,
+            decision.write_due,
+            decision.meta_due,
+            decision.nodemetric_spec,
+            decision.zones,
+        )
+    )
+
+
 def decision_time(trigger_time: float, previous: NodeResourceComputed | None) -> float:
     """A node's decision times never go back: the triggering event's time, or the previous decision's if later
     (a replayed old event must not un-degrade a node a later resync degraded)."""

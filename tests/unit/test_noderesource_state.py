@@ -37,6 +37,7 @@ from services.noderesource.state import (
     ClusterState,
     LastWrite,
     StateEvent,
+    decision_identity,
     decision_time,
     event_time,
     is_repeat,
@@ -261,6 +262,25 @@ def test_the_write_is_due_again_after_update_time_threshold_seconds() -> None:
     late = decide(state, now=T0 + 301, last=baseline)
     assert late.write_due and "updateTimeThresholdSeconds 300" in late.write_reason
     assert not is_repeat(first, late)
+
+
+def test_the_same_decision_for_other_reasons_has_one_identity() -> None:
+    """Two replicas briefly owning a node decide it at the same time to the same effect, one from a NodeMetric and
+    one replaying the node, its pods and that NodeMetric (a combined failover run stored both, the second a repeat):
+    one identity, so one msg id and one message. Any decided field apart is another decision."""
+    state = worked_example()
+    first = decide(state)
+    replayed = msgspec.structs.replace(first, trigger=("node", "nodemetric", "pods"), explanation={})
+    assert decision_identity(replayed) == decision_identity(first)
+    assert msgspec.json.encode(replayed) != msgspec.json.encode(first)
+    moved = dict(first.resources) | {BATCH_CPU: 1}
+    for other in (
+        msgspec.structs.replace(first, resources=moved),
+        msgspec.structs.replace(first, computed_at=first.computed_at + 1),
+        msgspec.structs.replace(first, write_due=not first.write_due),
+        msgspec.structs.replace(first, annotations={"a": "b"}),
+    ):
+        assert decision_identity(other) != decision_identity(first)
 
 
 def test_an_unchanged_decision_without_a_due_write_is_a_repeat() -> None:
