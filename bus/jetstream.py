@@ -12,6 +12,7 @@ import asyncio
 import collections
 import contextlib
 import datetime
+import functools
 import itertools
 import json
 import logging
@@ -19,9 +20,9 @@ import math
 import random
 import secrets
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import nats
 import nats.errors
@@ -51,6 +52,7 @@ from bus.api import (
 from bus.errors import BusError, BusUnavailableError, ConflictError, PayloadTooLargeError, RemoteError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 HEADER_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 ERR_WRONG_LAST_SEQUENCE = 10071
@@ -295,20 +297,27 @@ class JetStreamBus:
         (a peer not yet known online, no meta leader for a moment) is retried for up to
         bus.retry.PUBLISH_RETRY_SECONDS per stream."""
         for spec in specs:
-            loop = asyncio.get_running_loop()
-            give_up_at = loop.time() + retry.PUBLISH_RETRY_SECONDS
-            attempt = 0
-            while True:
-                try:
-                    await self._ensure_stream(spec)
-                    break
-                except (nats.js.errors.APIError, *_UNAVAILABLE) as e:
-                    failure = _failure(e)
-                    if failure is None or not self._may_retry(failure, {HEADER_MSG_ID: "idempotent"}, give_up_at):
-                        raise _api_error(e, f"ensure stream {spec.name}") from e
-                    attempt += 1
-                    log.info("stream %s: the cluster cannot take it yet (%s); retrying", spec.name, e)
-                    await self._back_off(failure, attempt)
+            try:
+                await self._until_available(functools.partial(self._ensure_stream, spec), f"stream {spec.name}")
+            except (nats.js.errors.APIError, *_UNAVAILABLE) as e:
+                raise _api_error(e, f"ensure stream {spec.name}") from e
+
+    async def _until_available(self, call: Callable[[], Awaitable[T]], what: str) -> T:
+        """`call()`, made again with backoff while a cluster answers "not now" (a forming cluster, an election) for
+        up to bus.retry.PUBLISH_RETRY_SECONDS. Only for calls that may be made twice (creating or updating a stream,
+        a reader's ephemeral consumer); the last failure is raised as it came."""
+        give_up_at = asyncio.get_running_loop().time() + retry.PUBLISH_RETRY_SECONDS
+        attempt = 0
+        while True:
+            try:
+                return await call()
+            except (nats.js.errors.APIError, *_UNAVAILABLE) as e:
+                failure = _failure(e)
+                if failure is None or not self._may_retry(failure, {HEADER_MSG_ID: "idempotent"}, give_up_at):
+                    raise
+                attempt += 1
+                log.info("%s: the cluster cannot take it yet (%s); retrying", what, e)
+                await self._back_off(failure, attempt)
 
     async def _ensure_stream(self, spec: StreamSpec) -> None:
         try:
@@ -387,7 +396,9 @@ class JetStreamBus:
         )
         newest: collections.deque[Delivery] = collections.deque(maxlen=limit)
         try:
-            sub = await self._js.pull_subscribe(subject, stream=stream, config=config)
+            sub = await self._until_available(
+                functools.partial(self._js.pull_subscribe, subject, stream=stream, config=config), f"read {subject}"
+            )
         except nats.js.errors.NotFoundError as e:
             raise BusError(f"stream {stream} not found") from e
         except _UNAVAILABLE as e:

@@ -217,3 +217,25 @@ async def test_an_ack_sent_while_its_consumer_has_no_leader_is_sent_again_not_lo
     finally:
         await consumer.stop()
         await bus.close()
+
+
+async def test_a_read_made_while_the_cluster_has_no_meta_leader_waits_for_the_next(
+    nats_cluster: ClusterUnderTest,
+) -> None:
+    """A read makes an ephemeral consumer, which only the meta leader creates: right after it is lost the servers
+    answer "JetStream system temporarily unavailable" (a combined failover run's own read failed so, after
+    everything had caught up). The read is made again until a new meta leader takes it."""
+    cluster = nats_cluster.cluster
+    leader = await cluster.meta_leader()
+    assert leader is not None
+    bus = await nats_cluster.connect("reader", members=[i for i in range(3) if cluster.server_name(i) != leader])
+    subject = subjects.quota_events("team-read")
+    await bus.publish(subject, b"created", msg_id="r-1")
+
+    await cluster.kill(cluster.index_of(leader))
+    stored = await stream_messages(bus, streams.KOORD_QUOTA, subject)
+
+    assert [(m.msg_id, m.data) for m in stored] == [("r-1", b"created")]
+    assert sum(bus.publish_retries.values()) > 0, "the read was not refused once: nothing tested"
+    await cluster.restart(cluster.index_of(leader))
+    await bus.close()
