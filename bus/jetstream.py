@@ -903,7 +903,8 @@ class _PullSource:
         self._in_order = spec.retry_flush_in_place
         self._last_delivery: int | None = None
         """The consumer's delivery sequence of the last message received (0: none yet from a consumer this source
-        made; None: unknown, a consumer that was already there)."""
+        made; None: unknown, a consumer that was already there when this source first bound it). Kept when the
+        source binds the same consumer again."""
         self._handed_out: int | None = None
         """The highest stream sequence handed out since this source started."""
         self._restart = False
@@ -923,7 +924,9 @@ class _PullSource:
                 self._reset = False
             try:
                 await self._js.consumer_info(spec.stream, spec.durable)
-                self._last_delivery = None
+                # The durable goes on numbering its deliveries across a rebind (its leader lost, a 503 for a pull):
+                # what this source last received stays the mark, so deliveries lost in flight with the old leader
+                # are a gap at the next message. Unknown (None) only when the consumer was there before this source.
             except nats.js.errors.NotFoundError:
                 await self._js.add_consumer(spec.stream, config=self._config())
                 self._last_delivery = 0
