@@ -281,6 +281,12 @@ class Bus(Protocol):
         """Publish (subject, data, msg_id) triples pipelined within the in-flight bound."""
         ...
 
+    async def publish_many_if_last(self, messages: Sequence[tuple[str, bytes, str, int]]) -> list[PublishAck | None]:
+        """Publish (subject, data, msg_id, expected last subject sequence) pipelined, each stored only if its
+        subject's last sequence is the expected one (0: nothing on it); None for each one refused (what `publish`
+        raises ConflictError for), so the rest of the batch stands. Any other failure raises, as publish_many."""
+        ...
+
     def consume(self, spec: ConsumerSpec, handler: Handler, *, reset: bool = False) -> Consumer:
         """Start a durable pull consumer loop (creating the durable if missing). `reset` deletes
         and recreates the durable first, so its deliver policy applies again."""

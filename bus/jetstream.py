@@ -55,7 +55,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 HEADER_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
-ERR_WRONG_LAST_SEQUENCE = 10071
+ERR_WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
+"""A publish's expected last sequence did not hold: 10071 from the stored messages, 10164 (a replicated stream)
+against another publish to the subject still being proposed."""
 ERR_STREAM_NOT_FOUND = 10059
 ERR_CONSUMER_NOT_FOUND = 10014
 PUBLISH_TIMEOUT_SECONDS = 10.0
@@ -480,13 +482,37 @@ class JetStreamBus:
         shared ack inbox, and the acks are awaited together under one timeout — no task or timer per message, which
         is most of what a single `publish` costs. On a cluster, the messages a leader election refused (or, with a
         msg id, left unanswered) are sent again (bus.retry). The first failed ack raises once all are in."""
+        results = await self._publish_pipelined([(subject, data, mid, None) for subject, data, mid in messages])
+        acks: list[PublishAck] = []
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+            acks.append(result)
+        return acks
+
+    async def publish_many_if_last(self, messages: Sequence[tuple[str, bytes, str, int]]) -> list[PublishAck | None]:
+        """As publish_many, each message with `Nats-Expected-Last-Subject-Sequence`; None for each one refused."""
+        acks: list[PublishAck | None] = []
+        for result in await self._publish_pipelined(messages):
+            if isinstance(result, ConflictError):
+                acks.append(None)
+            elif isinstance(result, Exception):
+                raise result
+            else:
+                acks.append(result)
+        return acks
+
+    async def _publish_pipelined(
+        self, messages: Sequence[tuple[str, bytes, str, int | None]]
+    ) -> list[PublishAck | BusError]:
+        """(subject, data, msg id, expected last subject sequence or None) out at once; each one's ack or error."""
         if not messages:
             return []
-        for subject, _, _ in messages:  # before anything is sent: the batch fails whole, the connection lives
+        for subject, _, _, _ in messages:  # before anything is sent: the batch fails whole, the connection lives
             subjects.check_publishable(subject)
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + retry.PUBLISH_RETRY_SECONDS
-        results: list[PublishAck | Exception | None] = [None] * len(messages)
+        results: list[PublishAck | BusError | None] = [None] * len(messages)
         todo = list(range(len(messages)))
         attempt = 0
         while True:
@@ -494,9 +520,9 @@ class JetStreamBus:
             again: list[int] = []
             worst: retry.Failure | None = None
             for i, reply in zip(todo, replies, strict=True):
-                subject, _, mid = messages[i]
+                subject, _, mid, expected = messages[i]
                 try:
-                    results[i] = _publish_ack(reply, subject)
+                    results[i] = _publish_ack(reply, subject, expected)
                     continue
                 except BusError as e:
                     results[i] = e
@@ -510,19 +536,16 @@ class JetStreamBus:
             attempt += 1
             await self._back_off(worst, attempt)
             todo = again
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
-        return [r for r in results if isinstance(r, PublishAck)]
+        return [r for r in results if r is not None]
 
-    async def _publish_round(self, messages: Sequence[tuple[str, bytes, str]]) -> list[Msg | None]:
+    async def _publish_round(self, messages: Sequence[tuple[str, bytes, str, int | None]]) -> list[Msg | None]:
         """Send `messages` and wait for their acks under one timeout; a reply each, None where none came in time."""
         prefix = await self._ack_inbox()
         loop = asyncio.get_running_loop()
         waiting: list[asyncio.Future[Msg]] = []
         tokens: list[str] = []
         try:
-            for subject, data, mid in messages:
+            for subject, data, mid, expected in messages:
                 await self._in_flight_bound.acquire()
                 self._in_flight += 1
                 self.in_flight_peak = max(self.in_flight_peak, self._in_flight)
@@ -532,13 +555,15 @@ class JetStreamBus:
                 self._ack_waiters[token] = future
                 waiting.append(future)
                 tokens.append(token)
-                headers = {HEADER_MSG_ID: mid} if mid else None
-                await self._nc.publish(subject, data, reply=f"{prefix}.{token}", headers=headers)
+                headers = {HEADER_MSG_ID: mid} if mid else {}
+                if expected is not None:
+                    headers[HEADER_EXPECTED_LAST_SUBJECT_SEQ] = str(expected)
+                await self._nc.publish(subject, data, reply=f"{prefix}.{token}", headers=headers or None)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(PUBLISH_TIMEOUT_SECONDS):
                     await asyncio.wait(waiting)
         except _UNAVAILABLE as e:
-            if not self._clustered() or not all(mid for _, _, mid in messages):
+            if not self._clustered() or not all(mid for _, _, mid, _ in messages):
                 raise BusUnavailableError(f"publish of {len(messages)} messages: {type(e).__name__} {e}") from e
         finally:
             for token in tokens:
@@ -742,8 +767,9 @@ class _Responder:
             await asyncio.gather(*self._answering, return_exceptions=True)
 
 
-def _publish_ack(reply: Msg | None, subject: str) -> PublishAck:
-    """The stream's answer to one pipelined publish: its PubAck, or the error as the single publish raises it."""
+def _publish_ack(reply: Msg | None, subject: str, expected: int | None) -> PublishAck:
+    """The stream's answer to one pipelined publish (`expected`: the last subject sequence it was sent with): its
+    PubAck, or the error as the single publish raises it."""
     if reply is None:
         raise BusUnavailableError(f"publish {subject}: no ack within {PUBLISH_TIMEOUT_SECONDS:g} s")
     if (reply.headers or {}).get("Status") == NO_RESPONDERS_STATUS:
@@ -755,6 +781,8 @@ def _publish_ack(reply: Msg | None, subject: str) -> PublishAck:
     error = answer.get("error")
     if error is not None:
         text = f"publish {subject}: {error.get('description', error)} (code {error.get('err_code')})"
+        if expected is not None and error.get("err_code") in ERR_WRONG_LAST_SEQUENCE:
+            raise ConflictError(text, subject=subject, expected=expected)
         if retry.temporary_api_error(error.get("err_code"), str(error.get("description", ""))):
             raise BusUnavailableError(text)
         raise BusError(text)
@@ -811,7 +839,7 @@ def _publish_error(error: Exception, subject: str, headers: Mapping[str, str]) -
     if isinstance(error, _UNAVAILABLE):
         return BusUnavailableError(f"publish {subject}: {type(error).__name__} {error}")
     if isinstance(error, nats.js.errors.APIError):
-        if error.err_code == ERR_WRONG_LAST_SEQUENCE:
+        if error.err_code in ERR_WRONG_LAST_SEQUENCE:
             expected = int(headers[HEADER_EXPECTED_LAST_SUBJECT_SEQ])
             return ConflictError(f"{subject}: {error.description}", subject=subject, expected=expected)
         if _temporary(error):

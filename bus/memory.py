@@ -245,25 +245,39 @@ class MemoryBus:
             subjects.check_publishable(subject)
         return list(await asyncio.gather(*(self.publish(s, d, msg_id=m) for s, d, m in messages)))
 
+    async def publish_many_if_last(self, messages: Sequence[tuple[str, bytes, str, int]]) -> list[PublishAck | None]:
+        for subject, _, _, _ in messages:
+            subjects.check_publishable(subject)
+
+        async def one(subject: str, data: bytes, mid: str, expected: int) -> PublishAck | None:
+            try:
+                return await self.publish(
+                    subject, data, msg_id=mid, options=PublishOptions(expected_last_subject_seq=expected)
+                )
+            except ConflictError:
+                return None
+
+        return list(await asyncio.gather(*(one(*message) for message in messages)))
+
     def _store(self, subject: str, data: bytes, msg_id: str, options: PublishOptions) -> PublishAck:
         stream = next((s for s in self._streams.values() if s.covers(subject)), None)
         if stream is None:
             raise BusUnavailableError(f"no stream for subject {subject}")
         now = self._now()
         stream.prune(now)
-        seen = stream.dedup.get(msg_id) if msg_id else None
-        if seen is not None:
-            return PublishAck(stream=stream.spec.name, seq=seen[0], duplicate=True)
         stored_as = subject  # as nats-server stores it: after the stream's subject transform
         if stream.spec.subject_transform is not None:
             stored_as = subject_transform.apply(*stream.spec.subject_transform, subject) or subject
         expected = options.expected_last_subject_seq
-        if expected is not None and stream.last_seq_on(stored_as) != expected:
+        if expected is not None and stream.last_seq_on(stored_as) != expected:  # as nats-server: before the msg id
             raise ConflictError(
                 f"wrong last sequence on {subject}: {stream.last_seq_on(stored_as)}, expected {expected}",
                 subject=subject,
                 expected=expected,
             )
+        seen = stream.dedup.get(msg_id) if msg_id else None
+        if seen is not None:
+            return PublishAck(stream=stream.spec.name, seq=seen[0], duplicate=True)
         headers = dict(options.headers)
         if msg_id:
             headers[HEADER_MSG_ID] = msg_id

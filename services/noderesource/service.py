@@ -29,7 +29,9 @@ decided throughout. A gained node's first decision is compared with the last one
 nothing unchanged is published again), and decisions derive their time from the triggering event and their msg id
 from what they decide (`decision_identity`), so two replicas that briefly both own a partition publish one message,
 which JetStream deduplicates; a NodeMetric the previous owner consumed but never decided is replayed and decided by
-the new one.
+the new one. Two such replicas can still decide a node from different views (one saw the other's last decision):
+each decision is published conditional on the last sequence of the node's subject its replica knows, so the one
+with the older view is refused, takes the stream's last decision as the one published and decides the node again.
 Every replica projects every decision under the one store offset of PROJECTOR_CONSUMER: the database serializes
 the writes and skips what another replica already wrote.
 """
@@ -95,6 +97,9 @@ STRATEGY_TRIGGERS: frozenset[Trigger] = frozenset({"node", "config"})
 SKIP_UNKNOWN_NODE = "unknown_node"
 PUBLISH_RETRY_DELAY_SECONDS = 1.0
 YIELD_EVERY_DECISIONS = 200
+PUBLISH_ROUNDS = 3
+"""A decision refused (another replica decided the node meanwhile) is decided again from what the stream holds;
+after this many rounds in one batch, the node waits for the next batch or tick."""
 """A decision with 100 pods costs about 0.15 ms; the event loop gets a turn after this many (~30 ms)."""
 
 
@@ -119,6 +124,7 @@ class _Instruments:
     skipped_inputs: Counter
     partitions: Gauge
     rebalances: Counter
+    refused: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> _Instruments:
@@ -172,6 +178,12 @@ class _Instruments:
                 "Times this replica's share of the node partitions changed (a replica joined or left)",
                 registry=registry,
             ),
+            refused=Counter(
+                "koordbus_noderesource_decisions_refused",
+                "Decisions the stream refused because another replica had decided the node since this one last "
+                "saw it (a partition moving); the node is decided again from the stream's last decision",
+                registry=registry,
+            ),
         )
 
 
@@ -202,7 +214,7 @@ class _HistoryHandler:
         self._owner = owner
 
     async def handle(self, delivery: Delivery) -> None:
-        self._owner.remember(NODERESOURCE_COMPUTED_DECODER.decode(delivery.data))
+        self._owner.remember(NODERESOURCE_COMPUTED_DECODER.decode(delivery.data), seq=delivery.stream_seq)
 
     async def flush(self) -> None:
         return None
@@ -235,6 +247,10 @@ class NodeResourceService:
         """Per node, the clock's time of its last decision (published or not): what the resync tick skips."""
         self._published: dict[str, NodeResourceComputed] = {}
         """Per node, the last decision published (or found in the stream at start-up)."""
+        self._subject_seq: dict[str, int] = {}
+        """Per node, the stream sequence of the last decision on its subject as far as this replica knows: what its
+        next decision is published conditional on, so a replica that missed another's decision of the node cannot
+        publish over it (0: none known)."""
         self._last_written: dict[str, LastWrite] = {}
         self._metrics.degraded_nodes.set_function(
             lambda: sum(1 for d in self._published.values() if d.outcome == "degraded")  # counted when scraped
@@ -379,7 +395,14 @@ class NodeResourceService:
     def _forget_unowned(self) -> None:
         """Drop what this replica holds of the nodes it no longer owns (their new owner records and decides them)."""
         self.state.retain(self._owns)
-        for records in (self._published, self._last_written, self._decided_at, self._dirty, self._node_strategies):
+        for records in (
+            self._published,
+            self._subject_seq,
+            self._last_written,
+            self._decided_at,
+            self._dirty,
+            self._node_strategies,
+        ):
             for node in [n for n in records if not self._owns(n)]:
                 del records[node]
         self._unrecorded_strategies = {n for n in self._unrecorded_strategies if self._owns(n)}
@@ -487,10 +510,11 @@ class NodeResourceService:
             if self._owns(node):
                 self._mark(node, trigger, at)
 
-    def remember(self, decision: NodeResourceComputed) -> None:
-        """Seed a node's records from a decision found in the stream (start-up, or a node gained)."""
+    def remember(self, decision: NodeResourceComputed, *, seq: int) -> None:
+        """Seed a node's records from a decision found in the stream at `seq` (start-up, or a node gained)."""
         if not self._owns(decision.node):
             return
+        self._subject_seq[decision.node] = max(seq, self._subject_seq.get(decision.node, 0))
         held = self._published.get(decision.node)
         if held is not None and held.computed_at > decision.computed_at:
             return
@@ -558,6 +582,25 @@ class NodeResourceService:
                 log.warning("noderesource: resync failed (the next tick retries): %s", e)
 
     async def _decide(self, dirty: dict[str, _Dirty]) -> None:
+        """Decide the `dirty` nodes and publish what changed; a node whose decision the stream refused is decided
+        again from the decision that won (up to PUBLISH_ROUNDS), then left marked for the next batch or tick."""
+        try:
+            for _ in range(PUBLISH_ROUNDS):
+                decisions = await self._decisions(dirty)
+                refused = await self._publish(decisions, dirty) if decisions else []
+                if not refused:
+                    return
+                self._metrics.refused.inc(len(refused))
+                await self._read_back(refused, dirty)
+                dirty = {node: dirty[node] for node in refused}
+            log.info("noderesource: %d nodes decided elsewhere again and again, decided next batch", len(dirty))
+            self._mark_again(dirty)
+        finally:
+            await self._record_config()
+            await self._publish_config_status()
+
+    async def _decisions(self, dirty: dict[str, _Dirty]) -> list[NodeResourceComputed]:
+        """The decisions of the `dirty` nodes worth publishing (not a repeat of the last one published)."""
         decisions: list[NodeResourceComputed] = []
         for position, node in enumerate(sorted(dirty)):
             if position and not position % YIELD_EVERY_DECISIONS:
@@ -583,12 +626,36 @@ class NodeResourceService:
                 self._metrics.repeats.inc()
                 continue
             decisions.append(decision)
+        return decisions
+
+    def _mark_again(self, dirty: dict[str, _Dirty]) -> None:
+        for node, item in dirty.items():
+            for trigger in item.triggers:
+                self._mark(node, trigger, item.time)
+
+    async def _read_back(self, nodes: list[str], dirty: dict[str, _Dirty]) -> None:
+        """Take each node's last decision on the stream as the one published (the other replica's, which won)."""
         try:
-            if decisions:
-                await self._publish(decisions, dirty)
-        finally:
-            await self._record_config()
-            await self._publish_config_status()
+            for node in nodes:
+                stored = await self.bus.last_on_subject(
+                    streams.KOORD_NODERESOURCE, subjects.noderesource_computed(node)
+                )
+                if stored is None:  # aged out since: nothing to build on
+                    self._subject_seq[node] = 0
+                    continue
+                decision = NODERESOURCE_COMPUTED_DECODER.decode(stored.data)
+                self._subject_seq[node] = stored.stream_seq
+                self._published[node] = decision
+                baseline = last_write_after(decision)
+                if baseline is None:
+                    self._last_written.pop(node, None)
+                else:
+                    self._last_written[node] = baseline
+        except Exception as e:
+            self._mark_again({node: dirty[node] for node in nodes})
+            raise TemporaryError(
+                f"reading back node resource decisions failed: {e}", delay=PUBLISH_RETRY_DELAY_SECONDS
+            ) from e
 
     # --- recording the config in effect (for the API)
 
@@ -679,12 +746,14 @@ class NodeResourceService:
         if node in self.state.nodes:
             return  # known but not decidable: the config is not available yet
         self._published.pop(node, None)
+        self._subject_seq.pop(node, None)
         self._last_written.pop(node, None)
         self._decided_at.pop(node, None)
         if "node" not in triggers:  # a pod or NodeMetric of a node never seen (or gone): nothing to decide
             self._metrics.skipped_inputs.labels(reason=SKIP_UNKNOWN_NODE).inc()
 
-    async def _publish(self, decisions: list[NodeResourceComputed], dirty: dict[str, _Dirty]) -> None:
+    async def _publish(self, decisions: list[NodeResourceComputed], dirty: dict[str, _Dirty]) -> list[str]:
+        """Publish `decisions`, each conditional on its subject's last sequence as known here; the nodes refused."""
         messages = []
         for decision in decisions:
             data = msgspec.json.encode(decision)
@@ -694,19 +763,22 @@ class NodeResourceService:
                     subjects.noderesource_computed(decision.node),
                     data,
                     msg_id("noderesource.computed", decision.node, decision.computed_at, digest),
+                    self._subject_seq.get(decision.node, 0),
                 )
             )
         try:
-            acks = await self.bus.publish_many(messages)
+            acks = await self.bus.publish_many_if_last(messages)
         except Exception as e:  # decide these nodes again with the next batch or tick
-            for decision in decisions:
-                item = dirty[decision.node]
-                for trigger in item.triggers:
-                    self._mark(decision.node, trigger, item.time)
+            self._mark_again({decision.node: dirty[decision.node] for decision in decisions})
             raise TemporaryError(
                 f"publishing node resource decisions failed: {e}", delay=PUBLISH_RETRY_DELAY_SECONDS
             ) from e
+        refused: list[str] = []
         for decision, ack in zip(decisions, acks, strict=True):
+            if ack is None:
+                refused.append(decision.node)
+                continue
+            self._subject_seq[decision.node] = ack.seq
             self._published[decision.node] = decision
             baseline = last_write_after(decision)
             if baseline is not None:
@@ -715,3 +787,4 @@ class NodeResourceService:
                 self._metrics.published.inc()
                 if decision.write_due:
                     self._metrics.writes_due.inc()
+        return refused

@@ -130,6 +130,48 @@ async def test_two_publishers_racing_with_one_msg_id_are_both_acked_and_it_is_st
         await second.close()
 
 
+async def test_two_writers_racing_conditional_publishes_store_one_per_subject(
+    nats_cluster: ClusterUnderTest,
+) -> None:
+    # Two noderesource replicas that both own a partition for a moment decide its nodes from different views (other
+    # msg ids), each batch conditional on the subject's last sequence it knows: the replicated stream stores one of
+    # each pair and refuses the other, whichever server each replica is connected to.
+    cluster = nats_cluster.cluster
+    first = await nats_cluster.connect("decider-1", members=[0])
+    second = await nats_cluster.connect("decider-2", members=[1, 2])
+    try:
+        nodes = [f"race-node-{n}" for n in range(40)]
+
+        def batch(who: str) -> list[tuple[str, bytes, str, int]]:
+            return [(subjects.noderesource_computed(n), who.encode(), f"{who}-{n}", 0) for n in nodes]
+
+        acks = await asyncio.gather(first.publish_many_if_last(batch("a")), second.publish_many_if_last(batch("b")))
+        for n, pair in enumerate(zip(*acks, strict=True)):
+            assert sum(ack is not None for ack in pair) == 1, (nodes[n], pair)
+        stored = await stream_messages(first, streams.KOORD_NODERESOURCE, subjects.NODERESOURCE_COMPUTED_ALL)
+        winners = {m.subject: m.data for m in stored}
+        assert len(stored) == len(nodes) == len(winners)
+        for n, node in enumerate(nodes):
+            won = b"a" if acks[0][n] is not None else b"b"
+            assert winners[subjects.noderesource_computed(node)] == won
+
+        # The same race one append at a time (the quota service's): one stored, the other a ConflictError (before,
+        # BusError for the cluster's own code for it, 10164, whenever the winner was still being proposed)
+        empty = api.PublishOptions(expected_last_subject_seq=0)
+        for n in range(40):
+            subject = subjects.quota_events(f"race-tree-{n}")
+            results = await asyncio.gather(
+                first.publish(subject, b"a", msg_id=f"qa-{n}", options=empty),
+                second.publish(subject, b"b", msg_id=f"qb-{n}", options=empty),
+                return_exceptions=True,
+            )
+            assert sorted(type(r).__name__ for r in results) == ["ConflictError", "PublishAck"], results
+        assert await cluster.meta_leader() is not None
+    finally:
+        await first.close()
+        await second.close()
+
+
 async def test_an_expected_sequence_append_across_a_leader_change_lands_once_and_a_rival_loses(
     nats_cluster: ClusterUnderTest,
 ) -> None:

@@ -536,6 +536,25 @@ async def test_linger_gathers_a_trickle_into_few_batches(bus: AnyBus, names: Nam
     assert loop.time() - started < 0.25
 
 
+async def test_publish_many_if_last_refuses_each_stale_message_alone(bus: AnyBus, names: Names) -> None:
+    await ready(bus, names)
+    a, b, c = names.subject("if", "a"), names.subject("if", "b"), names.subject("if", "c")
+    first = await bus.publish_many_if_last([(a, b"a1", "a1", 0), (b, b"b1", "b1", 0)])
+    assert [(ack.seq, ack.duplicate) for ack in first if ack is not None] == [(1, False), (2, False)]
+    second = await bus.publish_many_if_last([(a, b"a2", "a2", 1), (b, b"b-loser", "b-loser", 0), (c, b"c1", "c1", 0)])
+    assert [None if ack is None else ack.seq for ack in second] == [3, None, 4]
+    # nats-server checks the expectation before the msg id: a resend whose expectation is now stale is refused, one
+    # whose expectation still holds is the stored message's duplicate
+    assert await bus.publish_many_if_last([(a, b"a2", "a2", 1)]) == [None]
+    again = await bus.publish_many_if_last([(a, b"a2", "a2", 3)])
+    assert [(ack.seq, ack.duplicate) for ack in again if ack is not None] == [(3, True)]
+    assert await bus.publish_many_if_last([]) == []
+    last = await bus.last_on_subject(names.stream, b)
+    assert last is not None and last.data == b"b1"  # the refused message was not stored
+    with pytest.raises(BusUnavailableError):
+        await bus.publish_many_if_last([(a, b"ok", "a-ok", 3), (f"o{names.uid}.nowhere", b"x", "o-1", 0)])
+
+
 async def test_publish_many_acks_in_order_dedups_and_fails_without_a_stream(bus: AnyBus, names: Names) -> None:
     await ready(bus, names)
     first = await bus.publish_many([(names.subject("m"), f"m{i}".encode(), f"m-{i}") for i in range(300)])

@@ -272,3 +272,54 @@ async def test_on_nats_the_worked_example_is_decided_once_across_a_restart(koord
         assert decision.resources[BATCH_CPU] == 45_000 and decision.write_due
     finally:
         await second.stop()
+
+
+async def test_on_nats_a_decision_made_without_another_replicas_is_refused_and_decided_again(
+    koordbus_bus: JetStreamBus,
+) -> None:
+    """Two replicas briefly both owning a node (a partition moving): the other one published a decision this one
+    never read. This one's next decision of the node, built on the older view, must not go out over it: the stream
+    refuses it (it expects the subject's last sequence it knows), the service reads the other's back and decides
+    again from it — here to the same effect, so nothing more is published (the failover run's "decisions
+    republished unchanged", seed 1013679065)."""
+    bus = koordbus_bus
+    await worked_example(bus)
+    svc = service(bus, Clock(T0 + 30))
+    await svc.start()
+    try:
+        first = await latest(bus)
+        assert first is not None and first.write_due and first.resources[BATCH_CPU] == 25_000
+        # What this service will decide for a small change at T0 + 90 (23000, inside the hysteresis: no write due),
+        # as another replica decided it with an older baseline (a write due): same effect, another msg id.
+        theirs = msgspec.structs.replace(
+            first,
+            computed_at=T0 + 90,
+            trigger=("nodemetric",),
+            resources={**first.resources, BATCH_CPU: 23_000},
+            annotations={key: value.replace('"25k"', '"23k"') for key, value in first.annotations.items()},
+            write_due=True,
+            write_reason="another replica's",
+            last_write_at=None,
+            last_write_resources={},
+        )
+        await bus.publish(subjects.noderesource_computed(NODE), msgspec.json.encode(theirs), msg_id="theirs")
+        await publish(bus, metric_event(at=T0 + 90, system_cores=5))
+        await eventually(lambda: refused_is(svc, 1))
+        for consumer in svc.consumers:
+            assert await consumer.wait_idle(5)
+        assert await stored_decisions(bus) == 2  # the worked example's and theirs: none over it
+        assert svc.last_decision(NODE) == theirs
+
+        # The next change builds on theirs: its baseline (a write at T0 + 90 of 23000) is the one compared with.
+        await publish(bus, pod_event("b", "20", "40Gi", rv="2", deleted=True))
+        await eventually(lambda: stored_decisions_is(bus, 3))
+        decision = await latest(bus)
+        assert decision is not None and decision.resources[BATCH_CPU] == 43_000
+        assert decision.write_due and decision.last_write_at == T0 + 90
+        assert metric(svc, "koordbus_noderesource_decisions_refused_total") == 1
+    finally:
+        await svc.stop()
+
+
+async def refused_is(svc: NodeResourceService, count: int) -> bool:
+    return metric(svc, "koordbus_noderesource_decisions_refused_total") == count
