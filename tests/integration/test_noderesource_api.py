@@ -231,6 +231,37 @@ async def test_the_service_projects_decisions_and_records_the_config(
     assert await store.offset(PROJECTOR_CONSUMER) == last.stream_seq and last.stream_seq in (2, 3)
 
 
+async def test_a_stop_projects_the_decisions_its_last_tick_published(
+    memory_bus: MemoryBus, migrated_engine: AsyncEngine
+) -> None:
+    # A replica stopped just after its resync tick published (the failover run's last moments, seed 428446417):
+    # its projection must hold what it published, not stop one batch short of it.
+    bus = await memory_bus_with_streams(memory_bus)
+    await publish_worked_example(bus)
+    store = NodeResourceStore(migrated_engine)
+    clock = Clock(T0 + 30)
+    svc = NodeResourceService(
+        bus, NodeResourceSettings(startup_timeout_seconds=10), registry=new_registry(), clock=clock, store=store
+    )
+    await svc.start()
+    try:
+        first = await bus.last_on_subject(streams.KOORD_NODERESOURCE, subjects.noderesource_computed(NODE))
+        assert first is not None
+        await eventually(lambda: _offset_is(store, first.stream_seq))
+        clock.now = T0 + 3600  # the NodeMetric long stale: the tick degrades the node
+        await svc.resync()
+    finally:
+        await svc.stop()
+    last = await bus.last_on_subject(streams.KOORD_NODERESOURCE, subjects.noderesource_computed(NODE))
+    assert last is not None and last.stream_seq > first.stream_seq
+    assert await store.offset(PROJECTOR_CONSUMER) == last.stream_seq
+    assert [r.decision.outcome for r in await store.history(NODE, limit=5)] == ["degraded", "computed"]
+
+
+async def _offset_is(store: NodeResourceStore, seq: int) -> bool:
+    return await store.offset(PROJECTOR_CONSUMER) == seq
+
+
 _CPU_RATIO = "node.koordinator.sh/cpu-reclaim-ratio"
 
 
