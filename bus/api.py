@@ -264,6 +264,12 @@ class Follower(Protocol):
 
 
 class Bus(Protocol):
+    @property
+    def connected(self) -> bool:
+        """Whether the bus is reachable right now (False while reconnecting or closed): for what a stop would
+        otherwise wait on in vain."""
+        ...
+
     async def ensure_streams(self, specs: Iterable[StreamSpec]) -> None:
         """Create missing streams and bring existing ones to the spec; calling it twice changes nothing."""
         ...

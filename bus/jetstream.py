@@ -292,6 +292,10 @@ class JetStreamBus:
     def jetstream(self) -> JetStreamContext:
         return self._js
 
+    @property
+    def connected(self) -> bool:
+        return bool(self._nc.is_connected)
+
     # --- streams
 
     async def ensure_streams(self, specs: Iterable[StreamSpec]) -> None:

@@ -224,6 +224,10 @@ class MemoryBus:
         except KeyError:
             raise BusError(f"stream {name} not found") from None
 
+    @property
+    def connected(self) -> bool:
+        return True
+
     # --- publishing
 
     async def publish(

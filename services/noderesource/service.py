@@ -97,13 +97,13 @@ STRATEGY_TRIGGERS: frozenset[Trigger] = frozenset({"node", "config"})
 SKIP_UNKNOWN_NODE = "unknown_node"
 PUBLISH_RETRY_DELAY_SECONDS = 1.0
 YIELD_EVERY_DECISIONS = 200
+"""A decision with 100 pods costs about 0.15 ms; the event loop gets a turn after this many (~30 ms)."""
 STOP_PROJECTION_SECONDS = 2.0
-"""How long a stop waits for a decision under way to finish, and then for the projector to write the decisions
-published last (both within the process's 8 s shutdown deadline)."""
+"""The most a stop spends, in all, letting a decision under way finish and the projector write the decisions
+published last (the process has 8 s to stop every part: nothing here may wait on a bus that has gone)."""
 PUBLISH_ROUNDS = 3
 """A decision refused (another replica decided the node meanwhile) is decided again from what the stream holds;
 after this many rounds in one batch, the node waits for the next batch or tick."""
-"""A decision with 100 pods costs about 0.15 ms; the event loop gets a turn after this many (~30 ms)."""
 
 
 DECISION_REASONS: Final = {
@@ -424,13 +424,15 @@ class NodeResourceService:
         if self._follower is not None:
             await cancel_and_wait(self._follower)
             self._follower = None
+        give_up_at = asyncio.get_running_loop().time() + STOP_PROJECTION_SECONDS
         if self._ticker is not None:
             # Between decisions where it can (a tick's publish finishes rather than being cut off in flight), but
-            # not waiting on a decision stuck on an absent bus past the bound.
+            # not waiting on a decision stuck on an absent bus.
             held = False
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(STOP_PROJECTION_SECONDS):
-                    held = await self._lock.acquire()
+            if self.bus.connected:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout_at(give_up_at):
+                        held = await self._lock.acquire()
             try:
                 await cancel_and_wait(self._ticker)
             finally:
@@ -441,8 +443,11 @@ class NodeResourceService:
         if self._projector is not None:
             # Nothing is decided any more: project what was published last (a tick's decisions as the stop came)
             # before going, so a clean stop leaves no decision of this replica unprojected; bounded, as the bus may
-            # be away (the next start projects the rest from the database's offset).
-            await self._projector.wait_idle(STOP_PROJECTION_SECONDS)
+            # be away (the next start projects the rest from the database's offset): not at all without it.
+            if self.bus.connected:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout_at(give_up_at):
+                        await self._projector.wait_idle(STOP_PROJECTION_SECONDS)
             await self._projector.stop()
             observe.retire_consumers(self._registry, service=SERVICE, names=(PROJECTOR_CONSUMER,))
             self._projector = None

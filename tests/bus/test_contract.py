@@ -536,6 +536,13 @@ async def test_linger_gathers_a_trickle_into_few_batches(bus: AnyBus, names: Nam
     assert loop.time() - started < 0.25
 
 
+async def test_connected_says_whether_the_bus_can_be_reached(bus: AnyBus) -> None:
+    assert bus.connected
+    if isinstance(bus, JetStreamBus):  # what a stop checks before waiting on the bus (a MemoryBus is always there)
+        await bus.close()
+        assert not bus.connected
+
+
 async def test_publish_many_if_last_refuses_each_stale_message_alone(bus: AnyBus, names: Names) -> None:
     await ready(bus, names)
     a, b, c = names.subject("if", "a"), names.subject("if", "b"), names.subject("if", "c")
