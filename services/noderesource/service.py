@@ -538,8 +538,11 @@ class NodeResourceService:
             return
         self._subject_seq[decision.node] = max(seq, self._subject_seq.get(decision.node, 0))
         held = self._published.get(decision.node)
-        if held is not None and held.computed_at > decision.computed_at:
-            return
+        if held is None or held.computed_at <= decision.computed_at:
+            self._take_as_published(decision)
+
+    def _take_as_published(self, decision: NodeResourceComputed) -> None:
+        """`decision` is the node's last one on the stream: what the next is compared with, and its baseline."""
         self._published[decision.node] = decision
         baseline = last_write_after(decision)
         if baseline is None:
@@ -665,14 +668,8 @@ class NodeResourceService:
                 if stored is None:  # aged out since: nothing to build on
                     self._subject_seq[node] = 0
                     continue
-                decision = NODERESOURCE_COMPUTED_DECODER.decode(stored.data)
                 self._subject_seq[node] = stored.stream_seq
-                self._published[node] = decision
-                baseline = last_write_after(decision)
-                if baseline is None:
-                    self._last_written.pop(node, None)
-                else:
-                    self._last_written[node] = baseline
+                self._take_as_published(NODERESOURCE_COMPUTED_DECODER.decode(stored.data))
         except Exception as e:
             self._mark_again({node: dirty[node] for node in nodes})
             raise TemporaryError(
