@@ -64,6 +64,9 @@ INGEST_CONSUMER = "nodemetric-ingest"
 RPC_QUEUE = "nodemetric"
 MODEL_EXPIRATION_SECONDS = MODEL_EXPIRATION_NS / 1e9
 PROJECTOR_CONSUMER = "nodemetric-projector"
+ROUNDS_PER_SLICE = 20
+"""Training rounds applied between yields to the event loop when a snapshot applies the waiting ones (most of a
+millisecond each at 100 pods: docs/benchmarks.md, "CPU per report with prediction on")."""
 STOP_SNAPSHOT_SECONDS = 3.0
 """The snapshots saved at stop get this long (within the process's 8 s shutdown deadline, koordbus.runtime): with
 the bus away they would wait on acknowledgements past it. What is not saved then is replayed by the next owner from
@@ -325,6 +328,8 @@ class NodeMetricService:
         self._clock = clock
         self._windows: dict[str, NodeWindow] = {}
         self._predictors: dict[str, NodePredictor] = {}
+        self._rounds: dict[str, tuple[TrainingRound, list[PodInfo | None] | None]] = {}
+        """Each node's training round received and not applied yet (see `train`), with the pods of its batch."""
         self._last_reports: dict[str, float] = {}
         self._projector: Consumer | None = None
         self._ingest: Consumer | None = None
@@ -360,19 +365,45 @@ class NodeMetricService:
         return window
 
     def predictor(self, node: str) -> NodePredictor:
+        """The node's predictor with every training round received applied (made when the node has none)."""
+        if node in self._rounds:
+            self._apply_round(node)
         predictor = self._predictors.get(node)
         if predictor is None:
             predictor = self._predictors[node] = NodePredictor()
         return predictor
 
     def train(self, node: str, round_: TrainingRound, pods: list[PodInfo | None] | None) -> None:
-        """Apply one of the node's training rounds (services.nodemetric.training)."""
-        predictor = self.predictor(node)
+        """Take one of the node's training rounds (services.nodemetric.training). It is applied when the node's
+        models are read next (its next report, a prediction request, a snapshot) or its next round arrives, not
+        now: every agent ends its round on the same minute, so applying each on arrival trained every node within
+        the same 10 s window, and at 10,000 nodes that window cost half again as much CPU as the others and backed
+        the ingest up once a minute; the nodes' reports, and so the reads, are spread over the minute by their
+        phases. A report reads the same models either way: the rounds that arrived before it."""
+        if node in self._rounds:
+            self._apply_round(node)
+        self._rounds[node] = (round_, pods)
+
+    def _apply_round(self, node: str) -> None:
+        round_, pods = self._rounds.pop(node)
+        predictor = self._predictors.get(node)
+        if predictor is None:
+            predictor = self._predictors[node] = NodePredictor()
         skipped_before = predictor.skipped_rounds
         if predictor.train(round_, pods):
             self._metrics.training_rounds.inc()
         elif predictor.skipped_rounds > skipped_before:
             self._metrics.skipped_training_rounds.inc()
+
+    async def _apply_rounds(self, part: int | None) -> None:
+        """Apply the rounds waiting for the nodes of snapshot `part` (None: every node), yielding to the event loop
+        every ROUNDS_PER_SLICE nodes."""
+        waiting = [n for n in self._rounds if part is None or snapshots.part_of(n, self._snapshots.parts) == part]
+        for i, node in enumerate(waiting, 1):
+            if node in self._rounds:  # ingest may have applied it while this yielded
+                self._apply_round(node)
+            if i % ROUNDS_PER_SLICE == 0:
+                await asyncio.sleep(0)
 
     async def start(self) -> None:
         """Load how far each node was reported, then start both consumers (ingest replays the longest window).
@@ -453,6 +484,7 @@ class NodeMetricService:
         await self.save_snapshots()  # the freshest models for whichever replica takes a node over
         self._windows.clear()
         self._predictors.clear()
+        self._rounds.clear()
         self._snapshots.forget()
         self._phases.clear()
         self._last_reports = await self.store.last_report_times()
@@ -518,6 +550,8 @@ class NodeMetricService:
             request = msgspec.json.decode(data, type=PredictionRequest)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             return msgspec.json.encode(PredictionReply(error=f"not a PredictionRequest: {e}"))
+        if request.node in self._rounds:
+            self._apply_round(request.node)
         predictor = self._predictors.get(request.node)
         if predictor is None or predictor.trained_until is None:  # a node state alone makes an untrained predictor
             return msgspec.json.encode(PredictionReply())
@@ -529,9 +563,11 @@ class NodeMetricService:
 
     async def save_snapshots(self, part: int | None = None) -> None:
         """Snapshot the models trained since their last snapshot (only the nodes of `part` when given, as the
-        periodic loop does: services.nodemetric.snapshots); a bus failure is logged and retried next time. A node
+        periodic loop does: services.nodemetric.snapshots), the rounds waiting for them applied first; a bus
+        failure is logged and retried next time. A node
         not trained for longer than the models' expiration (its agent is gone) is forgotten first: every one of its
         models would have expired at its next round anyway."""
+        await self._apply_rounds(part)
         now = self._clock()
         idle_since = now - MODEL_EXPIRATION_SECONDS
         for node in [n for n, p in self._predictors.items() if (p.trained_until or now) < idle_since]:
@@ -597,6 +633,8 @@ class NodeMetricService:
         if report_time is None:
             return None
         status = compute_status(window, report_time=report_time, spec=self.spec)
+        if node in self._rounds:
+            self._apply_round(node)
         predictor = self._predictors.get(node)
         if predictor is not None and predictor.trained_until is not None:
             prediction = predictor.predict(report_time, window.current_pods(), explain=False)
