@@ -13,7 +13,9 @@ published. After --warmup-minutes of simulated time (windows and models filling)
 prints one JSON line: the handler's CPU (process time) per batch on average and in the cheapest and the dearest
 window (every window should cost about the same: one dearer than the others is a backlog at 10,000 nodes), the
 batches per second one core could take at the average and at the dearest window's cost, and the reports and training
-rounds made meanwhile. Each window's cost goes to stderr as it is measured.
+rounds made meanwhile, and `calibration_ms`, the CPU time of a fixed pure-Python loop (this machine's speed varies
+from day to day: compare runs by their ratio to it, or interleave them). Each window's cost goes to stderr as it is
+measured.
 """
 
 from __future__ import annotations
@@ -63,6 +65,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.nodes < 1 or args.pods < 0 or args.interval <= 0 or args.minutes <= 0 or args.warmup_minutes < 0:
         p.error("--nodes must be ≥ 1, --pods ≥ 0, --interval and --minutes > 0, --warmup-minutes ≥ 0")
     return args
+
+
+def calibration_ms() -> float:
+    """CPU milliseconds of a fixed pure-Python workload (the smallest of three): this machine's speed, which varies
+    from day to day by half or more, so that runs on different days can be told apart from changes to the code."""
+    best = float("inf")
+    for _ in range(3):
+        began = time.process_time()
+        total = 0
+        for i in range(2_000_000):
+            total += i * i
+        best = min(best, time.process_time() - began)
+    return round(1e3 * best, 1)
 
 
 def window_deliveries(
@@ -136,6 +151,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "max": round(1e6 * max(window_costs), 1),
         },
         "busiest_window_batches_per_core_s": round(1 / max(window_costs), 1),
+        "calibration_ms": calibration_ms(),
     }
 
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.e2e
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "nodemetric_cpu.py"
 KEYS = {
     "bench", "command", "nodes", "pods", "batches", "reports", "training_rounds", "cpu_s", "cpu_per_batch_us",
-    "batches_per_core_s", "window_cpu_per_batch_us", "busiest_window_batches_per_core_s",
+    "batches_per_core_s", "window_cpu_per_batch_us", "busiest_window_batches_per_core_s", "calibration_ms",
 }  # fmt: skip
 
 
@@ -31,6 +31,7 @@ def test_prints_one_json_line_with_a_report_and_a_round_per_node_and_minute() ->
     # applied at its report, or at the minute's end for the nodes whose phase is 0
     assert (result["batches"], result["reports"], result["training_rounds"]) == (72, 12, 12)
     costs = result["window_cpu_per_batch_us"]
+    assert result["calibration_ms"] > 0
     assert 0 < costs["min"] <= result["cpu_per_batch_us"] <= costs["max"]
     assert result["command"] == "python bench/nodemetric_cpu.py " + " ".join(flags)
     assert "window 18 of 18 (measured)" in run.stderr
