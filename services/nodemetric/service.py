@@ -377,8 +377,8 @@ class NodeMetricService:
         """Take one of the node's training rounds (services.nodemetric.training). It is applied when the node's
         models are read next (its next report, a prediction request, a snapshot) or its next round arrives, not
         now: every agent ends its round on the same minute, so applying each on arrival trained every node within
-        the same 10 s window, and at 10,000 nodes that window cost half again as much CPU as the others and backed
-        the ingest up once a minute; the nodes' reports, and so the reads, are spread over the minute by their
+        the same 10 s window, which cost about twice the CPU of the others and at 10,000 nodes backed the ingest up
+        once a minute (docs/benchmarks.md); the nodes' reports, and so the reads, are spread over the minute by their
         phases. A report reads the same models either way: the rounds that arrived before it."""
         if node in self._rounds:
             self._apply_round(node)
@@ -561,13 +561,14 @@ class NodeMetricService:
             last = predictor.predict(window.last_report, window.current_pods())  # what the newest report said
         return msgspec.json.encode(PredictionReply(view=predictor.view(request.node, last)))
 
-    async def save_snapshots(self, part: int | None = None) -> None:
+    async def save_snapshots(self, part: int | None = None, *, apply_waiting: bool = True) -> None:
         """Snapshot the models trained since their last snapshot (only the nodes of `part` when given, as the
-        periodic loop does: services.nodemetric.snapshots), the rounds waiting for them applied first; a bus
-        failure is logged and retried next time. A node
-        not trained for longer than the models' expiration (its agent is gone) is forgotten first: every one of its
-        models would have expired at its next round anyway."""
-        await self._apply_rounds(part)
+        periodic loop does: services.nodemetric.snapshots), the rounds waiting for them applied first unless
+        `apply_waiting` is False; a bus failure is logged and retried next time. A node not trained for longer than
+        the models' expiration (its agent is gone) is forgotten first: every one of its models would have expired
+        at its next round anyway."""
+        if apply_waiting:
+            await self._apply_rounds(part)
         now = self._clock()
         idle_since = now - MODEL_EXPIRATION_SECONDS
         for node in [n for n, p in self._predictors.items() if (p.trained_until or now) < idle_since]:
@@ -580,7 +581,9 @@ class NodeMetricService:
 
     async def _save_snapshots_at_stop(self) -> None:
         try:
-            await asyncio.wait_for(self.save_snapshots(), STOP_SNAPSHOT_SECONDS)
+            # The waiting rounds are left to the next owner's replay: applying up to one per node (10,000 nodes
+            # right after a minute) would take the time the snapshots need.
+            await asyncio.wait_for(self.save_snapshots(apply_waiting=False), STOP_SNAPSHOT_SECONDS)
         except TimeoutError:
             log.warning(
                 "nodemetric: prediction snapshots at stop not saved within %g s (is the bus away?); the next owner "

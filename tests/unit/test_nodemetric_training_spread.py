@@ -6,10 +6,11 @@ the nodes' report phases, the reports still carry exactly the prediction of mode
 from __future__ import annotations
 
 from agent.simulate import GiB, SimulatedNode
-from bus import subjects
+from bus import streams, subjects
 from bus.api import Delivery
 from bus.memory import MemoryBus
 from schemas.node import NodeMetricComputed, NodeStateReported, encode_node_event
+from schemas.prediction import decode_snapshot
 from services.common.metrics import new_registry
 from services.nodemetric.core import report_phase
 from services.nodemetric.service import NodeMetricService, _IngestHandler
@@ -78,7 +79,8 @@ def applied_rounds(service: NodeMetricService) -> float:
 
 
 async def test_a_minutes_rounds_are_applied_at_each_nodes_report_and_predict_as_if_applied_on_arrival() -> None:
-    early, late = nodes_with_phases({0, 30}).values()
+    phases = nodes_with_phases({0, 30})
+    early, late = phases[0], phases[30]
     service = NodeMetricService(MemoryBus(), None, NodeMetricSettings(), registry=new_registry())  # type: ignore[arg-type]
     feed = Feed(service, [early, late])
     await feed.state()
@@ -96,3 +98,27 @@ async def test_a_minutes_rounds_are_applied_at_each_nodes_report_and_predict_as_
     assert {r.node for r in feed.predicted} == {early, late} and len(feed.predicted) >= 10
     for name in (early, late):
         assert service.predictor(name).snapshot(name, taken_at=0) == feed.reference[name][1].snapshot(name, taken_at=0)
+
+
+async def test_a_periodic_snapshot_applies_the_waiting_round_and_the_stops_leaves_it_to_the_replay() -> None:
+    phases = nodes_with_phases({0, 30})
+    early, late = phases[0], phases[30]
+    bus = MemoryBus()
+    await bus.ensure_streams(streams.all_streams())
+    settings = NodeMetricSettings()
+    service = NodeMetricService(bus, None, settings, registry=new_registry(), clock=lambda: T0 + 185)  # type: ignore[arg-type]
+    feed = Feed(service, [early, late])
+    await feed.state()
+    for k in range(6 * 3):  # three minutes: the round ending at minute 3 waits for the phase-30 node's report
+        await feed.window(T0 + 10 * k)
+
+    async def snapshotted_until(node: str) -> float:
+        saved = await bus.last_on_subject(streams.KOORD_PREDICTION, subjects.stored(subjects.prediction_models(node)))
+        assert saved is not None
+        return decode_snapshot(saved.data).trained_until
+
+    await service.save_snapshots(apply_waiting=False)  # as at a stop: the next owner replays the waiting round
+    assert await snapshotted_until(early) == T0 + 180 and await snapshotted_until(late) == T0 + 120
+    await service.save_snapshots()  # as the periodic loop: the waiting round applied first
+    assert await snapshotted_until(late) == T0 + 180
+    assert service.predictor(late).snapshot(late, taken_at=0) == feed.reference[late][1].snapshot(late, taken_at=0)
