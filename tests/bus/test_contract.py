@@ -124,6 +124,22 @@ async def test_consume_delivers_in_order_with_metadata(bus: AnyBus, names: Names
     assert consumer.stats.delivered == 5 and consumer.stats.acked == 5
 
 
+async def test_a_consumer_told_to_take_no_more_is_not_waited_for(bus: AnyBus, names: Names) -> None:
+    # A process told to stop has every consumer stop_soon at once; a service's stop that then waited for its
+    # projector to be idle waited out the whole timeout (`koordbus up` past its 8 s shutdown deadline).
+    await ready(bus, names)
+    rec = Recorder()
+    consumer = bus.consume(names.consumer(), rec)
+    assert await consumer.wait_idle(5)
+    consumer.stop_soon()
+    await bus.publish(names.subject("n1", "metrics"), b"late", msg_id="late")
+    began = asyncio.get_running_loop().time()
+    assert not await consumer.wait_idle(5)
+    assert asyncio.get_running_loop().time() - began < 1.0
+    await consumer.stop()
+    assert rec.committed == []
+
+
 async def test_each_delivery_says_how_many_matching_messages_are_still_to_come(bus: AnyBus, names: Names) -> None:
     await ready(bus, names)
     for i in range(3):
