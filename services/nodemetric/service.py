@@ -366,8 +366,10 @@ class NodeMetricService:
 
     def predictor(self, node: str) -> NodePredictor:
         """The node's predictor with every training round received applied (made when the node has none)."""
-        if node in self._rounds:
-            self._apply_round(node)
+        self._catch_up(node)
+        return self._entry(node)
+
+    def _entry(self, node: str) -> NodePredictor:
         predictor = self._predictors.get(node)
         if predictor is None:
             predictor = self._predictors[node] = NodePredictor()
@@ -380,15 +382,16 @@ class NodeMetricService:
         the same 10 s window, which cost about twice the CPU of the others and at 10,000 nodes backed the ingest up
         once a minute (docs/benchmarks.md); the nodes' reports, and so the reads, are spread over the minute by their
         phases. A report reads the same models either way: the rounds that arrived before it."""
-        if node in self._rounds:
-            self._apply_round(node)
+        self._catch_up(node)
         self._rounds[node] = (round_, pods)
 
-    def _apply_round(self, node: str) -> None:
-        round_, pods = self._rounds.pop(node)
-        predictor = self._predictors.get(node)
-        if predictor is None:
-            predictor = self._predictors[node] = NodePredictor()
+    def _catch_up(self, node: str) -> None:
+        """Apply the node's waiting training round, if it has one."""
+        waiting = self._rounds.pop(node, None)
+        if waiting is None:
+            return
+        round_, pods = waiting
+        predictor = self._entry(node)
         skipped_before = predictor.skipped_rounds
         if predictor.train(round_, pods):
             self._metrics.training_rounds.inc()
@@ -400,8 +403,7 @@ class NodeMetricService:
         every ROUNDS_PER_SLICE nodes."""
         waiting = [n for n in self._rounds if part is None or snapshots.part_of(n, self._snapshots.parts) == part]
         for i, node in enumerate(waiting, 1):
-            if node in self._rounds:  # ingest may have applied it while this yielded
-                self._apply_round(node)
+            self._catch_up(node)  # nothing, when ingest applied it while this yielded
             if i % ROUNDS_PER_SLICE == 0:
                 await asyncio.sleep(0)
 
@@ -550,8 +552,7 @@ class NodeMetricService:
             request = msgspec.json.decode(data, type=PredictionRequest)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             return msgspec.json.encode(PredictionReply(error=f"not a PredictionRequest: {e}"))
-        if request.node in self._rounds:
-            self._apply_round(request.node)
+        self._catch_up(request.node)
         predictor = self._predictors.get(request.node)
         if predictor is None or predictor.trained_until is None:  # a node state alone makes an untrained predictor
             return msgspec.json.encode(PredictionReply())
@@ -636,8 +637,7 @@ class NodeMetricService:
         if report_time is None:
             return None
         status = compute_status(window, report_time=report_time, spec=self.spec)
-        if node in self._rounds:
-            self._apply_round(node)
+        self._catch_up(node)
         predictor = self._predictors.get(node)
         if predictor is not None and predictor.trained_until is not None:
             prediction = predictor.predict(report_time, window.current_pods(), explain=False)
