@@ -11,6 +11,7 @@ import time
 from contextlib import AsyncExitStack
 from typing import Any
 
+from koordbus import arg_types
 from koordbus.common import add_common, common_settings, local_node_name, open_cluster_bus
 from services.common import settings as settings_loader
 
@@ -70,7 +71,7 @@ def add_parser(sub: Any) -> None:
     agent.add_argument("--resctrl-root", default=None, help="resctrl mount (default /sys/fs/resctrl)")
     agent.add_argument(
         "--port",
-        type=int,
+        type=arg_types.port,
         default=9100,
         help="/healthz, /readyz (NATS reachable) and /metrics on this port (default 9100; 0 = off)",
     )

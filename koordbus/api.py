@@ -10,6 +10,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from koordbus import arg_types
 from koordbus.common import add_common, common_settings, open_cluster_bus, require, routes_of, watermark_defaults
 from services.common import settings as settings_loader
 
@@ -28,7 +29,7 @@ def add_parser(sub: Any) -> None:
     api = sub.add_parser("api", help="run the REST API against an existing NATS and database")
     add_common(api, embedded=False)
     api.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    api.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    api.add_argument("--port", type=arg_types.port, default=8080, help="port (default 8080)")
     api.add_argument(
         "--api-tokens-file", default=None, help="token file, 'token role [name]' per line (required unless --no-auth)"
     )

@@ -12,7 +12,7 @@ import logging
 from contextlib import AsyncExitStack
 from typing import Any
 
-from koordbus import natsauth, webhook
+from koordbus import arg_types, natsauth, webhook
 from koordbus.bridge import bridge_cluster
 from koordbus.common import (
     ServiceProcess,
@@ -68,7 +68,7 @@ def add_parser(sub: Any) -> None:
     add_common(service, embedded=False)
     service.add_argument(
         "--port",
-        type=int,
+        type=arg_types.port,
         default=9090,
         help="nodemetric, noderesource, quota: health, metrics and the API's read routes on this port (default 9090; "
         "0 = off); loadaware, webhook: health, readiness and metrics",

@@ -17,7 +17,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from koordbus import extender, natsauth
+from koordbus import arg_types, extender, natsauth
 from koordbus.api import api_tokens, event_hub
 from koordbus.bridge import bridge_cluster
 from koordbus.common import add_common, common_settings, local_node_name, routes_of, watermark_defaults
@@ -47,7 +47,7 @@ def add_parser(sub: Any) -> None:
     add_common(up, embedded=True)
     up.add_argument("--data-dir", help="where the NATS store, logs and SQLite live (default .koordbus)")
     up.add_argument("--host", default="127.0.0.1", help="API bind address (default 127.0.0.1)")
-    up.add_argument("--port", type=int, default=8080, help="API port (default 8080)")
+    up.add_argument("--port", type=arg_types.port, default=8080, help="API port (default 8080)")
     up.add_argument(
         "--api-tokens-file",
         default=None,
@@ -55,18 +55,30 @@ def add_parser(sub: Any) -> None:
     )
     up.add_argument(
         "--extender-port",
-        type=int,
+        type=arg_types.port,
         default=None,
         metavar="PORT",
         help="the load-aware kube-scheduler extender's port on --host, over mutual TLS with credentials in the data "
         f"dir (default {extender.DEFAULT_PORT}, or a free port when that one is taken; 0: a free port)",
     )
     up.add_argument("--no-extender", action="store_true", help="do not run the load-aware scheduler extender")
-    up.add_argument("--simulate-nodes", type=int, default=0, metavar="N", help="also run N synthetic nodes")
-    up.add_argument("--simulate-pods", type=int, default=20, metavar="P", help="pods per synthetic node (default 20)")
+    up.add_argument(
+        "--simulate-nodes",
+        type=arg_types.integer(0, 100_000),
+        default=0,
+        metavar="N",
+        help="also run N synthetic nodes",
+    )
+    up.add_argument(
+        "--simulate-pods",
+        type=arg_types.integer(1, 1_000),
+        default=20,
+        metavar="P",
+        help="pods per synthetic node (default 20)",
+    )
     up.add_argument(
         "--simulate-backfill",
-        type=float,
+        type=arg_types.number(0, 86_400),
         default=1800.0,
         metavar="SECONDS",
         help="history the synthetic nodes publish at start, so percentiles show at once (default 1800)",
@@ -74,7 +86,7 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--no-agent", action="store_true", help="do not run an agent for this host")
     up.add_argument(
         "--nats-cluster",
-        type=int,
+        type=arg_types.integer(0, 15),
         default=0,
         metavar="N",
         help="run N clustered nats-servers on loopback instead of one (authenticated routes, a store each, streams "
