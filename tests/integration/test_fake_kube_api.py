@@ -23,6 +23,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from tests.fakes.kube_api import AdmissionAttributes, FakeKubeApi, RecordedRequest
 from tests.fakes.kube_rules import ApiError, json_patch, merge_patch
+from tests.fixtures.kube import require_crd_schemas
 
 # Imported so the fixtures resolve before tests/conftest.py registers tests.fixtures.kube; the
 # file-level F811 exemption above (fixture parameters shadow these imports) goes with it.
@@ -362,6 +363,7 @@ async def test_expired_resource_version_answers_410(kube_api: FakeKubeApi, kube_
 
 
 async def test_history_window_expires_old_versions() -> None:
+    require_crd_schemas()  # its own server (a short history), not the fixture's
     async with FakeKubeApi(history_limit=2) as api, ApiClient(api.configuration()) as client:
         start = api.put("nodes", {"metadata": {"name": "n1"}})["metadata"]["resourceVersion"]
         for name in ("n2", "n3", "n4"):
