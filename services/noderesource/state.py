@@ -7,8 +7,9 @@ NodeResourceComputed events. Which nodes an event affects follows the §2.3 trig
 old and its new node; a NodeMetric → its node; a NodeResourceTopology → its node (its NUMA zones, §2.7, computed
 when batch is); a change of the effective colocation config → every node. Events older than what is held (by
 resourceVersion when both parse as integers, by report time for NodeMetrics) are ignored, so a relist or a
-redelivery cannot roll state back. Pods of nodes not seen yet are kept (the node may come later) but nothing is
-decided for a node that is not known. What was ignored and why is appended to `ClusterState.problems`, which the
+redelivery cannot roll state back (a deleted pod's tombstone version only while it is among the last POD_TOMBSTONES_KEPT
+pods deleted: every finished pod leaves one). Pods of nodes not seen yet are kept (the node may come later) but nothing
+is decided for a node that is not known. What was ignored and why is appended to `ClusterState.problems`, which the
 service drains into its skipped-input counter. A scaled-out replica holds only its share of the nodes: it takes in
 only the events that `concerns` it and, when its share shrinks, `retain`s the rest.
 
@@ -44,6 +45,10 @@ PROBLEM_MISSING_OBJECT: Final = "missing_object"
 PROBLEM_STALE_NODEMETRIC: Final = "stale_nodemetric"
 PROBLEM_CONFIG_ERROR: Final = "config_error"
 PROBLEM_OTHER_CONFIGMAP: Final = "unwatched_configmap"
+POD_TOMBSTONES_KEPT: Final = 20_000
+"""How many deleted pods' versions are held (the most recent deletions): a redelivered or relisted older event of
+one of them is ignored instead of bringing the pod back. Far more than a cluster deletes while an event can still be
+redelivered (minutes: a busy 1,000-node cluster deletes ~10,000 pods an hour), few enough to hold (~300 B each)."""
 
 
 class LastWrite(msgspec.Struct, frozen=True, kw_only=True):
@@ -117,7 +122,10 @@ class ClusterState:
         self.problems: list[str] = []
         """Why events were ignored, in order; the service drains it."""
         self._versions: dict[tuple[str, str], tuple[str, bool]] = {}
-        """(kind, key) → (resourceVersion, deleted) of the newest event applied, tombstones included."""
+        """(kind, key) → (resourceVersion, deleted) of the newest event applied, tombstones included (a pod's
+        only while it is among the last POD_TOMBSTONES_KEPT deleted: `_pod_tombstones`)."""
+        self._pod_tombstones: dict[str, None] = {}
+        """The deleted pods whose tombstone `_versions` holds, oldest deletion first."""
 
     # --- applying events
 
@@ -173,13 +181,26 @@ class ClusterState:
         new_node = ""
         if event.deleted or event.pod is None:
             self.pods.pop(key, None)
+            self._hold_tombstone(key)
         else:
+            self._pod_tombstones.pop(key, None)  # the name is in use again (a StatefulSet's pod)
             new_node = sys.intern(event.node_name or event.pod.spec.node_name)  # one string per node, not per pod
             self.pods[key] = msgspec.structs.replace(kube.summarize_pod(event.pod), key=key, node_name=new_node)
             if new_node:
                 self.pod_node[key] = new_node
                 self.pods_by_node.setdefault(new_node, set()).add(key)
         return {name for name in (old_node, new_node) if name}
+
+    def _hold_tombstone(self, key: str) -> None:
+        """Hold pod `key`'s tombstone version as the newest; forget the oldest beyond POD_TOMBSTONES_KEPT."""
+        self._pod_tombstones.pop(key, None)
+        self._pod_tombstones[key] = None
+        while len(self._pod_tombstones) > POD_TOMBSTONES_KEPT:
+            oldest = next(iter(self._pod_tombstones))
+            del self._pod_tombstones[oldest]
+            held = self._versions.get(("pod", oldest))
+            if held is not None and held[1]:
+                del self._versions[("pod", oldest)]
 
     def _apply_configmap(self, event: ConfigMapObserved) -> set[str]:
         if (event.namespace, event.name) != (colocation.CONFIGMAP_NAMESPACE, colocation.CONFIGMAP_NAME):

@@ -28,6 +28,7 @@ from schemas.nodemetric_json import snapshot_from_computed
 from schemas.noderesource import NODERESOURCE_COMPUTED_DECODER, NodeResourceComputed
 from services.noderesource import config as colocation
 from services.noderesource import core, numa
+from services.noderesource import state as state_module
 from services.noderesource.state import (
     PROBLEM_CONFIG_ERROR,
     PROBLEM_MISSING_OBJECT,
@@ -391,6 +392,34 @@ def test_an_older_event_after_a_tombstone_does_not_resurrect() -> None:
     state.apply(pod_event("a", "1", "1Gi", rv="6", deleted=True))
     assert state.apply(pod_event("a", "1", "1Gi", rv="5")) == set()
     assert "default/a" not in state.pods and state.problems == [PROBLEM_STALE_VERSION]
+
+
+def test_pod_tombstones_are_held_for_the_most_recent_deletions_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every finished pod leaves a tombstone version; holding them all grew `koordbus up --simulate-nodes`'s
+    noderesource state by every pod the simulated cluster ever deleted."""
+    monkeypatch.setattr(state_module, "POD_TOMBSTONES_KEPT", 3, raising=False)
+    state = ClusterState()
+    state.apply(node_event())
+    for i in range(10):
+        state.apply(pod_event(f"p{i}", "1", "1Gi", rv="5"))
+        state.apply(pod_event(f"p{i}", "1", "1Gi", rv="6", deleted=True))
+    assert len(state._versions) == 1 + 3  # the node's, and the three newest tombstones
+    assert state.apply(pod_event("p9", "1", "1Gi", rv="5")) == set()  # a recent deletion still stops a stale event
+    assert "default/p9" not in state.pods and state.problems == [PROBLEM_STALE_VERSION]
+
+
+def test_a_pod_created_again_under_a_deleted_name_keeps_its_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(state_module, "POD_TOMBSTONES_KEPT", 1)
+    state = ClusterState()
+    state.apply(pod_event("a", "1", "1Gi", rv="5"))
+    state.apply(pod_event("a", "1", "1Gi", rv="6", deleted=True))
+    state.apply(pod_event("a", "2", "1Gi", rv="7"))  # the name in use again (a StatefulSet's pod)
+    state.apply(pod_event("b", "1", "1Gi", rv="8"))
+    state.apply(pod_event("b", "1", "1Gi", rv="9", deleted=True))
+    state.apply(pod_event("c", "1", "1Gi", rv="10"))
+    state.apply(pod_event("c", "1", "1Gi", rv="11", deleted=True))  # b's tombstone goes; a is no tombstone
+    assert state.apply(pod_event("a", "1", "1Gi", rv="6")) == set()
+    assert state.pods["default/a"].request["cpu"] == 2000
 
 
 def test_an_event_without_its_object_is_skipped() -> None:
