@@ -123,6 +123,7 @@ async def leader_kill(args: argparse.Namespace, workdir: Path) -> dict[str, Any]
                     interval=args.interval,
                     pool_size=args.template_pool,
                     max_in_flight=args.max_in_flight,
+                    training=args.training,
                 )
                 spawn = multiprocessing.get_context("spawn")
                 with nodemetric_ingest.generator_processes(spawn, [config]) as counters:

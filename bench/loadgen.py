@@ -48,10 +48,15 @@ class Template:
     pod_samples: int
 
     @classmethod
-    def of(cls, batch: NodeMetricsReported) -> Template:
-        """The template with its pod list's digest computed once (every node it stands in for lists the same)."""
+    def of(cls, batch: NodeMetricsReported, *, training: bool = True) -> Template:
+        """The template with its pod list's digest computed once (every node it stands in for lists the same);
+        without `training`, with the batch's training round (if any) left out."""
         digest = pod_list_digest(batch.pods) if batch.pods else 0
-        return cls(batch=msgspec.structs.replace(batch, pods_digest=digest), pod_samples=len(batch.pod_samples))
+        rounds = batch.training if training else None
+        return cls(
+            batch=msgspec.structs.replace(batch, pods_digest=digest, training=rounds),
+            pod_samples=len(batch.pod_samples),
+        )
 
     def stamp(self, node: str, sent_at: float, thinner: PodListThinner) -> bytes:
         """The batch as `node` sends it at `sent_at`, in the node subjects' wire format; `thinner` is the node's
@@ -63,16 +68,18 @@ class Template:
 
 
 class TemplatePool:
-    """`size` simulated nodes whose batches stand in for every node (node i uses template i mod size)."""
+    """`size` simulated nodes whose batches stand in for every node (node i uses template i mod size); without
+    `training` the batches carry no training rounds, so the service's prod predictor has nothing to train."""
 
-    def __init__(self, size: int, *, pods: int, seed: int = 7) -> None:
+    def __init__(self, size: int, *, pods: int, seed: int = 7, training: bool = True) -> None:
         self._nodes = [SimulatedNode(f"bench-template-{k:03d}", seed=seed + k, pods=pods) for k in range(size)]
+        self._training = training
 
     def __len__(self) -> int:
         return len(self._nodes)
 
     def render(self, k: int, window_start: float, window_end: float) -> Template:
-        return Template.of(self._nodes[k].batch(window_start, window_end))
+        return Template.of(self._nodes[k].batch(window_start, window_end), training=self._training)
 
 
 class _Rendering:
@@ -112,6 +119,8 @@ class GeneratorConfig:
     pool_size: int = 64
     max_in_flight: int = 256
     seed: int = 7
+    training: bool = True
+    """Whether the batches carry the agent's training rounds (bench/nodemetric_ingest.py --no-training: False)."""
 
     def slots(self) -> list[tuple[float, int, str]]:
         """(send offset after the window end, node index, node name) of this generator's nodes, in send order."""
@@ -186,7 +195,9 @@ class _Generator:
         self._config = config
         self._counters = counters
         self._stop = stop
-        self._pool = TemplatePool(min(config.pool_size, config.nodes), pods=config.pods, seed=config.seed)
+        self._pool = TemplatePool(
+            min(config.pool_size, config.nodes), pods=config.pods, seed=config.seed, training=config.training
+        )
         self._in_flight = asyncio.Semaphore(config.max_in_flight)
         self._tasks: set[asyncio.Task[None]] = set()
         self._thinners: dict[str, PodListThinner] = {}

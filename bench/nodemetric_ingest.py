@@ -9,7 +9,10 @@ committed latency p50/p99 (its histogram), its peak RSS and CPU use (/proc), the
 published. Exactly one JSON line goes to stdout; progress goes to stderr. Every process it started is stopped
 on the way out, also on Ctrl-C. With --replicas N it starts N nodemetric processes with instance names, each pinned
 to a CPU of its own, waits until they have split the node partitions, and reports their figures added up (and each
-replica's rate, CPU and RSS); bench/scale.py compares 1 and 2 replicas this way.
+replica's rate, CPU and RSS); bench/scale.py compares 1 and 2 replicas this way. The batches carry the agents'
+training rounds, so the service's prod predictor trains as it does in a cluster; --no-training leaves them out, and
+a later run with --baseline <that run's output> reports what the predictor adds to peak RSS and CPU and holds the
+target only within issue 22's allowance (1 GiB, 0.2 core).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import multiprocessing
 import os
@@ -49,6 +53,46 @@ log = logging.getLogger("bench")
 SERVICE_READY_TIMEOUT_SECONDS = 60.0
 GENERATOR_STOP_TIMEOUT_SECONDS = 20.0
 PROGRESS_EVERY_SECONDS = 10.0
+PREDICTOR_RSS_BYTES = 2**30
+"""What issue 22 lets the prod predictor add to the service's peak RSS at 10,000 nodes × 100 pods (1 GB) ..."""
+PREDICTOR_CPU_CORES = 0.2
+"""... and to its CPU use."""
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The figures of a --no-training run that a run with training is compared with (--baseline)."""
+
+    rss_peak_mb: float
+    cpu_cores: float
+    command: str
+
+    @classmethod
+    def read(cls, path: Path, args: argparse.Namespace) -> Baseline:
+        """The JSON line in `path`; ValueError saying why when it is not a --no-training run of this size."""
+        try:
+            line = json.loads(path.read_text(encoding="utf-8").strip().splitlines()[-1])
+            if line.get("bench") != "nodemetric_ingest" or line.get("training") is not False:
+                raise ValueError("its JSON line is not one of `python bench/nodemetric_ingest.py --no-training`")
+            size = (line["nodes"], line["pods"], line["interval_s"])
+            if size != (args.nodes, args.pods, args.interval):
+                raise ValueError(
+                    f"it ran --nodes {size[0]} --pods {size[1]} --interval {size[2]:g}, this run --nodes "
+                    f"{args.nodes} --pods {args.pods} --interval {args.interval:g}"
+                )
+            return cls(
+                rss_peak_mb=float(line["service_rss_peak_mb"]),
+                cpu_cores=float(line["service_cpu_cores"]),
+                command=str(line["command"]),
+            )
+        except (OSError, UnicodeDecodeError, IndexError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"cannot read its JSON line: {e!r}") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"its last line is not JSON: {e}") from None
+
+    def target(self) -> measure.Target:
+        """The ingest target with the RSS bound at this run's peak plus what the predictor may add."""
+        return measure.Target(rss_bytes=int(self.rss_peak_mb * 2**20) + PREDICTOR_RSS_BYTES)
 
 
 @dataclass(frozen=True)
@@ -102,7 +146,8 @@ def parse_args(
         description="Offer N nodes × P pods of agent batches through a real nats-server to the nodemetric service "
         "(its own process, pinned to one CPU) and print one JSON line: sustained batches/s and pod-samples/s, "
         "send → applied latency p50/p99, peak RSS, CPU use, backlog and whether the target held "
-        "(p99 < 2 s, RSS < 2 GiB, backlog not growing, achieved ≈ offered).",
+        "(p99 < 2 s, RSS < 2 GiB or, with --baseline, within the predictor's allowance, backlog not growing, "
+        "achieved ≈ offered).",
     )
     p.add_argument("--nodes", type=int, default=10_000, help="simulated nodes, each one batch per interval (10000)")
     p.add_argument("--pods", type=int, default=100, help="pods per node (100; ~80%% are running at any time)")
@@ -128,6 +173,23 @@ def parse_args(
     p.add_argument("--max-in-flight", type=int, default=256, help="unacknowledged publishes per generator (256)")
     p.add_argument("--template-pool", type=int, default=64, help="distinct simulated nodes per window (64)")
     p.add_argument(
+        "--no-training",
+        dest="training",
+        action="store_false",
+        help="leave the agents' training rounds out of the batches, so the service's prod predictor trains nothing: "
+        "the run to measure the predictor's share against (--baseline)",
+    )
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="FILE",
+        help="a file whose last line is the JSON line of a --no-training run of the same --nodes, --pods and "
+        "--interval: this run then reports the predictor's share (its peak RSS and CPU above that run's) and holds "
+        f"the target only if the predictor adds under {PREDICTOR_RSS_BYTES / 2**30:g} GiB and "
+        f"{PREDICTOR_CPU_CORES:g} core; the RSS bound becomes the baseline's peak plus "
+        f"{PREDICTOR_RSS_BYTES / 2**30:g} GiB instead of 2 GiB",
+    )
+    p.add_argument(
         "--stream-max-gb",
         type=float,
         default=20.0,
@@ -143,6 +205,15 @@ def parse_args(
         p.error("--interval, --duration and --stream-max-gb must be positive, --warmup not negative")
     if args.service_cpu not in os.sched_getaffinity(0):
         p.error(f"--service-cpu {args.service_cpu} is not one of this process's CPUs {sorted(os.sched_getaffinity(0))}")
+    if args.baseline is not None:
+        if not args.training:
+            p.error("--baseline compares a run with training with one without: not with --no-training")
+        try:
+            args.baseline_figures = Baseline.read(args.baseline, args)
+        except ValueError as e:
+            p.error(f"--baseline {args.baseline}: {e}")
+    else:
+        args.baseline_figures = None
     args.cpus = sorted(os.sched_getaffinity(0))  # before the benchmark keeps itself off --service-cpu
     return args
 
@@ -154,6 +225,10 @@ def command_line(args: argparse.Namespace) -> str:
     parts += ["--service-cpu", str(args.service_cpu), "--generators", str(args.generators)]
     if args.replicas > 1:
         parts += ["--replicas", str(args.replicas)]
+    if not args.training:
+        parts += ["--no-training"]
+    if args.baseline is not None:
+        parts += ["--baseline", str(args.baseline)]
     if args.database_url:
         parts += ["--database-url", args.database_url]
     return shlex.join(parts)
@@ -300,7 +375,15 @@ def result(args: argparse.Namespace, first: Snapshot, last: Snapshot, *, load_se
         backlog_end=last.backlog,
         publish_errors=errors,
     )
-    misses = measure.misses(outcome)
+    baseline: Baseline | None = args.baseline_figures
+    misses = measure.misses(outcome, baseline.target() if baseline else measure.Target())
+    cpu_cores = measure.rate(last.cpu_seconds, first.cpu_seconds, seconds)
+    predictor_rss_mb = predictor_cpu_cores = None
+    if baseline is not None:
+        predictor_rss_mb = round(rss_peak / 2**20 - baseline.rss_peak_mb, 1)
+        predictor_cpu_cores = round(cpu_cores - baseline.cpu_cores, 3)
+        if predictor_cpu_cores > PREDICTOR_CPU_CORES:
+            misses.append(f"the predictor added {predictor_cpu_cores:.3f} core > {PREDICTOR_CPU_CORES:g} core")
     nm = settings_loader.load(NodeMetricSettings)
     retention = max(*nm.aggregate_durations_seconds, nm.aggregate_duration_seconds) + nm.report_interval_seconds
     return {
@@ -324,7 +407,12 @@ def result(args: argparse.Namespace, first: Snapshot, last: Snapshot, *, load_se
         # With replicas: the largest peak, their RSS added up at the end, their CPU added up.
         "service_rss_peak_mb": round(rss_peak / 2**20, 1),
         "service_rss_end_mb": round(sum(p.rss_bytes for p in last.procs) / 2**20, 1),
-        "service_cpu_cores": round(measure.rate(last.cpu_seconds, first.cpu_seconds, seconds), 3),
+        "service_cpu_cores": round(cpu_cores, 3),
+        # Whether the batches carried training rounds; with --baseline, the peak RSS and CPU above that run's.
+        "training": args.training,
+        "predictor_rss_mb": predictor_rss_mb,
+        "predictor_cpu_cores": predictor_cpu_cores,
+        "baseline_command": baseline.command if baseline else None,
         "replicas": len(last.procs),
         "replica_cpus": processes.replica_cpus(args.service_cpu, args.cpus, args.replicas),
         "replica_batches_per_s": [
@@ -415,6 +503,7 @@ async def run(
                         interval=args.interval,
                         pool_size=args.template_pool,
                         max_in_flight=args.max_in_flight,
+                        training=args.training,
                     )
                     for i in range(args.generators)
                 ]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from agent.batch import PodListThinner
-from bench import loadgen, measure
+from bench import loadgen, measure, nodemetric_ingest
 from bus.api import msg_id
 from schemas.node import NODE_EVENT_DECODER, NodeMetricsReported
 
@@ -190,3 +190,89 @@ def test_verdict_names_each_miss() -> None:
     reasons = measure.misses(slow)
     assert len(reasons) == 3 and any("p99" in r for r in reasons) and any("backlog" in r for r in reasons)
     assert measure.misses(dataclasses.replace(held, rss_peak_bytes=3 * 2**30))[0].startswith("peak RSS")
+
+
+def test_templates_carry_the_minutes_training_round_unless_told_not_to() -> None:
+    minute_end = 1_699_999_980.0  # a wall-clock minute: the agents' training rounds end there
+    for training in (True, False):
+        pool = loadgen.TemplatePool(1, pods=6, training=training)
+        batches = [pool.render(0, minute_end - 60 + 10 * k, minute_end - 50 + 10 * k).batch for k in range(6)]
+        rounds = [b.training for b in batches]
+        assert rounds[:5] == [None] * 5
+        assert (rounds[5] is not None) is training
+        assert batches[5].pod_samples  # the samples stay: only the round is left out
+
+
+def ingest_line(**fields: object) -> str:
+    line = {
+        "bench": "nodemetric_ingest", "nodes": 20, "pods": 5, "interval_s": 2.0, "training": False,
+        "service_rss_peak_mb": 1500.0, "service_cpu_cores": 0.5, "command": "python bench/nodemetric_ingest.py …",
+    } | fields  # fmt: skip
+    return "progress on stderr is not here\n" + json.dumps(line) + "\n"
+
+
+def measured(cpu_seconds: float, rss_peak_mb: float) -> tuple[nodemetric_ingest.Snapshot, nodemetric_ingest.Snapshot]:
+    """Two snapshots 100 s apart: every batch offered applied in 0.1 s, the service's CPU time and peak RSS as given."""
+    buckets = ((0.1, 0.0), (math.inf, 0.0))
+    done = ((0.1, 1000.0), (math.inf, 1000.0))
+
+    def snapshot(at: float, batches: float, latency: measure.Buckets, cpu: float) -> nodemetric_ingest.Snapshot:
+        return nodemetric_ingest.Snapshot(
+            at=at,
+            replicas=[measure.ServiceMetrics(batches, reports=0.0, latency=latency, projection_latency=latency)],
+            procs=[measure.ProcSample(cpu, int(rss_peak_mb * 2**20), int(rss_peak_mb * 2**20))],
+            sent=[loadgen.Totals(int(batches), 0, 0, 0, 0.0, True)],
+            backlog=0,
+        )
+
+    return snapshot(0.0, 0.0, buckets, 0.0), snapshot(100.0, 1000.0, done, cpu_seconds)
+
+
+def test_baseline_bounds_what_the_predictor_may_add(tmp_path: Path) -> None:
+    baseline = tmp_path / "no-training.json"
+    baseline.write_text(ingest_line())
+    args = nodemetric_ingest.parse_args([*TOY, "--baseline", str(baseline)])
+    assert args.baseline_figures.target().rss_bytes == 1500 * 2**20 + 2**30
+    first, last = measured(cpu_seconds=60.0, rss_peak_mb=2400.0)
+    held = nodemetric_ingest.result(args, first, last, load_seconds=100.0)
+    assert (held["predictor_rss_mb"], held["predictor_cpu_cores"], held["training"]) == (900.0, 0.1, True)
+    assert held["target_held"], held["target_misses"]  # 2.3 GiB: over the plain bound, within the allowance
+    assert held["command"].endswith(f"--baseline {baseline}")
+    first, last = measured(cpu_seconds=80.0, rss_peak_mb=2600.0)
+    missed = nodemetric_ingest.result(args, first, last, load_seconds=100.0)
+    assert len(missed["target_misses"]) == 2, missed["target_misses"]
+    assert missed["target_misses"][0].startswith("peak RSS 2600 MiB >= 2524 MiB")
+    assert missed["target_misses"][1].startswith("the predictor added 0.300 core")
+    plain = nodemetric_ingest.result(nodemetric_ingest.parse_args(TOY), first, last, load_seconds=100.0)
+    assert plain["predictor_rss_mb"] is None and plain["target_misses"][0].startswith("peak RSS 2600 MiB >= 2048")
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (ingest_line(training=True), "its JSON line is not one of `python bench/nodemetric_ingest.py --no-training`"),
+        (ingest_line(nodes=10_000), "it ran --nodes 10000 --pods 5 --interval 2, this run --nodes 20"),
+        (ingest_line(service_rss_peak_mb=None), "cannot read its JSON line"),
+        ("{not json\n", "its last line is not JSON"),
+        ("", "cannot read its JSON line"),
+    ],
+)
+def test_a_baseline_that_does_not_fit_is_refused_saying_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, why: str
+) -> None:
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(content)
+    with pytest.raises(SystemExit) as exit_:
+        nodemetric_ingest.parse_args([*TOY, "--baseline", str(baseline)])
+    assert exit_.value.code == 2
+    assert f"--baseline {baseline}: {why}" in capsys.readouterr().err
+
+
+def test_no_training_goes_into_the_command_and_not_with_a_baseline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = nodemetric_ingest.parse_args([*TOY, "--no-training"])
+    assert not args.training and nodemetric_ingest.command_line(args).endswith(" --no-training")
+    with pytest.raises(SystemExit):
+        nodemetric_ingest.parse_args([*TOY, "--no-training", "--baseline", str(tmp_path / "missing.json")])
+    assert "not with --no-training" in capsys.readouterr().err
