@@ -33,7 +33,7 @@ from bus import auth, event_context, streams
 from bus.cluster import LocalNatsCluster
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
-from koordbus import logs
+from koordbus import allocator, logs
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -129,13 +129,25 @@ _ARMED: list[threading.Timer] = []
 
 def run_command(main: Coroutine[Any, Any, int]) -> int:
     """asyncio.run(main) for a long-running command (up, service, agent): once it is stopping, the process exits
-    within SHUTDOWN_DEADLINE_SECONDS even if a task left over ignores its cancellation after the stack closed."""
+    within SHUTDOWN_DEADLINE_SECONDS even if a task left over ignores its cancellation after the stack closed.
+    glibc's allocator is told to keep few arenas and give freed memory back (koordbus.allocator)."""
     _IN_COMMAND.set(True)  # asyncio.run's task runs in a copy of this context
+    allocator.limit_arenas()  # before asyncio.run, the database driver or anything else starts a thread
     try:
-        return asyncio.run(main)
+        return asyncio.run(_trimming_memory(main))
     finally:
         while _ARMED:
             _ARMED.pop().cancel()
+
+
+async def _trimming_memory(main: Coroutine[Any, Any, int]) -> int:
+    trimming = asyncio.create_task(allocator.trim_periodically(), name="malloc-trim")
+    try:
+        return await main
+    finally:
+        trimming.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await trimming
 
 
 def configure_logging(level: str, log_format: str = "text") -> None:
