@@ -34,12 +34,15 @@ N ?= 10
 REPEAT_SUITES ?= tests/integration tests/e2e tests/faults
 
 test-repeat: venv
-	@for run in $$(seq 1 $(N)); do \
-		echo "test-repeat: run $$run of $(N)"; \
+	@began=$$(date +%s); \
+	for run in $$(seq 1 $(N)); do \
+		echo "test-repeat: run $$run of $(N) ($(REPEAT_SUITES)) at $$(date -u +%H:%M:%S) UTC on $$(git rev-parse --short HEAD 2>/dev/null)"; \
+		start=$$(date +%s); \
 		$(BIN)/python -m pytest -x -q $(REPEAT_SUITES) $(PYTEST_ARGS) \
-			|| { echo "test-repeat: run $$run of $(N) failed"; exit 1; }; \
+			|| { echo "test-repeat: run $$run of $(N) failed after $$(( $$(date +%s) - start )) s"; exit 1; }; \
+		echo "test-repeat: run $$run of $(N) passed in $$(( $$(date +%s) - start )) s"; \
 	done; \
-	echo "test-repeat: $(N) runs passed"
+	echo "test-repeat: $(N) runs passed in $$(( $$(date +%s) - began )) s"
 
 # The Compose specification's JSON schema, for tests/deploy/test_compose.py (taken from the docker-compose wheel on
 # PyPI; kept in the venv, never committed).
