@@ -7,7 +7,8 @@ refused (§4.5: an active job for the pod already, a scheduler name outside sche
 no pod reference) with Koordinator's reason, every pass, every failure with the filter and why, and each waiting job
 whose holding filter changed — so two arbiter replicas can never both pass a round, and a restart replays exactly
 what was decided. `MigrationPhaseChanged` is the executor's progress on a passed job; `MigrationAborted` ends a job
-on request. Versioned tags; `decode_migration_event` decodes the union.
+on request; `MigrationCollected` says the executor garbage-collected a finished job, after which every fold forgets
+it. Versioned tags; `decode_migration_event` decodes the union.
 """
 
 from __future__ import annotations
@@ -74,7 +75,16 @@ class MigrationPhaseChanged(_Event, frozen=True, kw_only=True, tag="migration.ph
     conditions: list[Condition] = []
 
 
-MigrationEvent = MigrationRequested | MigrationRound | MigrationAborted | MigrationPhaseChanged
+class MigrationCollected(_Event, frozen=True, kw_only=True, tag="migration.collected.v1"):
+    """The executor garbage-collected a finished job (§4.6: its TTL + 5 minutes past, its Reservation and, for a
+    cluster job, its PodMigrationJob deleted). Every fold forgets the job — the arbiter's and executor's state, the
+    projection's row and trail — so what they hold stays bounded by the jobs not yet collected, and the name may be
+    asked for again as a new job, as a PodMigrationJob of that name may be created again once the old one is gone."""
+
+    job: str
+
+
+MigrationEvent = MigrationRequested | MigrationRound | MigrationAborted | MigrationPhaseChanged | MigrationCollected
 
 _DECODER: msgspec.json.Decoder[MigrationEvent] = msgspec.json.Decoder(MigrationEvent)
 

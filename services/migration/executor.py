@@ -17,8 +17,9 @@ that came from the cluster the PodMigrationJob's status (phase, reason, message,
 the status subresource, the arbiter's refusals (Failed, ForbiddenMigratePod or InvalidPodRef) included. With
 args.dryRun nothing is evicted: the step is published as a Succeeded job with reason DryRun. Every minute finished
 jobs older than their TTL + 5 minutes are garbage-collected with their Reservations (a failed ReservationFirst job's
-Reservation goes at once). A verb the bridge does not answer (nobody serves it, or no answer in time) ends the pass:
-its step is tried again next pass, never failed, and counted in `koordbus_migration_bridge_unanswered{verb}`.
+Reservation goes at once), each with a MigrationCollected appended, on which every fold forgets the job. A verb the
+bridge does not answer (nobody serves it, or no answer in time) ends the pass: its step is tried again next pass,
+never failed, and counted in `koordbus_migration_bridge_unanswered{verb}`.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class MigrationExecutor:
         self._told: set[str] = set()
         """Refused cluster jobs whose Failed status is written."""
         self._collected: set[str] = set()
-        """Finished jobs already garbage-collected."""
+        """Finished jobs whose cluster objects are deleted, until their MigrationCollected is folded."""
         self._bridge_away = False
         """The last verb went unanswered (said once at WARNING, until the bridge answers again)."""
         self._consumer: Consumer | None = None
@@ -162,7 +163,9 @@ class MigrationExecutor:
         return self._consumer is None or await self._consumer.wait_idle(timeout)
 
     def apply(self, delivery: Delivery) -> None:
-        event = ev.decode_migration_event(delivery.data)
+        self._fold(ev.decode_migration_event(delivery.data))
+
+    def _fold(self, event: ev.MigrationEvent) -> None:
         if isinstance(event, ev.MigrationRequested):
             self.sources.setdefault(event.job.metadata.name, event.source)
         elif isinstance(event, ev.MigrationRound):
@@ -170,6 +173,11 @@ class MigrationExecutor:
                 if decision.outcome == "passed" and decision.replicas:
                     self._replicas[decision.job] = decision.replicas
         self.state.apply(event)
+        if isinstance(event, ev.MigrationCollected) and event.job not in self.state.jobs:
+            for kept in (self.sources, self._replicas):
+                kept.pop(event.job, None)
+            self._told.discard(event.job)
+            self._collected.discard(event.job)
 
     async def _loop(self) -> None:
         next_gc = 0.0
@@ -218,28 +226,42 @@ class MigrationExecutor:
 
     async def collect_garbage(self) -> int:
         """Delete finished PodMigrationJobs (and their Reservations) older than their TTL + 5 minutes (30 minutes
-        without a TTL), as Koordinator's controller does every minute; returns how many jobs were deleted."""
+        without a TTL), as Koordinator's controller does every minute, and tell it (MigrationCollected: every fold,
+        this one at once, forgets the job); returns how many PodMigrationJobs were deleted."""
         now, deleted = self._clock(), 0
         for name, job in list(self.state.jobs.items()):
-            if name in self._collected or migration.phase_of(job) not in migration.TERMINAL_PHASES:
+            if migration.phase_of(job) not in migration.TERMINAL_PHASES:
                 continue
             ttl = duration_seconds(job.spec.ttl or self.args.default_job_ttl)
             keep = ttl + GC_GRACE_SECONDS if ttl > 0 else GC_WITHOUT_TTL_SECONDS
             if now - self.state.requested_at.get(name, now) < keep:
                 continue
+            if name not in self._collected:
+                try:
+                    reserved = reservation_name(job)
+                    await self._ask(verbs.DeleteReservation(name=reserved), f"delete reservations {reserved}")
+                    if self.sources.get(name) == "cluster":
+                        await self._ask(verbs.DeleteMigrationJob(name=name), f"delete podmigrationjobs {name}")
+                        deleted += 1
+                except VerbFailedError as e:
+                    if e.unanswered:
+                        break
+                    log.warning("migration executor: collecting job %s: %s (tried again later)", name, e)
+                    continue
+                self._collected.add(name)
             try:
-                reserved = reservation_name(job)
-                await self._ask(verbs.DeleteReservation(name=reserved), f"delete reservations {reserved}")
-                if self.sources.get(name) == "cluster":
-                    await self._ask(verbs.DeleteMigrationJob(name=name), f"delete podmigrationjobs {name}")
-                    deleted += 1
-            except VerbFailedError as e:
-                if e.unanswered:
-                    break
-                log.warning("migration executor: collecting job %s: %s (tried again later)", name, e)
-                continue
-            self._collected.add(name)
+                await self._publish_collected(name, requested_at=self.state.requested_at.get(name, 0.0))
+            except BusError as e:
+                log.warning("migration executor: telling that job %s was collected: %s (tried again later)", name, e)
+                break
         return deleted
+
+    async def _publish_collected(self, name: str, *, requested_at: float) -> None:
+        """Append MigrationCollected for a job whose cluster objects are gone, and forget the job here at once."""
+        event = ev.MigrationCollected(job=name, time=dt.datetime.fromtimestamp(self._clock(), dt.UTC))
+        identity = msg_id("migration.collected", name, requested_at)
+        await self.bus.publish(subjects.MIGRATION_EXECUTION, ev.encode_migration_event(event), msg_id=identity)
+        self._fold(event)
 
     async def _tell_refusals(self) -> None:
         """Write Failed onto the PodMigrationJobs the arbiter refused (intake or a non-retryable filter)."""

@@ -1,8 +1,9 @@
 """The migration arbiter service: requests and the cluster in, one MigrationRound per round out (issue 5, §4.4).
 
 Consumers (durable pull, reset at start: the state lives in memory and is rebuilt every start):
-  * events (KOORD_MIGRATION, from the first): MigrationRequested, MigrationRound and MigrationAborted folded into
-    services.migration.state.MigrationState; the sequence of the last MigrationRound seen is remembered.
+  * events (KOORD_MIGRATION, from the first): MigrationRequested, MigrationRound, MigrationAborted and the
+    executor's MigrationPhaseChanged and MigrationCollected folded into services.migration.state.MigrationState;
+    the sequence of the last MigrationRound seen is remembered.
   * cluster (KOORD_CLUSTER pods, workloads, nodes and the slo-controller-config ConfigMap, last value per subject,
     then new ones): the ClusterView the rounds read, rebuilt before a round only when something changed; the
     ConfigMap's load-watermarks-config sets the descheduling thresholds and staleness bound when it has them

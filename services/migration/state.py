@@ -1,8 +1,9 @@
 """The migration arbiter's state, folded from KOORD_MIGRATION events, and the intake pre-checks. Pure.
 
-`MigrationState` keeps every job as a PodMigrationJob object reflecting its events: a pass sets the
-passed-arbitration annotation (so the next rounds count it as migrating and never consider it again), a failure or
-a rejection sets phase Failed with the reason, an abort phase Aborted. A replay of the events rebuilds exactly what
+`MigrationState` keeps every job not yet collected as a PodMigrationJob object reflecting its events: a pass sets
+the passed-arbitration annotation (so the next rounds count it as migrating and never consider it again), a failure
+or a rejection sets phase Failed with the reason, an abort phase Aborted, and the executor's MigrationCollected of a
+finished job forgets it (a later request of that name is a new job). A replay of the events rebuilds exactly what
 the arbiter had. `intake` is the §4.5 pre-check of a new request against the jobs held: no other active job for the
 same pod (by uid or namespace/name), and in ReservationFirst mode a scheduler name among schedulerNames.
 `to_tell` turns a round (services.migration.arbiter) into the decisions worth appending: every pass and failure,
@@ -54,12 +55,24 @@ class MigrationState:
                     held.status, phase=phase, reason=reason, message=message, conditions=list(conds)
                 )
                 self.jobs[name] = msgspec.structs.replace(held, status=status)
+            case ev.MigrationCollected(job=name):
+                held = self.jobs.get(name)
+                if held is not None and migration.phase_of(held) in migration.TERMINAL_PHASES:
+                    self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        del self.jobs[name]
+        self.requested_at.pop(name, None)
+        self.waiting_filter.pop(name, None)
+        self.told.discard(name)
 
     def _decide(self, decision: ev.JobDecision) -> None:
         name = decision.job
-        self.told.add(name)
         held = self.jobs.get(name)
-        if held is None or migration.phase_of(held) in migration.TERMINAL_PHASES:
+        if held is None:
+            return  # a job collected meanwhile: a later request of its name is new, not told
+        self.told.add(name)
+        if migration.phase_of(held) in migration.TERMINAL_PHASES:
             return
         match decision.outcome:
             case "passed":

@@ -3,8 +3,10 @@
 Written by the migration service's projector from KOORD_MIGRATION (`apply_events`): a MigrationRequested makes a
 `migration_jobs` row (the first request per name wins, as in the arbiter), each decision of a MigrationRound a
 `migration_decisions` row and moves its job's arbitration outcome and phase (passed; Failed for a failure or a
-rejection, with the reason), a MigrationAborted ends the job. The projector records its stream offset in the same
-transaction and skips what it already has, so redelivery is a no-op and a fresh database replays the stream.
+rejection, with the reason), a MigrationAborted ends the job, and a MigrationCollected deletes a finished job's row
+and trail (as the cluster deletes a collected PodMigrationJob; a later request of the name starts afresh). The
+projector records its stream offset in the same transaction and skips what it already has, so redelivery is a no-op
+and a fresh database replays the stream.
 Read by services.migration.routes (list with filters, one job with its trail).
 """
 
@@ -197,6 +199,16 @@ class MigrationStore:
                         phase=migration.PHASE_ABORTED, reason="Aborted", message=f"aborted by {actor}", updated_at=at
                     )
                 )
+            case ev.MigrationCollected(job=name):
+                finished = (
+                    await connection.execute(
+                        sa.delete(_JOBS).where(
+                            _JOBS.c.name == name, _JOBS.c.phase.in_(sorted(migration.TERMINAL_PHASES))
+                        )
+                    )
+                ).rowcount
+                if finished:
+                    await connection.execute(sa.delete(_DECISIONS).where(_DECISIONS.c.job == name))
 
     async def jobs(
         self,

@@ -279,7 +279,15 @@ async def test_finished_jobs_are_collected_after_their_ttl(
     executor._clock = lambda: later  # type: ignore[method-assign]
     assert await executor.collect_garbage() == 1
     assert kube_api.get("PodMigrationJob", "job-0") is None
+    assert "job-0" not in executor.state.jobs and not executor.sources  # forgotten where it was collected ...
+    await eventually(lambda: "job-0" not in running.arbiter.state.jobs, timeout=10)  # ... and, folded, by the arbiter
     assert await executor.collect_garbage() == 0  # once
+    # A PodMigrationJob of the same name made again is a new job: arbitrated and carried out afresh.
+    executor._clock = time.time  # type: ignore[method-assign]
+    kube_api.put("Pod", pod(0))
+    kube_api.put("PodMigrationJob", evict_directly(0))
+    await eventually(lambda: phase(kube_api, "job-0") == "Succeeded", timeout=20)
+    assert migration.passed_arbitration(running.arbiter.state.jobs["job-0"])
 
 
 async def test_dry_run_records_without_evicting(

@@ -194,6 +194,26 @@ async def test_a_stop_projects_the_round_appended_last(memory_bus: MemoryBus, mi
     assert sorted(r.arbitration for r in await store.jobs()).count("passed") == 2  # maxUnavailable of 10
 
 
+async def test_the_projection_drops_a_collected_job_and_takes_its_name_afresh(migrated_engine: AsyncEngine) -> None:
+    store = MigrationStore(migrated_engine)
+    passed = [ev.JobDecision(job="j0", outcome="passed", node="n1")]
+    log: list[ev.MigrationEvent] = [
+        ev.MigrationRequested(job=job("j0", "web-0"), source="api", actor="alice", time=NOW),
+        ev.MigrationRequested(job=job("j1", "web-1"), source="api", actor="alice", time=NOW),
+        ev.MigrationRound(round=1, decisions=passed, time=NOW),
+        ev.MigrationPhaseChanged(job="j0", phase=migration.PHASE_SUCCEEDED, time=NOW),
+        ev.MigrationCollected(job="j0", time=NOW),
+        ev.MigrationCollected(job="j1", time=NOW),  # not finished: kept
+    ]
+    await store.apply_events(list(enumerate(log, 1)), consumer=PROJECTOR_CONSUMER, stream=streams.KOORD_MIGRATION)
+    assert [r.name for r in await store.jobs()] == ["j1"]
+    assert await store.job("j0") is None and await store.trail("j0") == []
+    again = ev.MigrationRequested(job=job("j0", "web-0"), source="api", actor="bob", time=NOW)
+    await store.apply_events([(7, again)], consumer=PROJECTOR_CONSUMER, stream=streams.KOORD_MIGRATION)
+    fresh = await store.job("j0")
+    assert fresh is not None and (fresh.actor, fresh.phase, fresh.arbitration) == ("bob", "Pending", "new")
+
+
 async def test_two_replicas_never_both_pass_a_round(koordbus_nats_url: str) -> None:
     buses = [await JetStreamBus.connect(koordbus_nats_url, name=f"arbiter-{i}") for i in range(2)]
     try:

@@ -65,6 +65,41 @@ def test_failures_rejections_and_aborts_end_jobs() -> None:
     assert state.waiting() == [] and state.passed() == set()
 
 
+def test_a_collected_job_is_forgotten_and_its_name_may_be_asked_for_again() -> None:
+    state = MigrationState()
+    log: list[ev.MigrationEvent] = [
+        requested("done", "p1"),
+        requested("busy", "p2"),
+        ev.MigrationRound(round=1, decisions=[ev.JobDecision(job="done", outcome="passed")], time=NOW),
+        ev.MigrationPhaseChanged(job="done", phase=migration.PHASE_SUCCEEDED, time=NOW),
+        ev.MigrationCollected(job="done", time=NOW),
+        ev.MigrationCollected(job="busy", time=NOW),  # not finished: kept
+        ev.MigrationRound(round=2, decisions=[ev.JobDecision(job="done", outcome="waiting")], time=NOW),  # late
+        requested("done", "p1"),  # the same name again: a new job, new to the arbiter
+    ]
+    for event in log:
+        state.apply(event)
+    assert set(state.jobs) == {"done", "busy"}
+    assert migration.phase_of(state.jobs["done"]) == migration.PHASE_PENDING
+    assert not migration.passed_arbitration(state.jobs["done"])
+    assert state.new_jobs() == ["busy", "done"] and "done" not in state.told  # in the order they arrived
+    replayed = MigrationState()
+    for event in log:
+        replayed.apply(ev.decode_migration_event(ev.encode_migration_event(event)))
+    assert (replayed.jobs, replayed.requested_at, replayed.told) == (state.jobs, state.requested_at, state.told)
+
+
+def test_collected_jobs_leave_nothing_behind() -> None:
+    state = MigrationState()
+    for i in range(1000):
+        name = f"j{i}"
+        state.apply(requested(name, f"p{i}"))
+        state.apply(ev.MigrationRound(round=i, decisions=[ev.JobDecision(job=name, outcome="waiting")], time=NOW))
+        state.apply(ev.MigrationAborted(job=name, actor="test", time=NOW))
+        state.apply(ev.MigrationCollected(job=name, time=NOW))
+    assert (state.jobs, state.requested_at, state.waiting_filter, state.told) == ({}, {}, {}, set())
+
+
 def test_intake_pre_checks() -> None:
     args = MigrationArgs()
     p = pod("p")
