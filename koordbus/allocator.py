@@ -62,7 +62,10 @@ def trim() -> bool:
 
 
 async def trim_periodically(interval: float = TRIM_INTERVAL_SECONDS) -> None:
-    """`trim()` every `interval` seconds until cancelled (it runs in the event loop's thread: a few ms)."""
+    """`trim()` every `interval` seconds until cancelled. It runs in the event loop's thread (in another it would
+    hold the arena's lock the loop allocates from just the same): on this machine 9 ms for a heap with little freed
+    since the last trim, 98 ms for one with 0.9 GB of holes (8 KiB blocks, nine in ten freed), 16 ms after a million
+    600-byte blocks freed."""
     if libc() is None:
         log.info("the C library is not glibc: freed memory is left to it")
         return
