@@ -197,8 +197,8 @@ class MigrationExecutor:
         """One pass over the passed, unfinished jobs; returns how many steps were published."""
         published = 0
         for name in sorted(self.state.passed()):
-            job = self.state.jobs[name]
-            if migration.phase_of(job) in migration.TERMINAL_PHASES:
+            job = self.state.jobs.get(name)  # the consumer folds while this pass awaits: a job may be gone
+            if job is None or migration.phase_of(job) in migration.TERMINAL_PHASES:
                 continue
             try:
                 pod = await self._pod(job)
@@ -265,7 +265,7 @@ class MigrationExecutor:
 
     async def _tell_refusals(self) -> None:
         """Write Failed onto the PodMigrationJobs the arbiter refused (intake or a non-retryable filter)."""
-        for name, job in self.state.jobs.items():
+        for name, job in list(self.state.jobs.items()):  # folds come and go while a status write awaits
             if name in self._told or self.sources.get(name) != "cluster" or migration.passed_arbitration(job):
                 continue
             if migration.phase_of(job) != migration.PHASE_FAILED:
