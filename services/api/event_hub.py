@@ -195,6 +195,8 @@ class EventHub:
             for stream in event_filter.streams:
                 if stream not in self._tails:
                     last = (await self.bus.stream_bounds(stream))[1]
+                    if self._ending is not None:  # closed while asking: a tail started now would outlive the hub
+                        break
                     self._tails[stream] = _Tail(self, stream, last)
         # from here on nothing awaits: the caps hold however many subscribe at once
         if self._ending is not None:
@@ -398,9 +400,10 @@ class EventHub:
 
     async def close(self) -> None:
         self.end_streams()
-        for tail in self._tails.values():
-            await tail.stop()
-        self._tails.clear()
+        async with self._starting:  # a subscribe starting tails finishes first (and then starts no more)
+            for tail in self._tails.values():
+                await tail.stop()
+            self._tails.clear()
 
 
 def _json(value: object) -> bytes:

@@ -146,3 +146,33 @@ async def test_a_catch_up_the_log_does_not_answer_drops_the_subscription_with_wh
         assert hub.subscriptions == 0
     finally:
         await hub.close()
+
+
+async def test_a_subscribe_racing_the_close_leaves_no_tail_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hub closes while a subscribe still asks the log where a stream ends: the subscribe is refused and starts
+    no tail (one started then outlived the hub: a follower retrying on a closed connection for ever, as seen in the
+    suite's log after the test that left it)."""
+    bus = MemoryBus()
+    await bus.ensure_streams(streams.all_streams())
+    asked, answer = asyncio.Event(), asyncio.Event()
+    real_bounds = bus.stream_bounds
+
+    async def slow_bounds(stream: str) -> tuple[int, int]:
+        asked.set()
+        await answer.wait()
+        return await real_bounds(stream)
+
+    monkeypatch.setattr(bus, "stream_bounds", slow_bounds)
+    hub = EventHub(bus)
+    subscribing = asyncio.create_task(
+        hub.subscribe(catalogue.parse_filter(["noderesource.computed"], {}), caller="late")
+    )
+    await asyncio.wait_for(asked.wait(), 5)
+    closing = asyncio.create_task(hub.close())
+    await asyncio.sleep(0)  # the close has begun and waits for the subscribe
+    answer.set()
+    with pytest.raises(event_hub.CapacityError, match="the server is stopping"):
+        await asyncio.wait_for(subscribing, 5)
+    await asyncio.wait_for(closing, 5)
+    tails = [t for t in asyncio.all_tasks() if t.get_name().startswith("event-tail-")]
+    assert tails == [] and hub.subscriptions == 0
