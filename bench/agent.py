@@ -27,7 +27,6 @@ import math
 import os
 import shlex
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -43,6 +42,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from agent.actuate import NodePod
 from bus import streams, subjects
+from bus.cluster import free_port
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
 from schemas import kube
@@ -182,12 +182,6 @@ def build_proc(root: Path) -> Path:
     (root / "meminfo").write_text("MemTotal: 67108864 kB\nMemFree: 50331648 kB\nMemAvailable: 50331648 kB\n")
     (root / "cpuinfo").write_text("processor\t: 0\nvendor_id\t: GenuineIntel\n")
     return root
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pod_list_json(pods: list[NodePod]) -> bytes:

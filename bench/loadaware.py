@@ -25,7 +25,6 @@ import multiprocessing
 import os
 import random
 import shlex
-import socket
 import statistics
 import sys
 import time
@@ -39,15 +38,10 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import measure
+from bus.cluster import free_port
 
 TARGET_P99_MS = 20.0
 GI = 1 << 30
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 NODE_QOS = {
@@ -172,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     server_cpu = cpus[0] if len(cpus) > 1 else None
     if server_cpu is not None:
         os.sched_setaffinity(0, set(cpus[1:]))
-    port = _free_port()
+    port = free_port()
     context = multiprocessing.get_context("spawn")
     server = context.Process(
         target=serve, args=(port, a.nodes, a.pods_per_node, a.seed, server_cpu, a.node_qos), daemon=True

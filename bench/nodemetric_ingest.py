@@ -25,7 +25,6 @@ import logging
 import multiprocessing
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ if __package__ in (None, ""):  # run as a script (`python bench/nodemetric_inges
 
 from bench import loadgen, measure, processes
 from bus import streams, subjects
+from bus.cluster import free_port
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
 from services.common import membership
@@ -232,12 +232,6 @@ def command_line(args: argparse.Namespace) -> str:
     if args.database_url:
         parts += ["--database-url", args.database_url]
     return shlex.join(parts)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

@@ -53,7 +53,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable
 from agent.simulate import simulated_node_names
 from bench import measure, processes
 from bench import soak_figures as figures
-from bench.nodemetric_ingest import free_port
+from bus.cluster import free_port
 from services.common.tasks import cancel_and_wait
 
 log = logging.getLogger("bench.soak")

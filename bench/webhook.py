@@ -46,6 +46,7 @@ import aiohttp
 import msgspec
 
 from bench import measure, processes
+from bus.cluster import free_ports
 
 log = logging.getLogger("bench.webhook")
 
@@ -323,7 +324,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             await publish_cluster(bus, objects)
         finally:
             await bus.close()
-        https_port, plain_port = _free_port(), _free_port()
+        https_port, plain_port = free_ports(2)
         env = {
             "KOORDBUS_WEBHOOK_TLS_CERT_FILE": str(cert),
             "KOORDBUS_WEBHOOK_TLS_KEY_FILE": str(key),
@@ -395,7 +396,7 @@ async def run_quotas(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         bus = await JetStreamBus.connect(server.url, name="bench")
         try:
             await bus.ensure_streams(streams.all_streams())
-            https_port, plain_port, quota_port = _free_port(), _free_port(), _free_port()
+            https_port, plain_port, quota_port = free_ports(3)
             env = {
                 "KOORDBUS_WEBHOOK_TLS_CERT_FILE": str(cert),
                 "KOORDBUS_WEBHOOK_TLS_KEY_FILE": str(key),
@@ -480,14 +481,6 @@ async def _send_in_order(url: str, trust: Path, reviews: list[tuple[bytes, str]]
             if answer is None or answer.uid != uid or not answer.allowed:
                 problems.append(raw[:300].decode(errors="replace"))
     return problems
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _wait_ready(url: str, service: subprocess.Popen[bytes], service_log: Path) -> None:

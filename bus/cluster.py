@@ -56,6 +56,11 @@ class Ports:
     monitor: int
 
 
+def free_port() -> int:
+    """A free loopback port (free when picked: bind it soon)."""
+    return free_ports(1)[0]
+
+
 def free_ports(count: int) -> list[int]:
     """`count` distinct free loopback ports (all held until all are picked)."""
     sockets = []

@@ -44,6 +44,7 @@ import pytest_asyncio
 
 from agent import perf
 from bus import streams, subjects
+from bus.cluster import free_port
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
 from schemas.node import NodeMetricComputed
@@ -68,7 +69,6 @@ from tests.acceptance.spec import (
 from tests.acceptance.suppression import Counter, Ticks
 from tests.fakes.kube_api import FakeKubeApi
 from tests.fakes.kube_rules import CRD_DIR
-from tests.faults.private_postgres import free_port
 from tests.faults.processes import KoordbusProcess
 from tests.faults.service_process import ServiceProcess
 from tests.support.crd import assert_valid_nodemetric, assert_valid_topology

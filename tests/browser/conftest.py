@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,8 @@ from typing import Any
 
 import pytest
 from _pytest.terminal import TerminalReporter
+
+from bus.cluster import free_port
 
 CHROMIUM = Path(os.environ.get("KOORDBUS_TEST_CHROMIUM", "/usr/bin/chromium"))
 NO_CHROMIUM = (
@@ -55,12 +56,6 @@ def pytest_terminal_summary(terminalreporter: TerminalReporter, exitstatus: int,
         return
     terminalreporter.write_sep("!", f"browser (dashboard) tests SKIPPED: {len(skipped)}", red=True, bold=True)
     terminalreporter.write_line(NO_CHROMIUM, red=True, bold=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from bus import auth, streams, subjects
+from bus.cluster import free_port
 from bus.jetstream import JetStreamBus
 from bus.server import find_binary
 from koordbus import cli, natsauth
@@ -105,12 +106,6 @@ def test_nats_lets_in_only_its_users_and_each_process_has_its_own(compose: dict[
     assert f"${{KOORDBUS_NODE_NAME:-{NODE}}}" in services["agent"]["command"]  # the node `make compose-creds` names
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def compose_nats(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """The committed nats.conf run by a real nats-server next to the auth.conf `koordbus creds ensure-compose`
@@ -120,8 +115,8 @@ def compose_nats(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     committed = (ROOT / "deploy" / "compose" / "nats.conf").read_text()
     assert "store_dir: /data\n" in committed
     (where / "nats.conf").write_text(committed.replace("store_dir: /data", f"store_dir: {json.dumps(str(tmp_path))}"))
-    port = _free_port()
-    command = [str(find_binary()), "-c", str(where / "nats.conf"), "-p", str(port), "-m", str(_free_port()),
+    port = free_port()
+    command = [str(find_binary()), "-c", str(where / "nats.conf"), "-p", str(port), "-m", str(free_port()),
                "-a", "127.0.0.1", "-l", str(tmp_path / "nats.log")]  # fmt: skip
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -12,7 +12,6 @@ import base64
 import json
 import os
 import re
-import socket
 import ssl
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import kubernetes_validate
 import pytest
 
 from bus import server
+from bus.cluster import free_ports
 from koordbus import certs, cli
 from services.common import x509
 from services.k8s import webhook_certs
@@ -218,12 +218,6 @@ def test_ca_bundle_patch_changes_only_what_lacks_the_ca_and_guards_each_index() 
         webhook_certs.ca_bundle_patch(configuration, ca="garbage")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_go_crypto_tls_verifies_the_chain_as_kube_apiserver_would(tmp_path: Path) -> None:
     """kube-apiserver is a Go program: its webhook client verifies the serving certificate with crypto/x509 against
     the caBundle. nats-server (Go too) serves a pair as a leaf node hub, and leaf nodes connect to it over TLS
@@ -249,7 +243,7 @@ def test_go_crypto_tls_verifies_the_chain_as_kube_apiserver_would(tmp_path: Path
         return log
 
     def hub(name: str, pair: str) -> tuple[int, int]:
-        leaf_port, http_port = _free_port(), _free_port()
+        leaf_port, http_port = free_ports(2)
         tls = f'tls {{ cert_file: "{tmp_path}/{pair}-tls.crt", key_file: "{tmp_path}/{pair}-tls.key" }}'
         start(name, f"port: -1\nhttp: {http_port}\nleafnodes {{ port: {leaf_port}, {tls} }}\n")
         return leaf_port, http_port

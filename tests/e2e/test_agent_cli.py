@@ -17,12 +17,12 @@ import msgspec
 import pytest
 
 from bus import streams, subjects
+from bus.cluster import free_port
 from bus.jetstream import JetStreamBus
 from schemas.node import NODE_EVENT_DECODER, NodeMetricsReported
 from schemas.node_topology import TOPOLOGY_DECODER
 from schemas.qos import ACTUATION_DECODER, ActuationApplied, NodeSloRendered
 from tests.e2e.test_qos_e2e import _be_pod
-from tests.e2e.test_up import free_port
 from tests.fakes.kube_api import FakeKubeApi
 from tests.integration.test_agent_qos import v1_tree
 from tests.support.waiting import eventually

@@ -22,6 +22,7 @@ import pytest
 
 from agent.topology_watch import read_topology
 from bus import streams, subjects
+from bus.cluster import free_port
 from bus.jetstream import JetStreamBus
 from schemas import koordinator, quantity
 from schemas.noderesource import NODERESOURCE_COMPUTED_DECODER, NodeResourceComputed
@@ -30,7 +31,6 @@ from tests.e2e.test_agent_cli import _run_agent, _stop
 from tests.e2e.test_batch_resources_e2e import _eventually, _noderesource
 from tests.e2e.test_batch_resources_e2e import spawn as spawn  # the fixture
 from tests.e2e.test_qos_e2e import _be_pod
-from tests.e2e.test_up import free_port
 from tests.fakes.kube_api import FakeKubeApi
 from tests.integration.test_agent_qos import v1_tree
 from tests.unit.test_agent_actuate import UID

@@ -18,13 +18,9 @@ from typing import Any
 
 import pytest
 
+from bus.cluster import free_port
+
 pytestmark = pytest.mark.e2e
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get_json(url: str, token: str | None = None) -> dict[str, object]:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_up import free_port, get_json
+from bus.cluster import free_port
+from tests.e2e.test_up import get_json
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 NODES = 5

@@ -19,7 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.test_up import free_port, get_json
+from bus.cluster import free_port
+from tests.e2e.test_up import get_json
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 NODES = 3

@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 
 from bus import auth, subjects
+from bus.cluster import free_port
 from bus.errors import BusError
 from bus.jetstream import JetStreamBus
 from koordbus.common import local_node_name
-from tests.e2e.test_up import free_port, get_json
+from tests.e2e.test_up import get_json
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 

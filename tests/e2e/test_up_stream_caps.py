@@ -17,8 +17,8 @@ import nats
 import pytest
 
 from bus import auth, streams
+from bus.cluster import free_port
 from koordbus.settings import EmbeddedStreamSettings
-from tests.faults.private_postgres import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -13,12 +13,13 @@ import contextlib
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
 
 import asyncpg
+
+from bus.cluster import free_port
 
 PG_BIN_ENV = "KOORDBUS_TEST_PG_BIN"
 PG_BIN_GLOB = "/usr/lib/postgresql/*/bin"
@@ -58,12 +59,6 @@ def missing_reason() -> str | None:
         except KeyError:
             return f"running as root, and there is no {SERVER_USER!r} user to run PostgreSQL as"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PrivatePostgres:

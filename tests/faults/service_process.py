@@ -16,7 +16,7 @@ from typing import IO
 
 import httpx
 
-from tests.faults.private_postgres import free_port
+from bus.cluster import free_port
 
 STOP_TIMEOUT_SECONDS = 20.0
 LOG_TAIL_CHARS = 4000

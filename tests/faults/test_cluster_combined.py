@@ -49,7 +49,7 @@ import pytest
 import tests.unit.test_noderesource_state as nr
 import tests.unit.test_quota_validation as quota_validation
 from bus import streams, subjects
-from bus.cluster import LocalNatsCluster
+from bus.cluster import LocalNatsCluster, free_port
 from bus.errors import BusError, BusUnavailableError, RemoteError
 from bus.jetstream import JetStreamBus
 from schemas import quota_events as ev
@@ -57,7 +57,6 @@ from schemas.quota_service import CommandReply, CommandRequest
 from services.common import membership
 from services.slo import service as slo
 from tests.faults import service_cases as cases
-from tests.faults.private_postgres import free_port
 from tests.faults.processes import KoordbusProcess, stream_messages, wait_for
 from tests.faults.test_cluster_failover import (
     CLUSTER_CATCH_UP_SECONDS,

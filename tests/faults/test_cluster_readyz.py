@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from bus import streams
-from tests.faults.private_postgres import free_port
+from bus.cluster import free_port
 from tests.faults.processes import KoordbusProcess, wait_for
 from tests.fixtures.nats_cluster import REPLICAS, ClusterUnderTest
 

@@ -12,25 +12,19 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 from pathlib import Path
 
 import httpx
 import pytest
 
 from bus import auth, streams
+from bus.cluster import free_port
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
 from koordbus import runtime
 from tests.faults.processes import KoordbusProcess, wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_a_service_refused_by_the_server_fails_healthz_past_the_bound_and_recovers(tmp_path: Path) -> None:

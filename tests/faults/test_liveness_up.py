@@ -17,7 +17,6 @@ import contextlib
 import http.client
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,15 +27,11 @@ from pathlib import Path
 
 import pytest
 
+from bus.cluster import free_port
+
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
 EXIT_BOUND_SECONDS = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Up:

@@ -17,7 +17,6 @@ import asyncio
 import os
 import random
 import re
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import pytest
 import pytest_asyncio
 
 from bus import streams, subjects
+from bus.cluster import free_port
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
 from schemas.node import NodeMetricsReported
@@ -40,15 +40,9 @@ PUBLISH_INTERVAL = 0.5
 SEED_ENV = "KOORDBUS_FAULTS_SEED"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest_asyncio.fixture
 async def server(tmp_path: Path) -> AsyncIterator[EmbeddedNatsServer]:
-    server = EmbeddedNatsServer(tmp_path / "nats", port=_free_port(), sync_interval="always")
+    server = EmbeddedNatsServer(tmp_path / "nats", port=free_port(), sync_interval="always")
     await server.start()
     setup = await JetStreamBus.connect(server.url, name="faults-setup")
     await setup.ensure_streams(streams.all_streams())
@@ -85,7 +79,7 @@ async def test_the_agent_resends_across_nats_restarts_and_nothing_acknowledged_i
     tree = FakeCgroupTree(root=tmp_path / "node", version=1, driver="cgroupfs")
     tree.write()
     url = server.url
-    port = _free_port()
+    port = free_port()
     arguments = [
         "agent", "--nats-url", url, "--node-name", NODE, "--no-qos", "--port", str(port),
         "--proc-root", str(tree.proc_root), "--cgroup-root", str(tree.cgroup_root),

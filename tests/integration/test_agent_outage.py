@@ -3,7 +3,6 @@ counted) and delivered in order once the server is back, with the drop count car
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import msgspec
@@ -12,18 +11,13 @@ from agent.service import AgentService
 from agent.settings import AgentSettings
 from bus import streams, subjects
 from bus.api import ConsumerSpec, Delivery
+from bus.cluster import free_port
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
 from schemas.node import NodeMetricsReported
 from tests.cgroup_tree import FakeCgroupTree
 
 NODE = "outage-node"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Collect:

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from bus.cluster import free_port
 from bus.jetstream import JetStreamBus
 from koordbus import cli, http_serve
 from services.api.app import ApiContext, create_app
@@ -24,7 +25,6 @@ from services.migration import component as migration_component
 from services.migration import lownodeload_round as lnl
 from services.migration.client import MigrationClient
 from tests.integration.test_migration_lownodeload import ARGS, _service
-from tests.integration.test_quota_cli import free_port
 from tests.support import api_auth
 from tests.support.waiting import eventually
 

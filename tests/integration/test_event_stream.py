@@ -19,6 +19,7 @@ import pytest_asyncio
 import websockets
 
 from bus import streams, subjects
+from bus.cluster import free_port
 from bus.errors import BusUnavailableError
 from bus.jetstream import JetStreamBus
 from bus.memory import MemoryBus
@@ -31,7 +32,6 @@ from services.api.event_hub import EventHub
 from services.api.settings import ApiSettings
 from services.common import auth
 from services.common.metrics import new_registry
-from tests.integration.test_quota_cli import free_port
 from tests.support import api_auth
 from tests.support.waiting import eventually
 

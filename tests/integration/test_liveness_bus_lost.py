@@ -11,13 +11,13 @@ server is back.
 
 from __future__ import annotations
 
-import socket
 from contextlib import AsyncExitStack
 from pathlib import Path
 
 import httpx
 import pytest
 
+from bus.cluster import free_port
 from bus.server import EmbeddedNatsServer
 from koordbus import runtime
 from services.api.app import ApiContext, create_app
@@ -47,12 +47,6 @@ async def test_closing_the_bus_ourselves_is_not_a_loss(nats_url: str) -> None:
         stop = runtime.stop_event_on_signals(stack)
         bus = await runtime.open_bus(stack, nats_url, name="closed-by-us", ensure_streams=False)
     assert bus.link.lost_reason == "" and not stop.is_set()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_healthz_fails_while_the_bus_is_down_past_the_bound_and_passes_once_it_is_back(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import httpx
 import msgspec
 import pytest
 
+from bus.cluster import free_port
 from bus.jetstream import JetStreamBus
 from koordbus import http_serve
 from schemas import kube
@@ -33,7 +34,6 @@ from services.loadaware.client import LoadAwareClient
 from services.loadaware.http import create_app as create_extender
 from services.loadaware.service import LoadAwareService
 from services.loadaware.settings import LoadAwareSettings
-from tests.integration.test_quota_cli import free_port
 from tests.support import api_auth
 from tests.support.events import publish_events
 from tests.support.loadaware import GI, node, pod_json, report

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bus import streams, subjects
+from bus.cluster import free_port
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
 from koordbus import cli, http_serve
@@ -31,7 +32,6 @@ from services.migration.client import MigrationClient
 from services.migration.service import MigrationService
 from services.migration.settings import MigrationSettings
 from services.migration.store import MigrationStore
-from tests.integration.test_quota_cli import free_port
 from tests.support import api_auth
 from tests.support.migration import pod
 from tests.support.waiting import eventually

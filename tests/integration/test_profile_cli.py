@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bus.cluster import free_port
 from koordbus import cli
 from services.common import auth
-from tests.integration.test_quota_cli import api_url, free_port
+from tests.integration.test_quota_cli import api_url
 from tests.support import api_auth
 
 __all__ = ["api_url"]  # the fixture: the quota stack, whose API serves the profile routes too

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest_asyncio
 import yaml
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bus.cluster import free_port
 from koordbus import cli, http_serve
 from services.common import auth
 from tests.fakes.kube_api import FakeKubeApi
@@ -49,13 +49,6 @@ kind: Pod
 metadata: {name: big, namespace: apps, labels: {quota.scheduling.koordinator.sh/name: team-a}}
 spec: {containers: [{name: c, resources: {requests: {cpu: "50"}}}]}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest_asyncio.fixture

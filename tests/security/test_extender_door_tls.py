@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bus.cluster import free_port
 from bus.jetstream import JetStreamBus
 from schemas.cluster import NodeObserved
-from tests.faults.private_postgres import free_port
 from tests.faults.service_process import ServiceProcess
 from tests.support.events import publish_events
 from tests.support.loadaware import GI, node, pod_json, report

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import socket
 from pathlib import Path
 
 import httpx
@@ -21,6 +20,7 @@ import pytest
 
 from bus import auth, streams, subjects
 from bus.api import HEADER_DLQ_REASON
+from bus.cluster import free_port
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
 from koordbus.up_bus import NATS_CREDS_FILE
@@ -33,12 +33,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 LONG_NAME = "q" * 100_000
 LONG_TREE = "t" * 5_000
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def poisoned_event(number: int, obj: ElasticQuota) -> bytes:

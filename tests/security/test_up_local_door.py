@@ -22,7 +22,7 @@ import nats
 import pytest
 
 from bus import auth
-from tests.faults.private_postgres import free_port
+from bus.cluster import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bus import streams
+from bus.cluster import free_port
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
 from koordbus import http_serve
@@ -47,7 +48,6 @@ from services.quota.service import QuotaService
 from services.quota.store import QuotaStore
 from services.slo import component as slo_component
 from services.webhook import component as webhook_component
-from tests.integration.test_quota_cli import free_port
 from tests.integration.test_quota_service import SETTINGS, node, observe
 from tests.support import api_auth
 

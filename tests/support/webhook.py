@@ -17,11 +17,11 @@ import httpx
 import msgspec
 
 from bus.api import Bus
+from bus.cluster import free_port
 from services.k8s import core
 from services.k8s.observer import KIND_NAMESPACE, KIND_PRIORITY_CLASS, KIND_PROFILE, observed_message
 from tests.fakes.kube_api import AdmissionAttributes
 from tests.fakes.kube_rules import ApiError
-from tests.faults.private_postgres import free_port
 from tests.faults.service_process import ServiceProcess
 from tests.support.tls import Issued
 
