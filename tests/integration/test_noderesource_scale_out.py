@@ -5,9 +5,12 @@ NodeMetrics the dead one never got to — each exactly once, and each projected 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from pathlib import Path
+
+import pytest
 
 from bus import streams, subjects
 from bus.jetstream import JetStreamBus
@@ -39,9 +42,20 @@ async def decisions(bus: JetStreamBus) -> list[NodeResourceComputed]:
     return [NODERESOURCE_COMPUTED_DECODER.decode(d.data) for d in stored]
 
 
+def held(*replicas: NodeResourceService) -> str:
+    """What each replica holds, for a failure's message (the rare one of this test went unexplained)."""
+    return "; ".join(
+        f"{r.settings.instance}: owned {sorted(r.owned or ())}, settled {sorted(r._settled or ())}, "
+        f"{len(r.state.nodes)} nodes, follower {'running' if r._follower and not r._follower.done() else 'stopped'}"
+        for r in replicas
+    )
+
+
 async def test_replicas_split_the_nodes_and_a_dead_replicas_partitions_move(
-    tmp_path: Path, koordbus_bus: JetStreamBus
+    tmp_path: Path, koordbus_bus: JetStreamBus, caplog: pytest.LogCaptureFixture
 ) -> None:
+    for name in ("services.noderesource", "services.common.membership"):  # the moves, in a failure's report
+        caplog.set_level(logging.INFO, logger=name)
     url = f"sqlite:///{tmp_path / 'koordbus.db'}"
     await db.run_migrations(url)
     engine = db.create_engine(url)
@@ -71,7 +85,7 @@ async def test_replicas_split_the_nodes_and_a_dead_replicas_partitions_move(
                 and set(first.state.nodes) | set(second.state.nodes) == set(NODES)
             )
 
-        await eventually(split, timeout=20)
+        await eventually(split, timeout=20, state=lambda: held(first, second))
         assert first.owned and second.owned and first.state.nodes and second.state.nodes  # both hold a share
         for holder in (first, second):  # a replica holds exactly the nodes of its partitions
             assert {subjects.node_partition(n) for n in holder.state.nodes} <= (holder.owned or set())
@@ -105,7 +119,9 @@ async def test_replicas_split_the_nodes_and_a_dead_replicas_partitions_move(
         second._membership = None  # as if killed: it never says goodbye
         await second.stop()
         await publish_metrics(bus, start + 40, system_cores=5)
-        await eventually(lambda: first.owned == frozenset(range(subjects.NODE_PARTITIONS)), timeout=20)
+        await eventually(
+            lambda: first.owned == frozenset(range(subjects.NODE_PARTITIONS)), timeout=20, state=lambda: held(first)
+        )
         await eventually(lambda: moved <= set(first.state.nodes), timeout=20)
 
         async def all_decided() -> bool:

@@ -6,8 +6,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 
-async def eventually(check: Callable[[], Awaitable[bool] | bool], *, timeout: float = 10.0) -> None:
-    """Poll `check` (sync or async) every 20 ms until it is truthy; AssertionError after `timeout` seconds."""
+async def eventually(
+    check: Callable[[], Awaitable[bool] | bool], *, timeout: float = 10.0, state: Callable[[], str] | None = None
+) -> None:
+    """Poll `check` (sync or async) every 20 ms until it is truthy; AssertionError after `timeout` seconds, saying
+    what `state()` says then (what a rare failure needs to be explained)."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         result = check()
@@ -16,5 +19,5 @@ async def eventually(check: Callable[[], Awaitable[bool] | bool], *, timeout: fl
         if result:
             return
         if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
+            raise AssertionError("condition not reached in time" + (f": {state()}" if state is not None else ""))
         await asyncio.sleep(0.02)
