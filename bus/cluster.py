@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import random
 import socket
 import urllib.error
 import urllib.request
@@ -56,19 +58,52 @@ class Ports:
     monitor: int
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+PICK_FROM = 10_000
+"""Ports are picked from PICK_FROM up, outside the kernel's ephemeral range."""
+PICK_TRIES = 500
+_pick = random.SystemRandom()  # its own source: a test seeding `random` must not make two processes pick alike
+
+
+@functools.cache
+def _candidate_ports() -> tuple[int, ...]:
+    """The ports from PICK_FROM up outside the range the kernel takes local ports of outgoing connections from
+    (Linux's default range when it cannot be read); none when that range leaves too few."""
+    try:
+        low, high = (int(bound) for bound in EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    ports = tuple(p for p in range(PICK_FROM, 65536) if not low <= p <= high)
+    return ports if len(ports) >= 1000 else ()
+
+
 def free_port() -> int:
     """A free loopback port (free when picked: bind it soon)."""
     return free_ports(1)[0]
 
 
 def free_ports(count: int) -> list[int]:
-    """`count` distinct free loopback ports (all held until all are picked)."""
-    sockets = []
+    """`count` distinct loopback ports, free when picked (all held until all are picked; bind them soon), chosen at
+    random outside the kernel's ephemeral range, so no outgoing connection takes one as its local port before the
+    caller binds it — a port the kernel hands out for port 0 was taken so between a test's pick and its server's
+    start (the kernel's pick is the fallback when that range leaves no room, or nothing free was found there)."""
+    candidates = _candidate_ports()
+    sockets: list[socket.socket] = []
     try:
-        for _ in range(count):
+        for _ in range(PICK_TRIES if candidates else 0):
+            if len(sockets) == count:
+                break
             s = socket.socket()
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", _pick.choice(candidates)))  # a port held already fails here too
+            except OSError:
+                s.close()
+                continue
             sockets.append(s)
+        while len(sockets) < count:
+            s = socket.socket()
+            sockets.append(s)
+            s.bind(("127.0.0.1", 0))
         return [int(s.getsockname()[1]) for s in sockets]
     finally:
         for s in sockets:

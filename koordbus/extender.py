@@ -119,24 +119,21 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
-def pick_port(host: str, port: int | None) -> int:
-    """The port to serve on: `port` as given (0: a free one); None: DEFAULT_PORT, or a free one when it is taken."""
+def reserve_port(host: str, port: int | None) -> socket.socket:
+    """The port to serve on, bound now and held until `start` listens on it: `port` as given (0: a free one); None:
+    DEFAULT_PORT, or a free one when it is taken."""
     from koordbus import http_serve
 
     if port is None:
-        if http_serve.port_is_free(host, DEFAULT_PORT):
-            return DEFAULT_PORT
+        if (held := http_serve.reserve(host, DEFAULT_PORT)) is not None:
+            return held
         log.warning("extender: port %d on %s is in use; serving on a free port", DEFAULT_PORT, host)
         port = 0
-    if port == 0:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.bind((host, 0))
-            return int(s.getsockname()[1])
-    if not http_serve.port_is_free(host, port):
+    if (held := http_serve.reserve(host, port)) is None:
         raise SystemExit(
             f"koordbus up: port {port} on {host} is in use; pass --extender-port (0: a free one) or --no-extender"
         )
-    return port
+    return held
 
 
 @dataclass(frozen=True)
@@ -146,10 +143,10 @@ class RunningExtender:
 
 
 async def start(
-    stack: AsyncExitStack, bus: Any, registry: Any, *, data_dir: Path, host: str, port: int, now: float
+    stack: AsyncExitStack, bus: Any, registry: Any, *, data_dir: Path, host: str, reserved: socket.socket, now: float
 ) -> RunningExtender:
     """Start the extender service on `bus` (it replays KOORD_CLUSTER and KOORD_NODEMETRIC, then states its
-    watermarks) and serve its verbs, explain, health and metrics over mutual TLS on host:port."""
+    watermarks) and serve its verbs, explain, health and metrics over mutual TLS on the port `reserved` holds."""
     from koordbus import http_serve, runtime
     from koordbus.parts import loadaware_args
     from services.common import settings as settings_loader
@@ -157,6 +154,7 @@ async def start(
     from services.loadaware.service import LoadAwareService
     from services.loadaware.settings import LoadAwareSettings
 
+    port = int(reserved.getsockname()[1])
     tls = local_tls(data_dir, hosts=[host], now=now)
     overrides = {"tls_cert_file": str(tls.cert), "tls_key_file": str(tls.key), "tls_client_ca_file": str(tls.ca)}
     try:
@@ -168,7 +166,7 @@ async def start(
     stack.push_async_callback(service.stop)
     app = create_app(service, registry, liveness=runtime.bus_liveness(bus))
     mutual = http_serve.MutualTls(cert_file=str(tls.cert), key_file=str(tls.key), client_ca_file=str(tls.ca))
-    await http_serve.serve_http(stack, app, host=host, port=port, tls=mutual)
+    await http_serve.serve_http(stack, app, host=host, port=port, tls=mutual, reserved=reserved)
     shown = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host  # a wildcard bind answers on loopback too
     url = f"https://{f'[{shown}]' if ':' in shown else shown}:{port}"
     _write_private(data_dir / URL_FILE, url + "\n")

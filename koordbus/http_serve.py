@@ -1,5 +1,6 @@
 """Serving HTTP inside a command's event loop: uvicorn over plain HTTP, HTTPS or mutual TLS, stopped with its
-command's AsyncExitStack, and whether a port is free to bind.
+command's AsyncExitStack; and `reserve`, a port held from the moment it is checked, so nothing takes it while the
+command starts its other parts (koordbus.up).
 
 Called by the subcommands that serve (koordbus.up, koordbus.api, koordbus.service, koordbus.webhook,
 koordbus.extender, a service's own port in koordbus.common) and by the integration tests. The command, not uvicorn,
@@ -23,16 +24,23 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
 
-def port_is_free(host: str, port: int) -> bool:
-    """Nothing listens on the port (a connection of a process just killed, in TIME_WAIT, does not count: uvicorn
-    binds with SO_REUSEADDR too)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
+def reserve(host: str, port: int) -> socket.socket | None:
+    """A socket listening on `port` of `host` (0: a free one) for `serve_http` to serve on later, or None when
+    something else holds the port. Until the server starts, connections wait in the backlog rather than being
+    refused. Checking a port and binding it only once the command had started its other parts left seconds in which
+    another socket could take it — an outgoing connection's local port too, for a port the kernel had picked from
+    its ephemeral range — and uvicorn then ended the process with exit code 3. The caller closes the socket if it
+    never serves (a socket is a context manager)."""
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    # As uvicorn binds: a connection of a process just killed, in TIME_WAIT, does not make the port busy.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host, port))
+        s.listen()
+    except OSError:
+        s.close()
+        return None
+    return s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,11 +62,13 @@ async def serve_http(
     tls: MutualTls | None = None,
     ssl_context: ssl.SSLContext | None = None,
     end_streams: Callable[[], None] | None = None,
+    reserved: socket.socket | None = None,
 ) -> uvicorn.Server:
     """Run uvicorn inside this event loop until the stack closes (over mutual TLS when `tls` is given, or over HTTPS
     with `ssl_context`, which the caller keeps: services.webhook.tls swaps certificates through it). `end_streams`
     ends the app's open streaming responses (event subscriptions): it is called first when the server stops, since
-    uvicorn's graceful shutdown waits for open responses to finish."""
+    uvicorn's graceful shutdown waits for open responses to finish. `reserved`: the socket `reserve` bound to
+    host:port, listened on instead of binding anew."""
     import uvicorn
 
     ssl_options: dict[str, object] = {}
@@ -85,7 +95,7 @@ async def serve_http(
     server = uvicorn.Server(config)
     # The CLI owns SIGINT/SIGTERM (stop_event_on_signals); uvicorn must not take them over.
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
-    task = asyncio.create_task(server.serve(), name="http")
+    task = asyncio.create_task(server.serve(sockets=None if reserved is None else [reserved]), name="http")
 
     async def stop() -> None:
         if end_streams is not None:

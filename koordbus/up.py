@@ -145,11 +145,6 @@ async def run_up(args: argparse.Namespace) -> int:
     runtime.configure_logging(args.log_level or common.log_level, args.log_format or common.log_format)
     os.umask(0o077)  # the database, its -wal/-shm, the NATS store and logs: this user's only
     data_dir = prepare_data_dir(common.data_dir)
-    if not http_serve.port_is_free(args.host, args.port):
-        raise SystemExit(f"koordbus up: port {args.port} on {args.host} is in use; pass --port")
-    extender_port = None if args.no_extender else extender.pick_port(args.host, args.extender_port)
-    if extender_port is None:  # `koordbus scheduler explain` must not find an extender this `up` does not run
-        (data_dir / extender.URL_FILE).unlink(missing_ok=True)
     api_settings = settings_loader.load(
         ApiSettings, {"host": args.host, "port": args.port, "api_tokens_file": args.api_tokens_file}
     )
@@ -157,6 +152,16 @@ async def run_up(args: argparse.Namespace) -> int:
     nm_settings = settings_loader.load(NodeMetricSettings)
     registry = new_registry()
     async with AsyncExitStack() as stack:
+        # Both ports bound now and held until served: nothing else takes them while the other parts start.
+        api_socket = http_serve.reserve(args.host, args.port)
+        if api_socket is None:
+            raise SystemExit(f"koordbus up: port {args.port} on {args.host} is in use; pass --port")
+        stack.enter_context(api_socket)
+        extender_socket = None
+        if not args.no_extender:
+            extender_socket = stack.enter_context(extender.reserve_port(args.host, args.extender_port))
+        else:  # `koordbus scheduler explain` must not find an extender this `up` does not run
+            (data_dir / extender.URL_FILE).unlink(missing_ok=True)
         stop = runtime.stop_event_on_signals(stack)
         nats = await up_bus.start_nats(
             stack,
@@ -210,14 +215,14 @@ async def run_up(args: argparse.Namespace) -> int:
         if executor_runs:
             await start_migration_executor(stack, migration_bus, registry, migration)
         scheduler = None
-        if extender_port is not None:
+        if extender_socket is not None:
             scheduler = await extender.start(
                 stack,
                 await buses.of("loadaware"),
                 registry,
                 data_dir=data_dir,
                 host=args.host,
-                port=extender_port,
+                reserved=extender_socket,
                 now=time.time(),
             )
         api_bus = await buses.of("api")
@@ -235,7 +240,12 @@ async def run_up(args: argparse.Namespace) -> int:
             liveness=buses.liveness(),
         )
         await http_serve.serve_http(
-            stack, app, host=api_settings.host, port=api_settings.port, end_streams=hub.end_streams
+            stack,
+            app,
+            host=api_settings.host,
+            port=api_settings.port,
+            end_streams=hub.end_streams,
+            reserved=api_socket,
         )
         if not args.no_agent:
             _start_agent(stack, await buses.of(natsauth.UP_AGENT))

@@ -61,7 +61,9 @@ def test_up_serves_nodemetrics_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         token = ""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(names) < 3:
-            assert process.poll() is None, "koordbus up exited early"
+            assert process.poll() is None, (
+                f"koordbus up exited early ({process.returncode}):\n{process.stdout.read()[-3000:]}"
+            )
             try:
                 token = token or (tmp_path / "data" / "api-token").read_text().strip()
                 listed = get_json(f"{base}/api/v1/nodemetrics", token)

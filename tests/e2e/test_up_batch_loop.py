@@ -38,7 +38,9 @@ def test_simulated_batch_usage_stays_within_the_batch_allocatable(tmp_path: Path
         rows: list[dict[str, object]] = []
         # every node has a batch allocatable, then a NodeMetric reported a full report interval after the first one
         while time.monotonic() < deadline:
-            assert process.poll() is None, "koordbus up exited early"
+            assert process.poll() is None, (
+                f"koordbus up exited early ({process.returncode}):\n{process.stdout.read()[-3000:]}"
+            )
             try:
                 token = token or (tmp_path / "data" / "api-token").read_text().strip()
                 rows = get_json(f"{base}/api/v1/overview/nodes", token)["items"]  # type: ignore[assignment]

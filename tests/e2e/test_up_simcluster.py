@@ -60,7 +60,9 @@ def test_the_simulated_cluster_shows_every_capability(tmp_path: Path) -> None:
         token = _until("the API token", lambda: (tmp_path / "data" / "api-token").read_text().strip(), deadline)
 
         def get(path: str) -> Any:
-            assert process.poll() is None, "koordbus up exited early"
+            assert process.poll() is None, (
+                f"koordbus up exited early ({process.returncode}):\n{process.stdout.read()[-3000:]}"
+            )
             return get_json(base + path, token)
 
         def borrowing() -> list[str]:

@@ -1,6 +1,6 @@
 """The load-aware extender under `koordbus up` (koordbus.extender), without a bus: its credentials in the data dir
 (0600, made once and kept, made anew when a file is missing, the hosts changed or they near their expiry), the port
-it picks (9443, or a free one when that is taken; an explicit busy port stops `up`), the banner's curl line, and how
+it holds (9443, or a free one when that is taken; an explicit busy port stops `up`), the banner's curl line, and how
 `koordbus scheduler explain` finds `up`'s extender and client certificate from the project directory."""
 
 from __future__ import annotations
@@ -79,11 +79,22 @@ def test_the_port_is_9443_or_a_free_one_and_an_explicit_busy_one_stops_up(
     busy_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(extender, "DEFAULT_PORT", busy_port)
-    picked = extender.pick_port("127.0.0.1", None)
-    assert picked not in (busy_port, 0)
-    assert extender.pick_port("127.0.0.1", 0) not in (busy_port, 0)
+    with extender.reserve_port("127.0.0.1", None) as picked, extender.reserve_port("127.0.0.1", 0) as free:
+        assert picked.getsockname()[1] not in (busy_port, 0)
+        assert free.getsockname()[1] not in (busy_port, 0, picked.getsockname()[1])
     with pytest.raises(SystemExit, match=f"port {busy_port} on 127.0.0.1 is in use; pass --extender-port"):
-        extender.pick_port("127.0.0.1", busy_port)
+        extender.reserve_port("127.0.0.1", busy_port)
+
+
+def test_the_port_picked_is_held_until_served() -> None:
+    """Between the pick and the extender's start `up` starts its nats-server and services, opening connections:
+    a free port the pick had let go could be taken meanwhile (uvicorn then ended `up` with exit code 3)."""
+    with extender.reserve_port("127.0.0.1", 0) as held:
+        port = held.getsockname()[1]
+        with socket.socket() as other, pytest.raises(OSError):
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            other.bind(("127.0.0.1", port))
+            other.listen()
 
 
 def test_the_banners_curl_line_is_a_filter_request_with_the_client_certificate(tmp_path: Path) -> None:
