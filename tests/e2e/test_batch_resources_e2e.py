@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import pytest
 import pytest_asyncio
 
 from bus import streams, subjects
+from bus.cluster import free_port
 from bus.jetstream import JetStreamBus
 from bus.server import EmbeddedNatsServer
 from schemas import quantity
@@ -93,9 +93,7 @@ async def nats(tmp_path: Path) -> AsyncIterator[tuple[str, JetStreamBus]]:
 
 @pytest.fixture
 def api_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()
 
 
 Spawn = Callable[..., list[subprocess.Popen[str]]]
@@ -301,9 +299,7 @@ def _topology() -> dict[str, Any]:
 
 @pytest.fixture
 def bridge_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()
 
 
 async def test_dry_run_decides_and_records_but_writes_nothing(
