@@ -10,10 +10,13 @@ One schema serves SQLite (aiosqlite, the embedded default) and PostgreSQL (async
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib.resources
 import logging
 import os
 import sqlite3
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -160,14 +163,24 @@ def _install_sqlite_hooks(engine: AsyncEngine) -> None:
     sa.event.listen(engine.sync_engine, "begin", on_begin)
 
 
+_sqlite_writers: weakref.WeakKeyDictionary[AsyncEngine, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
 @asynccontextmanager
 async def write_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     """A connection inside one transaction that commits on success and rolls back on any exception.
 
     On SQLite the transaction takes the write lock up front, so a read-check-write sequence (offset,
-    then rows) cannot be overtaken by another writer between its read and its first write.
+    then rows) cannot be overtaken by another writer between its read and its first write. The engine's
+    writers take turns, first come first served, before asking SQLite: its busy wait polls at intervals,
+    so a writer committing batch after batch (a projector replaying a backfill) kept another from the lock
+    past the busy timeout ("database is locked" at BEGIN IMMEDIATE under load, with every service of
+    `koordbus up` on one engine). The busy timeout is left to writers in other processes.
     """
-    async with engine.connect() as connection:
+    turn: contextlib.AbstractAsyncContextManager[object] = contextlib.nullcontext()
+    if engine.dialect.name == "sqlite":
+        turn = _sqlite_writers.setdefault(engine, asyncio.Lock())
+    async with turn, engine.connect() as connection:
         await connection.execution_options(**{_WRITE_OPTION: True})
         async with connection.begin():
             yield connection
