@@ -45,7 +45,7 @@ def test_sign_in_refuses_a_wrong_token_and_keeps_the_right_one_for_the_tab(brows
         tab.page.goto(koordbus_up.base + "/")
         tab.page.fill("#token", "not-a-token")
         tab.page.click("#login button")
-        tab.page.wait_for_function("document.querySelector('#login-error').textContent.includes('token')")
+        tab.page.wait_for_function("document.querySelector('#login-error')?.textContent.includes('token')")
         tab.page.fill("#token", koordbus_up.token)
         tab.page.click("#login button")
         wait_loaded(tab, "overviewPage")
@@ -63,7 +63,7 @@ def test_a_sign_in_link_signs_the_tab_in_and_leaves_no_token_in_the_address_or_h
     tab = open_tab(browser, token=None)
     try:
         tab.page.goto(f"{koordbus_up.base}/#token=not-a-token")
-        tab.page.wait_for_function("document.querySelector('#login-error').textContent.includes('refused')")
+        tab.page.wait_for_function("document.querySelector('#login-error')?.textContent.includes('refused')")
         assert "not-a-token" not in tab.page.url
         assert tab.page.evaluate("sessionStorage.getItem('koordbus.token')") is None
         tab.page.goto(f"{koordbus_up.base}/#token={koordbus_up.token}")
@@ -95,14 +95,15 @@ def test_overview_shows_every_node_with_totals_histogram_and_table(tab: Page, ko
     assert sum(counts) == SIMULATED_NODES
     # the simulated cluster has colocation on: every node gets batch resources, which the totals show
     tab.page.wait_for_function(
-        "!document.querySelector('[data-card=batch-cpu] .card-detail').textContent.endsWith(' of 0 cores')",
+        "!(document.querySelector('[data-card=batch-cpu] .card-detail')?.textContent ?? ' of 0 cores')"
+        ".endsWith(' of 0 cores')",
         timeout=30_000,
     )
     # the table holds every node, but only the rows in view are in the DOM
     assert tab.page.get_attribute(".vtable", "data-rows") == str(SIMULATED_NODES)
     assert 10 <= tab.page.locator(".vrow").count() < SIMULATED_NODES
     tab.page.fill("#node-filter", "sim-node-004")
-    tab.page.wait_for_function("document.querySelector('.vtable').dataset.rows === '10'")
+    tab.page.wait_for_function("document.querySelector('.vtable')?.dataset.rows === '10'")
     tab.page.fill("#node-filter", "")
     tab.screenshot("overview")
     assert tab.errors == []
@@ -140,7 +141,7 @@ def test_node_page_charts_percentiles_now_and_over_time(tab: Page, koordbus_up: 
         timeout=30_000,
     )
     tab.page.wait_for_function(
-        "/prod pods predicted/.test(document.querySelector('#node-prediction').textContent)", timeout=30_000
+        "/prod pods predicted/.test(document.querySelector('#node-prediction')?.textContent ?? '')", timeout=30_000
     )
     prediction = tab.page.text_content("#node-prediction") or ""
     assert re.search(r"reclaimable [0-9.]+ cores", prediction) and "null" not in prediction, prediction
@@ -186,7 +187,7 @@ def test_a_quota_change_through_the_api_appears_in_the_tree_without_reload(tab: 
     assert tab.page.inner_text(f"{row} td[data-figure=max-memory]") == "16Gi"
     koordbus_up.call("PATCH", f"/api/v1/quotas/{QUOTA}", {"spec": {"min": {"cpu": "3"}}})
     tab.page.wait_for_function(
-        f"document.querySelector('{row} td[data-figure=min]').textContent === '3.00'", timeout=timeout
+        f"document.querySelector('{row} td[data-figure=min]')?.textContent === '3.00'", timeout=timeout
     )
     assert tab.page.evaluate("window.__sameDocument") is True, "the page was reloaded"
     if live:
@@ -214,14 +215,14 @@ def test_a_migration_request_shows_in_the_queue_with_its_arbitration(tab: Page, 
     tab.page.wait_for_selector(f"#migration-jobs tr[data-job='{job}']", timeout=10_000 if live else 40_000)
     tab.page.click(f"#migration-jobs tr[data-job='{job}'] a")
     tab.page.wait_for_function(
-        f"document.querySelector('#migration-trail').textContent.includes({json.dumps(job)})", timeout=10_000
+        f"document.querySelector('#migration-trail')?.textContent.includes({json.dumps(job)})", timeout=10_000
     )
     assert "ghost" in tab.page.inner_text("#migration-trail")
     # the simulated cluster runs LowNodeLoad: the descheduler's section shows its last round, and a plan for now
     tab.page.wait_for_selector("#descheduler-round [data-pool]", timeout=60_000)
     tab.page.click("#descheduler-plan")
     tab.page.wait_for_function(
-        "document.querySelector('#descheduler-round').textContent.includes('plan for now, nothing acted on')",
+        "document.querySelector('#descheduler-round')?.textContent.includes('plan for now, nothing acted on')",
         timeout=10_000,
     )
     assert tab.page.locator("#descheduler-round [data-pool]").count() == 1

@@ -137,7 +137,7 @@ def test_overview_with_5000_nodes_and_a_burst_of_5000_events_keeps_the_page_resp
         tab.page.goto(f"{ORIGIN}/")
         tab.page.wait_for_selector("[data-page=overviewPage][data-loaded=true]", timeout=30_000)
         tab.page.wait_for_function(
-            f"document.querySelector('[data-page=overviewPage]').dataset.eventsApplied === '{NODES}'", timeout=30_000
+            f"document.querySelector('[data-page=overviewPage]')?.dataset.eventsApplied === '{NODES}'", timeout=30_000
         )
         tab.page.wait_for_timeout(1200)  # the summary's next repaint, and a quiet second for the ticker
         loaded = tab.page.evaluate(

@@ -101,7 +101,7 @@ def test_migrations_show_a_descheduled_pod_moved_with_its_trail(tab: Page, koord
     name = job.first.get_attribute("data-job")
     tab.page.click(f"#migration-jobs tr[data-job='{name}'] a")
     tab.page.wait_for_function(
-        f"document.querySelector('#migration-trail').textContent.includes('{name}')", timeout=10_000
+        f"document.querySelector('#migration-trail')?.textContent.includes('{name}')", timeout=10_000
     )
     assert "passed" in tab.page.inner_text("#migration-trail")
     tab.page.wait_for_selector("#descheduler-round [data-pool]", timeout=10_000)
