@@ -98,25 +98,41 @@ def api_port() -> int:
 
 Spawn = Callable[..., list[subprocess.Popen[str]]]
 
+_OUTPUT_FILES: dict[int, Path] = {}
+"""Per spawned process (by pid), the file its stdout and stderr go to (see `spawn`)."""
+
+
+def output_of(process: subprocess.Popen[str]) -> str:
+    """What a process `spawn` started has written so far."""
+    return _OUTPUT_FILES[process.pid].read_text(errors="replace")
+
 
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Spawn]:
-    """Start `koordbus …` processes; whatever is still running at the end gets SIGTERM (then SIGKILL)."""
+    """Start `koordbus …` processes; whatever is still running at the end gets SIGTERM (then SIGKILL). Each one's
+    output goes to a file (a pipe nobody reads would stall a chatty process), and at the end every process's
+    command, exit code and output are printed, which pytest shows when the test failed (a service that exited
+    early, say because its port was taken, is otherwise only a timeout)."""
     started: list[subprocess.Popen[str]] = []
+    run: list[list[str]] = []
     tokens = api_auth.write_token_file(tmp_path / "api-tokens")
     env = {**os.environ, "KOORDBUS_LOG_LEVEL": "INFO", "KOORDBUS_API_TOKENS_FILE": str(tokens)}
 
     def start(*commands: list[str]) -> list[subprocess.Popen[str]]:
-        processes = [
-            subprocess.Popen(
-                [sys.executable, "-m", "koordbus.cli", *command],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=env,
-            )
-            for command in commands
-        ]
+        processes = []
+        for command in commands:
+            path = tmp_path / f"process-{len(started) + len(processes)}.log"
+            with path.open("w") as output:  # the child has its own copy of the file
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "koordbus.cli", *command],
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    env=env,
+                )
+            _OUTPUT_FILES[process.pid] = path
+            processes.append(process)
+            run.append(command)
         started.extend(processes)
         return processes
 
@@ -130,8 +146,9 @@ def spawn(tmp_path: Path) -> Iterator[Spawn]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+    for process, command in zip(started, run, strict=True):
+        print(f"--- koordbus {' '.join(command)} (exit code {process.returncode}):\n{output_of(process)}")
+        del _OUTPUT_FILES[process.pid]
 
 
 def _noderesource(url: str, database_url: str, port: int) -> list[str]:
@@ -158,10 +175,11 @@ def services(
 
 def _stopped_cleanly(processes: list[subprocess.Popen[str]]) -> None:
     for process in processes:
-        assert process.poll() is None, process.communicate()[0]
+        assert process.poll() is None, output_of(process)
         process.send_signal(signal.SIGTERM)
     for process in processes:
-        output, _ = process.communicate(timeout=15)
+        process.wait(timeout=15)
+        output = output_of(process)
         assert process.returncode == 0, output
         assert "Traceback" not in output, output
 

@@ -22,7 +22,6 @@ import pytest
 
 from agent.topology_watch import read_topology
 from bus import streams, subjects
-from bus.cluster import free_port
 from bus.jetstream import JetStreamBus
 from schemas import koordinator, quantity
 from schemas.noderesource import NODERESOURCE_COMPUTED_DECODER, NodeResourceComputed
@@ -119,11 +118,13 @@ async def test_the_nodes_cpu_model_sets_its_ratio_which_scales_batch_cpu_and_the
     slo = NodeSloRendered(node=NODE, spec={}, rendered_at=1.0)
     await koordbus_bus.publish(subjects.slo_key(NODE), msgspec.json.encode(slo), msg_id="slo")
     kubeconfig = kube_api.kubeconfig(tmp_path / "kubeconfig")
+    # No process serves a port (0: none): the test reads the bus and the API server. A port picked here for a
+    # process to bind later could be taken meanwhile by another test run on the machine, and the process gone.
     services = spawn(
         ["service", "k8s", "--nats-url", koordbus_nats_url, "--kubeconfig", str(kubeconfig), "--port", "0"],
-        _noderesource(koordbus_nats_url, database_url, free_port()),
+        _noderesource(koordbus_nats_url, database_url, 0),
     )
-    agent = await _run_agent(tmp_path, koordbus_nats_url, kube_api, "--apply", free_port())
+    agent = await _run_agent(tmp_path, koordbus_nats_url, kube_api, "--apply", 0)
     try:
         metric = metric_event(node=NODE, at=time.time())
         await koordbus_bus.publish(subjects.nodemetric_computed(NODE), msgspec.json.encode(metric), msg_id="metric")
