@@ -89,13 +89,16 @@ async def configmap_event(bus: JetStreamBus, namespace: str, name: str) -> clust
     return event
 
 
-async def watches_open(kube_api: FakeKubeApi, count: int = 4) -> None:
-    """Wait until the reflectors' watches are registered on the server (so drop_watches has something to drop)."""
+async def all_watching(kube_api: FakeKubeApi, observer: ClusterObserver) -> None:
+    """Wait until every reflector has listed and its watch is open on the server. The observer is ready once the
+    required kinds have listed; an optional kind whose first list comes after a test dropped the watches or expired
+    the history would neither resume nor relist, and the test would wait for it in vain."""
 
-    async def opened() -> bool:
-        return len(kube_api._watches) >= count
+    async def watching() -> bool:
+        listed = all(reflector.listed.is_set() for reflector in observer.reflectors.values())
+        return listed and len(kube_api._watches) >= len(observer.reflectors)
 
-    await eventually(opened)
+    await eventually(watching)
 
 
 async def stream_count(bus: JetStreamBus) -> int:
@@ -131,7 +134,7 @@ async def start_observer(
         started.append(observer)
         async with asyncio.timeout(10):
             await observer.ready.wait()
-        await watches_open(kube_api)
+        await all_watching(kube_api, observer)
         return observer
 
     yield start
@@ -228,11 +231,17 @@ async def test_dropped_watches_resume_without_losing_or_duplicating(
     assert tombstone is not None and tombstone.deleted and tombstone.node_name == "node-b.example"
 
 
+@pytest.mark.parametrize("late_kind", ["", "/apis/apps/v1/replicasets"])
 async def test_expired_history_relists_with_tombstones(
-    kube_api: FakeKubeApi, koordbus_bus: JetStreamBus, start_observer: Callable[[], Any]
+    kube_api: FakeKubeApi, koordbus_bus: JetStreamBus, start_observer: Callable[[], Any], late_kind: str
 ) -> None:
+    """`late_kind`: an optional kind whose list and watch answer late, after the observer is ready (which waits
+    for the required kinds only), as a loaded machine made happen."""
     seed(kube_api)
+    if late_kind:
+        kube_api.degrade(late_kind, latency_seconds=1.0)
     observer: ClusterObserver = await start_observer()
+    kube_api.recover()
 
     kube_api.drop_watches()
     kube_api.remove("pods", "web-0", "team-1")
